@@ -1,0 +1,135 @@
+"""The ``atari-zarr`` command line: parse, call the library, print.
+
+Errors raised on purpose by the library are printed as one line on stderr with
+exit code 1; usage errors exit with 2 (argparse's convention).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+from .errors import AtariZarrError
+from .remote import parse_storage_options
+
+log = logging.getLogger("atari_zarr")
+
+
+def _add_storage_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--storage-option",
+        "-s",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="fsspec option for URLs, repeatable (e.g. token=anon, endpoint_url=http://...)",
+    )
+
+
+def _cmd_convert(args: argparse.Namespace) -> int:
+    from .convert import convert
+
+    done = convert(
+        args.source,
+        args.dest,
+        games=args.games,
+        runs=args.runs,
+        checkpoints=args.checkpoints,
+        overwrite=args.overwrite,
+        progress=not args.quiet and not args.no_progress,
+        storage_options=parse_storage_options(args.storage_option),
+    )
+    if not args.quiet:
+        for store in done:
+            print(
+                f"{store.game}/{store.run}: {store.transitions:,} transitions, "
+                f"{store.episodes:,} episodes, {store.gaps} gaps -> {store.url}"
+            )
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import json
+
+    from .info import format_info, store_info
+
+    info = store_info(args.store, parse_storage_options(args.storage_option))
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    run_demo(args.dest, steps=args.steps, progress=not args.quiet, echo=not args.quiet)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="atari-zarr",
+        description="Convert the Atari DQN Replay Dataset into Zarr v3 stores and inspect them.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--verbose", "-v", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "convert",
+        help="convert DQN Replay runs into stores",
+        description="Convert {Game}/{run}/replay_logs under SOURCE into DEST/{Game}/{run}.zarr.",
+    )
+    p.add_argument("source", metavar="SOURCE", help="dataset root or run directory (path or URL)")
+    p.add_argument("dest", metavar="DEST", help="destination root (path or URL)")
+    p.add_argument("--games", nargs="+", metavar="G", help="only these games (default: all)")
+    p.add_argument("--runs", nargs="+", metavar="R", help="only these runs (default: all)")
+    p.add_argument(
+        "--checkpoints", metavar="SPEC", help="checkpoint suffixes, e.g. '0-9,50' (default: all)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace complete stores")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser("info", help="summarise a store", description="Summarise a store.")
+    p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "demo",
+        help="make a small run, convert it and read it back",
+        description="Write a small DQN Replay run, convert it, and show what the reader returns.",
+    )
+    p.add_argument("dest", metavar="DEST", nargs="?", default="atari-zarr-demo")
+    p.add_argument("--steps", type=int, default=3000, help="transitions to record")
+    p.add_argument("--quiet", "-q", action="store_true")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``atari-zarr``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except AtariZarrError as exc:
+        print(f"atari-zarr {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

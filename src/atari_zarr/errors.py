@@ -1,0 +1,55 @@
+"""Exceptions raised by atari_zarr.
+
+Every exception derives from :class:`AtariZarrError` *and* from the built-in
+exception a caller would naturally catch (``FileNotFoundError``, ``ValueError``
+...), so ``except FileNotFoundError`` keeps working for code that does not
+know this package.
+
+Messages follow one pattern: what failed and where (the file or URL), what
+was expected versus what was found, and what to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AtariZarrError",
+    "InvalidArgumentError",
+    "InvalidNameError",
+    "SourceFormatError",
+    "SourceNotFoundError",
+    "StoreExistsError",
+    "StoreFormatError",
+    "StoreIncompleteError",
+]
+
+
+class AtariZarrError(Exception):
+    """Base class of every error raised on purpose by atari_zarr."""
+
+
+class SourceNotFoundError(AtariZarrError, FileNotFoundError):
+    """A DQN Replay source directory, checkpoint or file does not exist."""
+
+
+class SourceFormatError(AtariZarrError, ValueError):
+    """A DQN Replay source file exists but is not what dopamine writes."""
+
+
+class InvalidNameError(AtariZarrError, ValueError):
+    """A game or run name that cannot be used as a path component."""
+
+
+class InvalidArgumentError(AtariZarrError, ValueError):
+    """An option value that cannot be parsed (checkpoint selection, storage option)."""
+
+
+class StoreExistsError(AtariZarrError, FileExistsError):
+    """The destination already holds a complete store."""
+
+
+class StoreFormatError(AtariZarrError, ValueError):
+    """A path or URL that is not an atari_zarr store of a supported version."""
+
+
+class StoreIncompleteError(AtariZarrError, RuntimeError):
+    """A store whose writer has not finished (it lacks the completion marker)."""

@@ -1,0 +1,304 @@
+"""The store layout: the one place that defines array names, dtypes, chunks and codecs.
+
+One Zarr v3 group per game/run, at ``DEST/{Game}/{run}.zarr``::
+
+    Pong/1.zarr/
+      zarr.json              group attributes under "atari_zarr" (+ consolidated metadata)
+      observation            (N, 84, 84) uint8, 16-frame chunks in 4096-frame shards
+      action                 (N,) int32   action index into the game's minimal action set
+      episode                (N,) int64   episode id, 0, 1, 2, ... in row order
+      source_row             (N,) int64   row of the source stream (dopamine's add_count)
+      next/reward            (N,) float32 reward that followed the action
+      next/terminated        (N,) bool    the episode ended in a terminal state after row i
+      next/truncated         (N,) bool    the episode was cut after row i (gap or end of data)
+
+Row ``i`` of every array is transition ``i``; there are no holes. The frame that
+follows row ``i`` is ``observation[i + 1]`` unless row ``i`` is terminated or
+truncated. See ``docs/format.md`` for the attributes.
+
+Converter, collector and reader all import the names below; nothing else spells
+an array name.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec
+
+from .errors import InvalidNameError, StoreFormatError, StoreIncompleteError
+
+__all__ = [
+    "ACTION",
+    "ARRAYS",
+    "ATTRS_KEY",
+    "EPISODE",
+    "FORMAT_VERSION",
+    "FRAME_SHAPE",
+    "OBSERVATION",
+    "REWARD",
+    "SOURCE_ROW",
+    "TERMINATED",
+    "TRUNCATED",
+    "ArraySpec",
+    "create_store",
+    "mark_complete",
+    "read_metadata",
+    "store_path",
+    "validate_name",
+]
+
+#: Version of this layout. Readers refuse stores with a newer major version.
+FORMAT_VERSION = 1
+#: The key under which all our group attributes live.
+ATTRS_KEY = "atari_zarr"
+#: Height and width of a preprocessed Atari frame (DQN: 84x84 grayscale).
+FRAME_SHAPE = (84, 84)
+
+OBSERVATION = "observation"
+ACTION = "action"
+EPISODE = "episode"
+SOURCE_ROW = "source_row"
+REWARD = "next/reward"
+TERMINATED = "next/terminated"
+TRUNCATED = "next/truncated"
+
+# Frames are uint8: byte shuffle is a no-op and bitshuffle makes zstd 2-3x worse
+# (docs/codec-choice.md). Per-step arrays are multi-byte: byte shuffle helps.
+_FRAME_COMPRESSOR = BloscCodec(cname="zstd", clevel=5, shuffle="noshuffle", typesize=1)
+
+
+def _step_compressor(itemsize: int) -> BloscCodec:
+    shuffle = "shuffle" if itemsize > 1 else "noshuffle"
+    return BloscCodec(cname="zstd", clevel=5, shuffle=shuffle, typesize=itemsize)
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """How one array of the store is laid out.
+
+    Attributes
+    ----------
+    name : str
+        Path of the array inside the group (``"next/reward"``).
+    dtype : numpy.dtype
+        On-disk dtype.
+    row_shape : tuple of int
+        Shape of one row (``()`` for per-step scalars).
+    dims : tuple of str
+        Zarr v3 ``dimension_names``.
+    chunk_rows : int
+        Rows per chunk (the unit of decompression).
+    shard_rows : int or None
+        Rows per shard (the unit of storage), or None when not sharded.
+    """
+
+    name: str
+    dtype: np.dtype
+    row_shape: tuple[int, ...]
+    dims: tuple[str, ...]
+    chunk_rows: int
+    shard_rows: int | None = None
+
+    @property
+    def write_rows(self) -> int:
+        """Rows of the smallest independently writable unit (shard, else chunk).
+
+        Two writers must never write the same unit concurrently
+        (zarr-python#3682), so conversion plans work in these units.
+        """
+        return self.shard_rows or self.chunk_rows
+
+    def compressors(self) -> list[Any]:
+        first = _FRAME_COMPRESSOR if self.name == OBSERVATION else _step_compressor(
+            self.dtype.itemsize
+        )
+        # crc32c of every chunk lets `verify` detect any flipped byte.
+        return [first, Crc32cCodec()]
+
+
+_STEP_CHUNK = 1 << 16
+
+ARRAYS: dict[str, ArraySpec] = {
+    spec.name: spec
+    for spec in (
+        ArraySpec(
+            OBSERVATION,
+            np.dtype("uint8"),
+            FRAME_SHAPE,
+            ("transition", "y", "x"),
+            chunk_rows=16,
+            shard_rows=4096,
+        ),
+        ArraySpec(ACTION, np.dtype("int32"), (), ("transition",), _STEP_CHUNK),
+        ArraySpec(EPISODE, np.dtype("int64"), (), ("transition",), _STEP_CHUNK),
+        ArraySpec(SOURCE_ROW, np.dtype("int64"), (), ("transition",), _STEP_CHUNK),
+        ArraySpec(REWARD, np.dtype("float32"), (), ("transition",), _STEP_CHUNK),
+        ArraySpec(TERMINATED, np.dtype("bool"), (), ("transition",), _STEP_CHUNK),
+        ArraySpec(TRUNCATED, np.dtype("bool"), (), ("transition",), _STEP_CHUNK),
+    )
+}
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+def validate_name(name: str, what: str) -> str:
+    """Check that ``name`` is a safe single path component and return it.
+
+    Parameters
+    ----------
+    name : str
+        A game (``"Pong"``) or run (``"1"``) name.
+    what : str
+        ``"game"`` or ``"run"``, used in the error message.
+
+    Raises
+    ------
+    InvalidNameError
+        If the name is empty, contains a separator or ``..``, or would
+        otherwise escape the destination directory.
+
+    Examples
+    --------
+    >>> validate_name("Pong", "game")
+    'Pong'
+    >>> validate_name("../x", "game")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidNameError: game name '../x' is not a plain name...
+    """
+    name = str(name)
+    if not _NAME_RE.match(name) or ".." in name:
+        raise InvalidNameError(
+            f"{what} name {name!r} is not a plain name: expected letters, digits, '_', '-' "
+            f"or '.', without '/' or '..', so that it cannot escape the destination. "
+            f"Pass the {what} as it appears in the source directory (e.g. 'Pong', '1')."
+        )
+    return name
+
+
+def store_path(dest: str, game: str, run: str) -> str:
+    """Return where the store of ``game``/``run`` lives under ``dest``.
+
+    Examples
+    --------
+    >>> store_path("gs://bucket/atari", "Pong", "1")
+    'gs://bucket/atari/Pong/1.zarr'
+    """
+    game = validate_name(game, "game")
+    run = validate_name(run, "run")
+    return f"{str(dest).rstrip('/')}/{game}/{run}.zarr"
+
+
+def create_store(
+    store: zarr.abc.store.Store, n_rows: int, attrs: dict[str, Any]
+) -> zarr.Group:
+    """Create an empty, *incomplete* store with every array of the layout.
+
+    Parameters
+    ----------
+    store : zarr.abc.store.Store
+        Where to write; anything already there is overwritten.
+    n_rows : int
+        Number of transitions.
+    attrs : dict
+        Attributes to record under ``"atari_zarr"`` (``complete`` is forced False).
+
+    Returns
+    -------
+    zarr.Group
+    """
+    meta = {**attrs, "format_version": FORMAT_VERSION, "complete": False}
+    group = zarr.open_group(store, mode="w", attributes={ATTRS_KEY: meta})
+    for spec in ARRAYS.values():
+        shape = (n_rows, *spec.row_shape)
+        kwargs: dict[str, Any] = {}
+        if spec.shard_rows is not None:
+            kwargs["shards"] = {
+                "shape": (spec.shard_rows, *spec.row_shape),
+                # A start index is fetched with a plain range at offset 0: no size
+                # probe and no suffix range, which some object-store emulators mishandle.
+                "index_location": "start",
+            }
+        group.create_array(
+            spec.name,
+            shape=shape,
+            dtype=spec.dtype,
+            chunks=(spec.chunk_rows, *spec.row_shape),
+            compressors=spec.compressors(),
+            fill_value=0,
+            dimension_names=spec.dims,
+            **kwargs,
+        )
+    return group
+
+
+def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
+    """Record final attributes, consolidate metadata, then set the completion marker.
+
+    The marker is written last, by itself, so a store that a crash interrupted
+    anywhere before it never looks complete.
+    """
+    meta = dict(group.attrs[ATTRS_KEY])
+    meta.update(extra_attrs)
+    meta["complete"] = False
+    group.attrs[ATTRS_KEY] = meta
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
+        zarr.consolidate_metadata(group.store, path=group.path)
+    group = zarr.open_group(group.store, path=group.path, mode="r+")
+    meta["complete"] = True
+    group.attrs[ATTRS_KEY] = meta
+
+
+def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = True) -> dict:
+    """Return the ``atari_zarr`` attributes of ``group``, checking version and completion.
+
+    Parameters
+    ----------
+    group : zarr.Group
+        An opened store.
+    where : str
+        Path or URL of the store, for error messages.
+    require_complete : bool
+        Raise :class:`StoreIncompleteError` when the completion marker is missing.
+
+    Raises
+    ------
+    StoreFormatError
+        Not an atari_zarr store, or written by a newer, incompatible version.
+    StoreIncompleteError
+        The writer did not finish.
+    """
+    meta = group.attrs.get(ATTRS_KEY)
+    if not isinstance(meta, dict) or "format_version" not in meta:
+        raise StoreFormatError(
+            f"{where} is a Zarr group but not an atari_zarr store: expected attributes under "
+            f"{ATTRS_KEY!r} with a format_version, found keys {sorted(group.attrs)}. "
+            f"Create stores with `atari-zarr convert` or `atari-zarr collect`."
+        )
+    version = meta["format_version"]
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise StoreFormatError(
+            f"{where} uses store format version {version!r}; this atari_zarr reads versions "
+            f"up to {FORMAT_VERSION}. Upgrade atari_zarr (pip install -U atari-zarr)."
+        )
+    missing = [name for name in ARRAYS if name not in group]
+    if missing:
+        raise StoreFormatError(
+            f"{where} lacks the arrays {missing}: expected all of {sorted(ARRAYS)}. "
+            f"The store is damaged; convert it again with --overwrite."
+        )
+    if require_complete and not meta.get("complete", False):
+        command = meta.get("command") or "the command that created it"
+        raise StoreIncompleteError(
+            f"{where} is incomplete: its writer stopped before writing the completion marker, "
+            f"so its data may be partial. Finish it by running {command} again "
+            f"(or start over with --overwrite)."
+        )
+    return meta

@@ -1,0 +1,1 @@
+"""Readers of source datasets (the DQN Replay checkpoints)."""

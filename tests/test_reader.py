@@ -1,0 +1,148 @@
+"""AtariZarrDataset: TED layout, indexing, next observations, refusal of incomplete stores."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from atari_zarr import AtariZarrDataset, convert
+from atari_zarr.errors import StoreFormatError, StoreIncompleteError
+from atari_zarr.layout import ACTION, ATTRS_KEY, EPISODE, OBSERVATION, REWARD, TERMINATED, TRUNCATED
+
+
+@pytest.fixture
+def converted(pong_run, source_root, dest_root):
+    [store] = convert(str(source_root), str(dest_root), progress=False)
+    return store, pong_run.truth()
+
+
+def test_ted_layout(converted):
+    store, truth = converted
+    ds = AtariZarrDataset(store.url)
+    b = ds[np.arange(5)]
+    assert b.batch_size == torch.Size([5])
+    expected = {
+        "observation": ((5, 84, 84), torch.uint8),
+        "action": ((5,), torch.int64),
+        "episode": ((5,), torch.int64),
+        "index": ((5,), torch.int64),
+        "done": ((5, 1), torch.bool),
+        "terminated": ((5, 1), torch.bool),
+        "truncated": ((5, 1), torch.bool),
+        ("next", "observation"): ((5, 84, 84), torch.uint8),
+        ("next", "reward"): ((5, 1), torch.float32),
+        ("next", "terminated"): ((5, 1), torch.bool),
+        ("next", "truncated"): ((5, 1), torch.bool),
+        ("next", "done"): ((5, 1), torch.bool),
+    }
+    for key, (shape, dtype) in expected.items():
+        assert b[key].shape == shape, key
+        assert b[key].dtype == dtype, key
+    assert not b["done"].any() and not b["terminated"].any() and not b["truncated"].any()
+
+
+def test_every_transition_equals_truth(converted):
+    store, truth = converted
+    ds = AtariZarrDataset(store.url)
+    assert len(ds) == len(truth)
+    b = ds[torch.arange(len(ds))]
+    np.testing.assert_array_equal(b["observation"].numpy(), truth.observation)
+    np.testing.assert_array_equal(b["next", "observation"].numpy(), truth.next_observation)
+    np.testing.assert_array_equal(b["action"].numpy(), truth.action)
+    np.testing.assert_array_equal(b["next", "reward"].numpy()[:, 0], truth.reward)
+    np.testing.assert_array_equal(b["next", "terminated"].numpy()[:, 0], truth.terminated)
+    np.testing.assert_array_equal(b["next", "truncated"].numpy()[:, 0], truth.truncated)
+    np.testing.assert_array_equal(
+        b["next", "done"].numpy()[:, 0], truth.terminated | truth.truncated
+    )
+    np.testing.assert_array_equal(b["episode"].numpy(), truth.episode)
+    np.testing.assert_array_equal(b["index"].numpy(), np.arange(len(ds)))
+
+
+def test_raw_arrays_line_up_with_reader(converted):
+    store, _ = converted
+    ds = AtariZarrDataset(store.url)
+    g = zarr.open_group(store.url, mode="r")
+    rows = np.array([0, 7, 100, len(ds) - 1, 7])
+    b = ds[rows]
+    np.testing.assert_array_equal(g[OBSERVATION].oindex[rows], b["observation"].numpy())
+    np.testing.assert_array_equal(g[ACTION].oindex[rows], b["action"].numpy())
+    np.testing.assert_array_equal(g[REWARD].oindex[rows], b["next", "reward"].numpy()[:, 0])
+    np.testing.assert_array_equal(g[EPISODE].oindex[rows], b["episode"].numpy())
+    done = g[TERMINATED][:] | g[TRUNCATED][:]
+    for j, r in enumerate(rows):
+        expect = np.zeros((84, 84), np.uint8) if done[r] else g[OBSERVATION][r + 1]
+        np.testing.assert_array_equal(b["next", "observation"][j].numpy(), expect)
+        if not done[r]:
+            assert g[EPISODE][r + 1] == g[EPISODE][r]
+
+
+def test_index_kinds(converted):
+    store, truth = converted
+    ds = AtariZarrDataset(store.url)
+    one = ds[3]
+    assert one.batch_size == torch.Size([])
+    assert one["observation"].shape == (84, 84)
+    assert one["next", "reward"].shape == (1,)
+    np.testing.assert_array_equal(one["observation"].numpy(), truth.observation[3])
+    last = ds[-1]
+    assert int(last["index"]) == len(ds) - 1
+    sl = ds[10:20:3]
+    assert sl["index"].tolist() == [10, 13, 16, 19]
+    assert ds[[4, 4, 2]]["index"].tolist() == [4, 4, 2]
+    assert ds[torch.tensor([1, 2])]["index"].tolist() == [1, 2]
+    assert ds[np.int64(5)]["index"].item() == 5
+    with pytest.raises(IndexError, match="out of range"):
+        ds[len(ds)]
+    with pytest.raises(TypeError, match="indices must be integers"):
+        ds[np.array([0.5])]
+
+
+def test_sample_is_reproducible(converted):
+    store, _ = converted
+    ds = AtariZarrDataset(store.url)
+    a = ds.sample(16, generator=torch.Generator().manual_seed(1))
+    b = ds.sample(16, generator=torch.Generator().manual_seed(1))
+    assert a["index"].tolist() == b["index"].tolist()
+    assert a.batch_size == torch.Size([16])
+    assert (a["index"] < len(ds)).all()
+
+
+def test_pickle_reopens(converted):
+    store, _ = converted
+    ds = AtariZarrDataset(store.url)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert len(clone) == len(ds)
+    assert torch.equal(clone[5]["observation"], ds[5]["observation"])
+
+
+def test_incomplete_store_is_refused(converted):
+    store, _ = converted
+    g = zarr.open_group(store.url, mode="r+")
+    meta = dict(g.attrs[ATTRS_KEY])
+    meta["complete"] = False
+    g.attrs[ATTRS_KEY] = meta
+    with pytest.raises(StoreIncompleteError, match=r"is incomplete.*Finish it by running atari-zarr convert"):
+        AtariZarrDataset(store.url)
+
+
+def test_not_a_store(tmp_path):
+    zarr.open_group(str(tmp_path / "other.zarr"), mode="w")
+    with pytest.raises(StoreFormatError, match="not an atari_zarr store"):
+        AtariZarrDataset(str(tmp_path / "other.zarr"))
+    with pytest.raises(FileNotFoundError, match="is not a Zarr store"):
+        AtariZarrDataset(str(tmp_path / "missing.zarr"))
+
+
+def test_newer_format_is_refused(converted):
+    store, _ = converted
+    g = zarr.open_group(store.url, mode="r+")
+    meta = dict(g.attrs[ATTRS_KEY])
+    meta["format_version"] = 99
+    g.attrs[ATTRS_KEY] = meta
+    with pytest.raises(StoreFormatError, match="format version 99.*Upgrade atari_zarr"):
+        AtariZarrDataset(store.url)
