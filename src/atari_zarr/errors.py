@@ -15,6 +15,8 @@ __all__ = [
     "AtariZarrError",
     "InvalidArgumentError",
     "InvalidNameError",
+    "RemoteAccessError",
+    "RemoteTimeoutError",
     "SourceFormatError",
     "SourceNotFoundError",
     "StoreExistsError",
@@ -53,3 +55,11 @@ class StoreFormatError(AtariZarrError, ValueError):
 
 class StoreIncompleteError(AtariZarrError, RuntimeError):
     """A store whose writer has not finished (it lacks the completion marker)."""
+
+
+class RemoteAccessError(AtariZarrError, OSError):
+    """A request to a remote store or source failed after the retries of its file system."""
+
+
+class RemoteTimeoutError(RemoteAccessError, TimeoutError):
+    """A request to a remote store or source did not finish within the time allowed."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -19,7 +20,7 @@ from .layout import (
     TRUNCATED,
     read_metadata,
 )
-from .remote import open_zarr_store
+from .remote import default_timeout, is_url, open_zarr_store, redact
 
 __all__ = ["AtariZarrDataset"]
 
@@ -47,6 +48,13 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         fsspec URL.
     storage_options : dict, optional
         fsspec options, e.g. ``{"token": "anon"}``.
+    cache : path, optional
+        Local directory that keeps every chunk (byte range) fetched from a remote
+        store, so the next epoch reads it locally. Shared safely by worker processes.
+    timeout : float or None, optional
+        Seconds each request to a remote store may take, retries included
+        (default 60, or ``$ATARI_ZARR_TIMEOUT``); ``None`` for no limit. A read
+        that runs out raises :class:`~atari_zarr.errors.RemoteTimeoutError`.
 
     Raises
     ------
@@ -54,6 +62,8 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         If the store's writer has not finished.
     StoreFormatError
         If the location is not an atari_zarr store this version can read.
+    RemoteAccessError, RemoteTimeoutError
+        If the remote store cannot be read (also later, from ``__getitem__``).
 
     Examples
     --------
@@ -71,21 +81,36 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     torch.Size([8])
     """
 
-    def __init__(self, path_or_url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path_or_url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        cache: str | os.PathLike[str] | None = None,
+        timeout: float | None | str = "default",
+    ) -> None:
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
+        self.cache = None if cache is None else os.fspath(cache)
+        self.timeout = default_timeout() if timeout == "default" else timeout
         self._open()
 
     # -- opening, and re-opening in worker processes ---------------------------------
     def _open(self) -> None:
-        store = open_zarr_store(self.url, self.storage_options, read_only=True)
+        # A remote store rebuilds its file system after a fork (remote.RemoteStore), so
+        # a forked DataLoader worker never shares the parent's sockets or event loop.
+        store = open_zarr_store(
+            self.url, self.storage_options, read_only=True, timeout=self.timeout, cache=self.cache
+        )
         try:
-            group = zarr.open_group(store, mode="r")
+            # zarr_format=3: no probes for v2 keys; the root zarr.json carries the
+            # consolidated metadata, so opening costs one request plus the step arrays.
+            group = zarr.open_group(store, mode="r", zarr_format=3)
         except FileNotFoundError as exc:
             raise FileNotFoundError(
-                f"{self.url} is not a Zarr store: expected a directory or URL written by "
-                f"`atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
-            ) from exc
+                f"{redact(self.url)} is not a Zarr store: expected a directory or URL written "
+                f"by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
+            ) from None if is_url(self.url) else exc
         self.metadata: dict[str, Any] = read_metadata(group, self.url)
         self._group = group
         self._obs = group[OBSERVATION]
@@ -98,11 +123,18 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict[str, Any]:
         # zarr stores hold file-system handles and event loops that must not cross a fork.
-        return {"url": self.url, "storage_options": self.storage_options}
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "cache": self.cache,
+            "timeout": self.timeout,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.url = state["url"]
         self.storage_options = state["storage_options"]
+        self.cache = state.get("cache")
+        self.timeout = state.get("timeout", default_timeout())
         self._open()
 
     # -- indexing -------------------------------------------------------------------
@@ -111,7 +143,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         game, run = self.metadata.get("game"), self.metadata.get("run")
-        return f"AtariZarrDataset({self.url!r}, game={game!r}, run={run!r}, transitions={len(self)})"
+        return f"AtariZarrDataset({redact(self.url)!r}, game={game!r}, run={run!r}, transitions={len(self)})"
 
     def _indices(self, idx: Any) -> tuple[np.ndarray, bool]:
         n = len(self)

@@ -861,6 +861,17 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         body = self._read_request_body()
         proxy._count_request(len(body or b""))
+        injected = proxy._take_failure()
+        if injected is not None:
+            # A transient server error, answered without asking the target.
+            message = b"injected failure"
+            self.send_response(injected)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(message)))
+            self.end_headers()
+            self.wfile.write(message)
+            proxy._record(self.command, self.path, injected, 0)
+            return
         try:
             resp = self._send_upstream(body)
         except _UpstreamError as exc:
@@ -998,6 +1009,7 @@ class CountingProxy:
         self._bytes_sent = 0
         self._requests = 0
         self.log: list[tuple[str, str, int, int]] = []
+        self._failures: list[int] = []
         self._server: _ProxyHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -1028,6 +1040,18 @@ class CountingProxy:
             self._bytes_sent = 0
             self._requests = 0
             self.log = []
+
+    def fail_next(self, count: int, status: int = 503) -> None:
+        """Answer the next ``count`` requests with ``status`` instead of forwarding them.
+
+        Emulates transient server errors (``503``, ``429``) to test retries.
+        """
+        with self._lock:
+            self._failures = [int(status)] * int(count)
+
+    def _take_failure(self) -> int | None:
+        with self._lock:
+            return self._failures.pop() if self._failures else None
 
     def _count_request(self, body_bytes: int) -> None:
         with self._lock:
