@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
@@ -26,6 +27,14 @@ def _add_storage_option(p: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         default=[],
         help="fsspec option for URLs, repeatable (e.g. token=anon, endpoint_url=http://...)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        default=None,
+        help="time each request to a remote store may take, retries included "
+        "(default 60; 0 for no limit)",
     )
 
 
@@ -121,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    if getattr(args, "timeout", None) is not None:
+        # read by remote.default_timeout(), also in worker processes
+        os.environ["ATARI_ZARR_TIMEOUT"] = repr(args.timeout)
     try:
         return int(args.func(args))
     except AtariZarrError as exc:
