@@ -163,7 +163,8 @@ class RangeCacheStore(WrapperStore[Store]):
     async def get_partial_values(
         self, prototype: Any, key_ranges: Any
     ) -> list[Any]:
-        return list(await asyncio.gather(*(self.get(key, prototype, rng) for key, rng in key_ranges)))
+        reads = (self.get(key, prototype, rng) for key, rng in key_ranges)
+        return list(await asyncio.gather(*reads))
 
     async def _get_many(self, requests: Any) -> Any:
         for key, prototype, byte_range in requests:

@@ -143,7 +143,10 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     def __repr__(self) -> str:
         game, run = self.metadata.get("game"), self.metadata.get("run")
-        return f"AtariZarrDataset({redact(self.url)!r}, game={game!r}, run={run!r}, transitions={len(self)})"
+        return (
+            f"AtariZarrDataset({redact(self.url)!r}, game={game!r}, run={run!r}, "
+            f"transitions={len(self)})"
+        )
 
     def _indices(self, idx: Any) -> tuple[np.ndarray, bool]:
         n = len(self)

@@ -214,7 +214,10 @@ def open_zarr_store(
     else:
         seconds = default_timeout() if timeout == "default" else timeout
         store = RemoteStore(
-            location, storage_options, read_only=read_only, timeout=seconds  # type: ignore[arg-type]
+            location,
+            storage_options,
+            read_only=read_only,
+            timeout=seconds,  # type: ignore[arg-type]
         )
     if cache is not None:
         if not read_only:
