@@ -15,6 +15,7 @@ __all__ = [
     "AtariZarrError",
     "InvalidArgumentError",
     "InvalidNameError",
+    "ReadOnlyDatasetError",
     "SourceFormatError",
     "SourceNotFoundError",
     "StoreExistsError",
@@ -53,3 +54,7 @@ class StoreFormatError(AtariZarrError, ValueError):
 
 class StoreIncompleteError(AtariZarrError, RuntimeError):
     """A store whose writer has not finished (it lacks the completion marker)."""
+
+
+class ReadOnlyDatasetError(AtariZarrError, RuntimeError):
+    """An attempt to write to, empty or delete a dataset opened for reading."""
