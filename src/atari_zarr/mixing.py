@@ -18,9 +18,10 @@ from tensordict import TensorDict
 
 from .errors import InvalidArgumentError, StoreFormatError
 from .reader import AtariZarrDataset
-from .remote import get_fs, is_url, local_path
+from .layout import store_path
+from .remote import get_fs
 
-__all__ = ["MultiGameDataset", "list_stores"]
+__all__ = ["MultiGameDataset", "list_stores", "name_to_url"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -74,10 +75,16 @@ def list_stores(root: str, storage_options: dict[str, Any] | None = None) -> lis
     return sorted(found, key=_natural)
 
 
-def _root_join(root: str, name: str) -> str:
-    game, _, run = name.partition("/")
-    base = str(root).rstrip("/") if is_url(str(root)) else local_path(str(root)).rstrip("/")
-    return f"{base}/{game}/{run}{_RUN_SUFFIX}"
+def name_to_url(root: str, name: str) -> str:
+    """Where the store of ``"Game/run"`` lives under ``root``.
+
+    Examples
+    --------
+    >>> name_to_url("gs://bucket/atari", "Pong/5")
+    'gs://bucket/atari/Pong/5.zarr'
+    """
+    game, _, run = str(name).partition("/")
+    return store_path(str(root), game, run)
 
 
 class MultiGameDataset(torch.utils.data.Dataset):
@@ -187,7 +194,7 @@ class MultiGameDataset(torch.utils.data.Dataset):
                 f"{root} holds no store for {missing}: expected {{root}}/{{Game}}/{{run}}.zarr; "
                 f"available: {available}. Convert them with `atari-zarr convert`."
             )
-        urls = [_root_join(root, n) for n in names]
+        urls = [name_to_url(root, n) for n in names]
         return cls(urls, weights=weights, storage_options=storage_options, frame_stack=frame_stack)
 
     def __len__(self) -> int:

@@ -22,7 +22,7 @@ import torch
 from tensordict import TensorDictBase
 
 from .errors import InvalidArgumentError, ReadOnlyDatasetError, StoreFormatError
-from .mixing import _root_join, list_stores
+from .mixing import list_stores, name_to_url
 from .reader import AtariZarrDataset, collate_batch
 
 try:
@@ -338,7 +338,7 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
     @property
     def data_path(self) -> str:
         """The store of this dataset: ``{root}/{Game}/{run}.zarr``."""
-        return _root_join(self.root, self.dataset_id)
+        return name_to_url(self.root, self.dataset_id)
 
     @property
     def data_path_root(self) -> str:
