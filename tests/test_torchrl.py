@@ -283,3 +283,28 @@ def test_readme_migration_code_runs(tmp_path, monkeypatch, capsys):
     idx = namespace["data"].get("index").view(2, 64)
     assert (idx[:, 1:] == idx[:, :-1] + 1).all()
     assert "first sample, Pong" in capsys.readouterr().out
+
+
+def test_url_root_with_storage_options(pong_run, source_root):
+    from atari_zarr.testing_gcs import FakeGCSServer
+
+    truth = pong_run.truth()
+    with FakeGCSServer() as server:
+        server.create_bucket("atari")
+        opts = server.storage_options()
+        root = "gs://atari/stores"
+        convert(str(source_root), root, progress=False, storage_options=opts)
+        ds = AtariZarrExperienceReplay(
+            "Pong/1", batch_size=16, slice_len=4, root=root, storage_options=opts
+        )
+        assert ds.available_datasets == ["Pong/1"]
+        assert ds.data_path == "gs://atari/stores/Pong/1.zarr"
+        s = ds.sample()
+        rows = s["index"].view(-1).numpy()
+        np.testing.assert_array_equal(s["observation"].numpy(), truth.observation[rows])
+        # what a worker process gets: the URL and options, re-opened
+        clone = pickle.loads(pickle.dumps(ds._storage))
+        np.testing.assert_array_equal(
+            clone[torch.from_numpy(rows)]["next", "observation"].numpy(),
+            truth.next_observation[rows],
+        )
