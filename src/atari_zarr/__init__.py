@@ -34,6 +34,7 @@ from .errors import (
     StoreFormatError,
     StoreIncompleteError,
 )
+from .mixing import MultiGameDataset
 from .reader import AtariZarrDataset
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "ConvertedStore",
     "InvalidArgumentError",
     "InvalidNameError",
+    "MultiGameDataset",
     "SourceFormatError",
     "SourceNotFoundError",
     "StoreExistsError",

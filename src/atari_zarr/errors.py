@@ -15,6 +15,7 @@ __all__ = [
     "AtariZarrError",
     "InvalidArgumentError",
     "InvalidNameError",
+    "ReadOnlyDatasetError",
     "RemoteAccessError",
     "RemoteTimeoutError",
     "SourceFormatError",
@@ -63,3 +64,7 @@ class RemoteAccessError(AtariZarrError, OSError):
 
 class RemoteTimeoutError(RemoteAccessError, TimeoutError):
     """A request to a remote store or source did not finish within the time allowed."""
+
+
+class ReadOnlyDatasetError(AtariZarrError, RuntimeError):
+    """An attempt to write to, empty or delete a dataset opened for reading."""

@@ -11,6 +11,7 @@ import torch
 import zarr
 from tensordict import TensorDict
 
+from .errors import InvalidArgumentError
 from .layout import (
     ACTION,
     EPISODE,
@@ -22,7 +23,7 @@ from .layout import (
 )
 from .remote import default_timeout, is_url, open_zarr_store, redact
 
-__all__ = ["AtariZarrDataset"]
+__all__ = ["AtariZarrDataset", "collate_batch", "stacked_rows"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -41,6 +42,17 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         next/reward           [B, 1] float32
         next/terminated, next/truncated, next/done   [B, 1] bool
 
+    With ``frame_stack=k`` (k > 1) ``observation`` and ``next/observation`` are
+    ``[B, k, 84, 84]``: the k most recent frames of the same episode, oldest first,
+    zero-padded at an episode start as dopamine stacks them. The stack after a
+    terminated or truncated row ends with the zero frame (the frame DQN Replay never
+    stored).
+
+    It is a map-style :class:`torch.utils.data.Dataset` with a batched
+    ``__getitems__``: ``DataLoader(ds, batch_size=B, collate_fn=collate_batch)``
+    reads each batch with one frame fetch, and workers (``fork`` or ``spawn``)
+    re-open the store from its URL.
+
     Parameters
     ----------
     path_or_url : str
@@ -55,6 +67,8 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         Seconds each request to a remote store may take, retries included
         (default 60, or ``$ATARI_ZARR_TIMEOUT``); ``None`` for no limit. A read
         that runs out raises :class:`~atari_zarr.errors.RemoteTimeoutError`.
+    frame_stack : int
+        Number of frames per observation (1: single ``[84, 84]`` frames).
 
     Raises
     ------
@@ -79,6 +93,8 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     (torch.Size([3, 84, 84]), torch.Size([3, 1]))
     >>> ds.sample(8, generator=torch.Generator().manual_seed(0)).batch_size
     torch.Size([8])
+    >>> AtariZarrDataset(store.url, frame_stack=4)[[0, 1]]["next", "observation"].shape
+    torch.Size([2, 4, 84, 84])
     """
 
     def __init__(
@@ -88,11 +104,18 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         storage_options: dict[str, Any] | None = None,
         cache: str | os.PathLike[str] | None = None,
         timeout: float | None | str = "default",
+        frame_stack: int = 1,
     ) -> None:
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
         self.cache = None if cache is None else os.fspath(cache)
         self.timeout = default_timeout() if timeout == "default" else timeout
+        if isinstance(frame_stack, bool) or not isinstance(frame_stack, int) or frame_stack < 1:
+            raise InvalidArgumentError(
+                f"frame_stack must be a positive integer (frames per observation); "
+                f"got {frame_stack!r} for {self.url}"
+            )
+        self.frame_stack = frame_stack
         self._open()
 
     # -- opening, and re-opening in worker processes ---------------------------------
@@ -120,6 +143,12 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         self._terminated = np.asarray(group[TERMINATED][:])
         self._truncated = np.asarray(group[TRUNCATED][:])
         self._done = self._terminated | self._truncated
+        # first row of each row's episode; episodes are contiguous runs of rows
+        n = len(self._episode)
+        starts = np.ones(n, dtype=bool)
+        if n:
+            starts[1:] = self._episode[1:] != self._episode[:-1]
+        self._episode_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
 
     def __getstate__(self) -> dict[str, Any]:
         # zarr stores hold file-system handles and event loops that must not cross a fork.
@@ -128,6 +157,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             "storage_options": self.storage_options,
             "cache": self.cache,
             "timeout": self.timeout,
+            "frame_stack": self.frame_stack,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -135,6 +165,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         self.storage_options = state["storage_options"]
         self.cache = state.get("cache")
         self.timeout = state.get("timeout", default_timeout())
+        self.frame_stack = state.get("frame_stack", 1)
         self._open()
 
     # -- indexing -------------------------------------------------------------------
@@ -196,16 +227,30 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         frames = np.asarray(self._obs.get_orthogonal_selection((uniq,)))
         return frames[inverse]
 
+    def _observations(self, rows: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Observations and next observations of ``rows``, with one frame fetch."""
+        if self.frame_stack == 1:
+            # next frame rows: only where the episode goes on; ask for both sets at once
+            has_next = ~done
+            frames = self.read_frames(np.concatenate([rows, rows[has_next] + 1]))
+            obs = frames[: len(rows)]
+            next_obs = np.zeros_like(obs)
+            next_obs[has_next] = frames[len(rows) :]
+            return obs, next_obs
+        k = self.frame_stack
+        # rows r-k+1 .. r+1: the first k are the stack of r, the last k the next stack
+        window, valid = stacked_rows(rows + 1, self._episode_start[rows], k + 1)
+        # the frame after the end of an episode was never stored
+        valid[:, -1] &= ~done & (window[:, -1] < len(self))
+        frames = self.read_frames(window[valid])
+        out = np.zeros((len(rows), k + 1, *frames.shape[1:]), dtype=np.uint8)
+        out[valid] = frames
+        return out[:, :k], out[:, 1:]
+
     def __getitem__(self, idx: Any) -> TensorDict:
         rows, scalar = self._indices(idx)
         done = self._done[rows]
-        has_next = ~done
-        # next frame rows: only where the episode goes on; ask for both sets at once
-        nxt_rows = rows[has_next] + 1
-        frames = self.read_frames(np.concatenate([rows, nxt_rows]))
-        obs = frames[: len(rows)]
-        next_obs = np.zeros_like(obs)
-        next_obs[has_next] = frames[len(rows) :]
+        obs, next_obs = self._observations(rows, done)
         b = len(rows)
         false = torch.zeros((b, 1), dtype=torch.bool)
         term = torch.from_numpy(self._terminated[rows].reshape(b, 1))
@@ -233,6 +278,14 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             batch_size=[b],
         )
         return td[0] if scalar else td
+
+    def __getitems__(self, indices: list[int]) -> TensorDict:
+        """A whole batch at once: what ``DataLoader`` calls with automatic batching.
+
+        Use it with ``collate_fn=collate_batch`` (the default collate would split the
+        batch back into items).
+        """
+        return self[np.asarray(indices, dtype=np.int64)]
 
     def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
         """A batch of ``batch_size`` transitions drawn uniformly with replacement.
@@ -262,3 +315,57 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     @property
     def run(self) -> str | None:
         return self.metadata.get("run")
+
+
+def stacked_rows(rows: np.ndarray, episode_start: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row numbers of the ``k``-frame stack ending at each of ``rows``, and which exist.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray of int64
+        ``(B,)`` the newest row of each stack.
+    episode_start : numpy.ndarray of int64
+        ``(B,)`` the first row of each row's episode: earlier rows belong to another
+        episode and are padding (zero frames), as dopamine stacks.
+    k : int
+        Frames per stack.
+
+    Returns
+    -------
+    window : numpy.ndarray of int64
+        ``(B, k)`` rows ``r-k+1 .. r``, oldest first.
+    valid : numpy.ndarray of bool
+        ``(B, k)`` False where the row is before the episode start.
+
+    Examples
+    --------
+    >>> w, v = stacked_rows(np.array([5, 9]), np.array([4, 0]), 3)
+    >>> w.tolist(), v.tolist()
+    ([[3, 4, 5], [7, 8, 9]], [[False, True, True], [True, True, True]])
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    window = rows[:, None] + np.arange(1 - k, 1, dtype=np.int64)[None, :]
+    valid = window >= np.asarray(episode_start, dtype=np.int64)[:, None]
+    return window, valid
+
+
+def collate_batch(batch: Any) -> Any:
+    """``collate_fn`` for ``DataLoader`` over the datasets of this package.
+
+    A batch from ``__getitems__`` is already a :class:`~tensordict.TensorDict` and is
+    returned as is; a list of single items (a dataset without ``__getitems__``) is
+    stacked.
+
+    Examples
+    --------
+    >>> td = TensorDict({"a": torch.arange(3)}, batch_size=[3])
+    >>> collate_batch(td) is td
+    True
+    >>> collate_batch([td[0], td[1]])["a"].tolist()
+    [0, 1]
+    """
+    from tensordict import TensorDictBase
+
+    if isinstance(batch, TensorDictBase):
+        return batch
+    return torch.stack(list(batch))
