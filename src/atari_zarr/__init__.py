@@ -34,7 +34,17 @@ from .errors import (
     StoreFormatError,
     StoreIncompleteError,
 )
-from .reader import AtariZarrDataset
+
+
+def __getattr__(name: str):
+    # The reader pulls in torch and tensordict (about 2 s); import it on first use so
+    # that `atari-zarr ls/info/--help` and conversion start fast.
+    if name == "AtariZarrDataset":
+        from .reader import AtariZarrDataset
+
+        return AtariZarrDataset
+    raise AttributeError(f"module 'atari_zarr' has no attribute {name!r}")
+
 
 __all__ = [
     "AtariZarrDataset",

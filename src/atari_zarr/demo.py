@@ -30,6 +30,7 @@ from .info import format_info, store_info
 from .layout import REWARD, TERMINATED
 from .reader import AtariZarrDataset
 from .remote import open_zarr_store
+from .sources.dqn_replay import LOGS_DIR
 from .testing import DopamineLoggedBuffer
 
 __all__ = ["DemoResult", "plot_frames", "plot_returns", "record_run", "run_demo"]
@@ -100,10 +101,10 @@ def record_run(
     """
     from .envs import make_dqn_env
 
+    env = make_dqn_env(game)  # first: fails fast, before writing anything, without ale-py
     rng = np.random.default_rng(seed)
     url = f"{str(root).rstrip('/')}/{game}/{run}"
-    buffer = DopamineLoggedBuffer(f"{url}/replay_logs", capacity, rng)
-    env = make_dqn_env(game)
+    buffer = DopamineLoggedBuffer(f"{url}/{LOGS_DIR}", capacity, rng)
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -318,6 +319,7 @@ def run_demo(
     -------
     DemoResult
     """
+    _pyplot()  # fail before the work, not after it, when matplotlib is missing
     out = Path(dest)
     out.mkdir(parents=True, exist_ok=True)
     source = out / "source"
