@@ -10,7 +10,7 @@ import zarr
 
 from .errors import StoreFormatError
 from .layout import ACTION, ARRAYS, ATTRS_KEY, read_metadata
-from .remote import get_fs, is_url, open_zarr_store
+from .remote import get_fs, open_zarr_store
 
 __all__ = ["format_info", "format_store_list", "list_stores", "open_store_group", "store_info"]
 
@@ -217,7 +217,8 @@ def list_stores(
     found = _find_stores(fs, path, depth=3)
 
     def url_of(p: str) -> str:
-        return fs.unstrip_protocol(p) if is_url(root) else p
+        # spelled the way the user spelled ROOT (relative path, URL with protocol)
+        return str(root).rstrip("/") + p[len(path):]
 
     rows = []
     for p in found:
