@@ -203,3 +203,13 @@ def test_demo_end_to_end(tmp_path):
     info = json.loads(run_cli("info", str(store), "--json").stdout)
     assert info["episodes"] == len(ds.metadata["episodes"]["length"]) >= 2
     assert sum(ds.metadata["episodes"]["length"]) == 1500
+
+
+def test_demo_quiet_prints_nothing(tmp_path):
+    res = run_cli("demo", str(tmp_path / "d"), "--steps", "300", "--capacity", "100", "-q")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "" and res.stderr == ""  # no progress bars, no emulator banner
+    assert (tmp_path / "d" / "frames.png").stat().st_size > 0
+    res = run_cli("ls", str(tmp_path / "d"), "--json")
+    [row] = json.loads(res.stdout)
+    assert (row["game"], row["transitions"], row["status"]) == ("Breakout", 300, "complete")

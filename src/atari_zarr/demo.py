@@ -260,6 +260,15 @@ def plot_returns(ds: AtariZarrDataset, path: str | Path) -> Path:
     return out
 
 
+def _quiet_ale() -> None:
+    # ALE prints a banner on stderr when an emulator starts; --quiet means errors only.
+    try:
+        import ale_py
+    except ImportError:
+        return  # make_dqn_env raises the install hint
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+
+
 def _convert(source: str, dest: str, progress: bool, scheduler: str | None) -> Any:
     # Hook for Dask-based conversion: pass `scheduler` once convert() takes it
     # (older convert() runs the same plan in-process).
@@ -320,6 +329,8 @@ def run_demo(
     DemoResult
     """
     _pyplot()  # fail before the work, not after it, when matplotlib is missing
+    if not echo:
+        _quiet_ale()
     out = Path(dest)
     out.mkdir(parents=True, exist_ok=True)
     source = out / "source"
