@@ -33,7 +33,7 @@ from .remote import open_zarr_store
 from .sources.dqn_replay import LOGS_DIR
 from .testing import DopamineLoggedBuffer
 
-__all__ = ["DemoResult", "plot_frames", "plot_returns", "record_run", "run_demo"]
+__all__ = ["DemoResult", "RecordedRun", "plot_frames", "plot_returns", "record_run", "run_demo"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -298,7 +298,7 @@ def run_demo(
     steps: int = 3000,
     capacity: int = 1000,
     seed: int = 0,
-    scheduler: str | None = "threads",
+    scheduler: str | None = None,
     progress: bool = True,
     echo: bool = True,
 ) -> DemoResult:
@@ -318,7 +318,8 @@ def run_demo(
     seed : int
         Seeds the play and the sampled frames.
     scheduler : str or None
-        Dask scheduler of the conversion, when the converter takes one.
+        Dask scheduler of the conversion, when the converter takes one (None: the
+        converter's default).
     progress : bool
         Show progress bars.
     echo : bool
@@ -327,6 +328,13 @@ def run_demo(
     Returns
     -------
     DemoResult
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> result = run_demo(tempfile.mkdtemp(), steps=200, capacity=80, progress=False, echo=False)
+    >>> result.info["transitions"], result.frames_png.name, result.returns_png.exists()
+    (200, 'frames.png', True)
     """
     _pyplot()  # fail before the work, not after it, when matplotlib is missing
     if not echo:

@@ -252,7 +252,16 @@ def list_stores(
 
 
 def format_store_list(rows: list[dict[str, Any]]) -> str:
-    """Render :func:`list_stores` as an aligned table."""
+    """Render :func:`list_stores` as an aligned table.
+
+    Examples
+    --------
+    >>> row = {"url": "s/Pong/1.zarr", "transitions": 1200, "episodes": 3,
+    ...        "stored_bytes": 2500, "status": "complete"}
+    >>> print(format_store_list([row]))
+    STORE          TRANSITIONS  EPISODES    SIZE  STATUS
+    s/Pong/1.zarr        1,200         3  2.5 KB  complete
+    """
     if not rows:
         return "no stores found"
     header = ("STORE", "TRANSITIONS", "EPISODES", "SIZE", "STATUS")
