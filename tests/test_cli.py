@@ -6,9 +6,15 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
+import zarr
 
+from atari_zarr import AtariZarrDataset
 from atari_zarr.cli import main
+from atari_zarr.layout import create_store
+from atari_zarr.remote import open_zarr_store
+from atari_zarr.testing_gcs import FakeGCSServer
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -58,12 +64,152 @@ def test_usage_errors_exit_2():
     assert "usage:" in res.stderr
     res = run_cli("--help")
     assert res.returncode == 0
-    for verb in ("convert", "info", "demo"):
+    for verb in ("convert", "info", "demo", "ls"):
         assert verb in res.stdout
+
+
+def _one_line_error(res: subprocess.CompletedProcess, verb: str) -> str:
+    assert res.returncode == 1, (res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"atari-zarr {verb}: error: ")
+    return lines[0]
+
+
+def _incomplete_store(url: str, rows: int = 10) -> None:
+    """A store whose writer stopped before the completion marker (as after a crash)."""
+    store = open_zarr_store(url, None, read_only=False)
+    create_store(store, rows, {"kind": "dqn-replay", "game": "Pong", "run": "2",
+                               "command": "atari-zarr convert SRC DEST --runs 2"})
+
+
+def test_info_errors_name_the_store(tmp_path):
+    missing = tmp_path / "Pong" / "9.zarr"
+    line = _one_line_error(run_cli("info", str(missing)), "info")
+    assert f"{missing} does not exist" in line and "atari-zarr ls" in line
+
+    (tmp_path / "plain").mkdir()
+    line = _one_line_error(run_cli("info", str(tmp_path / "plain")), "info")
+    assert "exists but is not a Zarr store" in line and "found none" in line
+
+    zarr.open_group(str(tmp_path / "other.zarr"), mode="w", attributes={"x": 1})
+    line = _one_line_error(run_cli("info", str(tmp_path / "other.zarr")), "info")
+    assert "not an atari_zarr store" in line and "['x']" in line
+
+    line = _one_line_error(run_cli("info", str(tmp_path), "-s", "token"), "info")
+    assert "'token' is not KEY=VALUE" in line
+
+
+def test_info_shows_an_incomplete_store(tmp_path):
+    _incomplete_store(str(tmp_path / "Pong" / "2.zarr"))
+    res = run_cli("info", str(tmp_path / "Pong" / "2.zarr"))
+    assert res.returncode == 0, res.stderr
+    assert "INCOMPLETE: atari-zarr convert SRC DEST --runs 2" in res.stdout
+    assert "transitions  10" in res.stdout
+
+
+def test_ls_local(pong_run, source_root, dest_root):
+    assert main(["-q", "convert", str(source_root), str(dest_root)]) == 0
+    _incomplete_store(str(dest_root / "Pong" / "2.zarr"), rows=7)
+    (dest_root / "Pong" / "3.zarr").mkdir()  # a crash before anything was written
+    (dest_root / "notes").mkdir()
+    n = len(pong_run.truth())
+
+    res = run_cli("ls", str(dest_root))
+    assert res.returncode == 0, res.stderr
+    header, *lines = res.stdout.strip().splitlines()
+    assert header.split() == ["STORE", "TRANSITIONS", "EPISODES", "SIZE", "STATUS"]
+    assert len(lines) == 3
+    assert lines[0].startswith(str(dest_root / "Pong" / "1.zarr"))
+    assert f"{n:,}" in lines[0] and lines[0].endswith("complete")
+    assert lines[1].split()[1] == "7" and lines[1].endswith("incomplete")
+    assert lines[2].endswith("not a store")
+
+    res = run_cli("ls", str(dest_root), "--json", "--no-size")
+    rows = json.loads(res.stdout)
+    assert [(r["run"], r["status"], r["transitions"]) for r in rows] == [
+        ("1", "complete", n), ("2", "incomplete", 7), ("3", "not a store", None)
+    ]
+    assert all(r["stored_bytes"] is None for r in rows)
+
+    # -q after the verb or before it: only the URLs
+    for args in (("ls", str(dest_root), "-q"), ("-q", "ls", str(dest_root))):
+        res = run_cli(*args)
+        assert res.stdout.split() == [r["url"] for r in rows]
+
+    # a store itself, and an empty directory
+    res = run_cli("ls", str(dest_root / "Pong" / "1.zarr"), "-q")
+    assert res.stdout.split() == [str(dest_root / "Pong" / "1.zarr")]
+    res = run_cli("ls", str(dest_root / "notes"))
+    assert res.returncode == 0 and res.stdout.strip() == "no stores found"
+
+    line = _one_line_error(run_cli("ls", str(dest_root / "missing")), "ls")
+    assert "missing does not exist" in line
+
+
+def test_ls_remote(pong_run, source_root):
+    with FakeGCSServer() as server:
+        server.create_bucket("atari")
+        opts = [f"--storage-option={k}={v}" for k, v in server.storage_options().items()]
+        res = run_cli("convert", str(source_root), "gs://atari/stores", "-q", *opts)
+        assert res.returncode == 0, res.stderr
+        res = run_cli("ls", "gs://atari", "--json", *opts)
+        assert res.returncode == 0, res.stderr
+        [row] = json.loads(res.stdout)
+        assert row["url"] == "gs://atari/stores/Pong/1.zarr"
+        assert row["status"] == "complete" and row["transitions"] == len(pong_run.truth())
+        assert row["stored_bytes"] > 0
+        line = _one_line_error(run_cli("info", "gs://atari/stores/Pong/7.zarr", *opts), "info")
+        assert "gs://atari/stores/Pong/7.zarr does not exist" in line
+
+
+def _run_blocking(module: str, *args: str) -> subprocess.CompletedProcess:
+    """Run the CLI in a Python where importing ``module`` fails, as when it is not installed."""
+    code = (
+        f"import sys; sys.modules[{module!r}] = None; "
+        f"from atari_zarr.cli import main; sys.exit(main({list(args)!r}))"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+
+
+def test_missing_optional_dependency_prints_install_hint(tmp_path):
+    line = _one_line_error(_run_blocking("matplotlib", "demo", str(tmp_path / "d")), "demo")
+    assert "pip install 'atari-zarr[plot]'" in line
+    line = _one_line_error(_run_blocking("ale_py", "demo", str(tmp_path / "d")), "demo")
+    assert "pip install 'atari-zarr[collect]'" in line
+    assert not (tmp_path / "d" / "source").exists()  # failed before writing anything
 
 
 @pytest.mark.slow
 def test_demo_end_to_end(tmp_path):
-    res = run_cli("demo", str(tmp_path / "demo"), "--steps", "1500", "-q")
+    from matplotlib.image import imread
+
+    dest = tmp_path / "demo"
+    res = run_cli("demo", str(dest), "--steps", "1500", "--no-progress")
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "demo" / "stores" / "Pong" / "1.zarr" / "zarr.json").exists()
+    for name in ("frames.png", "returns.png"):
+        assert str(dest / name) in res.stdout
+        picture = imread(dest / name)
+        assert picture.ndim == 3 and picture.shape[0] > 300 and picture.std() > 0.05
+    store = dest / "stores" / "Breakout" / "1.zarr"
+    ds = AtariZarrDataset(str(store))
+    assert len(ds) == 1500  # every recorded step, once
+    assert ds.metadata["conversion"]["capacity"] == 1000
+    assert len(ds.metadata["conversion"]["checkpoints"]) >= 2  # wrapped, several logs
+    frames = ds.read_frames(np.arange(0, 1500, 100))
+    assert frames.std() > 10  # real screens, not the fixtures' flat frames
+    assert set(np.unique(ds[:]["action"].numpy())) <= {0, 1, 2, 3}  # Breakout's minimal set
+    info = json.loads(run_cli("info", str(store), "--json").stdout)
+    assert info["episodes"] == len(ds.metadata["episodes"]["length"]) >= 2
+    assert sum(ds.metadata["episodes"]["length"]) == 1500
+
+
+def test_demo_quiet_prints_nothing(tmp_path):
+    res = run_cli("demo", str(tmp_path / "d"), "--steps", "300", "--capacity", "100", "-q")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == "" and res.stderr == ""  # no progress bars, no emulator banner
+    assert (tmp_path / "d" / "frames.png").stat().st_size > 0
+    res = run_cli("ls", str(tmp_path / "d"), "--json")
+    [row] = json.loads(res.stdout)
+    assert (row["game"], row["transitions"], row["status"]) == ("Breakout", 300, "complete")

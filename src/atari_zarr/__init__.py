@@ -34,8 +34,19 @@ from .errors import (
     StoreFormatError,
     StoreIncompleteError,
 )
-from .mixing import MultiGameDataset
-from .reader import AtariZarrDataset
+
+# Names imported on first use: the reader pulls in torch and tensordict (about 2 s),
+# which `atari-zarr ls/info/--help` and conversion workers do not need.
+_LAZY = {"AtariZarrDataset": ".reader", "MultiGameDataset": ".mixing"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module 'atari_zarr' has no attribute {name!r}")
+
 
 __all__ = [
     "AtariZarrDataset",

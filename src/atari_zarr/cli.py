@@ -73,7 +73,33 @@ def _cmd_info(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    run_demo(args.dest, steps=args.steps, progress=not args.quiet, echo=not args.quiet)
+    run_demo(
+        args.dest,
+        game=args.game,
+        steps=args.steps,
+        capacity=args.capacity,
+        seed=args.seed,
+        progress=not args.quiet and not args.no_progress,
+        echo=not args.quiet,
+    )
+    return 0
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    import json
+
+    from .info import format_store_list, list_stores
+
+    rows = list_stores(
+        args.root, parse_storage_options(args.storage_option), sizes=not args.no_size
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    elif args.quiet:
+        for row in rows:
+            print(row["url"])
+    else:
+        print(format_store_list(rows))
     return 0
 
 
@@ -84,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--verbose", "-v", action="store_true", help="log progress details")
+    parser.add_argument(
+        "--quiet", "-q", dest="quiet_all", action="store_true",
+        help="print nothing but errors and what was asked for; no progress bars",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     p = sub.add_parser(
@@ -112,22 +142,65 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="make a small run, convert it and read it back",
-        description="Write a small DQN Replay run, convert it, and show what the reader returns.",
+        help="play Atari into a small DQN Replay run, convert, read back, plot",
+        description="Play a real Atari game (random policy) into DQN Replay checkpoint files, "
+        "convert them to a store, read it back, and write frames.png and returns.png to DEST.",
     )
-    p.add_argument("dest", metavar="DEST", nargs="?", default="atari-zarr-demo")
+    p.add_argument("dest", metavar="DEST", nargs="?", default="atari-zarr-demo",
+                   help="output directory (default: atari-zarr-demo)")
+    p.add_argument("--game", default="Breakout", help="ALE game to play (default: Breakout)")
     p.add_argument("--steps", type=int, default=3000, help="transitions to record")
-    p.add_argument("--quiet", "-q", action="store_true")
+    p.add_argument("--capacity", type=int, default=1000, help="replay capacity of the recording")
+    p.add_argument("--seed", type=int, default=0, help="seed of the play and the samples")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser(
+        "ls",
+        help="list the stores under a directory or URL",
+        description="List the {Game}/{run}.zarr stores under ROOT: transitions, episodes, "
+        "size, and whether each is complete.",
+    )
+    p.add_argument("root", metavar="ROOT", help="destination root of convert (path or URL)")
+    p.add_argument("--no-size", action="store_true", help="skip adding up sizes (faster remotely)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only the store URLs")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_ls)
     return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _expected_failure(exc: BaseException) -> str | None:
+    """The message of an error a user can fix, or None for a bug (which keeps its traceback)."""
+    if isinstance(exc, AtariZarrError):
+        return _one_line(exc)
+    if isinstance(exc, ImportError):
+        text = _one_line(exc)
+        if "pip install" not in text:
+            text += "; install the optional dependencies with: pip install 'atari-zarr[all]'"
+        return text
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
+                        NotADirectoryError)):
+        return _one_line(exc)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # `atari-zarr -q VERB` and `atari-zarr VERB -q` mean the same.
+    if args.quiet_all:
+        args.quiet = True
+        args.no_progress = True
+    quiet = bool(getattr(args, "quiet", False))
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
+        level=logging.INFO if args.verbose else logging.ERROR if quiet else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
     if getattr(args, "timeout", None) is not None:
@@ -135,8 +208,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["ATARI_ZARR_TIMEOUT"] = repr(args.timeout)
     try:
         return int(args.func(args))
-    except AtariZarrError as exc:
-        print(f"atari-zarr {args.command}: error: {exc}", file=sys.stderr)
+    except Exception as exc:
+        message = _expected_failure(exc)
+        if message is None:
+            raise
+        print(f"atari-zarr {args.command}: error: {message}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)

@@ -1,42 +1,325 @@
-"""The end-to-end demo behind ``atari-zarr demo``: make a run, convert it, read it back."""
+"""The end-to-end demo behind ``atari-zarr demo``: real Atari play, converted, read back, plotted.
+
+1. A seeded random policy plays a real ALE game (``make_dqn_env``: DQN Replay's
+   preprocessing) and every transition goes through :class:`DopamineLoggedBuffer`,
+   which writes the checkpoint files exactly as the dataset has them (circular
+   buffer, padding rows, full-buffer logs, a final partial log).
+2. :func:`atari_zarr.convert` turns the run into a Zarr v3 store.
+3. :class:`AtariZarrDataset` reads it back; ``frames.png`` shows sampled frames with
+   their action and reward, ``returns.png`` the episode returns and lengths.
+
+Needs the ``collect`` extra (ale-py, gymnasium, opencv) for the recording and the
+``plot`` extra (matplotlib) for the pictures; ``pip install 'atari-zarr[all]'``.
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
+import zarr
 
 from .convert import convert
 from .info import format_info, store_info
+from .layout import REWARD, TERMINATED
 from .reader import AtariZarrDataset
-from .testing import write_fixture_run
+from .remote import open_zarr_store
+from .sources.dqn_replay import LOGS_DIR
+from .testing import DopamineLoggedBuffer
 
-__all__ = ["run_demo"]
+__all__ = ["DemoResult", "RecordedRun", "plot_frames", "plot_returns", "record_run", "run_demo"]
 
 log = logging.getLogger("atari_zarr")
+
+#: The game the demo plays by default: short random-policy episodes, so even a
+#: few thousand steps hold a dozen of them.
+DEFAULT_GAME = "Breakout"
+
+
+@dataclass
+class RecordedRun:
+    """What :func:`record_run` wrote: where, how much, and the game's action names."""
+
+    url: str
+    steps: int
+    episodes: int
+    checkpoints: int
+    action_names: list[str]
+    scores: list[float] = field(default_factory=list)  # unclipped game scores per finished episode
+
+
+def record_run(
+    root: str,
+    game: str = DEFAULT_GAME,
+    run: str = "1",
+    *,
+    steps: int = 3000,
+    capacity: int = 1000,
+    seed: int = 0,
+    progress: bool = False,
+) -> RecordedRun:
+    """Play ``game`` with a seeded random policy into DQN Replay checkpoint files.
+
+    The files land in ``{root}/{game}/{run}/replay_logs/``. As in DQN Replay,
+    rewards are clipped to [-1, 1], actions are indices into the game's minimal
+    action set, and the frame that ends an episode is not stored.
+
+    Parameters
+    ----------
+    root : str
+        Dataset root (local path or fsspec URL).
+    game : str
+        ALE game name.
+    run : str
+        Run name.
+    steps : int
+        Agent steps (transitions) to record.
+    capacity : int
+        Replay capacity; small values give several checkpoints and wraps (the
+        dataset used 1,000,000).
+    seed : int
+        Seeds the environment, the policy and the buffer's uninitialised memory.
+    progress : bool
+        Show a tqdm progress bar.
+
+    Returns
+    -------
+    RecordedRun
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> rec = record_run(tempfile.mkdtemp(), "Pong", steps=120, capacity=50)
+    >>> rec.steps, rec.checkpoints, rec.action_names[:2]
+    (120, 3, ['NOOP', 'FIRE'])
+    """
+    from .envs import make_dqn_env
+
+    env = make_dqn_env(game)  # first: fails fast, before writing anything, without ale-py
+    rng = np.random.default_rng(seed)
+    url = f"{str(root).rstrip('/')}/{game}/{run}"
+    buffer = DopamineLoggedBuffer(f"{url}/{LOGS_DIR}", capacity, rng)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=steps, desc=f"play {game}", unit="step")
+    try:
+        names = list(env.unwrapped.get_action_meanings())
+        frame, _ = env.reset(seed=seed)
+        episode, step, score, scores = 0, 0, 0.0, []
+        for _ in range(steps):
+            action = int(rng.integers(env.action_space.n))
+            nxt, reward, terminated, truncated, _ = env.step(action)
+            score += float(reward)
+            end = bool(terminated or truncated)
+            # DQN clips rewards before storing; a time-limit end is stored as terminal.
+            buffer.add(frame, action, float(np.clip(reward, -1.0, 1.0)), end, episode, step)
+            step += 1
+            if end:
+                scores.append(score)
+                episode, step, score = episode + 1, 0, 0.0
+                nxt, _ = env.reset()
+            frame = nxt
+            if bar is not None:
+                bar.update(1)
+    finally:
+        env.close()
+        if bar is not None:
+            bar.close()
+    buffer.log_final()
+    return RecordedRun(
+        url=url,
+        steps=steps,
+        episodes=episode + (1 if step else 0),
+        checkpoints=len(buffer.contents),
+        action_names=names,
+        scores=scores,
+    )
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise ImportError(
+            "the demo's pictures need matplotlib; install it with: pip install 'atari-zarr[plot]'"
+        ) from exc
+    matplotlib.use("Agg")  # files only: no display needed
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_frames(
+    ds: AtariZarrDataset,
+    path: str | Path,
+    *,
+    action_names: list[str] | None = None,
+    n: int = 24,
+    seed: int = 0,
+) -> Path:
+    """Save a grid of ``n`` sampled transitions: frame, row, action and reward.
+
+    Parameters
+    ----------
+    ds : AtariZarrDataset
+        The store to sample from.
+    path : str or Path
+        PNG to write.
+    action_names : list of str, optional
+        Names of the action indices (``env.unwrapped.get_action_meanings()``).
+    n : int
+        Frames to show.
+    seed : int
+        Seeds the sample.
+
+    Returns
+    -------
+    Path
+    """
+    plt = _pyplot()
+    gen = torch.Generator().manual_seed(seed)
+    # A uniform sample rarely holds a reward or an episode end; show a few of each.
+    group = zarr.open_group(open_zarr_store(ds.url, ds.storage_options, read_only=True), mode="r")
+    flags = (np.asarray(group[REWARD][:]) != 0) | np.asarray(group[TERMINATED][:])
+    notable = torch.from_numpy(np.flatnonzero(flags))
+    notable = notable[torch.randperm(len(notable), generator=gen)[: n // 4]]
+    rest = torch.randperm(len(ds), generator=gen)
+    rest = rest[~torch.isin(rest, notable)][: max(0, min(n, len(ds)) - len(notable))]
+    rows = torch.cat([notable, rest]).sort().values
+    batch = ds[rows]
+    cols = 6
+    nrows = max(1, -(-len(rows) // cols))
+    fig, axes = plt.subplots(nrows, cols, figsize=(cols * 1.9, nrows * 2.25), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for k, ax in enumerate(axes.flat[: len(rows)]):
+        item = batch[k]
+        action = int(item["action"])
+        name = action_names[action] if action_names and action < len(action_names) else str(action)
+        reward = float(item["next", "reward"])
+        end = " end" if bool(item["next", "done"]) else ""
+        ax.imshow(item["observation"].numpy(), cmap="gray", vmin=0, vmax=255)
+        ax.set_title(
+            f"#{int(item['index'])} ep {int(item['episode'])}\n{name} r={reward:+g}{end}",
+            fontsize=8,
+        )
+    game, run = ds.game or "?", ds.run or "?"
+    fig.suptitle(f"{game}/{run}: {len(rows)} of {len(ds):,} transitions (84x84 grayscale)")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def plot_returns(ds: AtariZarrDataset, path: str | Path) -> Path:
+    """Save a plot of every episode's return and length, from the store's metadata.
+
+    Parameters
+    ----------
+    ds : AtariZarrDataset
+        The store.
+    path : str or Path
+        PNG to write.
+
+    Returns
+    -------
+    Path
+    """
+    plt = _pyplot()
+    episodes = ds.metadata.get("episodes", {})
+    returns = np.asarray(episodes.get("return", []), dtype=np.float64)
+    lengths = np.asarray(episodes.get("length", []), dtype=np.int64)
+    terminated = np.asarray(episodes.get("terminated", []), dtype=bool)
+    ids = np.arange(len(returns))
+    colors = np.where(terminated, "tab:blue", "tab:orange")
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)
+    ax1.bar(ids, returns, color=colors)
+    ax1.set_ylabel("return (clipped rewards)")
+    mean = f"mean {returns.mean():.2f}" if returns.size else "no episodes"
+    ax1.set_title(
+        f"{ds.game}/{ds.run}: {len(returns)} episodes, {mean} "
+        f"(blue: ended, orange: cut by the end of the data or a gap)",
+        fontsize=9,
+    )
+    ax2.bar(ids, lengths, color=colors)
+    ax2.set_ylabel("length (transitions)")
+    ax2.set_xlabel("episode")
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def _quiet_ale() -> None:
+    # ALE prints a banner on stderr when an emulator starts; --quiet means errors only.
+    try:
+        import ale_py
+    except ImportError:
+        return  # make_dqn_env raises the install hint
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
+
+
+def _convert(source: str, dest: str, progress: bool, scheduler: str | None) -> Any:
+    # Hook for Dask-based conversion: pass `scheduler` once convert() takes it
+    # (older convert() runs the same plan in-process).
+    kwargs: dict[str, Any] = {}
+    if scheduler is not None and "scheduler" in inspect.signature(convert).parameters:
+        kwargs["scheduler"] = scheduler
+    [done] = convert(source, dest, overwrite=True, progress=progress, **kwargs)
+    return done
+
+
+@dataclass
+class DemoResult:
+    """What :func:`run_demo` produced."""
+
+    store: str
+    frames_png: Path
+    returns_png: Path
+    info: dict[str, Any]
+    batch: Any
+    seconds: float
 
 
 def run_demo(
     dest: str = "atari-zarr-demo",
     *,
+    game: str = DEFAULT_GAME,
     steps: int = 3000,
-    capacity: int = 500,
+    capacity: int = 1000,
+    seed: int = 0,
+    scheduler: str | None = None,
     progress: bool = True,
     echo: bool = True,
-) -> dict:
-    """Write a DQN Replay-format run, convert it, sample from it.
+) -> DemoResult:
+    """Record real play in the DQN Replay format, convert it, read it back, plot it.
 
     Parameters
     ----------
     dest : str
-        Output directory: ``source/`` receives the checkpoint files and
-        ``stores/`` the converted store.
+        Output directory: ``source/`` receives the checkpoint files, ``stores/`` the
+        converted store, and the two PNGs go to the directory itself.
+    game : str
+        ALE game to play.
     steps : int
         Transitions to record.
     capacity : int
         Replay capacity of the emulated buffer (the dataset used 1,000,000).
+    seed : int
+        Seeds the play and the sampled frames.
+    scheduler : str or None
+        Dask scheduler of the conversion, when the converter takes one (None: the
+        converter's default).
     progress : bool
         Show progress bars.
     echo : bool
@@ -44,29 +327,50 @@ def run_demo(
 
     Returns
     -------
-    dict
-        ``store`` (URL), ``info`` (:func:`atari_zarr.info.store_info`) and ``batch``.
+    DemoResult
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> result = run_demo(tempfile.mkdtemp(), steps=200, capacity=80, progress=False, echo=False)
+    >>> result.info["transitions"], result.frames_png.name, result.returns_png.exists()
+    (200, 'frames.png', True)
     """
+    _pyplot()  # fail before the work, not after it, when matplotlib is missing
+    if not echo:
+        _quiet_ale()
     out = Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
     source = out / "source"
     stores = out / "stores"
 
     def say(text: str) -> None:
         if echo:
-            print(text)
+            print(text, flush=True)
 
     t0 = time.perf_counter()
-    say(f"1/3 writing a DQN Replay run ({steps} steps, capacity {capacity}) to {source}")
-    run = write_fixture_run(str(source), "Pong", "1", capacity=capacity, steps=steps, seed=0)
-    say(f"    {len(run.suffixes)} checkpoints, as dopamine's logged replay buffer writes them")
-    say(f"2/3 converting to {stores}")
-    [done] = convert(str(source), str(stores), overwrite=True, progress=progress)
+    say(f"1/4 playing {game} ({steps:,} steps, random policy, seed {seed}) into DQN Replay "
+        f"checkpoints (capacity {capacity:,}) under {source}")
+    rec = record_run(str(source), game, steps=steps, capacity=capacity, seed=seed,
+                     progress=progress)
+    say(f"    {rec.episodes} episodes, {rec.checkpoints} checkpoints "
+        f"written as dopamine's logged replay buffer writes them")
+    say(f"2/4 converting to {stores}")
+    done = _convert(str(source), str(stores), progress, scheduler)
     info = store_info(done.url)
-    say(format_info(info))
-    say("3/3 reading it back")
+    say("    " + format_info(info).replace("\n", "\n    "))
+    say("3/4 reading it back")
     ds = AtariZarrDataset(done.url)
-    batch = ds.sample(32, generator=torch.Generator().manual_seed(0))
+    batch = ds.sample(32, generator=torch.Generator().manual_seed(seed))
     say(f"    {ds!r}")
-    say(f"    a batch of 32 TED transitions:\n{batch}")
-    say(f"done in {time.perf_counter() - t0:.1f} s; open it with AtariZarrDataset({done.url!r})")
-    return {"store": done.url, "info": info, "batch": batch}
+    say(f"    a batch of 32 TED transitions: observation {tuple(batch['observation'].shape)}, "
+        f"next/reward {tuple(batch['next', 'reward'].shape)}")
+    say("4/4 plotting")
+    frames_png = plot_frames(ds, out / "frames.png", action_names=rec.action_names, seed=seed)
+    returns_png = plot_returns(ds, out / "returns.png")
+    seconds = time.perf_counter() - t0
+    say(f"    sampled frames:  {frames_png}")
+    say(f"    episode returns: {returns_png}")
+    say(f"done in {seconds:.1f} s. Open the store with AtariZarrDataset({done.url!r}),")
+    say("or explore it in notebooks/explore.ipynb.")
+    return DemoResult(done.url, frames_png, returns_png, info, batch, seconds)
