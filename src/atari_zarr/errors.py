@@ -20,6 +20,7 @@ __all__ = [
     "StoreExistsError",
     "StoreFormatError",
     "StoreIncompleteError",
+    "StoreLockedError",
 ]
 
 
@@ -53,3 +54,7 @@ class StoreFormatError(AtariZarrError, ValueError):
 
 class StoreIncompleteError(AtariZarrError, RuntimeError):
     """A store whose writer has not finished (it lacks the completion marker)."""
+
+
+class StoreLockedError(AtariZarrError, RuntimeError):
+    """Another conversion is writing the same store right now."""
