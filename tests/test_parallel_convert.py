@@ -1,0 +1,87 @@
+"""The store is byte-identical whatever the scheduler and worker count."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from atari_zarr import convert
+from atari_zarr.testing import write_fixture_run
+from atari_zarr.verify import verify_store
+from atari_zarr.workdir import work_url
+
+
+def store_bytes(path: str | Path, dest: str | Path) -> dict[str, bytes]:
+    """Every file of a store, by path relative to it.
+
+    The destination root, which the ``command`` attribute names, is replaced by
+    ``DEST`` so that stores written to different places compare equal.
+    """
+    root = Path(path)
+    return {
+        str(p.relative_to(root)): p.read_bytes().replace(str(dest).encode(), b"DEST")
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory):
+    """Checkpoints larger than a frame shard, so whole shards and shared ones both occur."""
+    root = tmp_path_factory.mktemp("src")
+    run = write_fixture_run(
+        str(root), "Pong", "1", capacity=5000, steps=13000, seed=3, max_episode_length=900
+    )
+    return root, run
+
+
+@pytest.fixture(scope="module")
+def reference(big_run, tmp_path_factory):
+    root, _ = big_run
+    dest = tmp_path_factory.mktemp("ref")
+    [store] = convert(str(root), str(dest), scheduler="synchronous", progress=False)
+    return store, store_bytes(store.url, dest)
+
+
+def test_reference_is_sound(big_run, reference):
+    root, run = big_run
+    store, files = reference
+    assert store.transitions == len(run.truth())
+    # every frame shard is there, including those written whole by one checkpoint
+    shards = [k for k in files if k.startswith("observation/c/")]
+    assert len(shards) == -(-store.transitions // 4096) >= 3
+    assert not Path(work_url(store.url)).exists()  # the work area is gone
+    assert verify_store(store.url, source=str(root / "Pong" / "1")).ok
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "workers"), [("threads", 1), ("threads", 3), ("processes", 2)]
+)
+@pytest.mark.slow
+def test_local_schedulers_write_the_same_bytes(big_run, reference, tmp_path, scheduler, workers):
+    root, _ = big_run
+    [store] = convert(
+        str(root), str(tmp_path), scheduler=scheduler, workers=workers, progress=False
+    )
+    assert store_bytes(store.url, tmp_path) == reference[1]
+
+
+@pytest.mark.slow
+def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    root, _ = big_run
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, distributed.Client(cluster) as client:
+        [store] = convert(str(root), str(tmp_path / "a"), scheduler=client, progress=True)
+        assert store_bytes(store.url, tmp_path / "a") == reference[1]
+        # the same cluster by address
+        [store] = convert(
+            str(root), str(tmp_path / "b"), scheduler=cluster.scheduler_address, progress=False
+        )
+        assert store_bytes(store.url, tmp_path / "b") == reference[1]
+        # tasks ran in the workers, not here
+        pids = client.run(os.getpid)
+        assert os.getpid() not in pids.values() and len(pids) == 2
