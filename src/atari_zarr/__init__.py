@@ -34,7 +34,16 @@ from .errors import (
     StoreFormatError,
     StoreIncompleteError,
 )
-from .reader import AtariZarrDataset
+
+
+def __getattr__(name: str):  # PEP 562
+    # The reader needs torch (~300 MB once imported); conversion workers do not.
+    if name == "AtariZarrDataset":
+        from .reader import AtariZarrDataset
+
+        return AtariZarrDataset
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "AtariZarrDataset",
