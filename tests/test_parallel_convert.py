@@ -85,3 +85,18 @@ def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp
         # tasks ran in the workers, not here
         pids = client.run(os.getpid)
         assert os.getpid() not in pids.values() and len(pids) == 2
+
+
+def test_direct_shard_writes_equal_zarr_writes(big_run, reference, tmp_path, monkeypatch):
+    """Whole frame shards are encoded without zarr (shardwriter): the bytes are zarr's."""
+    import sys
+
+    conv = sys.modules["atari_zarr.convert"]  # the package's `convert` is the function
+
+    root, _ = big_run
+    calls = []
+    real = conv.shard_encoder
+    monkeypatch.setattr(conv, "shard_encoder", lambda arr: calls.append(real(arr)) or None)
+    [store] = convert(str(root), str(tmp_path), scheduler="synchronous", progress=False)
+    assert calls and all(c is not None for c in calls)  # the fast path exists, was bypassed
+    assert store_bytes(store.url, tmp_path) == reference[1]

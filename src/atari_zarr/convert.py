@@ -70,6 +70,7 @@ from .layout import (
 from .parallel import describe_scheduler, run_graph
 from .remote import get_fs, open_zarr_store
 from .sources.dqn_replay import RunSource, find_runs
+from .shardwriter import shard_encoder, write_shard
 from .stream import Lap, RunPlan, lap_destinations, lap_step_arrays, plan_run
 from .workdir import WorkDir
 
@@ -185,11 +186,16 @@ def write_lap(
     lo, hi = lap.out_start, lap.out_start + lap.n_out
     pieces: list[_Piece] = []
 
+    fast = shard_encoder(arrays[OBSERVATION])
+
     def emit(name: str, unit: int, start: int, data: np.ndarray) -> None:
         rows = ARRAYS[name].write_rows
         u_lo, u_hi = _unit_bounds(unit, rows, n_rows)
         if start == u_lo and start + len(data) == u_hi:
-            arrays[name][u_lo:u_hi] = data
+            if name == OBSERVATION and fast is not None and len(data) == rows:
+                write_shard(arrays[name], unit, fast(data))  # same bytes, twice as fast
+            else:
+                arrays[name][u_lo:u_hi] = data
         else:
             pieces.append(_Piece(name, unit, start, data.copy()))
 
