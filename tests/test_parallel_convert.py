@@ -100,3 +100,25 @@ def test_direct_shard_writes_equal_zarr_writes(big_run, reference, tmp_path, mon
     [store] = convert(str(root), str(tmp_path), scheduler="synchronous", progress=False)
     assert calls and all(c is not None for c in calls)  # the fast path exists, was bypassed
     assert store_bytes(store.url, tmp_path) == reference[1]
+
+
+def test_cli_progress_bar_and_workers(pong_run, source_root, tmp_path):
+    import subprocess
+    import sys
+
+    def run(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "atari_zarr", "convert", str(source_root), str(tmp_path / "o"),
+             "--scheduler", "threads", "--workers", "2", "--overwrite", *extra],
+            capture_output=True, text=True, timeout=300,
+        )
+
+    res = run()
+    assert res.returncode == 0, res.stderr
+    n = len(pong_run.suffixes)
+    assert "write Pong/1: 100%" in res.stderr and f"{n}/{n}" in res.stderr
+    res = run("--no-progress")
+    assert res.returncode == 0 and "100%" not in res.stderr
+    res = run("--scheduler", "bogus")
+    assert res.returncode == 1 and "scheduler 'bogus' is not known" in res.stderr
+    assert not (tmp_path / "o" / "Pong" / "1.zarr.converting").exists()  # refused up front

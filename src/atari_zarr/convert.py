@@ -67,7 +67,7 @@ from .layout import (
     mark_complete,
     store_path,
 )
-from .parallel import describe_scheduler, run_graph
+from .parallel import check_scheduler, describe_scheduler, run_graph
 from .remote import get_fs, open_zarr_store
 from .sources.dqn_replay import RunSource, find_runs
 from .shardwriter import shard_encoder, write_shard
@@ -619,6 +619,7 @@ def convert(
     >>> done.game, done.url.endswith("Pong/1.zarr")
     ('Pong', True)
     """
+    check_scheduler(scheduler, workers)
     src_options = storage_options if source_storage_options is None else source_storage_options
     sources = find_runs(source, list(games or []) or None, list(runs or []) or None, src_options)
     return [

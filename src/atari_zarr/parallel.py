@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["LOCAL_SCHEDULERS", "describe_scheduler", "run_graph"]
+__all__ = ["LOCAL_SCHEDULERS", "check_scheduler", "describe_scheduler", "run_graph"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -98,19 +98,37 @@ def run_graph(
     >>> seen
     ['a', 'b']
     """
-    scheduler = _resolve(scheduler)
+    scheduler = check_scheduler(scheduler, workers)
     done = on_done or (lambda key: None)
     if isinstance(scheduler, str) and scheduler in LOCAL_SCHEDULERS:
         _run_local(graph, keys, scheduler, workers, done)
-    elif isinstance(scheduler, str) and "://" in scheduler or not isinstance(scheduler, str):
-        _run_distributed(graph, keys, scheduler, workers, done)
     else:
-        from .errors import InvalidArgumentError
+        _run_distributed(graph, keys, scheduler, workers, done)
 
+
+def check_scheduler(scheduler: Any, workers: int | None = None) -> Any:
+    """Validate a scheduler choice (before any work starts); return it resolved.
+
+    Examples
+    --------
+    >>> check_scheduler("sync")
+    'synchronous'
+    >>> check_scheduler("bogus")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: scheduler 'bogus' is not known: ...
+    """
+    from .errors import InvalidArgumentError
+
+    if workers is not None and workers < 1:
+        raise InvalidArgumentError(f"--workers {workers}: expected a number of workers >= 1.")
+    scheduler = _resolve(scheduler)
+    if isinstance(scheduler, str) and scheduler not in LOCAL_SCHEDULERS and "://" not in scheduler:
         raise InvalidArgumentError(
             f"scheduler {scheduler!r} is not known: expected one of {', '.join(LOCAL_SCHEDULERS)}, "
             f"a dask.distributed scheduler address (tcp://host:8786) or a Client."
         )
+    return scheduler
 
 
 def _run_local(
