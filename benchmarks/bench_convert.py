@@ -118,14 +118,15 @@ def measure_floor(run_dir: Path, game: str) -> dict[str, float]:
     from atari_zarr.sources.dqn_replay import RunSource, gzip_backend
 
     src = RunSource(str(run_dir), game, "1")
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     total = 0
     for s in src.suffixes:
         cap = src.read_small(s).capacity
         for _, block in src.iter_observations(s, cap, block_rows=1024):
             total += block.nbytes
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "bytes": total, "MBps": total / seconds / 1e6,
+    return {"seconds": seconds, "cpu_s": time.process_time() - c0, "bytes": total,
+            "MBps": total / seconds / 1e6,
             "gzip": gzip_backend()}
 
 
@@ -139,12 +140,16 @@ def _convert_child(args: argparse.Namespace) -> None:
     [store] = convert(args.source, args.dest, scheduler="processes", workers=args.w,
                       progress=False)
     seconds = time.perf_counter() - t0
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(json.dumps({
         "seconds": seconds,
         "transitions": store.transitions,
-        # Linux reports kilobytes; children = the (exited) Dask worker processes
-        "worker_peak_rss_MB": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
-        "client_peak_rss_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        # Linux reports kilobytes; children = the (exited) Dask worker processes.
+        # (This process's own ru_maxrss is not reported: Linux carries it over from
+        # the parent across fork + exec, so it would show the benchmark's, not ours.)
+        "worker_peak_rss_MB": children.ru_maxrss / 1024,
+        # CPU time is what a worker costs whatever else runs on the machine
+        "worker_cpu_s": children.ru_utime + children.ru_stime,
     }))
 
 
@@ -190,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
             r["MBps"] = floor["bytes"] / r["seconds"] / 1e6
             r["MBps_per_worker"] = r["MBps"] / w
             r["store_bytes"] = _du(dest)
+            r["MB_per_worker_cpu_s"] = floor["bytes"] / r["worker_cpu_s"] / 1e6
             results.append(r)
             print(f"workers={w}: {r['seconds']:.1f} s", file=sys.stderr)
             shutil.rmtree(dest, ignore_errors=True)
@@ -202,14 +208,17 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.game} ({floor['bytes'] / 1e9:.1f} GB of frames inflated, {source_gz / 1e9:.2f} GB "
           f"gzip'd at isal level 1); {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, load average {load[0]:.1f} at the end.\n")
-    print("| | wall s | MB/s | MB/s per worker | vs floor | scaling | peak RSS per worker |")
-    print("|---|---|---|---|---|---|---|")
+    print("| | wall s | MB/s | MB/s per worker | vs floor | scaling | worker CPU s | "
+          "MB per worker CPU s | peak RSS per worker |")
+    print("|---|---|---|---|---|---|---|---|---|")
     print(f"| floor (isal gunzip + .npy parse, 1 process) | {floor['seconds']:.1f} | "
-          f"{floor['MBps']:.0f} | {floor['MBps']:.0f} | 100% | | |")
+          f"{floor['MBps']:.0f} | {floor['MBps']:.0f} | 100% | | {floor['cpu_s']:.1f} | "
+          f"{floor['bytes'] / floor['cpu_s'] / 1e6:.0f} | |")
     for r in results:
         print(f"| convert, {r['workers']} worker(s) | {r['seconds']:.1f} | {r['MBps']:.0f} | "
               f"{r['MBps_per_worker']:.0f} | {r['MBps_per_worker'] / floor['MBps']:.0%} | "
-              f"{r['MBps'] / base:.2f}× | {r['worker_peak_rss_MB']:.0f} MB |")
+              f"{r['MBps'] / base:.2f}× | {r['worker_cpu_s']:.1f} | "
+              f"{r['MB_per_worker_cpu_s']:.0f} | {r['worker_peak_rss_MB']:.0f} MB |")
     print()
     print(json.dumps({"floor": floor, "convert": results, "source_gz_bytes": source_gz}, indent=1))
 

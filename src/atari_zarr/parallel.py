@@ -154,6 +154,9 @@ def _run_local(
     else:
         get = dask.threaded.get if scheduler == "threads" else dask.multiprocessing.get
         kwargs["num_workers"] = workers or os.cpu_count() or 1
+        # One task per submission: dask's process pool otherwise batches up to 6 ready
+        # tasks into one worker, and a task here is a whole checkpoint.
+        kwargs["chunksize"] = 1
     with _Report():
         get(dict(graph), list(keys), **kwargs)
 
