@@ -69,7 +69,7 @@ def test_local_schedulers_write_the_same_bytes(big_run, reference, tmp_path, sch
 
 
 @pytest.mark.slow
-def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp_path):
+def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp_path, capsys):
     distributed = pytest.importorskip("distributed")
     root, _ = big_run
     with distributed.LocalCluster(
@@ -77,6 +77,8 @@ def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp
     ) as cluster, distributed.Client(cluster) as client:
         [store] = convert(str(root), str(tmp_path / "a"), scheduler=client, progress=True)
         assert store_bytes(store.url, tmp_path / "a") == reference[1]
+        # the bar advanced as futures completed
+        assert "write Pong/1: 100%" in capsys.readouterr().err
         # the same cluster by address
         [store] = convert(
             str(root), str(tmp_path / "b"), scheduler=cluster.scheduler_address, progress=False
