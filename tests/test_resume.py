@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import os
 import signal
 import socket
@@ -174,3 +175,35 @@ def test_dead_local_pid_is_stale(tmp_path):
     work.acquire("cmd")
     work.release(remove_all=False)
     assert not (Path(work.url) / "lock.json").exists()
+
+
+def test_leftovers_of_a_finished_conversion_are_cleaned(tmp_path, source_root, pong_run):
+    """Killed after the completion marker but before the work area was removed."""
+    dest = tmp_path / "out"
+    [store] = convert(str(source_root), str(dest), progress=False)
+    work = Path(work_url(store.url))
+    (work / "done").mkdir(parents=True)
+    (work / "done" / "lap-0").write_bytes(b"")
+    write_lock_file = work / "lock.json"
+    write_lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7,
+                                           "token": "t", "started": 0, "heartbeat": 0}))
+    from atari_zarr.errors import StoreExistsError
+
+    with pytest.raises(StoreExistsError, match="already holds a complete store"):
+        convert(str(source_root), str(dest), progress=False)
+    assert not work.exists()
+
+
+def test_killed_while_creating_the_arrays(tmp_path, source_root, pong_run):
+    """The group's attributes exist but an array does not: the store is created again."""
+    dest = tmp_path / "out"
+    [store] = convert(str(source_root), str(dest), progress=False)
+    expected = store_bytes(Path(store.url), dest)
+    doc = json.loads((Path(store.url) / "zarr.json").read_text())
+    meta = doc["attributes"][ATTRS_KEY]
+    meta["complete"] = False
+    doc.pop("consolidated_metadata", None)
+    (Path(store.url) / "zarr.json").write_text(json.dumps(doc))
+    shutil.rmtree(Path(store.url) / "observation")
+    convert(str(source_root), str(dest), progress=False)
+    assert store_bytes(Path(store.url), dest) == expected

@@ -413,6 +413,9 @@ def convert_run(
         )
         finished = True
         return result
+    except StoreExistsError:
+        finished = True  # complete already: a work area a crash left behind is stale
+        raise
     finally:
         work.release(remove_all=finished)
 
@@ -451,7 +454,8 @@ def _convert_locked(
     digest = _plan_digest(source, selected, plan)
 
     done: set[str] = set()
-    if state == "incomplete" and not overwrite:
+    fresh = state != "incomplete" or overwrite
+    if not fresh:
         group = zarr.open_group(open_zarr_store(url, storage_options, read_only=False), mode="r+")
         meta = group.attrs.get(ATTRS_KEY, {})
         if meta.get("plan_digest") != digest:
@@ -461,13 +465,17 @@ def _convert_locked(
                 f"the one of `{meta.get('command')}`. Run that command to finish it, or pass "
                 f"--overwrite to start over."
             )
-        if work.plan_digest() == digest:
+        shapes = {name: (plan.n_rows, *spec.row_shape) for name, spec in ARRAYS.items()}
+        if any(name not in group or group[name].shape != shape for name, shape in shapes.items()):
+            fresh = True  # killed while creating the arrays: nothing was written yet
+        elif work.plan_digest() == digest:
             done = work.done()
         else:  # markers lost: redo everything into the existing arrays
             work.reset(digest)
-        log.info("%s: resuming, %d of %d checkpoints already written", url,
-                 len([k for k in done if k.startswith("lap-")]), len(plan.laps))
-    else:
+        if not fresh:
+            log.info("%s: resuming, %d of %d checkpoints already written", url,
+                     len([k for k in done if k.startswith("lap-")]), len(plan.laps))
+    if fresh:
         work.reset(digest)
         attrs = {
             "kind": "dqn-replay",
