@@ -95,7 +95,8 @@ def build_run(root: Path, game: str, capacity: int, n_ckpt: int, seed: int = 0) 
         _save_gz(logs / f"$store$_terminal_ckpt.{k}.gz", terminal[pos])
         add_count = (k + 1) * capacity - 1
         _save_gz(logs / f"add_count_ckpt.{k}.gz", np.array(add_count, dtype=np.int64))
-        _save_gz(logs / f"invalid_range_ckpt.{k}.gz", np.arange(add_count - 1, add_count + 4) % capacity)
+        invalid = np.arange(add_count - 1, add_count + 4) % capacity
+        _save_gz(logs / f"invalid_range_ckpt.{k}.gz", invalid)
         path = logs / f"$store$_observation_ckpt.{k}.gz"
         t0 = time.perf_counter()
         with igzip.open(path, "wb", compresslevel=1) as f:

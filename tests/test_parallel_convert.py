@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from atari_zarr import convert
+from atari_zarr.layout import OBSERVATION
 from atari_zarr.testing import write_fixture_run
 from atari_zarr.verify import verify_store
 from atari_zarr.workdir import work_url
@@ -50,7 +51,7 @@ def test_reference_is_sound(big_run, reference):
     store, files = reference
     assert store.transitions == len(run.truth())
     # every frame shard is there, including those written whole by one checkpoint
-    shards = [k for k in files if k.startswith("observation/c/")]
+    shards = [k for k in files if k.startswith(f"{OBSERVATION}/c/")]
     assert len(shards) == -(-store.transitions // 4096) >= 3
     assert not Path(work_url(store.url)).exists()  # the work area is gone
     assert verify_store(store.url, source=str(root / "Pong" / "1")).ok

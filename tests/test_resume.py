@@ -18,7 +18,7 @@ import zarr
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.convert import PAUSE_ENV
 from atari_zarr.errors import StoreIncompleteError, StoreLockedError
-from atari_zarr.layout import ATTRS_KEY
+from atari_zarr.layout import ATTRS_KEY, OBSERVATION
 from atari_zarr.testing import write_fixture_run
 from atari_zarr.verify import verify_store
 from atari_zarr.workdir import LEASE_S, WorkDir, work_url
@@ -113,7 +113,8 @@ def test_concurrent_conversion_is_refused(run5, tmp_path):
     proc = start_paused(run5, dest, 1)
     try:
         wait_for_laps(dest, 1, proc)
-        with pytest.raises(StoreLockedError, match=rf"being written by another conversion \(pid {proc.pid} on host"):
+        held = rf"being written by another conversion \(pid {proc.pid} on host"
+        with pytest.raises(StoreLockedError, match=held):
             convert(str(run5), str(dest), scheduler="synchronous", progress=False)
         res = cli("convert", str(run5), str(dest), "--no-progress")
         assert res.returncode == 1 and "being written by another conversion" in res.stderr
@@ -204,6 +205,6 @@ def test_killed_while_creating_the_arrays(tmp_path, source_root, pong_run):
     meta["complete"] = False
     doc.pop("consolidated_metadata", None)
     (Path(store.url) / "zarr.json").write_text(json.dumps(doc))
-    shutil.rmtree(Path(store.url) / "observation")
+    shutil.rmtree(Path(store.url) / OBSERVATION)
     convert(str(source_root), str(dest), progress=False)
     assert store_bytes(Path(store.url), dest) == expected

@@ -292,7 +292,8 @@ class _Job:
     n_rows: int
 
     def source(self) -> RunSource:
-        key = (self.source_url, self.game, self.run, json.dumps(self.source_options, sort_keys=True, default=str))
+        options = json.dumps(self.source_options, sort_keys=True, default=str)
+        key = (self.source_url, self.game, self.run, options)
         if key not in _SOURCES:  # one directory listing per worker process, not per task
             _SOURCES[key] = RunSource(self.source_url, self.game, self.run, self.source_options)
         return _SOURCES[key]
@@ -510,7 +511,8 @@ def _convert_locked(
 
     n_done = len(laps) - sum(1 for k in graph if k.startswith(tag + "lap-"))
     bar = _progress_bar(len(laps), f"write {source.game}/{source.run}", progress, n_done)
-    log.info("writing %s with %s: %d tasks", url, describe_scheduler(scheduler, workers), len(graph))
+    how = describe_scheduler(scheduler, workers)
+    log.info("writing %s with %s: %d tasks", url, how, len(graph))
 
     def on_done(key: Any) -> None:
         if bar is not None and str(key).startswith(tag + "lap-"):

@@ -40,7 +40,10 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
     >>> frames = np.arange(4096 * 84 * 84, dtype=np.uint64).astype(np.uint8).reshape(4096, 84, 84)
     >>> arr[:4096] = frames
     >>> encode = shard_encoder(arr)
-    >>> encode(frames) == zarr.core.sync.sync(arr.store.get("observation/c/0/0/0", zarr.core.buffer.default_buffer_prototype())).to_bytes()
+    >>> from zarr.core.buffer import default_buffer_prototype
+    >>> from zarr.core.sync import sync
+    >>> stored = sync(arr.store.get(f"{OBSERVATION}/c/0/0/0", default_buffer_prototype()))
+    >>> encode(frames) == stored.to_bytes()
     True
     """
     import google_crc32c
@@ -75,7 +78,8 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
         if endian is not None and getattr(endian, "value", endian) != "little":
             return None
     b = inner[1]
-    shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[str(getattr(b.shuffle, "value", b.shuffle))]
+    shuffle_name = str(getattr(b.shuffle, "value", b.shuffle))
+    shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[shuffle_name]
     blosc = Blosc.from_config(
         {
             "cname": b.cname.name if hasattr(b.cname, "name") else str(b.cname),

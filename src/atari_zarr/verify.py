@@ -36,7 +36,6 @@ from .errors import AtariZarrError
 from .layout import (
     ACTION,
     ARRAYS,
-    ATTRS_KEY,
     EPISODE,
     OBSERVATION,
     REWARD,
@@ -52,17 +51,6 @@ __all__ = ["VerifyReport", "verify_store"]
 log = logging.getLogger("atari_zarr")
 
 _MAX_PER_KIND = 10  # problems listed per kind; the rest are counted
-
-# lap_step_arrays key -> array
-_STEP_KEYS = {
-    "action": ACTION,
-    "reward": REWARD,
-    "terminated": TERMINATED,
-    "truncated": TRUNCATED,
-    "episode": EPISODE,
-    "source_row": SOURCE_ROW,
-}
-
 
 @dataclass
 class VerifyReport:
@@ -134,7 +122,9 @@ def _check_layout(group: zarr.Group, n_rows: int, report: VerifyReport) -> bool:
     return ok
 
 
-def _check_presence(url: str, options: dict[str, Any] | None, n_rows: int, report: VerifyReport) -> None:
+def _check_presence(
+    url: str, options: dict[str, Any] | None, n_rows: int, report: VerifyReport
+) -> None:
     fs, path = get_fs(url, options)
     root = path.rstrip("/")
     for name, spec in ARRAYS.items():
@@ -155,7 +145,9 @@ def _check_presence(url: str, options: dict[str, Any] | None, n_rows: int, repor
             )
 
 
-def _read_unit(arr: zarr.Array, name: str, unit: int, a: int, b: int, report: VerifyReport) -> np.ndarray | None:
+def _read_unit(
+    arr: zarr.Array, name: str, unit: int, a: int, b: int, report: VerifyReport
+) -> np.ndarray | None:
     """Decode one write unit; on failure, locate the bad chunk(s)."""
     try:
         return arr[a:b]
@@ -212,7 +204,7 @@ class _Consistency:
         if bad.size:
             i = int(bad[0])
             rep.add(
-                "episode",
+                "episode-ids",
                 f"{EPISODE}[{a + i}] is {int(cols[EPISODE][i])}, expected {int(expected[i])} "
                 f"(ids start at 0 and grow by one after each terminated or truncated row)",
             )
@@ -222,9 +214,9 @@ class _Consistency:
         steps = np.diff(np.concatenate([prev, src]).astype(np.int64))
         if (steps <= 0).any():
             i = int(np.flatnonzero(steps <= 0)[0]) + (0 if prev else 1)
-            rep.add("source_row", f"{SOURCE_ROW} does not increase at row {a + i}")
+            rep.add("order", f"{SOURCE_ROW} does not increase at row {a + i}")
         if (cols[ACTION] < 0).any():
-            rep.add("action", f"{ACTION} has negative values in rows {a}..{a + len(src) - 1}")
+            rep.add("actions", f"{ACTION} has negative values in rows {a}..{a + len(src) - 1}")
         rew = cols[REWARD].astype(np.float64)
         start = 0
         for end in np.flatnonzero(ends):
@@ -244,8 +236,11 @@ class _Consistency:
         self.episode_count += 1
         self.n_term += terminated
         if k < len(self.lengths):
-            if self.lengths[k] != self.cur_len or self.terminated[k] != terminated or not math.isclose(
-                self.returns[k], self.cur_ret, rel_tol=1e-6, abs_tol=1e-3
+            same_return = math.isclose(self.returns[k], self.cur_ret, rel_tol=1e-6, abs_tol=1e-3)
+            if (
+                self.lengths[k] != self.cur_len
+                or self.terminated[k] != terminated
+                or not same_return
             ):
                 self.report.add(
                     "episodes",
@@ -351,7 +346,9 @@ def verify_store(
         report.checked["chunks"] = chunks
         if source is not None:
             opts = storage_options if source_storage_options is None else source_storage_options
-            report.checked["compared"] = _compare_with_source(group, meta, source, opts, report, bar)
+            report.checked["compared"] = _compare_with_source(
+                group, meta, source, opts, report, bar
+            )
     finally:
         if bar is not None:
             bar.close()
@@ -408,6 +405,7 @@ def _compare_with_source(
     """Plan the run again from ``source`` and compare every transition; return how many."""
     import json
 
+    from .convert import _STEP_ARRAYS  # lap_step_arrays key -> array
     from .sources.dqn_replay import RunSource
     from .stream import lap_destinations, lap_step_arrays, plan_run
 
@@ -446,7 +444,7 @@ def _compare_with_source(
             continue
         lo, hi = lap.out_start, lap.out_start + lap.n_out
         steps = lap_step_arrays(lap, src.read_small(lap.suffix))
-        for key, name in _STEP_KEYS.items():
+        for key, name in _STEP_ARRAYS.items():
             got = _read(arrays[name], lo, hi)
             if got is None:
                 continue

@@ -132,7 +132,8 @@ class WorkDir:
             entries = self.fs.ls(self._p("done"), detail=False)
         except FileNotFoundError:
             return set()
-        return {str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries if not str(e).endswith(".tmp")}
+        names = (str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        return {n for n in names if not n.endswith(".tmp")}
 
     def unit_key(self, name: str, unit: int) -> str:
         return f"unit-{_array_id(name)}-{unit}"
