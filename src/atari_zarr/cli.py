@@ -50,6 +50,8 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet and not args.no_progress,
         storage_options=parse_storage_options(args.storage_option),
+        scheduler=args.scheduler,
+        workers=args.workers,
     )
     if not args.quiet:
         for store in done:
@@ -58,6 +60,20 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 f"{store.episodes:,} episodes, {store.gaps} gaps -> {store.url}"
             )
     return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_store
+
+    report = verify_store(
+        args.store,
+        source=args.source,
+        storage_options=parse_storage_options(args.storage_option),
+        progress=not args.quiet and not args.no_progress,
+    )
+    if not report.ok or not args.quiet:
+        print(report.format(), file=sys.stdout if report.ok else sys.stderr)
+    return 0 if report.ok else 1
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
@@ -128,11 +144,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--checkpoints", metavar="SPEC", help="checkpoint suffixes, e.g. '0-9,50' (default: all)"
     )
-    p.add_argument("--overwrite", action="store_true", help="replace complete stores")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over: replace complete stores and discard unfinished ones "
+        "(without it, an unfinished store is resumed)",
+    )
+    p.add_argument(
+        "--scheduler",
+        default="processes",
+        metavar="S",
+        help="synchronous, threads, processes (default) or a dask.distributed scheduler "
+        "address such as tcp://host:8786",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="workers of a local scheduler (default: one per core)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     _add_storage_option(p)
     p.set_defaults(func=_cmd_convert)
+
+    p = sub.add_parser(
+        "verify",
+        help="check a store: completeness, counts, checksums, optionally against the source",
+        description="Check that STORE is complete and consistent, and that every chunk passes "
+        "its crc32c checksum; with --source, also compare every transition with the source. "
+        "Exit status 0 when sound, 1 with a report otherwise.",
+    )
+    p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
+    p.add_argument("--source", metavar="RUN_DIR", help="the run directory it was converted from")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("info", help="summarise a store", description="Summarise a store.")
     p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")

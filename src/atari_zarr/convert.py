@@ -1,25 +1,43 @@
-"""Convert DQN Replay runs into atari_zarr stores.
+"""Convert DQN Replay runs into atari_zarr stores, as a Dask graph.
 
 The conversion of one run happens in two passes:
 
-1. **Plan** (:func:`atari_zarr.stream.plan_run`): read the small per-step arrays of
-   every checkpoint and decide, for each buffer row, whether it is a real new
-   transition and which output row it becomes. This fixes the store's length.
-2. **Write**: for each checkpoint, stream its observation file once and write
-   every output unit (a shard of frames, a chunk of per-step data) that lies
-   entirely within the checkpoint's output rows. Units that straddle two
-   checkpoints are returned as pieces and written once all their pieces are in,
-   so no unit is ever written by two writers.
+1. **Plan** (:func:`atari_zarr.stream.plan_run`), in the calling process: read the
+   small per-step arrays of every checkpoint and decide, for each buffer row,
+   whether it is a real new transition and which output row it becomes. This
+   fixes the store's length, so row ``i`` of every array is transition ``i``.
+2. **Write**, as a Dask graph that runs on any scheduler (:mod:`atari_zarr.parallel`):
 
-The completion marker is written last (:func:`atari_zarr.layout.mark_complete`).
+   * one task per checkpoint streams its observation file once and writes every
+     output unit (a shard of frames, a chunk of per-step data) lying entirely
+     within the checkpoint's output rows; the rows of units it shares with a
+     neighbouring checkpoint are saved as *pieces* in the work area;
+   * one task per shared unit, depending on the checkpoints that feed it,
+     assembles the pieces and writes the unit.
+
+   So every unit has exactly one writer (concurrent writes to one shard corrupt it:
+   zarr-python#3682), and the bytes written do not depend on the scheduler, the
+   number of workers or the order tasks run in. Pieces travel through the work
+   area, never through the client.
+
+Every task records a marker after its data (:mod:`atari_zarr.workdir`); a conversion
+killed at any point and run again redoes only the work without a marker, after
+checking that the plan is the same (``plan_digest`` attribute). The work area
+also holds the lock that refuses a second, concurrent conversion of the same
+store. The completion marker is written last (:func:`atari_zarr.layout.mark_complete`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import shlex
+import time
+import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +50,14 @@ from .errors import (
     SourceNotFoundError,
     StoreExistsError,
     StoreFormatError,
+    StoreIncompleteError,
 )
 from .layout import (
     ACTION,
     ARRAYS,
     ATTRS_KEY,
     EPISODE,
+    FORMAT_VERSION,
     OBSERVATION,
     REWARD,
     SOURCE_ROW,
@@ -47,9 +67,12 @@ from .layout import (
     mark_complete,
     store_path,
 )
+from .parallel import check_scheduler, describe_scheduler, run_graph
 from .remote import get_fs, open_zarr_store
 from .sources.dqn_replay import RunSource, find_runs
+from .shardwriter import shard_encoder, write_shard
 from .stream import Lap, RunPlan, lap_destinations, lap_step_arrays, plan_run
+from .workdir import WorkDir
 
 __all__ = ["ConvertedStore", "convert", "convert_run", "parse_checkpoints"]
 
@@ -143,7 +166,7 @@ def _unit_bounds(unit: int, rows: int, n_rows: int) -> tuple[int, int]:
 
 
 def write_lap(
-    source: RunSource, group: zarr.Group, lap: Lap, n_rows: int
+    source: RunSource, arrays: Mapping[str, zarr.Array], lap: Lap, n_rows: int
 ) -> list[_Piece]:
     """Write one checkpoint's transitions; return pieces of units it shares.
 
@@ -151,8 +174,8 @@ def write_lap(
     ----------
     source : RunSource
         Where the checkpoint's files are.
-    group : zarr.Group
-        The open store.
+    arrays : mapping of str to zarr.Array
+        The store's arrays, opened for writing.
     lap : Lap
         The planned part of this checkpoint.
     n_rows : int
@@ -163,11 +186,16 @@ def write_lap(
     lo, hi = lap.out_start, lap.out_start + lap.n_out
     pieces: list[_Piece] = []
 
+    fast = shard_encoder(arrays[OBSERVATION])
+
     def emit(name: str, unit: int, start: int, data: np.ndarray) -> None:
         rows = ARRAYS[name].write_rows
         u_lo, u_hi = _unit_bounds(unit, rows, n_rows)
         if start == u_lo and start + len(data) == u_hi:
-            group[name][u_lo:u_hi] = data
+            if name == OBSERVATION and fast is not None and len(data) == rows:
+                write_shard(arrays[name], unit, fast(data))  # same bytes, twice as fast
+            else:
+                arrays[name][u_lo:u_hi] = data
         else:
             pieces.append(_Piece(name, unit, start, data.copy()))
 
@@ -215,32 +243,6 @@ def write_lap(
     return pieces
 
 
-class _Assembler:
-    """Collects pieces of shared units and writes each unit once it is whole."""
-
-    def __init__(self, group: zarr.Group, n_rows: int) -> None:
-        self.group = group
-        self.n_rows = n_rows
-        self.pending: dict[tuple[str, int], list[_Piece]] = defaultdict(list)
-
-    def add(self, pieces: Iterable[_Piece]) -> None:
-        for piece in pieces:
-            key = (piece.array, piece.unit)
-            self.pending[key].append(piece)
-            rows = ARRAYS[piece.array].write_rows
-            u_lo, u_hi = _unit_bounds(piece.unit, rows, self.n_rows)
-            if sum(len(p.data) for p in self.pending[key]) == u_hi - u_lo:
-                spec = ARRAYS[piece.array]
-                data = np.zeros((u_hi - u_lo, *spec.row_shape), dtype=spec.dtype)
-                for p in self.pending.pop(key):
-                    data[p.start - u_lo : p.start - u_lo + len(p.data)] = p.data
-                self.group[piece.array][u_lo:u_hi] = data
-
-    def check_done(self) -> None:
-        if self.pending:  # pragma: no cover - the plan covers every row
-            raise RuntimeError(f"units never completed: {sorted(self.pending)}")
-
-
 def _existing_state(url: str, storage_options: dict[str, Any] | None) -> str:
     """``"absent"``, ``"complete"``, ``"incomplete"`` or ``"foreign"``."""
     fs, path = get_fs(url, storage_options)
@@ -267,12 +269,121 @@ def _command(source: RunSource, dest: str, checkpoints: list[int] | None) -> str
     return " ".join(shlex.quote(p) for p in parts)
 
 
-def _progress_bar(total: int, desc: str, enabled: bool) -> Any:
+# -- the task graph -------------------------------------------------------------------
+
+#: Test hook: when set to N, a checkpoint task that finds N checkpoints done pauses
+#: (sleeps for an hour) right after recording its own, so that a test can kill the
+#: conversion at a known point and resume it. Never set it otherwise.
+PAUSE_ENV = "ATARI_ZARR_TEST_PAUSE_AFTER_LAPS"
+
+_SOURCES: dict[tuple[str, ...], RunSource] = {}
+
+
+@dataclass(frozen=True)
+class _Job:
+    """Everything a task needs, by value: picklable, reopened inside the task."""
+
+    source_url: str
+    game: str
+    run: str
+    source_options: dict[str, Any]
+    store_url: str
+    store_options: dict[str, Any]
+    n_rows: int
+
+    def source(self) -> RunSource:
+        options = json.dumps(self.source_options, sort_keys=True, default=str)
+        key = (self.source_url, self.game, self.run, options)
+        if key not in _SOURCES:  # one directory listing per worker process, not per task
+            _SOURCES[key] = RunSource(self.source_url, self.game, self.run, self.source_options)
+        return _SOURCES[key]
+
+    def arrays(self) -> dict[str, zarr.Array]:
+        store = open_zarr_store(self.store_url, self.store_options, read_only=False)
+        group = zarr.open_group(store, mode="r+")
+        # Every chunk is written, even all-zero ones, so that `verify` can tell a
+        # deleted chunk from one that was never written.
+        return {
+            name: group[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
+            for name in ARRAYS
+        }
+
+    def work(self) -> WorkDir:
+        return WorkDir(self.store_url, self.store_options)
+
+
+def _lap_key(lap: Lap) -> str:
+    return f"lap-{lap.suffix}"
+
+
+def _lap_task(job: _Job, lap: Lap) -> int:
+    """Write one checkpoint's own units, store its shared pieces, mark it done."""
+    pieces = write_lap(job.source(), job.arrays(), lap, job.n_rows)
+    work = job.work()
+    for piece in pieces:
+        work.save_piece(piece.array, piece.unit, piece.start, piece.data)
+    work.mark(_lap_key(lap))
+    pause = os.environ.get(PAUSE_ENV)
+    if pause and len([k for k in work.done() if k.startswith("lap-")]) >= int(pause):
+        log.warning("%s set: pausing after checkpoint %d", PAUSE_ENV, lap.suffix)
+        time.sleep(3600)
+    return lap.capacity
+
+
+def _unit_task(job: _Job, name: str, unit: int, parts: list[tuple[int, int]], *_deps: Any) -> None:
+    """Assemble a unit shared by several checkpoints from their pieces, write it once."""
+    spec = ARRAYS[name]
+    u_lo, u_hi = _unit_bounds(unit, spec.write_rows, job.n_rows)
+    data = np.zeros((u_hi - u_lo, *spec.row_shape), dtype=spec.dtype)
+    work = job.work()
+    for start, length in parts:
+        piece = work.load_piece(name, unit, start)
+        if piece.shape != (length, *spec.row_shape) or piece.dtype != spec.dtype:
+            raise StoreFormatError(  # pragma: no cover - the work area was tampered with
+                f"{work.url}: piece {name}[{start}:{start + length}] has shape {piece.shape} "
+                f"{piece.dtype}; expected {(length, *spec.row_shape)} {spec.dtype}. Start over "
+                f"with --overwrite."
+            )
+        data[start - u_lo : start - u_lo + length] = piece
+    job.arrays()[name][u_lo:u_hi] = data
+    work.mark(work.unit_key(name, unit))
+    work.drop_pieces(name, unit)
+
+
+def _shared_units(plan: RunPlan) -> dict[tuple[str, int], list[tuple[Lap, int, int]]]:
+    """Units written by more than one checkpoint: ``(array, unit) -> [(lap, start, length)]``."""
+    feeds: dict[tuple[str, int], list[tuple[Lap, int, int]]] = defaultdict(list)
+    for lap in plan.laps:
+        lo, hi = lap.out_start, lap.out_start + lap.n_out
+        for name, spec in ARRAYS.items():
+            for unit in _units(spec.write_rows, lo, hi):
+                u_lo, u_hi = _unit_bounds(unit, spec.write_rows, plan.n_rows)
+                a, b = max(u_lo, lo), min(u_hi, hi)
+                if (a, b) != (u_lo, u_hi):
+                    feeds[(name, unit)].append((lap, a, b - a))
+    return dict(feeds)
+
+
+def _plan_digest(source: RunSource, selected: list[int] | None, plan: RunPlan) -> str:
+    """Fingerprint of the work: resuming is allowed only into a store with the same one."""
+    doc = {
+        "format_version": FORMAT_VERSION,
+        "source": source.url,
+        "game": source.game,
+        "run": source.run,
+        "selected": selected,
+        "n_rows": plan.n_rows,
+        "conversion": plan.attributes(),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _progress_bar(total: int, desc: str, enabled: bool, initial: int = 0) -> Any:
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, unit="ckpt", leave=True)
+    return tqdm(total=total, initial=initial, desc=desc, unit="ckpt", leave=True)
 
 
 def convert_run(
@@ -283,6 +394,8 @@ def convert_run(
     overwrite: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
+    scheduler: Any = None,
+    workers: int | None = None,
 ) -> ConvertedStore:
     """Convert one game/run into ``{dest}/{game}/{run}.zarr``.
 
@@ -290,6 +403,36 @@ def convert_run(
     """
     url = store_path(dest, source.game, source.run)
     selected = parse_checkpoints(checkpoints, source.suffixes)
+    command = _command(source, str(dest), selected)
+    work = WorkDir(url, storage_options)
+    work.acquire(command)
+    finished = False
+    try:
+        result = _convert_locked(
+            source, url, work, selected, command, overwrite, progress, storage_options,
+            scheduler, workers,
+        )
+        finished = True
+        return result
+    except StoreExistsError:
+        finished = True  # complete already: a work area a crash left behind is stale
+        raise
+    finally:
+        work.release(remove_all=finished)
+
+
+def _convert_locked(
+    source: RunSource,
+    url: str,
+    work: WorkDir,
+    selected: list[int] | None,
+    command: str,
+    overwrite: bool,
+    progress: bool,
+    storage_options: dict[str, Any] | None,
+    scheduler: Any,
+    workers: int | None,
+) -> ConvertedStore:
     state = _existing_state(url, storage_options)
     if state == "complete" and not overwrite:
         raise StoreExistsError(
@@ -302,8 +445,6 @@ def convert_run(
             f"{url} exists and is not an atari_zarr store; refusing to write over it. Remove "
             f"it, choose another DEST, or pass --overwrite."
         )
-    if state == "incomplete":
-        log.info("%s is an unfinished conversion; converting again from the start", url)
 
     bar = _progress_bar(len(source.suffixes), f"plan {source.game}/{source.run}", progress)
     try:
@@ -311,29 +452,87 @@ def convert_run(
     finally:
         if bar:
             bar.close()
+    digest = _plan_digest(source, selected, plan)
 
-    attrs = {
-        "kind": "dqn-replay",
-        "game": source.game,
-        "run": source.run,
-        "source": {"url": source.url, "checkpoints_selected": selected or source.suffixes},
-        "command": _command(source, str(dest), selected),
-        "atari_zarr_version": __version__,
-    }
-    store = open_zarr_store(url, storage_options, read_only=False)
-    group = create_store(store, plan.n_rows, attrs)
-    assembler = _Assembler(group, plan.n_rows)
-    bar = _progress_bar(len(plan.laps), f"write {source.game}/{source.run}", progress)
+    done: set[str] = set()
+    fresh = state != "incomplete" or overwrite
+    if not fresh:
+        group = zarr.open_group(open_zarr_store(url, storage_options, read_only=False), mode="r+")
+        meta = group.attrs.get(ATTRS_KEY, {})
+        if meta.get("plan_digest") != digest:
+            raise StoreIncompleteError(
+                f"{url} is an unfinished conversion of different input (other source, "
+                f"checkpoints or converter version): expected the plan of `{command}`, found "
+                f"the one of `{meta.get('command')}`. Run that command to finish it, or pass "
+                f"--overwrite to start over."
+            )
+        shapes = {name: (plan.n_rows, *spec.row_shape) for name, spec in ARRAYS.items()}
+        if any(name not in group or group[name].shape != shape for name, shape in shapes.items()):
+            fresh = True  # killed while creating the arrays: nothing was written yet
+        elif work.plan_digest() == digest:
+            done = work.done()
+        else:  # markers lost: redo everything into the existing arrays
+            work.reset(digest)
+        if not fresh:
+            log.info("%s: resuming, %d of %d checkpoints already written", url,
+                     len([k for k in done if k.startswith("lap-")]), len(plan.laps))
+    if fresh:
+        work.reset(digest)
+        attrs = {
+            "kind": "dqn-replay",
+            "game": source.game,
+            "run": source.run,
+            "source": {"url": source.url, "checkpoints_selected": selected or source.suffixes},
+            "command": command,
+            "plan_digest": digest,
+            "atari_zarr_version": __version__,
+        }
+        store = open_zarr_store(url, storage_options, read_only=False)
+        group = create_store(store, plan.n_rows, attrs)
+
+    job = _Job(
+        source.url, source.game, source.run, dict(source.storage_options), url,
+        dict(storage_options or {}), plan.n_rows,
+    )
+    laps = [lap for lap in plan.laps if lap.n_out]
+    graph: dict[str, Any] = {}
+    for lap in laps:
+        if _lap_key(lap) not in done:
+            graph[_lap_key(lap)] = (_lap_task, job, lap)
+    for (name, unit), parts in _shared_units(plan).items():
+        key = work.unit_key(name, unit)
+        if key in done:
+            continue
+        deps = [_lap_key(lap) for lap, _, _ in parts if _lap_key(lap) in graph]
+        graph[key] = (_unit_task, job, name, unit, [(a, n) for _, a, n in parts], *deps)
+    # distributed keeps results by key: make the keys of this conversion unique
+    tag = f"atari-zarr-{digest[:12]}-{uuid.uuid4().hex[:8]}-"
+    graph = {tag + k: _retag(v, tag, graph) for k, v in graph.items()}
+
+    n_done = len(laps) - sum(1 for k in graph if k.startswith(tag + "lap-"))
+    bar = _progress_bar(len(laps), f"write {source.game}/{source.run}", progress, n_done)
+    how = describe_scheduler(scheduler, workers)
+    log.info("writing %s with %s: %d tasks", url, how, len(graph))
+
+    def on_done(key: Any) -> None:
+        if bar is not None and str(key).startswith(tag + "lap-"):
+            bar.update(1)
+
     try:
-        for lap in plan.laps:
-            assembler.add(write_lap(source, group, lap, plan.n_rows))
-            if bar:
-                bar.update(1)
+        run_graph(graph, list(graph), scheduler=scheduler, workers=workers, on_done=on_done)
     finally:
         if bar:
             bar.close()
-    assembler.check_done()
 
+    # Nothing is marked complete unless every marker is in.
+    expected = {_lap_key(lap) for lap in laps} | {
+        work.unit_key(name, unit) for name, unit in _shared_units(plan)
+    }
+    missing = expected - work.done()
+    if missing:  # pragma: no cover - a task returned without writing its marker
+        raise RuntimeError(f"{url}: work never recorded as done: {sorted(missing)[:10]}")
+
+    group = zarr.open_group(open_zarr_store(url, storage_options, read_only=False), mode="r+")
     n_ep = len(plan.episode_length)
     terminated = sum(plan.episode_terminated)
     mark_complete(
@@ -357,6 +556,11 @@ def convert_run(
     return ConvertedStore(source.game, source.run, url, plan.n_rows, n_ep, len(plan.gaps))
 
 
+def _retag(task: tuple[Any, ...], tag: str, graph: dict[str, Any]) -> tuple[Any, ...]:
+    """Prefix the dependency keys among a task's arguments."""
+    return tuple(tag + a if isinstance(a, str) and a in graph else a for a in task)
+
+
 def convert(
     source: str,
     dest: str,
@@ -368,6 +572,8 @@ def convert(
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
     source_storage_options: dict[str, Any] | None = None,
+    scheduler: Any = None,
+    workers: int | None = None,
 ) -> list[ConvertedStore]:
     """Convert DQN Replay runs under ``source`` into stores under ``dest``.
 
@@ -383,14 +589,31 @@ def convert(
     checkpoints : str or iterable of int, optional
         Checkpoint suffixes to convert, e.g. ``"0-9,50"`` (default: all).
     overwrite : bool
-        Replace complete stores that already exist.
+        Start over: replace complete stores and discard unfinished ones. Without
+        it, an unfinished store of the same plan is resumed (only the missing work
+        is done) and a complete one is refused.
     progress : bool
-        Show tqdm progress bars.
+        Show tqdm progress bars (planning, then checkpoints written).
     storage_options : dict, optional
         fsspec options for ``dest`` (and for ``source`` unless
         ``source_storage_options`` is given).
     source_storage_options : dict, optional
         fsspec options for ``source``.
+    scheduler : None, str or distributed.Client
+        Where the write tasks run: ``"synchronous"``, ``"threads"``,
+        ``"processes"``, a ``dask.distributed`` scheduler address or ``Client``.
+        ``None``: the active ``Client`` if any, else ``"threads"`` (the CLI
+        defaults to ``"processes"``). The store is the same whatever the choice.
+        Remote workers must reach ``source`` and ``dest`` under the same names.
+    workers : int, optional
+        Workers of a local scheduler (default: one per core).
+
+    Raises
+    ------
+    StoreLockedError
+        Another conversion is writing the same store.
+    StoreIncompleteError
+        The destination holds an unfinished conversion of different input.
 
     Returns
     -------
@@ -406,6 +629,7 @@ def convert(
     >>> done.game, done.url.endswith("Pong/1.zarr")
     ('Pong', True)
     """
+    check_scheduler(scheduler, workers)
     src_options = storage_options if source_storage_options is None else source_storage_options
     sources = find_runs(source, list(games or []) or None, list(runs or []) or None, src_options)
     return [
@@ -416,6 +640,8 @@ def convert(
             overwrite=overwrite,
             progress=progress,
             storage_options=storage_options,
+            scheduler=scheduler,
+            workers=workers,
         )
         for src in sources
     ]

@@ -23,6 +23,7 @@ __all__ = [
     "StoreExistsError",
     "StoreFormatError",
     "StoreIncompleteError",
+    "StoreLockedError",
 ]
 
 
@@ -68,3 +69,7 @@ class RemoteTimeoutError(RemoteAccessError, TimeoutError):
 
 class ReadOnlyDatasetError(AtariZarrError, RuntimeError):
     """An attempt to write to, empty or delete a dataset opened for reading."""
+
+
+class StoreLockedError(AtariZarrError, RuntimeError):
+    """Another conversion is writing the same store right now."""

@@ -1,0 +1,126 @@
+"""`verify` finds flipped bytes, missing chunks, inconsistent attributes and source mismatches."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from atari_zarr import convert
+from atari_zarr.layout import ATTRS_KEY, OBSERVATION, TERMINATED, TRUNCATED
+from atari_zarr.testing import write_fixture_run
+from atari_zarr.verify import verify_store
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    root = tmp_path_factory.mktemp("src")
+    write_fixture_run(str(root), "Pong", "1", capacity=3000, steps=9000, seed=2,
+                      max_episode_length=300)
+    dest = tmp_path_factory.mktemp("dst")
+    [store] = convert(str(root), str(dest), scheduler="synchronous", progress=False)
+    return root / "Pong" / "1", store
+
+
+@pytest.fixture
+def copy(converted, tmp_path):
+    """A private copy of the converted store, to damage."""
+    src, store = converted
+    path = tmp_path / "1.zarr"
+    shutil.copytree(store.url, path)
+    return src, path
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "atari_zarr", "verify", *args, "--no-progress"],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+def flip(path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+def test_sound_store_passes(converted):
+    src, store = converted
+    report = verify_store(store.url, source=str(src))
+    assert report.ok, report.format()
+    assert report.checked["compared"] == report.checked["transitions"] == store.transitions
+    res = cli(store.url, "--source", str(src))
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr
+
+
+@pytest.mark.parametrize("where", ["frame chunk", "shard index", "step chunk"])
+def test_any_flipped_byte_is_caught(copy, where):
+    _, path = copy
+    if where == "step chunk":
+        target, offset = path.joinpath(*TERMINATED.split("/"), "c", "0"), -2
+    else:
+        target = path / OBSERVATION / "c" / "1" / "0" / "0"
+        # the index (start of the shard: 16 bytes per chunk + crc32c) or the last chunk's bytes
+        offset = 5 if where == "shard index" else -7
+    flip(target, offset % target.stat().st_size)
+    report = verify_store(str(path))
+    assert not report.ok
+    text = report.format()
+    name = TERMINATED if where == "step chunk" else OBSERVATION
+    assert f"{name}: " in text and "cannot be decoded" in text
+    if where == "frame chunk":
+        # located to the last 16-frame chunk of shard 1
+        assert "chunks at rows [8176] of shard 1 (rows 4096..8191)" in text
+    res = cli(str(path))
+    assert res.returncode == 1 and "problem(s) found" in res.stderr
+
+
+def test_missing_chunk_is_reported(copy):
+    _, path = copy
+    path.joinpath(*TRUNCATED.split("/"), "c", "0").unlink()
+    report = verify_store(str(path))
+    assert f"{TRUNCATED}: chunk 0 (rows 0.." in report.format()
+    assert "is missing from the store" in report.format()
+
+
+def test_attributes_that_disagree_with_the_arrays(copy):
+    _, path = copy
+    meta_file = path / "zarr.json"
+    doc = json.loads(meta_file.read_text())
+    meta = doc["attributes"][ATTRS_KEY]
+    meta["episodes"]["length"][1] += 1
+    meta["counts"]["episodes"] += 1
+    meta_file.write_text(json.dumps(doc))
+    text = verify_store(str(path)).format()
+    assert "episode 1 (ending at row" in text
+    assert "counts.episodes = " in text
+
+
+def test_source_mismatch_is_reported(converted, tmp_path):
+    src, store = converted
+    other = tmp_path / "Pong" / "1"
+    shutil.copytree(src, other)
+    obs = other / "replay_logs" / "$store$_observation_ckpt.1.gz"
+    with gzip.open(obs, "rb") as f:
+        raw = bytearray(f.read())
+    raw[-100] ^= 0xFF  # a pixel of the last buffer row
+    with gzip.open(obs, "wb", compresslevel=1) as f:
+        f.write(bytes(raw))
+    report = verify_store(store.url, source=str(other))
+    assert not report.ok
+    assert f"{OBSERVATION}: frames at rows" in report.format()
+    assert "checkpoint 1" in report.format()
+
+
+def test_incomplete_and_foreign(tmp_path, copy):
+    _, path = copy
+    doc = json.loads((path / "zarr.json").read_text())
+    doc["attributes"][ATTRS_KEY]["complete"] = False
+    (path / "zarr.json").write_text(json.dumps(doc))
+    assert "the store is incomplete" in verify_store(str(path)).format()
+    res = cli(str(tmp_path / "nothing-here"))
+    assert res.returncode == 1 and "cannot open" in res.stderr
