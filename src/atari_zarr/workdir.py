@@ -38,6 +38,7 @@ import uuid
 from typing import Any
 
 import numpy as np
+from numcodecs import Blosc
 
 from .errors import StoreLockedError
 from .remote import get_fs, is_url, join
@@ -78,6 +79,9 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+_PIECE_CODEC = Blosc(cname="zstd", clevel=1, shuffle=Blosc.NOSHUFFLE)
 
 
 class WorkDir:
@@ -139,17 +143,22 @@ class WorkDir:
         return f"unit-{_array_id(name)}-{unit}"
 
     def _piece_path(self, name: str, unit: int, start: int) -> str:
-        return self._p("pieces", _array_id(name), str(unit), f"{start}.npy")
+        return self._p("pieces", _array_id(name), str(unit), f"{start}.npy.blosc")
 
     def save_piece(self, name: str, unit: int, start: int, data: np.ndarray) -> None:
-        """Store rows ``start ..`` of a shared unit, as plain ``.npy`` (never pickled)."""
+        """Store rows ``start ..`` of a shared unit, as Blosc-compressed plain ``.npy``.
+
+        Compressed because a piece of frames is up to a whole shard raw (29 MB) and
+        may travel to an object store; never pickled.
+        """
         buf = io.BytesIO()
         np.lib.format.write_array(buf, np.ascontiguousarray(data), allow_pickle=False)
-        self._write(self._piece_path(name, unit, start), buf.getvalue())
+        self._write(self._piece_path(name, unit, start), _PIECE_CODEC.encode(buf.getvalue()))
 
     def load_piece(self, name: str, unit: int, start: int) -> np.ndarray:
         with self.fs.open(self._piece_path(name, unit, start), "rb") as f:
-            return np.load(io.BytesIO(f.read()), allow_pickle=False)
+            raw = bytes(_PIECE_CODEC.decode(f.read()))
+        return np.load(io.BytesIO(raw), allow_pickle=False)
 
     def drop_pieces(self, name: str, unit: int) -> None:
         path = self._p("pieces", _array_id(name), str(unit))
