@@ -13,6 +13,8 @@ from tensordict import TensorDict
 from .layout import (
     ACTION,
     EPISODE,
+    FINAL_OBSERVATION,
+    FLUSHED_KEY,
     OBSERVATION,
     REWARD,
     TERMINATED,
@@ -36,7 +38,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         action                [B] int64
         episode, index        [B] int64
         done, terminated, truncated   [B, 1] bool (False: stored states are not final)
-        next/observation      [B, 84, 84] uint8 (zeros after a terminated or truncated row)
+        next/observation      [B, 84, 84] uint8 (after a terminated or truncated row: the
+                              episode's final frame where the store keeps it (recorded
+                              stores), zeros otherwise (DQN Replay, as TorchRL does))
         next/reward           [B, 1] float32
         next/terminated, next/truncated, next/done   [B, 1] bool
 
@@ -47,11 +51,14 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         fsspec URL.
     storage_options : dict, optional
         fsspec options, e.g. ``{"token": "anon"}``.
+    partial : bool
+        Open an unfinished recording (``ZarrCollector`` stopped before ``close()``):
+        its flushed whole episodes only. Complete stores open as usual.
 
     Raises
     ------
     StoreIncompleteError
-        If the store's writer has not finished.
+        If the store's writer has not finished (and ``partial`` does not apply).
     StoreFormatError
         If the location is not an atari_zarr store this version can read.
 
@@ -71,9 +78,16 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     torch.Size([8])
     """
 
-    def __init__(self, path_or_url: str, *, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path_or_url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        partial: bool = False,
+    ) -> None:
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
+        self.partial = bool(partial)
         self._open()
 
     # -- opening, and re-opening in worker processes ---------------------------------
@@ -86,23 +100,36 @@ class AtariZarrDataset(torch.utils.data.Dataset):
                 f"{self.url} is not a Zarr store: expected a directory or URL written by "
                 f"`atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
             ) from exc
-        self.metadata: dict[str, Any] = read_metadata(group, self.url)
+        meta = read_metadata(group, self.url, require_complete=not self.partial)
+        n = None  # rows to use: all of a complete store, the flushed prefix of a recording
+        if not meta.get("complete"):
+            if not isinstance(meta.get(FLUSHED_KEY), dict):
+                read_metadata(group, self.url)  # raises the usual StoreIncompleteError
+            n = int(meta[FLUSHED_KEY]["transitions"])
+        self.metadata: dict[str, Any] = meta
         self._group = group
         self._obs = group[OBSERVATION]
-        self._action = np.asarray(group[ACTION][:])
-        self._episode = np.asarray(group[EPISODE][:])
-        self._reward = np.asarray(group[REWARD][:])
-        self._terminated = np.asarray(group[TERMINATED][:])
-        self._truncated = np.asarray(group[TRUNCATED][:])
+        self._action = np.asarray(group[ACTION][:n])
+        self._episode = np.asarray(group[EPISODE][:n])
+        self._reward = np.asarray(group[REWARD][:n])
+        self._terminated = np.asarray(group[TERMINATED][:n])
+        self._truncated = np.asarray(group[TRUNCATED][:n])
+        # Frame after each episode's last row, where the writer kept it (collector).
+        self._final_obs = group[FINAL_OBSERVATION] if FINAL_OBSERVATION in group else None
         self._done = self._terminated | self._truncated
 
     def __getstate__(self) -> dict[str, Any]:
         # zarr stores hold file-system handles and event loops that must not cross a fork.
-        return {"url": self.url, "storage_options": self.storage_options}
+        return {
+            "url": self.url,
+            "storage_options": self.storage_options,
+            "partial": self.partial,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.url = state["url"]
         self.storage_options = state["storage_options"]
+        self.partial = state.get("partial", False)
         self._open()
 
     # -- indexing -------------------------------------------------------------------
@@ -171,6 +198,11 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         obs = frames[: len(rows)]
         next_obs = np.zeros_like(obs)
         next_obs[has_next] = frames[len(rows) :]
+        if self._final_obs is not None and done.any():
+            # episode ends: the kept final frame (one row per episode id)
+            ep_uniq, ep_inv = np.unique(self._episode[rows[done]], return_inverse=True)
+            finals = np.asarray(self._final_obs.get_orthogonal_selection((ep_uniq,)))
+            next_obs[done] = finals[ep_inv]
         b = len(rows)
         false = torch.zeros((b, 1), dtype=torch.bool)
         term = torch.from_numpy(self._terminated[rows].reshape(b, 1))
