@@ -47,7 +47,9 @@ from .layout import (
     mark_complete,
     store_path,
 )
+from .derived import write_derived
 from .remote import get_fs, open_zarr_store
+from .selection import expand_presets, limit_plan, selection_attrs, selection_flags
 from .sources.dqn_replay import RunSource, find_runs
 from .stream import Lap, RunPlan, lap_destinations, lap_step_arrays, plan_run
 
@@ -283,13 +285,17 @@ def convert_run(
     overwrite: bool = False,
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
+    max_transitions: int | None = None,
+    max_episodes: int | None = None,
+    full_action_space: bool = False,
+    return_to_go: bool = False,
 ) -> ConvertedStore:
     """Convert one game/run into ``{dest}/{game}/{run}.zarr``.
 
     See :func:`convert` for the parameters.
     """
     url = store_path(dest, source.game, source.run)
-    selected = parse_checkpoints(checkpoints, source.suffixes)
+    selected = parse_checkpoints(expand_presets(checkpoints), source.suffixes)
     state = _existing_state(url, storage_options)
     if state == "complete" and not overwrite:
         raise StoreExistsError(
@@ -311,13 +317,16 @@ def convert_run(
     finally:
         if bar:
             bar.close()
+    plan = limit_plan(plan, source, max_transitions=max_transitions, max_episodes=max_episodes)
 
     attrs = {
         "kind": "dqn-replay",
         "game": source.game,
         "run": source.run,
         "source": {"url": source.url, "checkpoints_selected": selected or source.suffixes},
-        "command": _command(source, str(dest), selected),
+        "command": _command(source, str(dest), selected)
+        + selection_flags(max_transitions, max_episodes, full_action_space, return_to_go),
+        "selection": selection_attrs(checkpoints, max_transitions, max_episodes),
         "atari_zarr_version": __version__,
     }
     store = open_zarr_store(url, storage_options, read_only=False)
@@ -333,6 +342,10 @@ def convert_run(
         if bar:
             bar.close()
     assembler.check_done()
+    derived = write_derived(
+        group, game=source.game, where=url, action_full=full_action_space,
+        return_to_go=return_to_go,
+    )
 
     n_ep = len(plan.episode_length)
     terminated = sum(plan.episode_terminated)
@@ -351,6 +364,7 @@ def convert_run(
                 "return": plan.episode_return,
                 "terminated": plan.episode_terminated,
             },
+            **({"derived": derived} if derived else {}),
         },
     )
     log.info("wrote %s: %d transitions, %d episodes", url, plan.n_rows, n_ep)
@@ -368,6 +382,10 @@ def convert(
     progress: bool = True,
     storage_options: dict[str, Any] | None = None,
     source_storage_options: dict[str, Any] | None = None,
+    max_transitions: int | None = None,
+    max_episodes: int | None = None,
+    full_action_space: bool = False,
+    return_to_go: bool = False,
 ) -> list[ConvertedStore]:
     """Convert DQN Replay runs under ``source`` into stores under ``dest``.
 
@@ -381,7 +399,8 @@ def convert(
     games, runs : sequence of str, optional
         Convert only these (default: everything found).
     checkpoints : str or iterable of int, optional
-        Checkpoint suffixes to convert, e.g. ``"0-9,50"`` (default: all).
+        Checkpoint suffixes to convert, e.g. ``"0-9,50"`` (default: all), or
+        d4rl-atari's presets ``"mixed"`` (1), ``"medium"`` (10), ``"expert"`` (50).
     overwrite : bool
         Replace complete stores that already exist.
     progress : bool
@@ -391,6 +410,13 @@ def convert(
         ``source_storage_options`` is given).
     source_storage_options : dict, optional
         fsspec options for ``source``.
+    max_transitions, max_episodes : int, optional
+        Keep at most this many transitions / whole episodes of each run; the
+        episode a transition limit cuts ends there, truncated.
+    full_action_space : bool
+        Also write ``action_full``: actions as ALE's 18 actions (needs ale-py).
+    return_to_go : bool
+        Also write ``return_to_go``: undiscounted sum of rewards to the episode end.
 
     Returns
     -------
@@ -416,6 +442,10 @@ def convert(
             overwrite=overwrite,
             progress=progress,
             storage_options=storage_options,
+            max_transitions=max_transitions,
+            max_episodes=max_episodes,
+            full_action_space=full_action_space,
+            return_to_go=return_to_go,
         )
         for src in sources
     ]
