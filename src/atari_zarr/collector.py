@@ -76,6 +76,12 @@ def _game_of(env: Any) -> str | None:
     return match.group(1) if match else None
 
 
+def _is_plain(value: Any) -> bool:
+    if isinstance(value, tuple):
+        return all(isinstance(v, bool | int | float | str) for v in value)
+    return isinstance(value, bool | int | float | str)
+
+
 def env_settings(env: Any) -> dict[str, Any]:
     """What is known about how ``env`` makes its frames: spec, ALE and wrapper settings.
 
@@ -113,10 +119,9 @@ def env_settings(env: Any) -> dict[str, Any]:
     e = env
     while isinstance(e, gymnasium.Wrapper):
         settings = {
-            k.lstrip("_"): v
+            k.lstrip("_"): list(v) if isinstance(v, tuple) else v
             for k, v in vars(e).items()
-            if (not k.startswith("_") or k == "_max_episode_steps")
-            and isinstance(v, bool | int | float | str)
+            if (not k.startswith("_") or k == "_max_episode_steps") and _is_plain(v)
         }
         wrappers.append({"name": type(e).__name__, **settings})
         e = e.env
