@@ -31,7 +31,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import zarr
 
 from . import __version__
 from .errors import InvalidArgumentError, StoreExistsError
