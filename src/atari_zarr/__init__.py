@@ -60,6 +60,17 @@ __all__ = [
     "StoreExistsError",
     "StoreFormatError",
     "StoreIncompleteError",
+    "ZarrCollector",
     "__version__",
+    "collect",
     "convert",
 ]
+
+
+def __getattr__(name: str):
+    # The collector needs gymnasium (the `collect` extra): imported on first use only.
+    if name in ("ZarrCollector", "collect"):
+        from . import collector
+
+        return getattr(collector, name)
+    raise AttributeError(f"module 'atari_zarr' has no attribute {name!r}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 
@@ -52,6 +53,10 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         storage_options=parse_storage_options(args.storage_option),
         scheduler=args.scheduler,
         workers=args.workers,
+        max_transitions=args.max_transitions,
+        max_episodes=args.max_episodes,
+        full_action_space=args.full_action_space,
+        return_to_go=args.return_to_go,
     )
     if not args.quiet:
         for store in done:
@@ -82,7 +87,30 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from .info import format_info, store_info
 
     info = store_info(args.store, parse_storage_options(args.storage_option))
-    print(json.dumps(info, indent=2) if args.json else format_info(info))
+    print(json.dumps(info, indent=2) if args.json else format_info(info, episodes=args.episodes))
+    return 0
+
+
+def _cmd_collect(args: argparse.Namespace) -> int:
+    from .collector import collect
+    from .envs import make_dqn_env
+
+    match = re.match(r"^(?:ALE/)?([A-Za-z0-9]+)-v\d+$", args.env)
+    env = make_dqn_env(
+        match.group(1) if match else args.env, max_episode_steps=args.max_episode_steps
+    )
+    done = collect(
+        env,
+        args.dest,
+        steps=args.steps,
+        seed=args.seed,
+        progress=not args.quiet and not args.no_progress,
+        max_buffer_steps=args.buffer_steps,
+        overwrite=args.overwrite,
+        storage_options=parse_storage_options(args.storage_option),
+    )
+    if not args.quiet:
+        print(f"{done.transitions:,} transitions, {done.episodes:,} episodes -> {args.dest}")
     return 0
 
 
@@ -142,7 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--games", nargs="+", metavar="G", help="only these games (default: all)")
     p.add_argument("--runs", nargs="+", metavar="R", help="only these runs (default: all)")
     p.add_argument(
-        "--checkpoints", metavar="SPEC", help="checkpoint suffixes, e.g. '0-9,50' (default: all)"
+        "--checkpoints",
+        metavar="SPEC",
+        help="checkpoint suffixes, e.g. '0-9,50', or a preset: mixed (1), medium (10), "
+        "expert (50) (default: all)",
+    )
+    p.add_argument("--max-transitions", type=int, metavar="N", help="keep at most N transitions")
+    p.add_argument("--max-episodes", type=int, metavar="N", help="keep at most N episodes")
+    p.add_argument(
+        "--full-action-space",
+        action="store_true",
+        help="also write action_full: actions as ALE's 18 actions (needs ale-py)",
+    )
+    p.add_argument(
+        "--return-to-go",
+        action="store_true",
+        help="also write return_to_go: sum of rewards to the episode's end",
     )
     p.add_argument(
         "--overwrite",
@@ -185,8 +228,32 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="summarise a store", description="Summarise a store.")
     p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--episodes", action="store_true", help="list every episode")
     _add_storage_option(p)
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "collect",
+        help="record play in an Atari env into a store",
+        description="Play an ALE game with DQN Replay's preprocessing (sticky actions 0.25, "
+        "frame skip 4, 84x84 grayscale, no-op starts) and a random policy, recording every "
+        "step into the store DEST.",
+    )
+    p.add_argument("dest", metavar="DEST", help="store to create (path or URL), e.g. pong.zarr")
+    p.add_argument("--env", required=True, help="env id or game, e.g. ALE/Pong-v5")
+    p.add_argument("--steps", type=int, required=True, help="transitions to record")
+    p.add_argument("--seed", type=int, help="seed of the env and the policy")
+    p.add_argument(
+        "--max-episode-steps", type=int, default=27_000, help="episode limit (default 27000)"
+    )
+    p.add_argument(
+        "--buffer-steps", type=int, default=4096, help="flush every N steps (default 4096)"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace DEST")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_collect)
 
     p = sub.add_parser(
         "demo",

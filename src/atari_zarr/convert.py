@@ -68,7 +68,9 @@ from .layout import (
     store_path,
 )
 from .parallel import check_scheduler, describe_scheduler, run_graph
+from .derived import write_derived
 from .remote import get_fs, open_zarr_store
+from .selection import expand_presets, limit_plan, selection_attrs, selection_flags
 from .sources.dqn_replay import RunSource, find_runs
 from .shardwriter import shard_encoder, write_shard
 from .stream import Lap, RunPlan, lap_destinations, lap_step_arrays, plan_run
@@ -364,9 +366,12 @@ def _shared_units(plan: RunPlan) -> dict[tuple[str, int], list[tuple[Lap, int, i
     return dict(feeds)
 
 
-def _plan_digest(source: RunSource, selected: list[int] | None, plan: RunPlan) -> str:
+def _plan_digest(
+    source: RunSource, selected: list[int] | None, plan: RunPlan, derived: dict[str, Any]
+) -> str:
     """Fingerprint of the work: resuming is allowed only into a store with the same one."""
     doc = {
+        "derived": derived,
         "format_version": FORMAT_VERSION,
         "source": source.url,
         "game": source.game,
@@ -396,14 +401,20 @@ def convert_run(
     storage_options: dict[str, Any] | None = None,
     scheduler: Any = None,
     workers: int | None = None,
+    max_transitions: int | None = None,
+    max_episodes: int | None = None,
+    full_action_space: bool = False,
+    return_to_go: bool = False,
 ) -> ConvertedStore:
     """Convert one game/run into ``{dest}/{game}/{run}.zarr``.
 
     See :func:`convert` for the parameters.
     """
     url = store_path(dest, source.game, source.run)
-    selected = parse_checkpoints(checkpoints, source.suffixes)
-    command = _command(source, str(dest), selected)
+    selected = parse_checkpoints(expand_presets(checkpoints), source.suffixes)
+    command = _command(source, str(dest), selected) + selection_flags(
+        max_transitions, max_episodes, full_action_space, return_to_go
+    )
     work = WorkDir(url, storage_options)
     work.acquire(command)
     finished = False
@@ -411,6 +422,13 @@ def convert_run(
         result = _convert_locked(
             source, url, work, selected, command, overwrite, progress, storage_options,
             scheduler, workers,
+            {
+                "max_transitions": max_transitions,
+                "max_episodes": max_episodes,
+                "full_action_space": full_action_space,
+                "return_to_go": return_to_go,
+                "checkpoints": checkpoints,
+            },
         )
         finished = True
         return result
@@ -432,6 +450,7 @@ def _convert_locked(
     storage_options: dict[str, Any] | None,
     scheduler: Any,
     workers: int | None,
+    options: dict[str, Any],
 ) -> ConvertedStore:
     state = _existing_state(url, storage_options)
     if state == "complete" and not overwrite:
@@ -452,7 +471,12 @@ def _convert_locked(
     finally:
         if bar:
             bar.close()
-    digest = _plan_digest(source, selected, plan)
+    plan = limit_plan(
+        plan, source, max_transitions=options["max_transitions"],
+        max_episodes=options["max_episodes"],
+    )
+    derived_flags = {k: options[k] for k in ("full_action_space", "return_to_go")}
+    digest = _plan_digest(source, selected, plan, derived_flags)
 
     done: set[str] = set()
     fresh = state != "incomplete" or overwrite
@@ -484,6 +508,9 @@ def _convert_locked(
             "run": source.run,
             "source": {"url": source.url, "checkpoints_selected": selected or source.suffixes},
             "command": command,
+            "selection": selection_attrs(
+                options["checkpoints"], options["max_transitions"], options["max_episodes"]
+            ),
             "plan_digest": digest,
             "atari_zarr_version": __version__,
         }
@@ -533,6 +560,11 @@ def _convert_locked(
         raise RuntimeError(f"{url}: work never recorded as done: {sorted(missing)[:10]}")
 
     group = zarr.open_group(open_zarr_store(url, storage_options, read_only=False), mode="r+")
+    # optional arrays derived from the finished per-step arrays, before the marker
+    derived = write_derived(
+        group, game=source.game, where=url, action_full=options["full_action_space"],
+        return_to_go=options["return_to_go"],
+    )
     n_ep = len(plan.episode_length)
     terminated = sum(plan.episode_terminated)
     mark_complete(
@@ -550,6 +582,7 @@ def _convert_locked(
                 "return": plan.episode_return,
                 "terminated": plan.episode_terminated,
             },
+            **({"derived": derived} if derived else {}),
         },
     )
     log.info("wrote %s: %d transitions, %d episodes", url, plan.n_rows, n_ep)
@@ -574,6 +607,10 @@ def convert(
     source_storage_options: dict[str, Any] | None = None,
     scheduler: Any = None,
     workers: int | None = None,
+    max_transitions: int | None = None,
+    max_episodes: int | None = None,
+    full_action_space: bool = False,
+    return_to_go: bool = False,
 ) -> list[ConvertedStore]:
     """Convert DQN Replay runs under ``source`` into stores under ``dest``.
 
@@ -587,7 +624,8 @@ def convert(
     games, runs : sequence of str, optional
         Convert only these (default: everything found).
     checkpoints : str or iterable of int, optional
-        Checkpoint suffixes to convert, e.g. ``"0-9,50"`` (default: all).
+        Checkpoint suffixes to convert, e.g. ``"0-9,50"`` (default: all), or
+        d4rl-atari's presets ``"mixed"`` (1), ``"medium"`` (10), ``"expert"`` (50).
     overwrite : bool
         Start over: replace complete stores and discard unfinished ones. Without
         it, an unfinished store of the same plan is resumed (only the missing work
@@ -599,6 +637,13 @@ def convert(
         ``source_storage_options`` is given).
     source_storage_options : dict, optional
         fsspec options for ``source``.
+    max_transitions, max_episodes : int, optional
+        Keep at most this many transitions / whole episodes of each run; the
+        episode a transition limit cuts ends there, truncated.
+    full_action_space : bool
+        Also write ``action_full``: actions as ALE's 18 actions (needs ale-py).
+    return_to_go : bool
+        Also write ``return_to_go``: undiscounted sum of rewards to the episode end.
     scheduler : None, str or distributed.Client
         Where the write tasks run: ``"synchronous"``, ``"threads"``,
         ``"processes"``, a ``dask.distributed`` scheduler address or ``Client``.
@@ -642,6 +687,10 @@ def convert(
             storage_options=storage_options,
             scheduler=scheduler,
             workers=workers,
+            max_transitions=max_transitions,
+            max_episodes=max_episodes,
+            full_action_space=full_action_space,
+            return_to_go=return_to_go,
         )
         for src in sources
     ]

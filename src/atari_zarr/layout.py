@@ -12,9 +12,16 @@ One Zarr v3 group per game/run, at ``DEST/{Game}/{run}.zarr``::
       next/terminated        (N,) bool    the episode ended in a terminal state after row i
       next/truncated         (N,) bool    the episode was cut after row i (gap or end of data)
 
+    optional arrays (:data:`OPTIONAL_ARRAYS`), present only where written:
+      final_observation      (E, 84, 84) uint8  frame after the last row of episode e (collected)
+      action_full            (N,) int32   the action as one of ALE's 18 actions
+      return_to_go           (N,) float32 sum of the rewards from row i to its episode's end
+
 Row ``i`` of every array is transition ``i``; there are no holes. The frame that
 follows row ``i`` is ``observation[i + 1]`` unless row ``i`` is terminated or
-truncated. See ``docs/format.md`` for the attributes.
+truncated; then it is ``final_observation[episode[i]]`` where that array exists
+(stores recorded by the collector), and unknown otherwise (DQN Replay). See
+``docs/format.md`` for the attributes.
 
 Converter, collector and reader all import the names below; nothing else spells
 an array name.
@@ -39,13 +46,19 @@ __all__ = [
     "ATTRS_KEY",
     "EPISODE",
     "FORMAT_VERSION",
+    "FINAL_OBSERVATION",
+    "FLUSHED_KEY",
     "FRAME_SHAPE",
+    "ACTION_FULL",
     "OBSERVATION",
+    "OPTIONAL_ARRAYS",
+    "RETURN_TO_GO",
     "REWARD",
     "SOURCE_ROW",
     "TERMINATED",
     "TRUNCATED",
     "ArraySpec",
+    "create_array",
     "create_store",
     "mark_complete",
     "read_metadata",
@@ -57,6 +70,9 @@ __all__ = [
 FORMAT_VERSION = 1
 #: The key under which all our group attributes live.
 ATTRS_KEY = "atari_zarr"
+#: Attribute of a recording in progress: ``{"transitions": n, "episodes": e}``, the
+#: prefix of whole episodes that has been flushed and will not change.
+FLUSHED_KEY = "flushed"
 #: Height and width of a preprocessed Atari frame (DQN: 84x84 grayscale).
 FRAME_SHAPE = (84, 84)
 
@@ -67,6 +83,9 @@ SOURCE_ROW = "source_row"
 REWARD = "next/reward"
 TERMINATED = "next/terminated"
 TRUNCATED = "next/truncated"
+FINAL_OBSERVATION = "final_observation"
+ACTION_FULL = "action_full"
+RETURN_TO_GO = "return_to_go"
 
 # Frames are uint8: byte shuffle is a no-op and bitshuffle makes zstd 2-3x worse
 # (docs/codec-choice.md). Per-step arrays are multi-byte: byte shuffle helps.
@@ -115,9 +134,8 @@ class ArraySpec:
         return self.shard_rows or self.chunk_rows
 
     def compressors(self) -> list[Any]:
-        first = _FRAME_COMPRESSOR if self.name == OBSERVATION else _step_compressor(
-            self.dtype.itemsize
-        )
+        is_frame = self.row_shape == FRAME_SHAPE
+        first = _FRAME_COMPRESSOR if is_frame else _step_compressor(self.dtype.itemsize)
         # crc32c of every chunk lets `verify` detect any flipped byte.
         return [first, Crc32cCodec()]
 
@@ -141,6 +159,22 @@ ARRAYS: dict[str, ArraySpec] = {
         ArraySpec(REWARD, np.dtype("float32"), (), ("transition",), _STEP_CHUNK),
         ArraySpec(TERMINATED, np.dtype("bool"), (), ("transition",), _STEP_CHUNK),
         ArraySpec(TRUNCATED, np.dtype("bool"), (), ("transition",), _STEP_CHUNK),
+    )
+}
+
+#: Arrays that only some stores have, created only when asked for. Readers use
+#: them when present and never require them.
+OPTIONAL_ARRAYS: dict[str, ArraySpec] = {
+    spec.name: spec
+    for spec in (
+        # One row per episode (the collector keeps the frame that ends each one).
+        # Small chunks, no shards: a few frames are read at a time, and the
+        # collector appends a few per flush.
+        ArraySpec(
+            FINAL_OBSERVATION, np.dtype("uint8"), FRAME_SHAPE, ("episode", "y", "x"), chunk_rows=16
+        ),
+        ArraySpec(ACTION_FULL, np.dtype("int32"), (), ("transition",), _STEP_CHUNK),
+        ArraySpec(RETURN_TO_GO, np.dtype("float32"), (), ("transition",), _STEP_CHUNK),
     )
 }
 
@@ -215,27 +249,48 @@ def create_store(
     """
     meta = {**attrs, "format_version": FORMAT_VERSION, "complete": False}
     group = zarr.open_group(store, mode="w", attributes={ATTRS_KEY: meta})
-    for spec in ARRAYS.values():
-        shape = (n_rows, *spec.row_shape)
-        kwargs: dict[str, Any] = {}
-        if spec.shard_rows is not None:
-            kwargs["shards"] = {
-                "shape": (spec.shard_rows, *spec.row_shape),
-                # A start index is fetched with a plain range at offset 0: no size
-                # probe and no suffix range, which some object-store emulators mishandle.
-                "index_location": "start",
-            }
-        group.create_array(
-            spec.name,
-            shape=shape,
-            dtype=spec.dtype,
-            chunks=(spec.chunk_rows, *spec.row_shape),
-            compressors=spec.compressors(),
-            fill_value=0,
-            dimension_names=spec.dims,
-            **kwargs,
-        )
+    for name in ARRAYS:
+        create_array(group, name, n_rows)
     return group
+
+
+def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
+    """Create one array of :data:`ARRAYS` or :data:`OPTIONAL_ARRAYS` in ``group``.
+
+    Parameters
+    ----------
+    group : zarr.Group
+        An open, writable store.
+    name : str
+        One of the array name constants.
+    n_rows : int
+        Length of the first dimension; 0 for an array that grows by ``resize``.
+
+    Examples
+    --------
+    >>> g = zarr.open_group(zarr.storage.MemoryStore(), mode="w")
+    >>> create_array(g, RETURN_TO_GO, 0).shape
+    (0,)
+    """
+    spec = ARRAYS.get(name) or OPTIONAL_ARRAYS[name]
+    kwargs: dict[str, Any] = {}
+    if spec.shard_rows is not None:
+        kwargs["shards"] = {
+            "shape": (spec.shard_rows, *spec.row_shape),
+            # A start index is fetched with a plain range at offset 0: no size
+            # probe and no suffix range, which some object-store emulators mishandle.
+            "index_location": "start",
+        }
+    return group.create_array(
+        name,
+        shape=(n_rows, *spec.row_shape),
+        dtype=spec.dtype,
+        chunks=(spec.chunk_rows, *spec.row_shape),
+        compressors=spec.compressors(),
+        fill_value=0,
+        dimension_names=spec.dims,
+        **kwargs,
+    )
 
 
 def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
@@ -296,6 +351,15 @@ def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = Tru
         )
     if require_complete and not meta.get("complete", False):
         command = meta.get("command") or "the command that created it"
+        flushed = meta.get(FLUSHED_KEY)
+        if isinstance(flushed, dict):
+            raise StoreIncompleteError(
+                f"{where} is an unfinished recording: its recorder stopped before close(). "
+                f"Its first {flushed.get('transitions', 0)} transitions "
+                f"({flushed.get('episodes', 0)} whole episodes) were flushed and can be read "
+                f"with AtariZarrDataset(url, partial=True); record again ({command}) for a "
+                f"complete store."
+            )
         raise StoreIncompleteError(
             f"{where} is incomplete: its writer stopped before writing the completion marker, "
             f"so its data may be partial. Finish it by running {command} again "

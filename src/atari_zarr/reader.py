@@ -15,6 +15,8 @@ from .errors import InvalidArgumentError
 from .layout import (
     ACTION,
     EPISODE,
+    FINAL_OBSERVATION,
+    FLUSHED_KEY,
     OBSERVATION,
     REWARD,
     TERMINATED,
@@ -38,7 +40,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         action                [B] int64
         episode, index        [B] int64
         done, terminated, truncated   [B, 1] bool (False: stored states are not final)
-        next/observation      [B, 84, 84] uint8 (zeros after a terminated or truncated row)
+        next/observation      [B, 84, 84] uint8 (after a terminated or truncated row: the
+                              episode's final frame where the store keeps it (recorded
+                              stores), zeros otherwise (DQN Replay, as TorchRL does))
         next/reward           [B, 1] float32
         next/terminated, next/truncated, next/done   [B, 1] bool
 
@@ -69,11 +73,14 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         that runs out raises :class:`~atari_zarr.errors.RemoteTimeoutError`.
     frame_stack : int
         Number of frames per observation (1: single ``[84, 84]`` frames).
+    partial : bool
+        Open an unfinished recording (``ZarrCollector`` stopped before ``close()``):
+        its flushed whole episodes only. Complete stores open as usual.
 
     Raises
     ------
     StoreIncompleteError
-        If the store's writer has not finished.
+        If the store's writer has not finished (and ``partial`` does not apply).
     StoreFormatError
         If the location is not an atari_zarr store this version can read.
     RemoteAccessError, RemoteTimeoutError
@@ -105,6 +112,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         cache: str | os.PathLike[str] | None = None,
         timeout: float | None | str = "default",
         frame_stack: int = 1,
+        partial: bool = False,
     ) -> None:
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
@@ -116,6 +124,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
                 f"got {frame_stack!r} for {self.url}"
             )
         self.frame_stack = frame_stack
+        self.partial = bool(partial)
         self._open()
 
     # -- opening, and re-opening in worker processes ---------------------------------
@@ -134,14 +143,22 @@ class AtariZarrDataset(torch.utils.data.Dataset):
                 f"{redact(self.url)} is not a Zarr store: expected a directory or URL written "
                 f"by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
             ) from None if is_url(self.url) else exc
-        self.metadata: dict[str, Any] = read_metadata(group, self.url)
+        meta = read_metadata(group, self.url, require_complete=not self.partial)
+        n = None  # rows to use: all of a complete store, the flushed prefix of a recording
+        if not meta.get("complete"):
+            if not isinstance(meta.get(FLUSHED_KEY), dict):
+                read_metadata(group, self.url)  # raises the usual StoreIncompleteError
+            n = int(meta[FLUSHED_KEY]["transitions"])
+        self.metadata: dict[str, Any] = meta
         self._group = group
         self._obs = group[OBSERVATION]
-        self._action = np.asarray(group[ACTION][:])
-        self._episode = np.asarray(group[EPISODE][:])
-        self._reward = np.asarray(group[REWARD][:])
-        self._terminated = np.asarray(group[TERMINATED][:])
-        self._truncated = np.asarray(group[TRUNCATED][:])
+        self._action = np.asarray(group[ACTION][:n])
+        self._episode = np.asarray(group[EPISODE][:n])
+        self._reward = np.asarray(group[REWARD][:n])
+        self._terminated = np.asarray(group[TERMINATED][:n])
+        self._truncated = np.asarray(group[TRUNCATED][:n])
+        # Frame after each episode's last row, where the writer kept it (collector).
+        self._final_obs = group[FINAL_OBSERVATION] if FINAL_OBSERVATION in group else None
         self._done = self._terminated | self._truncated
         # first row of each row's episode; episodes are contiguous runs of rows
         n = len(self._episode)
@@ -158,6 +175,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             "cache": self.cache,
             "timeout": self.timeout,
             "frame_stack": self.frame_stack,
+            "partial": self.partial,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -166,6 +184,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         self.cache = state.get("cache")
         self.timeout = state.get("timeout", default_timeout())
         self.frame_stack = state.get("frame_stack", 1)
+        self.partial = state.get("partial", False)
         self._open()
 
     # -- indexing -------------------------------------------------------------------
@@ -251,6 +270,15 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         rows, scalar = self._indices(idx)
         done = self._done[rows]
         obs, next_obs = self._observations(rows, done)
+        if self._final_obs is not None and done.any():
+            # episode ends: the frame the writer kept (one row per episode id) is the
+            # last frame of the next observation
+            ep_uniq, ep_inv = np.unique(self._episode[rows[done]], return_inverse=True)
+            finals = np.asarray(self._final_obs.get_orthogonal_selection((ep_uniq,)))
+            if self.frame_stack == 1:
+                next_obs[done] = finals[ep_inv]
+            else:
+                next_obs[done, -1] = finals[ep_inv]
         b = len(rows)
         false = torch.zeros((b, 1), dtype=torch.bool)
         term = torch.from_numpy(self._terminated[rows].reshape(b, 1))

@@ -66,13 +66,17 @@ class Lap:
     n_out: int = 0
     first_episode: int = 0
     truncate_last: bool = False
+    #: Positions from here on are left out (a transition limit cut the lap); None: none.
+    stop_pos: int | None = None
 
     def positions(self) -> np.ndarray:
         """Buffer indices of positions ``first_pos ..`` in chronological order."""
-        return (self.start_index + np.arange(self.first_pos, self.capacity)) % self.capacity
+        stop = self.capacity if self.stop_pos is None else self.stop_pos
+        return (self.start_index + np.arange(self.first_pos, stop)) % self.capacity
 
     def kept_mask(self) -> np.ndarray:
-        keep = np.ones(self.capacity - self.first_pos, dtype=bool)
+        stop = self.capacity if self.stop_pos is None else self.stop_pos
+        keep = np.ones(stop - self.first_pos, dtype=bool)
         keep[self.padding] = False
         return keep
 
@@ -82,7 +86,8 @@ class Lap:
             "add_count": self.add_count,
             "kind": self.kind,
             "first_source_row": self.first_row + self.first_pos,
-            "source_rows": self.capacity - self.first_pos,
+            "source_rows": (self.capacity if self.stop_pos is None else self.stop_pos)
+            - self.first_pos,
             "padding_rows": len(self.padding),
             "transitions": self.n_out,
             "first_transition": self.out_start,
