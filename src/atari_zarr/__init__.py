@@ -36,8 +36,14 @@ from .errors import (
 )
 
 # Names imported on first use: the reader pulls in torch and tensordict (about 2 s),
-# which `atari-zarr ls/info/--help` and conversion workers do not need.
-_LAZY = {"AtariZarrDataset": ".reader", "MultiGameDataset": ".mixing"}
+# which `atari-zarr ls/info/--help` and conversion workers do not need, and the
+# collector needs gymnasium (the `collect` extra).
+_LAZY = {
+    "AtariZarrDataset": ".reader",
+    "MultiGameDataset": ".mixing",
+    "ZarrCollector": ".collector",
+    "collect": ".collector",
+}
 
 
 def __getattr__(name: str):
@@ -66,11 +72,3 @@ __all__ = [
     "convert",
 ]
 
-
-def __getattr__(name: str):
-    # The collector needs gymnasium (the `collect` extra): imported on first use only.
-    if name in ("ZarrCollector", "collect"):
-        from . import collector
-
-        return getattr(collector, name)
-    raise AttributeError(f"module 'atari_zarr' has no attribute {name!r}")
