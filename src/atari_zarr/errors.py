@@ -17,6 +17,7 @@ __all__ = [
     "InvalidNameError",
     "SourceFormatError",
     "SourceNotFoundError",
+    "StoreCorruptError",
     "StoreExistsError",
     "StoreFormatError",
     "StoreIncompleteError",
@@ -53,3 +54,7 @@ class StoreFormatError(AtariZarrError, ValueError):
 
 class StoreIncompleteError(AtariZarrError, RuntimeError):
     """A store whose writer has not finished (it lacks the completion marker)."""
+
+
+class StoreCorruptError(AtariZarrError, ValueError):
+    """Bytes of a store that fail their checksum or do not decode."""

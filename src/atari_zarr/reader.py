@@ -19,6 +19,7 @@ from .layout import (
     TRUNCATED,
     read_metadata,
 )
+from .fastread import ChunkReader, open_step_columns
 from .remote import open_zarr_store
 
 __all__ = ["AtariZarrDataset"]
@@ -71,6 +72,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     torch.Size([8])
     """
 
+    #: Bound on decoded frame chunks kept between batches, per dataset (and per worker).
+    frame_cache_bytes: int = 128 << 20
+
     def __init__(self, path_or_url: str, *, storage_options: dict[str, Any] | None = None) -> None:
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
@@ -89,12 +93,16 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         self.metadata: dict[str, Any] = read_metadata(group, self.url)
         self._group = group
         self._obs = group[OBSERVATION]
-        self._action = np.asarray(group[ACTION][:])
-        self._episode = np.asarray(group[EPISODE][:])
-        self._reward = np.asarray(group[REWARD][:])
-        self._terminated = np.asarray(group[TERMINATED][:])
-        self._truncated = np.asarray(group[TRUNCATED][:])
-        self._done = self._terminated | self._truncated
+        self._frames = ChunkReader(self._obs, where=self.url, cache_bytes=self.frame_cache_bytes)
+        # Per-step columns load lazily (``column[rows] -> ndarray``): opening a
+        # 50M-transition store must not read ~1 GB of per-step data.
+        steps = open_step_columns(group, self.metadata, self.url)
+        self._action = steps[ACTION]
+        self._episode = steps[EPISODE]
+        self._reward = steps[REWARD]
+        self._terminated = steps[TERMINATED]
+        self._truncated = steps[TRUNCATED]
+        self._done = steps["done"]
 
     def __getstate__(self) -> dict[str, Any]:
         # zarr stores hold file-system handles and event loops that must not cross a fork.
@@ -107,7 +115,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     # -- indexing -------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._action)
+        return int(self._obs.shape[0])
 
     def __repr__(self) -> str:
         game, run = self.metadata.get("game"), self.metadata.get("run")
@@ -155,11 +163,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         numpy.ndarray
             ``(len(rows), 84, 84)`` uint8.
         """
-        if rows.size == 0:
-            return np.zeros((0, *self._obs.shape[1:]), dtype=np.uint8)
-        uniq, inverse = np.unique(rows, return_inverse=True)
-        frames = np.asarray(self._obs.get_orthogonal_selection((uniq,)))
-        return frames[inverse]
+        # fastread groups rows by chunk, decodes each chunk once (GIL released) and
+        # caches it; layouts it does not know go through zarr's generic indexing.
+        return self._frames.read(rows)
 
     def __getitem__(self, idx: Any) -> TensorDict:
         rows, scalar = self._indices(idx)
@@ -218,7 +224,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     @property
     def episodes(self) -> torch.Tensor:
         """Episode id of every row (for TorchRL's ``SliceSampler``)."""
-        return torch.from_numpy(self._episode.astype(np.int64))
+        return torch.from_numpy(self._episode.to_numpy().astype(np.int64, copy=False))
 
     @property
     def game(self) -> str | None:
