@@ -184,15 +184,26 @@ def test_unsupported_layouts_fall_back_to_zarr(tmp_path):
 
 def test_cache_is_bounded_and_reused(tmp_path):
     a = _array(zarr.storage.LocalStore(tmp_path / "b.zarr"), 256)
-    a[:] = np.random.default_rng(0).integers(0, 4, size=a.shape, dtype=np.uint8)
+    data = np.random.default_rng(0).integers(0, 4, size=a.shape, dtype=np.uint8)
+    a[:] = data
     chunk_bytes = 8 * 6 * 5
-    reader = ChunkReader(a, where="b", cache_bytes=3 * chunk_bytes, readahead=False)
-    reader.read([1, 9, 17])
+    reader = ChunkReader(a, where="b", cache_bytes=8 * chunk_bytes, readahead=False)
+    np.testing.assert_array_equal(reader.read([1, 9, 17]), data[[1, 9, 17]])
     decoded = reader.stats["decoded"]
-    reader.read([2, 10, 18, 3])  # same three chunks
+    np.testing.assert_array_equal(reader.read([2, 10, 18, 3]), data[[2, 10, 18, 3]])
     assert reader.stats["decoded"] == decoded and reader.stats["hits"] == 3
-    reader.read(np.arange(0, 256, 8))
-    assert reader._cache_used <= 3 * chunk_bytes and len(reader._cache) == 3
+    rng = np.random.default_rng(3)
+    for _ in range(50):  # many small batches cycle through the 8 slots
+        rows = rng.integers(0, 256, 5)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+        assert reader.cached_chunks <= 8
+    # a batch wider than half the cache is served from a buffer of its own
+    rows = np.arange(0, 256, 8)[::-1]
+    np.testing.assert_array_equal(reader.read(rows), data[rows])
+    assert reader.cached_chunks <= 8
+    # every cached slot holds exactly its chunk
+    for c in np.flatnonzero(reader._slot_of >= 0):
+        np.testing.assert_array_equal(reader._slab[reader._slot_of[c]], data[c * 8 : c * 8 + 8])
 
 
 def test_sequential_reads_prefetch(tmp_path):

@@ -140,10 +140,14 @@ class _Plan:
         self.fill_value = np.asarray(fill if fill is not None else 0, dtype=self.dtype)
         self.path = array.store_path.path
         self.encode_key = meta.encode_chunk_key
+        self._keys: dict[int, str] = {}
 
     def object_key(self, coord: int) -> str:
-        key = self.encode_key((coord, *([0] * len(self.row_shape))))
-        return f"{self.path}/{key}" if self.path else key
+        key = self._keys.get(coord)
+        if key is None:
+            key = self.encode_key((coord, *([0] * len(self.row_shape))))
+            key = self._keys[coord] = f"{self.path}/{key}" if self.path else key
+        return key
 
 
 class _Unsupported(Exception):
@@ -275,13 +279,39 @@ class ChunkReader:
             _LocalBytes(Path(store.root)) if isinstance(store, LocalStore) else _StoreBytes(store)
         )
         self._shard_index: dict[int, np.ndarray | None] = {}
-        self._cache: OrderedDict[int, np.ndarray] = OrderedDict()
-        self._cache_used = 0
-        self._pending: dict[int, Future] = {}
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_pid = -1
         self._next_chunk: int | None = None
+        # Read-ahead results live outside the cache until a range read takes them.
+        self._ahead: dict[int, np.ndarray] = {}
+        self._pending: dict[int, Future] = {}
+        # Guards _ahead and _pending only: the read-ahead thread never takes _lock,
+        # so a read holding _lock can wait for it.
+        self._ahead_lock = threading.Lock()
+        self._init_cache()
+
+    def _init_cache(self) -> None:
+        """The cache is one slab of chunk slots, so a batch gathers with one fancy index.
+
+        ``_slot_of[chunk]`` is the slot holding a chunk (-1: not cached). Slots are
+        recycled with the CLOCK policy (an LRU approximation with one reference bit
+        per slot); slots used by the batch being served are never recycled.
+        """
+        p = self.plan
+        n_slots = self.cache_bytes // p.chunk_nbytes if p is not None else 0
+        self._n_slots = int(n_slots) if n_slots >= 2 else 0
+        self._slab: np.ndarray | None = None
+        if self._n_slots:
+            assert p is not None
+            # np.empty of a large size maps pages lazily: memory grows with use.
+            self._slab = np.empty((self._n_slots, *p.chunk_shape), dtype=p.dtype)
+            self._slot_of = np.full(p.n_chunks, -1, dtype=np.int64)
+            self._owner = np.full(self._n_slots, -1, dtype=np.int64)
+            self._ref = np.zeros(self._n_slots, dtype=bool)
+            self._epoch = np.zeros(self._n_slots, dtype=np.int64)
+        self._batch = 0
+        self._hand = 0
 
     @property
     def fast(self) -> bool:
@@ -290,6 +320,11 @@ class ChunkReader:
 
     def __len__(self) -> int:
         return int(self.array.shape[0])
+
+    @property
+    def cached_chunks(self) -> int:
+        """Number of decoded chunks held in the cache."""
+        return int((self._owner >= 0).sum()) if self._n_slots else 0
 
     # -- public -----------------------------------------------------------------------
     def read(self, rows: np.ndarray) -> np.ndarray:
@@ -309,38 +344,39 @@ class ChunkReader:
         p = self.plan
         if p is None:
             return self._read_generic(rows)
-        out = np.empty((len(rows), *p.row_shape), dtype=p.dtype)
         if rows.size == 0:
-            return out
-        if rows.size > 1 and rows[-1] - rows[0] == rows.size - 1 and bool((np.diff(rows) == 1).all()):
-            self._read_range(int(rows[0]), int(rows[-1]) + 1, out)
-            return out
-        cids = rows // p.chunk_rows
-        order = np.argsort(cids, kind="stable")
-        sorted_c = cids[order]
-        uniq, starts = np.unique(sorted_c, return_index=True)
-        bounds = np.append(starts, len(rows))
-        chunks = self._chunks(uniq)
-        cr = p.chunk_rows
-        for k, c in enumerate(uniq.tolist()):
-            sel = order[bounds[k] : bounds[k + 1]]
-            if len(sel) == 1:
-                j = int(sel[0])
-                out[j] = chunks[k][int(rows[j]) - c * cr]
-            else:
-                out[sel] = chunks[k][rows[sel] - c * cr]
-        return out
+            return np.empty((0, *p.row_shape), dtype=p.dtype)
+        with self._lock:
+            if rows.size > 1 and rows[-1] - rows[0] == rows.size - 1 and bool((np.diff(rows) == 1).all()):
+                out = np.empty((len(rows), *p.row_shape), dtype=p.dtype)
+                self._read_range(int(rows[0]), int(rows[-1]) + 1, out)
+                return out
+            cr = p.chunk_rows
+            cids = rows // cr
+            uniq, inverse = np.unique(cids, return_inverse=True)
+            within = rows - cids * cr
+            if self._n_slots and len(uniq) <= self._n_slots // 2:
+                slots = self._cached_slots(uniq)
+                flat = self._slab.reshape(-1, *p.row_shape)  # type: ignore[union-attr]
+                return flat[slots[inverse] * cr + within]
+            # More chunks than half the cache: decode into a buffer for this batch only.
+            buf = np.empty((len(uniq), *p.chunk_shape), dtype=p.dtype)
+            todo = list(range(len(uniq)))
+            if self._n_slots:
+                slot = self._slot_of[uniq]
+                for k in np.flatnonzero(slot >= 0).tolist():
+                    buf[k] = self._slab[slot[k]]  # type: ignore[index]
+                todo = np.flatnonzero(slot < 0).tolist()
+                self.stats["hits"] += len(uniq) - len(todo)
+            self._decode_into([int(uniq[k]) for k in todo], [buf[k] for k in todo])
+            return buf.reshape(-1, *p.row_shape)[inverse * cr + within]
 
     def decode_chunks(self, cids: Sequence[int]) -> list[np.ndarray]:
         """Whole decoded chunks ``cids`` (not cached), each ``(chunk_rows, *row_shape)``."""
         p = self.plan
         if p is None:
-            out = []
-            for c in cids:
-                lo = int(c) * self._generic_chunk_rows()
-                block = np.asarray(self.array[lo : lo + self._generic_chunk_rows()])
-                out.append(block)
-            return out
+            rows = self._generic_chunk_rows()
+            return [np.asarray(self.array[int(c) * rows : (int(c) + 1) * rows]) for c in cids]
         dests = [np.empty(p.chunk_shape, dtype=p.dtype) for _ in cids]
         self._decode_into([int(c) for c in cids], dests)
         return dests
@@ -349,11 +385,12 @@ class ChunkReader:
         """Stop background read-ahead and drop cached chunks."""
         with self._lock:
             pool, self._pool = self._pool, None
-            self._cache.clear()
-            self._cache_used = 0
-            self._pending.clear()
         if pool is not None:
             pool.shutdown(wait=True)
+        with self._lock, self._ahead_lock:
+            self._ahead.clear()
+            self._pending.clear()
+            self._init_cache()
 
     # -- internals --------------------------------------------------------------------
     def _generic_chunk_rows(self) -> int:
@@ -371,50 +408,46 @@ class ChunkReader:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="atari_zarr-read")
             self._pool_pid = os.getpid()
             self._pending = {}
-            self._lock = threading.RLock()
         return self._pool
 
-    def _chunks(self, cids: np.ndarray) -> list[np.ndarray]:
-        """Decoded chunks ``cids`` from the cache, waiting read-ahead, or decoded now."""
-        result: list[np.ndarray | None] = [None] * len(cids)
-        waits: list[tuple[int, Future]] = []
-        with self._lock:
-            for k, c in enumerate(cids.tolist()):
-                hit = self._cache.get(c)
-                if hit is not None:
-                    self._cache.move_to_end(c)
-                    result[k] = hit
-                elif c in self._pending:
-                    waits.append((k, self._pending[c]))
-        for k, fut in waits:
-            fut.result()
-            with self._lock:
-                result[k] = self._cache.get(int(cids[k]))
-        missing = [k for k, r in enumerate(result) if r is None]
-        self.stats["hits"] += len(cids) - len(missing)
-        if missing:
-            p = self.plan
-            assert p is not None
-            todo = [int(cids[k]) for k in missing]
-            dests = [np.empty(p.chunk_shape, dtype=p.dtype) for _ in todo]
-            self._decode_into(todo, dests)
-            for k, d in zip(missing, dests):
-                result[k] = d
-            self._remember(todo, dests)
-        return result  # type: ignore[return-value]
+    def _cached_slots(self, uniq: np.ndarray) -> np.ndarray:
+        """Cache slots of chunks ``uniq`` (sorted, unique), decoding the missing ones."""
+        self._batch += 1
+        slots = self._slot_of[uniq]
+        hit = slots >= 0
+        self._ref[slots[hit]] = True
+        self._epoch[slots[hit]] = self._batch
+        self.stats["hits"] += int(hit.sum())
+        miss = np.flatnonzero(~hit)
+        if miss.size:
+            new = np.array([self._alloc_slot() for _ in range(miss.size)], dtype=np.int64)
+            cids = uniq[miss]
+            try:
+                self._decode_into(cids.tolist(), [self._slab[s] for s in new.tolist()])  # type: ignore[index]
+            except BaseException:
+                self._owner[new] = -1  # never serve a half-decoded slot
+                raise
+            self._slot_of[cids] = new
+            self._owner[new] = cids
+            slots[miss] = new
+        return slots
 
-    def _remember(self, cids: list[int], arrays: list[np.ndarray]) -> None:
-        if self.cache_bytes <= 0:
-            return
-        with self._lock:
-            for c, a in zip(cids, arrays):
-                if c in self._cache:
-                    continue
-                self._cache[c] = a
-                self._cache_used += a.nbytes
-            while self._cache_used > self.cache_bytes and self._cache:
-                _, old = self._cache.popitem(last=False)
-                self._cache_used -= old.nbytes
+    def _alloc_slot(self) -> int:
+        n = self._n_slots
+        while True:
+            s = self._hand
+            self._hand = (s + 1) % n
+            if self._epoch[s] == self._batch:
+                continue  # in use by this batch
+            if self._ref[s]:
+                self._ref[s] = False  # second chance
+                continue
+            old = self._owner[s]
+            if old >= 0:
+                self._slot_of[old] = -1
+                self._owner[s] = -1
+            self._epoch[s] = self._batch
+            return s
 
     def _read_range(self, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)``: whole chunks decode straight into ``out``."""
@@ -423,36 +456,55 @@ class ChunkReader:
         cr = p.chunk_rows
         c0, c1 = start // cr, (stop - 1) // cr
         direct, direct_dest, edge = [], [], []
-        with self._lock:
-            cached = {c: self._cache.get(c) for c in range(c0, c1 + 1)}
-            pending = {c for c in range(c0, c1 + 1) if c in self._pending}
         for c in range(c0, c1 + 1):
             lo, hi = c * cr, (c + 1) * cr
-            if cached[c] is not None or c in pending or lo < start or hi > stop:
+            with self._ahead_lock:
+                fut = self._pending.get(c)
+            if fut is not None:
+                fut.result()
+            with self._ahead_lock:
+                ahead = self._ahead.pop(c, None)
+            if ahead is not None:
+                a, b = max(lo, start), min(hi, stop)
+                out[a - start : b - start] = ahead[a - lo : b - lo]
+                self.stats["hits"] += 1
+            elif lo < start or hi > stop:
                 edge.append(c)
             else:
                 direct.append(c)
                 direct_dest.append(out[lo - start : hi - start])
         if direct:
             self._decode_into(direct, direct_dest)
-        if edge:
-            arrays = self._chunks(np.asarray(edge, dtype=np.int64))
-            for c, a in zip(edge, arrays):
-                lo, hi = max(c * cr, start), min((c + 1) * cr, stop)
-                out[lo - start : hi - start] = a[lo - c * cr : hi - c * cr]
+        for c in edge:
+            a, b = max(c * cr, start), min((c + 1) * cr, stop)
+            out[a - start : b - start] = self._edge(c, a, b)
         sequential = self._next_chunk is not None and c0 in (self._next_chunk - 1, self._next_chunk)
         self._next_chunk = c1 + 1
-        if sequential and self.readahead and self.cache_bytes > 0:
+        if sequential and self.readahead:
             span = min(max(c1 - c0 + 1, 1), _MAX_READAHEAD)
             self._schedule_readahead(range(c1 + 1, min(c1 + 1 + span, p.n_chunks)))
 
+    def _edge(self, c: int, a: int, b: int) -> np.ndarray:
+        """Rows ``[a, b)`` of chunk ``c`` (a partly requested chunk), through the cache."""
+        p = self.plan
+        assert p is not None
+        lo = c * p.chunk_rows
+        if self._n_slots:
+            slot = int(self._cached_slots(np.array([c], dtype=np.int64))[0])
+            return self._slab[slot, a - lo : b - lo]  # type: ignore[index]
+        [chunk] = self.decode_chunks([c])
+        return chunk[a - lo : b - lo]
+
     def _schedule_readahead(self, cids: range) -> None:
-        with self._lock:
-            todo = [c for c in cids if c not in self._cache and c not in self._pending]
+        with self._ahead_lock:
+            todo = [c for c in cids if c not in self._ahead and c not in self._pending]
+            # Drop read-ahead the reader skipped past: a reader that stops scanning
+            # must not pin memory without bound.
+            for c in [c for c in self._ahead if c < cids.start or c >= cids.stop]:
+                del self._ahead[c]
             if not todo:
                 return
-            pool = self._executor()
-            fut = pool.submit(self._prefetch, todo)
+            fut = self._executor().submit(self._prefetch, todo)
             for c in todo:
                 self._pending[c] = fut
 
@@ -462,10 +514,13 @@ class ChunkReader:
         try:
             dests = [np.empty(p.chunk_shape, dtype=p.dtype) for _ in cids]
             self._decode_into(cids, dests, split=False)
-            self._remember(cids, dests)
-            self.stats["readahead"] += len(cids)
+            with self._ahead_lock:
+                self._ahead.update(zip(cids, dests))
+                self.stats["readahead"] += len(cids)
+        except Exception:  # the reader decodes these again and reports the error itself
+            log.debug("read-ahead of %s chunks %s failed", self.name, cids, exc_info=True)
         finally:
-            with self._lock:
+            with self._ahead_lock:
                 for c in cids:
                     self._pending.pop(c, None)
 
