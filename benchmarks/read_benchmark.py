@@ -255,7 +255,9 @@ def samplers(env: dict) -> dict[str, Callable[[np.ndarray], int]]:
 def run_read(size: str, game: str) -> str:
     import torch
 
-    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    # One intra-op thread: on the shared 2-core machine, torch indexing with 2 threads
+    # was 3-5x slower than with one (threads spin against other jobs).
+    torch.set_num_threads(1)
     cfg = SIZES[size]
     with tempfile.TemporaryDirectory(prefix="atari_zarr_bench_") as tmp:
         work = Path(tmp)

@@ -202,8 +202,8 @@ def test_cache_is_bounded_and_reused(tmp_path):
     np.testing.assert_array_equal(reader.read(rows), data[rows])
     assert reader.cached_chunks <= 8
     # every cached slot holds exactly its chunk
-    for c in np.flatnonzero(reader._slot_of >= 0):
-        np.testing.assert_array_equal(reader._slab[reader._slot_of[c]], data[c * 8 : c * 8 + 8])
+    for c in np.flatnonzero(reader._slot_of > 0):
+        np.testing.assert_array_equal(reader._slab[reader._slot_of[c] - 1], data[c * 8 : c * 8 + 8])
 
 
 def test_sequential_reads_prefetch(tmp_path):

@@ -294,7 +294,8 @@ class ChunkReader:
     def _init_cache(self) -> None:
         """The cache is one slab of chunk slots, so a batch gathers with one fancy index.
 
-        ``_slot_of[chunk]`` is the slot holding a chunk (-1: not cached). Slots are
+        ``_slot_of[chunk] - 1`` is the slot holding a chunk (0: not cached; zeros
+        come from untouched pages, so a 50M-row store costs no memory here). Slots are
         recycled with the CLOCK policy (an LRU approximation with one reference bit
         per slot); slots used by the batch being served are never recycled.
         """
@@ -306,7 +307,7 @@ class ChunkReader:
             assert p is not None
             # np.empty of a large size maps pages lazily: memory grows with use.
             self._slab = np.empty((self._n_slots, *p.chunk_shape), dtype=p.dtype)
-            self._slot_of = np.full(p.n_chunks, -1, dtype=np.int64)
+            self._slot_of = np.zeros(p.n_chunks, dtype=np.int32)
             self._owner = np.full(self._n_slots, -1, dtype=np.int64)
             self._ref = np.zeros(self._n_slots, dtype=bool)
             self._epoch = np.zeros(self._n_slots, dtype=np.int64)
@@ -363,7 +364,7 @@ class ChunkReader:
             buf = np.empty((len(uniq), *p.chunk_shape), dtype=p.dtype)
             todo = list(range(len(uniq)))
             if self._n_slots:
-                slot = self._slot_of[uniq]
+                slot = self._slot_of[uniq].astype(np.int64) - 1
                 for k in np.flatnonzero(slot >= 0).tolist():
                     buf[k] = self._slab[slot[k]]  # type: ignore[index]
                 todo = np.flatnonzero(slot < 0).tolist()
@@ -413,7 +414,7 @@ class ChunkReader:
     def _cached_slots(self, uniq: np.ndarray) -> np.ndarray:
         """Cache slots of chunks ``uniq`` (sorted, unique), decoding the missing ones."""
         self._batch += 1
-        slots = self._slot_of[uniq]
+        slots = self._slot_of[uniq].astype(np.int64) - 1
         hit = slots >= 0
         self._ref[slots[hit]] = True
         self._epoch[slots[hit]] = self._batch
@@ -427,7 +428,7 @@ class ChunkReader:
             except BaseException:
                 self._owner[new] = -1  # never serve a half-decoded slot
                 raise
-            self._slot_of[cids] = new
+            self._slot_of[cids] = new + 1
             self._owner[new] = cids
             slots[miss] = new
         return slots
@@ -444,7 +445,7 @@ class ChunkReader:
                 continue
             old = self._owner[s]
             if old >= 0:
-                self._slot_of[old] = -1
+                self._slot_of[old] = 0
                 self._owner[s] = -1
             self._epoch[s] = self._batch
             return s
@@ -693,7 +694,10 @@ class StepColumn:
     def _load(self, cids: list[int]) -> None:
         with self._lock:
             cids = [c for c in cids if not self._loaded[c]]
-            for c, block in zip(cids, self._reader.decode_chunks(cids)):
+            for c in cids:
+                # one chunk at a time: a batch touching hundreds of chunks of a huge
+                # store must not hold hundreds of decoded chunks at once
+                [block] = self._reader.decode_chunks([c])
                 lo = c * self._chunk_rows
                 hi = min(lo + self._chunk_rows, self._n)
                 data = np.ascontiguousarray(block[: hi - lo], dtype=self.dtype)
