@@ -12,7 +12,8 @@ module reads the same bytes a zarr client would, without the generic machinery:
   straight into its destination: a cache slot, or the output array when a
   request covers whole chunks in order;
 * requested rows are grouped by chunk so each chunk is decoded once per batch;
-* a bounded LRU cache keeps decoded chunks between batches;
+* a bounded cache (CLOCK, an LRU approximation) keeps decoded chunks between
+  batches in one slab, so a batch is gathered with a single fancy index;
 * large batches are split into one task per core (one task per chunk costs more
   in scheduling than a 20 µs decode);
 * sequential reads trigger read-ahead of the next chunks in the background.
