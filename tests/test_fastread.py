@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -287,3 +289,35 @@ def test_open_does_not_read_per_step_chunks(tmp_path):
     assert b["episode"].tolist() == [0, 0, len(lengths) - 1]
     assert b["next", "terminated"][:, 0].tolist() == [False, True, True]
     assert int(ds._action._loaded.sum()) == 2
+
+
+def test_remote_store_reads_only_needed_ranges(pong_run, source_root, dest_root):
+    """Through gcsfs against fake-gcs-server: same batches, range requests, cache hits."""
+    import fsspec
+
+    from atari_zarr.testing_gcs import CountingProxy, FakeGCSServer
+
+    [store] = convert(str(source_root), str(dest_root), progress=False)
+    local = AtariZarrDataset(store.url)
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket("bench")
+        opts = server.storage_options(endpoint_url=proxy.endpoint_url)
+        fs = fsspec.filesystem("gs", **opts)
+        fs.put(store.url, "bench/Pong/1.zarr", recursive=True)
+        remote = AtariZarrDataset("gs://bench/Pong/1.zarr", storage_options=opts)
+        assert remote._frames.fast
+        rows = np.array([0, 5, 5, len(local) - 1, 300, 17])
+        proxy.reset()
+        got = remote[rows]
+        want = local[rows]
+        for key in ("observation", ("next", "observation"), "action", ("next", "reward"), "episode"):
+            assert torch.equal(got[key], want[key]), key
+        obs_bytes = sum(
+            f.stat().st_size for f in (Path(store.url) / OBSERVATION).rglob("*") if f.is_file()
+        )
+        frame_reads = [e for e in proxy.log if "observation" in e[1]]
+        assert frame_reads and all(e[2] == 206 for e in frame_reads)  # byte ranges only
+        assert proxy.bytes_received < obs_bytes
+        proxy.reset()
+        remote[rows]  # every chunk is cached now
+        assert not [e for e in proxy.log if "observation" in e[1]]
