@@ -20,6 +20,7 @@ __all__ = [
     "RemoteTimeoutError",
     "SourceFormatError",
     "SourceNotFoundError",
+    "StoreCorruptError",
     "StoreExistsError",
     "StoreFormatError",
     "StoreIncompleteError",
@@ -73,3 +74,7 @@ class ReadOnlyDatasetError(AtariZarrError, RuntimeError):
 
 class StoreLockedError(AtariZarrError, RuntimeError):
     """Another conversion is writing the same store right now."""
+
+
+class StoreCorruptError(AtariZarrError, ValueError):
+    """Bytes of a store that fail their checksum or do not decode."""

@@ -23,6 +23,7 @@ from .layout import (
     TRUNCATED,
     read_metadata,
 )
+from .fastread import ChunkReader, open_step_columns
 from .remote import default_timeout, is_url, open_zarr_store, redact
 
 __all__ = ["AtariZarrDataset", "collate_batch", "stacked_rows"]
@@ -104,6 +105,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     torch.Size([2, 4, 84, 84])
     """
 
+    #: Bound on decoded frame chunks kept between batches, per dataset (and per worker).
+    frame_cache_bytes: int = 128 << 20
+
     def __init__(
         self,
         path_or_url: str,
@@ -152,20 +156,21 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         self.metadata: dict[str, Any] = meta
         self._group = group
         self._obs = group[OBSERVATION]
-        self._action = np.asarray(group[ACTION][:n])
-        self._episode = np.asarray(group[EPISODE][:n])
-        self._reward = np.asarray(group[REWARD][:n])
-        self._terminated = np.asarray(group[TERMINATED][:n])
-        self._truncated = np.asarray(group[TRUNCATED][:n])
+        # rows in use: all of a complete store, the flushed prefix of a recording
+        self._n = int(self._obs.shape[0]) if n is None else n
         # Frame after each episode's last row, where the writer kept it (collector).
         self._final_obs = group[FINAL_OBSERVATION] if FINAL_OBSERVATION in group else None
-        self._done = self._terminated | self._truncated
-        # first row of each row's episode; episodes are contiguous runs of rows
-        n = len(self._episode)
-        starts = np.ones(n, dtype=bool)
-        if n:
-            starts[1:] = self._episode[1:] != self._episode[:-1]
-        self._episode_start = np.maximum.accumulate(np.where(starts, np.arange(n), 0))
+        self._frames = ChunkReader(self._obs, where=self.url, cache_bytes=self.frame_cache_bytes)
+        # Per-step columns load lazily (``column[rows] -> ndarray``): opening a
+        # 50M-transition store must not read ~1 GB of per-step data.
+        steps = open_step_columns(group, self.metadata, self.url, n=self._n)
+        self._action = steps[ACTION]
+        self._episode = steps[EPISODE]
+        self._reward = steps[REWARD]
+        self._terminated = steps[TERMINATED]
+        self._truncated = steps[TRUNCATED]
+        self._done = steps["done"]
+        self._first_rows: np.ndarray | None = None  # first row of each episode, on demand
 
     def __getstate__(self) -> dict[str, Any]:
         # zarr stores hold file-system handles and event loops that must not cross a fork.
@@ -189,7 +194,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     # -- indexing -------------------------------------------------------------------
     def __len__(self) -> int:
-        return len(self._action)
+        return self._n
 
     def __repr__(self) -> str:
         game, run = self.metadata.get("game"), self.metadata.get("run")
@@ -240,11 +245,21 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         numpy.ndarray
             ``(len(rows), 84, 84)`` uint8.
         """
-        if rows.size == 0:
-            return np.zeros((0, *self._obs.shape[1:]), dtype=np.uint8)
-        uniq, inverse = np.unique(rows, return_inverse=True)
-        frames = np.asarray(self._obs.get_orthogonal_selection((uniq,)))
-        return frames[inverse]
+        # fastread groups rows by chunk, decodes each chunk once (GIL released) and
+        # caches it; layouts it does not know go through zarr's generic indexing.
+        return self._frames.read(rows)
+
+    def _episode_first_row(self, rows: np.ndarray) -> np.ndarray:
+        """First row of the episode of each of ``rows`` (episode ids run 0, 1, ... in order)."""
+        if self._first_rows is None:
+            table = self.metadata.get("episodes") or {}
+            lengths = np.asarray(table.get("length", []), dtype=np.int64)
+            if lengths.size and int(lengths.sum()) == len(self):
+                self._first_rows = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            else:  # no usable table (an unfinished recording): one pass over the ids
+                ep = self._episode.to_numpy()
+                self._first_rows = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if ep.size else ep
+        return self._first_rows[self._episode[rows]]
 
     def _observations(self, rows: np.ndarray, done: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Observations and next observations of ``rows``, with one frame fetch."""
@@ -258,7 +273,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             return obs, next_obs
         k = self.frame_stack
         # rows r-k+1 .. r+1: the first k are the stack of r, the last k the next stack
-        window, valid = stacked_rows(rows + 1, self._episode_start[rows], k + 1)
+        window, valid = stacked_rows(rows + 1, self._episode_first_row(rows), k + 1)
         # the frame after the end of an episode was never stored
         valid[:, -1] &= ~done & (window[:, -1] < len(self))
         frames = self.read_frames(window[valid])
@@ -334,7 +349,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     @property
     def episodes(self) -> torch.Tensor:
         """Episode id of every row (for TorchRL's ``SliceSampler``)."""
-        return torch.from_numpy(self._episode.astype(np.int64))
+        return torch.from_numpy(self._episode.to_numpy()[: len(self)].astype(np.int64, copy=False))
 
     @property
     def game(self) -> str | None:
