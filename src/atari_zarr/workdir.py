@@ -161,9 +161,18 @@ class WorkDir:
         return np.load(io.BytesIO(raw), allow_pickle=False)
 
     def drop_pieces(self, name: str, unit: int) -> None:
+        """Remove the pieces of a unit once it is written (a tidy-up: never fatal).
+
+        Object-store listings can lag behind the writes and deletes of concurrent
+        tasks, so a directory that looked present may already be empty or gone.
+        """
         path = self._p("pieces", _array_id(name), str(unit))
-        if self.fs.exists(path):
-            self.fs.rm(path, recursive=True)
+        try:
+            self.fs.invalidate_cache(path)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass  # already gone; release(remove_all=True) removes the work area anyway
 
     # -- plan ---------------------------------------------------------------------------
     def plan_digest(self) -> str | None:
