@@ -49,6 +49,7 @@ from .layout import (
     TERMINATED,
     TRUNCATED,
     create_array,
+    for_writing,
     create_store,
     mark_complete,
 )
@@ -247,7 +248,9 @@ class ZarrCollector(gymnasium.Wrapper):
         store = open_zarr_store(self.path, self.storage_options, read_only=False)
         self._group = create_store(store, 0, attrs)
         create_array(self._group, FINAL_OBSERVATION, 0)
-        self._arrays = {name: self._group[name] for name in (*ARRAYS, FINAL_OBSERVATION)}
+        self._arrays = {
+            name: for_writing(self._group[name]) for name in (*ARRAYS, FINAL_OBSERVATION)
+        }
         # Per array: rows buffered since the start of its last partial write unit
         # (already written ones first), and the first row of that unit.
         self._pending: dict[str, list[np.ndarray]] = {name: [] for name in self._arrays}

@@ -64,6 +64,7 @@ from .layout import (
     TERMINATED,
     TRUNCATED,
     create_store,
+    for_writing,
     mark_complete,
     store_path,
 )
@@ -303,12 +304,7 @@ class _Job:
     def arrays(self) -> dict[str, zarr.Array]:
         store = open_zarr_store(self.store_url, self.store_options, read_only=False)
         group = zarr.open_group(store, mode="r+")
-        # Every chunk is written, even all-zero ones, so that `verify` can tell a
-        # deleted chunk from one that was never written.
-        return {
-            name: group[name].with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
-            for name in ARRAYS
-        }
+        return {name: for_writing(group[name]) for name in ARRAYS}
 
     def work(self) -> WorkDir:
         return WorkDir(self.store_url, self.store_options)

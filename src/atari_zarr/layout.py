@@ -60,6 +60,7 @@ __all__ = [
     "ArraySpec",
     "create_array",
     "create_store",
+    "for_writing",
     "mark_complete",
     "read_metadata",
     "store_path",
@@ -281,7 +282,7 @@ def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
             # probe and no suffix range, which some object-store emulators mishandle.
             "index_location": "start",
         }
-    return group.create_array(
+    array = group.create_array(
         name,
         shape=(n_rows, *spec.row_shape),
         dtype=spec.dtype,
@@ -291,6 +292,16 @@ def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
         dimension_names=spec.dims,
         **kwargs,
     )
+    return for_writing(array)
+
+
+def for_writing(array: zarr.Array) -> zarr.Array:
+    """``array`` set to store every chunk, all-zero ones included.
+
+    Every writer goes through this, so that a chunk object missing from a store is
+    damage that ``verify`` reports, never a chunk that was merely left at its fill value.
+    """
+    return array.with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
 
 
 def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:

@@ -339,7 +339,8 @@ def verify_store(
         from tqdm.auto import tqdm
 
         total = n_rows * (2 if source else 1)
-        bar = tqdm(total=total, desc=f"verify {url.rsplit('/', 2)[-2:]}", unit="row")
+        name = "/".join(url.rstrip("/").rsplit("/", 2)[-2:])
+        bar = tqdm(total=total, desc=f"verify {name}", unit="row")
     try:
         chunks = _check_steps(group, meta, n_rows, report)
         chunks += _check_frames(group, n_rows, report, bar)
