@@ -401,6 +401,7 @@ def rss():
         if line.startswith("VmRSS"):
             return int(line.split()[1]) / 1024
 import torch, atari_zarr
+from atari_zarr import AtariZarrDataset  # the package imports the reader lazily
 r0 = rss(); t0 = time.perf_counter()
 ds = atari_zarr.AtariZarrDataset(sys.argv[1])
 t1 = time.perf_counter(); r1 = rss()
@@ -437,7 +438,7 @@ def run_open(n: int = 50_000_000, episodes: int = 25_000) -> str:
         res = json.loads(out.stdout.strip().splitlines()[-1])
     return (
         f"- {res['n']:,}-transition store (metadata and {episodes:,}-episode table only; chunks "
-        f"absent = fill value), opened in a fresh process after `import torch, atari_zarr`.\n"
+        f"absent = fill value), opened in a fresh process after `import torch, atari_zarr` and the reader module.\n"
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {_machine()}.\n\n"
         f"| step | time | process RSS |\n|---|--:|--:|\n"
         f"| after imports | | {res['rss_before']:.0f} MB |\n"
