@@ -14,7 +14,6 @@ Needs the ``collect`` extra (ale-py, gymnasium, opencv) for the recording and th
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -269,16 +268,6 @@ def _quiet_ale() -> None:
     ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
 
 
-def _convert(source: str, dest: str, progress: bool, scheduler: str | None) -> Any:
-    # Hook for Dask-based conversion: pass `scheduler` once convert() takes it
-    # (older convert() runs the same plan in-process).
-    kwargs: dict[str, Any] = {}
-    if scheduler is not None and "scheduler" in inspect.signature(convert).parameters:
-        kwargs["scheduler"] = scheduler
-    [done] = convert(source, dest, overwrite=True, progress=progress, **kwargs)
-    return done
-
-
 @dataclass
 class DemoResult:
     """What :func:`run_demo` produced."""
@@ -318,8 +307,8 @@ def run_demo(
     seed : int
         Seeds the play and the sampled frames.
     scheduler : str or None
-        Dask scheduler of the conversion, when the converter takes one (None: the
-        converter's default).
+        Dask scheduler of the conversion (see :func:`atari_zarr.convert`; None: the
+        active ``dask.distributed`` client, else threads).
     progress : bool
         Show progress bars.
     echo : bool
@@ -355,8 +344,10 @@ def run_demo(
                      progress=progress)
     say(f"    {rec.episodes} episodes, {rec.checkpoints} checkpoints "
         f"written as dopamine's logged replay buffer writes them")
-    say(f"2/4 converting to {stores}")
-    done = _convert(str(source), str(stores), progress, scheduler)
+    say(f"2/4 converting to {stores} (a Dask graph: one task per checkpoint)")
+    [done] = convert(
+        str(source), str(stores), overwrite=True, progress=progress, scheduler=scheduler
+    )
     info = store_info(done.url)
     say("    " + format_info(info).replace("\n", "\n    "))
     say("3/4 reading it back")
