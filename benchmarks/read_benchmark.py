@@ -30,7 +30,6 @@ Rates are transitions per second, in one process, page cache hot.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import platform

@@ -9,23 +9,10 @@ import pytest
 
 from atari_zarr import convert
 from atari_zarr.layout import OBSERVATION
-from atari_zarr.testing import write_fixture_run
+from atari_zarr.testing import store_files, write_fixture_run
 from atari_zarr.verify import verify_store
 from atari_zarr.workdir import work_url
 
-
-def store_bytes(path: str | Path, dest: str | Path) -> dict[str, bytes]:
-    """Every file of a store, by path relative to it.
-
-    The destination root, which the ``command`` attribute names, is replaced by
-    ``DEST`` so that stores written to different places compare equal.
-    """
-    root = Path(path)
-    return {
-        str(p.relative_to(root)): p.read_bytes().replace(str(dest).encode(), b"DEST")
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +30,7 @@ def reference(big_run, tmp_path_factory):
     root, _ = big_run
     dest = tmp_path_factory.mktemp("ref")
     [store] = convert(str(root), str(dest), scheduler="synchronous", progress=False)
-    return store, store_bytes(store.url, dest)
+    return store, store_files(store.url, dest)
 
 
 def test_reference_is_sound(big_run, reference):
@@ -66,7 +53,7 @@ def test_local_schedulers_write_the_same_bytes(big_run, reference, tmp_path, sch
     [store] = convert(
         str(root), str(tmp_path), scheduler=scheduler, workers=workers, progress=False
     )
-    assert store_bytes(store.url, tmp_path) == reference[1]
+    assert store_files(store.url, tmp_path) == reference[1]
 
 
 @pytest.mark.slow
@@ -77,14 +64,14 @@ def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp
         n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
     ) as cluster, distributed.Client(cluster) as client:
         [store] = convert(str(root), str(tmp_path / "a"), scheduler=client, progress=True)
-        assert store_bytes(store.url, tmp_path / "a") == reference[1]
+        assert store_files(store.url, tmp_path / "a") == reference[1]
         # the bar advanced as futures completed
         assert "write Pong/1: 100%" in capsys.readouterr().err
         # the same cluster by address
         [store] = convert(
             str(root), str(tmp_path / "b"), scheduler=cluster.scheduler_address, progress=False
         )
-        assert store_bytes(store.url, tmp_path / "b") == reference[1]
+        assert store_files(store.url, tmp_path / "b") == reference[1]
         # tasks ran in the workers, not here
         pids = client.run(os.getpid)
         assert os.getpid() not in pids.values() and len(pids) == 2
@@ -102,7 +89,7 @@ def test_direct_shard_writes_equal_zarr_writes(big_run, reference, tmp_path, mon
     monkeypatch.setattr(conv, "shard_encoder", lambda arr: calls.append(real(arr)) or None)
     [store] = convert(str(root), str(tmp_path), scheduler="synchronous", progress=False)
     assert calls and all(c is not None for c in calls)  # the fast path exists, was bypassed
-    assert store_bytes(store.url, tmp_path) == reference[1]
+    assert store_files(store.url, tmp_path) == reference[1]
 
 
 def test_cli_progress_bar_and_workers(pong_run, source_root, tmp_path):

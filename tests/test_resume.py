@@ -19,19 +19,11 @@ from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.convert import PAUSE_ENV
 from atari_zarr.errors import StoreIncompleteError, StoreLockedError
 from atari_zarr.layout import ATTRS_KEY, OBSERVATION
-from atari_zarr.testing import write_fixture_run
+from atari_zarr.testing import store_files, write_fixture_run
 from atari_zarr.verify import verify_store
 from atari_zarr.workdir import LEASE_S, WorkDir, work_url
 
 
-
-def store_bytes(path: Path, dest: Path) -> dict[str, bytes]:
-    """Every file of a store; the destination root (named in `command`) replaced by DEST."""
-    return {
-        str(p.relative_to(path)): p.read_bytes().replace(str(dest).encode(), b"DEST")
-        for p in sorted(path.rglob("*"))
-        if p.is_file()
-    }
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +95,7 @@ def test_killed_conversion_resumes_to_the_same_store(run5, tmp_path):
 
     fresh = tmp_path / "fresh"
     convert(str(run5), str(fresh), scheduler="synchronous", progress=False)
-    assert store_bytes(store, dest) == store_bytes(fresh / "Pong" / "1.zarr", fresh)
+    assert store_files(store, dest) == store_files(fresh / "Pong" / "1.zarr", fresh)
     assert verify_store(str(store), source=str(run5 / "Pong" / "1")).ok
 
 
@@ -199,7 +191,7 @@ def test_killed_while_creating_the_arrays(tmp_path, source_root, pong_run):
     """The group's attributes exist but an array does not: the store is created again."""
     dest = tmp_path / "out"
     [store] = convert(str(source_root), str(dest), progress=False)
-    expected = store_bytes(Path(store.url), dest)
+    expected = store_files(Path(store.url), dest)
     doc = json.loads((Path(store.url) / "zarr.json").read_text())
     meta = doc["attributes"][ATTRS_KEY]
     meta["complete"] = False
@@ -207,4 +199,4 @@ def test_killed_while_creating_the_arrays(tmp_path, source_root, pong_run):
     (Path(store.url) / "zarr.json").write_text(json.dumps(doc))
     shutil.rmtree(Path(store.url) / OBSERVATION)
     convert(str(source_root), str(dest), progress=False)
-    assert store_bytes(Path(store.url), dest) == expected
+    assert store_files(Path(store.url), dest) == expected

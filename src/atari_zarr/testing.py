@@ -24,6 +24,7 @@ import gzip
 import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "FixtureRun",
     "Truth",
     "fixture_frame",
+    "store_files",
     "write_fixture_run",
 ]
 
@@ -338,3 +340,17 @@ def write_fixture_run(
     if final_log:
         buffer.log_final()
     return FixtureRun(url=url, capacity=capacity, buffer=buffer, suffixes=sorted(buffer.contents))
+
+
+def store_files(path: str | Path, dest: str | Path) -> dict[str, bytes]:
+    """Every file of a local store, by path relative to it, for byte-for-byte comparisons.
+
+    The destination root, which the ``command`` attribute names, is replaced by
+    ``DEST`` so that stores written to different places compare equal.
+    """
+    root = Path(path)
+    return {
+        str(f.relative_to(root)): f.read_bytes().replace(str(dest).encode(), b"DEST")
+        for f in sorted(root.rglob("*"))
+        if f.is_file()
+    }
