@@ -190,6 +190,7 @@ def test_collect_cli(tmp_path):
            "300", "--seed", "3", "--max-episode-steps", "120", "--quiet", str(dest)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and done.stderr == ""  # --quiet: not even ALE's banner
     ds = AtariZarrDataset(str(dest))
     assert len(ds) == 300 and ds.metadata["counts"]["episodes"] == 3
     assert "--seed 3" in ds.metadata["command"]

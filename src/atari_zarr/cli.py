@@ -93,8 +93,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _cmd_collect(args: argparse.Namespace) -> int:
     from .collector import collect
-    from .envs import make_dqn_env
+    from .envs import make_dqn_env, quiet_ale
 
+    if args.quiet:
+        quiet_ale()
     match = re.match(r"^(?:ALE/)?([A-Za-z0-9]+)-v\d+$", args.env)
     env = make_dqn_env(
         match.group(1) if match else args.env, max_episode_steps=args.max_episode_steps

@@ -25,6 +25,7 @@ import torch
 import zarr
 
 from .convert import convert
+from .envs import quiet_ale
 from .info import format_info, store_info
 from .layout import REWARD, TERMINATED
 from .reader import AtariZarrDataset
@@ -259,15 +260,6 @@ def plot_returns(ds: AtariZarrDataset, path: str | Path) -> Path:
     return out
 
 
-def _quiet_ale() -> None:
-    # ALE prints a banner on stderr when an emulator starts; --quiet means errors only.
-    try:
-        import ale_py
-    except ImportError:
-        return  # make_dqn_env raises the install hint
-    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
-
-
 @dataclass
 class DemoResult:
     """What :func:`run_demo` produced."""
@@ -327,7 +319,7 @@ def run_demo(
     """
     _pyplot()  # fail before the work, not after it, when matplotlib is missing
     if not echo:
-        _quiet_ale()
+        quiet_ale()
     out = Path(dest)
     out.mkdir(parents=True, exist_ok=True)
     source = out / "source"

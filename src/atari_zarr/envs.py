@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DQN_SETTINGS", "make_dqn_env", "minimal_action_set"]
+__all__ = ["DQN_SETTINGS", "make_dqn_env", "minimal_action_set", "quiet_ale"]
 
 #: Preprocessing of the DQN Replay dataset (dopamine's Atari defaults).
 DQN_SETTINGS: dict[str, Any] = {
@@ -105,3 +105,12 @@ def minimal_action_set(game: str) -> list[int]:
         return [int(getattr(a, "value", a)) for a in env.unwrapped.ale.getMinimalActionSet()]
     finally:
         env.close()
+
+
+def quiet_ale() -> None:
+    """Silence the banner ALE prints on stderr when an emulator starts (for ``--quiet``)."""
+    try:
+        import ale_py
+    except ImportError:
+        return  # make_dqn_env raises the install hint
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)
