@@ -728,8 +728,12 @@ class _Derived:
         return self[np.arange(self._n)]
 
 
-def _episode_columns(meta: dict[str, Any], n: int) -> dict[str, _Derived] | None:
-    """Episode id, terminated and truncated from ``meta["episodes"]``, or None if unusable."""
+def episode_table(meta: dict[str, Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(length, terminated)`` per episode from ``meta["episodes"]``, or None if unusable.
+
+    Usable means well formed, every length positive, and the lengths adding up to the
+    ``n`` rows in use; otherwise the per-step arrays are the truth.
+    """
     table = meta.get("episodes")
     if not isinstance(table, dict):
         return None
@@ -740,6 +744,15 @@ def _episode_columns(meta: dict[str, Any], n: int) -> dict[str, _Derived] | None
         return None
     if length.ndim != 1 or length.shape != term.shape or (length <= 0).any() or int(length.sum()) != n:
         return None
+    return length, term
+
+
+def _episode_columns(meta: dict[str, Any], n: int) -> dict[str, _Derived] | None:
+    """Episode id, terminated and truncated from ``meta["episodes"]``, or None if unusable."""
+    table = episode_table(meta, n)
+    if table is None:
+        return None
+    length, term = table
     ends = np.cumsum(length) - 1  # last row of every episode
 
     def episode(rows: np.ndarray) -> np.ndarray:

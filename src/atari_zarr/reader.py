@@ -23,7 +23,7 @@ from .layout import (
     TRUNCATED,
     read_metadata,
 )
-from .fastread import ChunkReader, open_step_columns
+from .fastread import ChunkReader, episode_table, open_step_columns
 from .remote import default_timeout, is_url, open_zarr_store, redact
 
 __all__ = ["AtariZarrDataset", "collate_batch", "stacked_rows"]
@@ -252,10 +252,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     def _episode_first_row(self, rows: np.ndarray) -> np.ndarray:
         """First row of the episode of each of ``rows`` (episode ids run 0, 1, ... in order)."""
         if self._first_rows is None:
-            table = self.metadata.get("episodes") or {}
-            lengths = np.asarray(table.get("length", []), dtype=np.int64)
-            if lengths.size and int(lengths.sum()) == len(self):
-                self._first_rows = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            table = episode_table(self.metadata, len(self))
+            if table is not None:
+                self._first_rows = np.concatenate([[0], np.cumsum(table[0])[:-1]])
             else:  # no usable table (an unfinished recording): one pass over the ids
                 ep = self._episode.to_numpy()
                 self._first_rows = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if ep.size else ep
