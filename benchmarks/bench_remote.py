@@ -32,9 +32,9 @@ import numpy as np
 
 from atari_zarr import convert
 from atari_zarr.layout import ARRAYS, OBSERVATION
-from atari_zarr.reader import AtariZarrDataset
+from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.testing import write_fixture_run
-from atari_zarr.testing_gcs import CountingProxy, FakeGCSServer
+from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 BUCKET = "bench-remote"
 

@@ -338,11 +338,11 @@ def run_codecs(steps: int, seconds: float) -> str:
     from ale_frames import record_frames
     from zarr.codecs import BloscCodec, Crc32cCodec
 
-    from atari_zarr.fastread import ChunkReader
+    from atari_zarr.read.chunks import ChunkReader
 
     lines = [
         f"- {steps:,} real frames per game; Blosc zstd clevel 5 noshuffle + crc32c; rates are "
-        f"random batches of 256 (obs + next obs) through `atari_zarr.fastread.ChunkReader` on "
+        f"random batches of 256 (obs + next obs) through `atari_zarr.read.chunks.ChunkReader` on "
         f"a LocalStore, cache off (the >RAM case) and with the default 128 MB cache.",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {_machine()}.",
         "",

@@ -13,8 +13,8 @@ import zarr
 from atari_zarr import AtariZarrDataset
 from atari_zarr.cli import main
 from atari_zarr.layout import create_store
-from atari_zarr.remote import open_zarr_store
-from atari_zarr.testing_gcs import FakeGCSServer
+from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.testing.gcs import FakeGCSServer
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -23,8 +23,8 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
 
-from .convert import ConvertedStore, convert
-from .errors import (
+from atari_zarr.conversion.converter import ConvertedStore, convert
+from atari_zarr.errors import (
     AtariZarrError,
     InvalidArgumentError,
     InvalidNameError,
@@ -39,10 +39,10 @@ from .errors import (
 # which `atari-zarr ls/info/--help` and conversion workers do not need, and the
 # collector needs gymnasium (the `collect` extra).
 _LAZY = {
-    "AtariZarrDataset": ".reader",
-    "MultiGameDataset": ".mixing",
-    "ZarrCollector": ".collector",
-    "collect": ".collector",
+    "AtariZarrDataset": "atari_zarr.read.dataset",
+    "MultiGameDataset": "atari_zarr.read.mixing",
+    "ZarrCollector": "atari_zarr.record.collector",
+    "collect": "atari_zarr.record.collector",
 }
 
 
@@ -50,7 +50,7 @@ def __getattr__(name: str):
     if name in _LAZY:
         from importlib import import_module
 
-        return getattr(import_module(_LAZY[name], __name__), name)
+        return getattr(import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'atari_zarr' has no attribute {name!r}")
 
 
@@ -71,4 +71,3 @@ __all__ = [
     "collect",
     "convert",
 ]
-

@@ -13,9 +13,9 @@ import re
 import sys
 from collections.abc import Sequence
 
-from . import __version__
-from .errors import AtariZarrError
-from .remote import parse_storage_options
+from atari_zarr import __version__
+from atari_zarr.errors import AtariZarrError
+from atari_zarr.storage.remote import parse_storage_options
 
 log = logging.getLogger("atari_zarr")
 
@@ -40,7 +40,7 @@ def _add_storage_option(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
-    from .convert import convert
+    from atari_zarr.conversion.converter import convert
 
     done = convert(
         args.source,
@@ -68,7 +68,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify_store
+    from atari_zarr.verify import verify_store
 
     report = verify_store(
         args.store,
@@ -84,7 +84,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 def _cmd_info(args: argparse.Namespace) -> int:
     import json
 
-    from .info import format_info, store_info
+    from atari_zarr.info import format_info, store_info
 
     info = store_info(args.store, parse_storage_options(args.storage_option))
     print(json.dumps(info, indent=2) if args.json else format_info(info, episodes=args.episodes))
@@ -92,8 +92,8 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
-    from .collector import collect
-    from .envs import make_dqn_env, quiet_ale
+    from atari_zarr.record.collector import collect
+    from atari_zarr.record.envs import make_dqn_env, quiet_ale
 
     if args.quiet:
         quiet_ale()
@@ -117,7 +117,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from atari_zarr.demo import run_demo
 
     run_demo(
         args.dest,
@@ -134,7 +134,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     import json
 
-    from .info import format_store_list, list_stores
+    from atari_zarr.info import format_store_list, list_stores
 
     rows = list_stores(
         args.root, parse_storage_options(args.storage_option), sizes=not args.no_size
@@ -157,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--verbose", "-v", action="store_true", help="log progress details")
     parser.add_argument(
-        "--quiet", "-q", dest="quiet_all", action="store_true",
+        "--quiet",
+        "-q",
+        dest="quiet_all",
+        action="store_true",
         help="print nothing but errors and what was asked for; no progress bars",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -263,8 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Play a real Atari game (random policy) into DQN Replay checkpoint files, "
         "convert them to a store, read it back, and write frames.png and returns.png to DEST.",
     )
-    p.add_argument("dest", metavar="DEST", nargs="?", default="atari-zarr-demo",
-                   help="output directory (default: atari-zarr-demo)")
+    p.add_argument(
+        "dest",
+        metavar="DEST",
+        nargs="?",
+        default="atari-zarr-demo",
+        help="output directory (default: atari-zarr-demo)",
+    )
     p.add_argument("--game", default="Breakout", help="ALE game to play (default: Breakout)")
     p.add_argument("--steps", type=int, default=3000, help="transitions to record")
     p.add_argument("--capacity", type=int, default=1000, help="replay capacity of the recording")
@@ -301,8 +309,7 @@ def _expected_failure(exc: BaseException) -> str | None:
         if "pip install" not in text:
             text += "; install the optional dependencies with: pip install 'atari-zarr[all]'"
         return text
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError,
-                        NotADirectoryError)):
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return _one_line(exc)
     return None
 

@@ -24,14 +24,14 @@ import numpy as np
 import torch
 import zarr
 
-from .convert import convert
-from .envs import quiet_ale
-from .info import format_info, store_info
-from .layout import REWARD, TERMINATED
-from .reader import AtariZarrDataset
-from .remote import open_zarr_store
-from .sources.dqn_replay import LOGS_DIR
-from .testing import DopamineLoggedBuffer
+from atari_zarr.conversion.converter import convert
+from atari_zarr.info import format_info, store_info
+from atari_zarr.layout import REWARD, TERMINATED
+from atari_zarr.read.dataset import AtariZarrDataset
+from atari_zarr.record.envs import quiet_ale
+from atari_zarr.sources.dqn_replay.files import LOGS_DIR
+from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.testing.dqn_replay import DopamineLoggedBuffer
 
 __all__ = ["DemoResult", "RecordedRun", "plot_frames", "plot_returns", "record_run", "run_demo"]
 
@@ -99,7 +99,7 @@ def record_run(
     >>> rec.steps, rec.checkpoints, rec.action_names[:2]
     (120, 3, ['NOOP', 'FIRE'])
     """
-    from .envs import make_dqn_env
+    from atari_zarr.record.envs import make_dqn_env
 
     env = make_dqn_env(game)  # first: fails fast, before writing anything, without ale-py
     rng = np.random.default_rng(seed)
@@ -330,12 +330,17 @@ def run_demo(
             print(text, flush=True)
 
     t0 = time.perf_counter()
-    say(f"1/4 playing {game} ({steps:,} steps, random policy, seed {seed}) into DQN Replay "
-        f"checkpoints (capacity {capacity:,}) under {source}")
-    rec = record_run(str(source), game, steps=steps, capacity=capacity, seed=seed,
-                     progress=progress)
-    say(f"    {rec.episodes} episodes, {rec.checkpoints} checkpoints "
-        f"written as dopamine's logged replay buffer writes them")
+    say(
+        f"1/4 playing {game} ({steps:,} steps, random policy, seed {seed}) into DQN Replay "
+        f"checkpoints (capacity {capacity:,}) under {source}"
+    )
+    rec = record_run(
+        str(source), game, steps=steps, capacity=capacity, seed=seed, progress=progress
+    )
+    say(
+        f"    {rec.episodes} episodes, {rec.checkpoints} checkpoints "
+        f"written as dopamine's logged replay buffer writes them"
+    )
     say(f"2/4 converting to {stores} (a Dask graph: one task per checkpoint)")
     [done] = convert(
         str(source), str(stores), overwrite=True, progress=progress, scheduler=scheduler
@@ -346,8 +351,10 @@ def run_demo(
     ds = AtariZarrDataset(done.url)
     batch = ds.sample(32, generator=torch.Generator().manual_seed(seed))
     say(f"    {ds!r}")
-    say(f"    a batch of 32 TED transitions: observation {tuple(batch['observation'].shape)}, "
-        f"next/reward {tuple(batch['next', 'reward'].shape)}")
+    say(
+        f"    a batch of 32 TED transitions: observation {tuple(batch['observation'].shape)}, "
+        f"next/reward {tuple(batch['next', 'reward'].shape)}"
+    )
     say("4/4 plotting")
     frames_png = plot_frames(ds, out / "frames.png", action_names=rec.action_names, seed=seed)
     returns_png = plot_returns(ds, out / "returns.png")

@@ -1,20 +1,34 @@
-"""Exceptions raised by atari_zarr.
+"""The errors of atari_zarr: one contract for every failure raised on purpose.
 
 Every exception derives from :class:`AtariZarrError` *and* from the built-in
-exception a caller would naturally catch (``FileNotFoundError``, ``ValueError``
-...), so ``except FileNotFoundError`` keeps working for code that does not
-know this package.
+exception a caller would naturally catch (``FileNotFoundError``, ``ValueError``,
+``ImportError`` ...), so ``except FileNotFoundError`` keeps working for code that
+does not know this package, and ``except AtariZarrError`` catches every failure a
+user can act on (the command line prints those as one line).
 
-Messages follow one pattern: what failed and where (the file or URL), what
-was expected versus what was found, and what to do next.
+Messages follow one pattern: what failed and where (the file or URL, and the
+record where there is one), what was expected versus what was found, and what to
+do next.
+
+Examples
+--------
+>>> try:
+...     import_optional("not_a_module_xyz", extra="collect", purpose="recording play")
+... except MissingDependencyError as exc:
+...     print(exc)
+recording play needs not_a_module_xyz; install it with: pip install 'atari-zarr[collect]'
 """
 
 from __future__ import annotations
+
+from importlib import import_module
+from types import ModuleType
 
 __all__ = [
     "AtariZarrError",
     "InvalidArgumentError",
     "InvalidNameError",
+    "MissingDependencyError",
     "ReadOnlyDatasetError",
     "RemoteAccessError",
     "RemoteTimeoutError",
@@ -25,6 +39,9 @@ __all__ = [
     "StoreFormatError",
     "StoreIncompleteError",
     "StoreLockedError",
+    "StoreNotFoundError",
+    "import_optional",
+    "install_hint",
 ]
 
 
@@ -33,11 +50,11 @@ class AtariZarrError(Exception):
 
 
 class SourceNotFoundError(AtariZarrError, FileNotFoundError):
-    """A DQN Replay source directory, checkpoint or file does not exist."""
+    """A source directory, checkpoint, shard or file does not exist."""
 
 
 class SourceFormatError(AtariZarrError, ValueError):
-    """A DQN Replay source file exists but is not what dopamine writes."""
+    """A source file exists but is not what its writer (dopamine, TensorFlow) writes."""
 
 
 class InvalidNameError(AtariZarrError, ValueError):
@@ -45,7 +62,11 @@ class InvalidNameError(AtariZarrError, ValueError):
 
 
 class InvalidArgumentError(AtariZarrError, ValueError):
-    """An option value that cannot be parsed (checkpoint selection, storage option)."""
+    """An option value that cannot be used (checkpoint selection, storage option, ...)."""
+
+
+class StoreNotFoundError(AtariZarrError, FileNotFoundError):
+    """Nothing exists where a store (or a root of stores) was expected."""
 
 
 class StoreExistsError(AtariZarrError, FileExistsError):
@@ -60,6 +81,14 @@ class StoreIncompleteError(AtariZarrError, RuntimeError):
     """A store whose writer has not finished (it lacks the completion marker)."""
 
 
+class StoreCorruptError(AtariZarrError, ValueError):
+    """A store marked complete whose bytes fail their checksum, do not decode, or are gone."""
+
+
+class StoreLockedError(AtariZarrError, RuntimeError):
+    """Another conversion is writing the same store right now."""
+
+
 class RemoteAccessError(AtariZarrError, OSError):
     """A request to a remote store or source failed after the retries of its file system."""
 
@@ -72,9 +101,36 @@ class ReadOnlyDatasetError(AtariZarrError, RuntimeError):
     """An attempt to write to, empty or delete a dataset opened for reading."""
 
 
-class StoreLockedError(AtariZarrError, RuntimeError):
-    """Another conversion is writing the same store right now."""
+class MissingDependencyError(AtariZarrError, ImportError):
+    """An optional dependency that a feature needs is not installed."""
 
 
-class StoreCorruptError(AtariZarrError, ValueError):
-    """Bytes of a store that fail their checksum or do not decode."""
+def install_hint(extra: str) -> str:
+    """The command that installs the optional dependencies named ``extra``.
+
+    Examples
+    --------
+    >>> install_hint("cloud")
+    "pip install 'atari-zarr[cloud]'"
+    """
+    return f"pip install 'atari-zarr[{extra}]'"
+
+
+def import_optional(module: str, *, extra: str, purpose: str) -> ModuleType:
+    """Import ``module``, or raise :class:`MissingDependencyError` naming the extra to install.
+
+    Parameters
+    ----------
+    module : str
+        Dotted module name (``"gymnasium"``).
+    extra : str
+        The ``atari-zarr`` extra that provides it (``"collect"``).
+    purpose : str
+        What needs it, to start the message (``"recording play"``).
+    """
+    try:
+        return import_module(module)
+    except ImportError as exc:
+        raise MissingDependencyError(
+            f"{purpose} needs {module.split('.')[0]}; install it with: {install_hint(extra)}"
+        ) from exc

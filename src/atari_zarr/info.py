@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from .errors import StoreFormatError
-from .layout import ACTION, ARRAYS, ATTRS_KEY, FLUSHED_KEY, OPTIONAL_ARRAYS, read_metadata
-from .remote import get_fs, open_zarr_store
+from atari_zarr.errors import StoreFormatError
+from atari_zarr.layout import ACTION, ARRAYS, ATTRS_KEY, FLUSHED_KEY, OPTIONAL_ARRAYS, read_metadata
+from atari_zarr.storage.remote import get_fs, open_zarr_store
 
 __all__ = ["format_info", "format_store_list", "list_stores", "open_store_group", "store_info"]
 
@@ -78,8 +78,12 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
     stored = int(fs.du(path, total=True))
     n = int(group[next(iter(ARRAYS))].shape[0])
     present = [spec for spec in (*ARRAYS.values(), *OPTIONAL_ARRAYS.values()) if spec.name in group]
-    raw = sum(int(group[spec.name].shape[0]) * int(np.prod(spec.row_shape, dtype=np.int64))
-              * spec.dtype.itemsize for spec in present)
+    raw = sum(
+        int(group[spec.name].shape[0])
+        * int(np.prod(spec.row_shape, dtype=np.int64))
+        * spec.dtype.itemsize
+        for spec in present
+    )
     episodes = meta.get("episodes", {})
     returns = np.asarray(episodes.get("return", []), dtype=np.float64)
     lengths = np.asarray(episodes.get("length", []), dtype=np.int64)
@@ -94,7 +98,7 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         "complete": bool(meta.get("complete")),
         "format_version": meta.get("format_version"),
         "transitions": n,
-        "episodes": int(len(lengths)),
+        "episodes": len(lengths),
         "terminated_episodes": int(np.sum(episodes.get("terminated", []))),
         "stored_bytes": stored,
         "raw_bytes": int(raw),
@@ -141,8 +145,10 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
     status = "complete" if info["complete"] else "INCOMPLETE: " + str(info["command"])
     if info.get("flushed"):
         f = info["flushed"]
-        status = (f"INCOMPLETE recording: {f['transitions']:,} transitions in "
-                  f"{f['episodes']:,} whole episodes flushed (readable with partial=True)")
+        status = (
+            f"INCOMPLETE recording: {f['transitions']:,} transitions in "
+            f"{f['episodes']:,} whole episodes flushed (readable with partial=True)"
+        )
     lines = [
         f"store        {info['url']}",
         f"game/run     {info['game']}/{info['run']} ({info['kind']}, format v{info['format_version']})",
@@ -172,8 +178,9 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
         lines.append(f"checkpoints  {len(ck)} ({ck[0]}..{ck[-1]})")
     gaps = info["gaps"]
     lines.append(
-        "gaps         none" if not gaps else
-        f"gaps         {len(gaps)} missed logs, {sum(g['rows'] for g in gaps):,} source rows lost"
+        "gaps         none"
+        if not gaps
+        else f"gaps         {len(gaps)} missed logs, {sum(g['rows'] for g in gaps):,} source rows lost"
     )
     if episodes and info.get("episode_list"):
         lines.append("episode      length     return  end")
@@ -259,7 +266,7 @@ def list_stores(
 
     def url_of(p: str) -> str:
         # spelled the way the user spelled ROOT (relative path, URL with protocol)
-        return str(root).rstrip("/") + p[len(path):]
+        return str(root).rstrip("/") + p[len(path) :]
 
     rows = []
     for p in found:

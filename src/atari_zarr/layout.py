@@ -38,18 +38,18 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec
 
-from .errors import InvalidNameError, StoreFormatError, StoreIncompleteError
+from atari_zarr.errors import InvalidNameError, StoreFormatError, StoreIncompleteError
 
 __all__ = [
     "ACTION",
+    "ACTION_FULL",
     "ARRAYS",
     "ATTRS_KEY",
     "EPISODE",
-    "FORMAT_VERSION",
     "FINAL_OBSERVATION",
     "FLUSHED_KEY",
+    "FORMAT_VERSION",
     "FRAME_SHAPE",
-    "ACTION_FULL",
     "OBSERVATION",
     "OPTIONAL_ARRAYS",
     "RETURN_TO_GO",
@@ -61,6 +61,7 @@ __all__ = [
     "create_array",
     "create_store",
     "for_writing",
+    "get_array",
     "mark_complete",
     "read_metadata",
     "store_path",
@@ -230,9 +231,7 @@ def store_path(dest: str, game: str, run: str) -> str:
     return f"{str(dest).rstrip('/')}/{game}/{run}.zarr"
 
 
-def create_store(
-    store: zarr.abc.store.Store, n_rows: int, attrs: dict[str, Any]
-) -> zarr.Group:
+def create_store(store: zarr.abc.store.Store, n_rows: int, attrs: dict[str, Any]) -> zarr.Group:
     """Create an empty, *incomplete* store with every array of the layout.
 
     Parameters
@@ -293,6 +292,30 @@ def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
         **kwargs,
     )
     return for_writing(array)
+
+
+def get_array(group: zarr.Group, name: str, where: str) -> zarr.Array:
+    """The array ``name`` of an open store, as a :class:`zarr.Array`.
+
+    Raises
+    ------
+    StoreFormatError
+        ``name`` is a group, not an array.
+
+    Examples
+    --------
+    >>> g = zarr.open_group(zarr.storage.MemoryStore(), mode="w")
+    >>> _ = create_array(g, RETURN_TO_GO, 3)
+    >>> get_array(g, RETURN_TO_GO, "memory").shape
+    (3,)
+    """
+    node = group[name]
+    if not isinstance(node, zarr.Array):
+        raise StoreFormatError(
+            f"{where}/{name} is a group; expected the array {name!r} of the atari_zarr layout. "
+            f"The store was not written by atari_zarr; convert the source again into a new DEST."
+        )
+    return node
 
 
 def for_writing(array: zarr.Array) -> zarr.Array:

@@ -32,8 +32,8 @@ from typing import Any
 import numpy as np
 import zarr
 
-from .errors import AtariZarrError
-from .layout import (
+from atari_zarr.errors import AtariZarrError
+from atari_zarr.layout import (
     ACTION,
     ARRAYS,
     EPISODE,
@@ -44,13 +44,14 @@ from .layout import (
     TRUNCATED,
     read_metadata,
 )
-from .remote import get_fs, open_zarr_store
+from atari_zarr.storage.remote import get_fs, open_zarr_store
 
 __all__ = ["VerifyReport", "verify_store"]
 
 log = logging.getLogger("atari_zarr")
 
 _MAX_PER_KIND = 10  # problems listed per kind; the rest are counted
+
 
 @dataclass
 class VerifyReport:
@@ -406,9 +407,9 @@ def _compare_with_source(
     """Plan the run again from ``source`` and compare every transition; return how many."""
     import json
 
-    from .convert import _STEP_ARRAYS  # lap_step_arrays key -> array
-    from .sources.dqn_replay import RunSource
-    from .stream import lap_destinations, lap_step_arrays, plan_run
+    from atari_zarr.conversion.converter import _STEP_ARRAYS  # lap_step_arrays key -> array
+    from atari_zarr.sources.dqn_replay.files import RunSource
+    from atari_zarr.sources.dqn_replay.planner import lap_destinations, lap_step_arrays, plan_run
 
     try:
         src = RunSource(source, meta.get("game", ""), meta.get("run", ""), options)

@@ -1,0 +1,40 @@
+"""Test harness settings for the whole tree: the tests and the examples in docstrings.
+
+The examples in docstrings share one small converted store instead of each
+converting its own: they find ``source_root`` (a DQN Replay root holding
+``Pong/1/replay_logs``), ``store_url`` (that run converted) and ``dest_root`` (the
+directory holding ``Pong/1.zarr``) in their namespace.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from _pytest.doctest import DoctestItem
+
+# gcsfs probes a gRPC control plane per bucket unless this is false; the emulator the
+# tests use has none, and every probe would wait about 60 s. Read once when gcsfs is
+# imported, so it is set here, before any test imports it. Tests only: the package
+# itself never changes the environment.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+@pytest.fixture(scope="session")
+def doctest_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """One fixture run and its store, made once for every docstring example."""
+    from atari_zarr import convert
+    from atari_zarr.testing import write_fixture_run
+
+    source = tmp_path_factory.mktemp("doctest-source")
+    dest = tmp_path_factory.mktemp("doctest-stores")
+    write_fixture_run(str(source), "Pong", "1", capacity=64, steps=300, seed=0)
+    [store] = convert(str(source), str(dest), progress=False, scheduler="synchronous")
+    return {"source_root": str(source), "dest_root": str(dest), "store_url": store.url}
+
+
+@pytest.fixture(autouse=True)
+def _doctest_namespace(request: pytest.FixtureRequest) -> None:
+    if isinstance(request.node, DoctestItem):
+        namespace = request.getfixturevalue("doctest_namespace")
+        namespace.update(request.getfixturevalue("doctest_store"))

@@ -1,0 +1,1 @@
+"""Conversion of a source run into a store: the task graph, scheduling, resume, shard encoding."""

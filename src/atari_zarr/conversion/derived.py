@@ -1,0 +1,181 @@
+"""Optional arrays computed from a store's per-step arrays: full-space actions, return-to-go.
+
+They are written into a finished (or just written, not yet marked complete) store,
+streaming one write unit at a time, so memory stays small at 50M transitions:
+
+* :data:`~atari_zarr.layout.ACTION_FULL`: the stored action (an index into the
+  game's minimal action set) as one of ALE's 18 actions, through ale-py's minimal
+  action set of the game. Multi-game training (e.g. Multi-Game Decision
+  Transformer) needs one action space for all games.
+* :data:`~atari_zarr.layout.RETURN_TO_GO`: the undiscounted sum of the rewards from
+  row ``i`` to the last row of its episode (Decision Transformer's return-to-go). For
+  a truncated episode the sum stops at its last stored row: the rewards after the
+  cut were never recorded, so it is the return-to-go of the data, not of the game.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import zarr
+
+from atari_zarr.errors import SourceFormatError
+from atari_zarr.layout import (
+    ACTION,
+    ACTION_FULL,
+    OPTIONAL_ARRAYS,
+    RETURN_TO_GO,
+    REWARD,
+    TERMINATED,
+    TRUNCATED,
+    create_array,
+)
+
+__all__ = ["return_to_go", "write_action_full", "write_derived", "write_return_to_go"]
+
+log = logging.getLogger("atari_zarr")
+
+
+def return_to_go(reward: np.ndarray, done: np.ndarray, carry: float = 0.0) -> np.ndarray:
+    """Undiscounted return-to-go of consecutive rows, episodes ending where ``done``.
+
+    Parameters
+    ----------
+    reward : numpy.ndarray
+        Rewards of rows ``a .. b - 1``.
+    done : numpy.ndarray of bool
+        The episode ends after the row.
+    carry : float
+        Return-to-go of row ``b`` if row ``b - 1`` does not end its episode (the
+        rows continue an episode that goes on past the block).
+
+    Returns
+    -------
+    numpy.ndarray of float64
+
+    Examples
+    --------
+    >>> return_to_go(np.array([1.0, 0.0, 1.0, 1.0, 2.0]), np.array([0, 0, 1, 0, 0], bool), 10.0)
+    array([ 2.,  1.,  1., 13., 12.])
+    """
+    reward = np.asarray(reward, dtype=np.float64)
+    n = len(reward)
+    suffix = np.zeros(n + 1)
+    suffix[:n] = np.cumsum(reward[::-1])[::-1]  # suffix[i] = sum(reward[i:])
+    ends = np.flatnonzero(done)
+    nxt = np.searchsorted(ends, np.arange(n))  # first episode end at or after each row
+    has_end = nxt < len(ends)
+    end = ends[np.minimum(nxt, len(ends) - 1)] if len(ends) else np.zeros(n, dtype=np.int64)
+    return np.where(has_end, suffix[:n] - suffix[end + 1], suffix[:n] + carry)
+
+
+def _write_new(group: zarr.Group, name: str, n: int) -> zarr.Array:
+    if name in group:
+        del group[name]  # written again from the per-step arrays: the result is the same
+    return create_array(group, name, n)
+
+
+def write_return_to_go(group: zarr.Group) -> None:
+    """Write :data:`~atari_zarr.layout.RETURN_TO_GO`, from the last unit backwards."""
+    n = int(group[REWARD].shape[0])
+    out = _write_new(group, RETURN_TO_GO, n)
+    unit = OPTIONAL_ARRAYS[RETURN_TO_GO].write_rows
+    carry = 0.0
+    for lo in range(((n - 1) // unit) * unit if n else 0, -1, -unit):
+        hi = min(lo + unit, n)
+        if hi <= lo:
+            continue
+        done = np.asarray(group[TERMINATED][lo:hi]) | np.asarray(group[TRUNCATED][lo:hi])
+        rtg = return_to_go(np.asarray(group[REWARD][lo:hi]), done, carry)
+        out[lo:hi] = rtg.astype(np.float32)
+        carry = float(rtg[0])
+
+
+def write_action_full(group: zarr.Group, action_set: list[int], where: str) -> None:
+    """Write :data:`~atari_zarr.layout.ACTION_FULL` by mapping through ``action_set``.
+
+    Raises
+    ------
+    SourceFormatError
+        A stored action is not an index into ``action_set``.
+    """
+    n = int(group[ACTION].shape[0])
+    out = _write_new(group, ACTION_FULL, n)
+    table = np.asarray(action_set, dtype=np.int32)
+    unit = OPTIONAL_ARRAYS[ACTION_FULL].write_rows
+    for lo in range(0, n, unit):
+        hi = min(lo + unit, n)
+        action = np.asarray(group[ACTION][lo:hi])
+        bad = np.flatnonzero((action < 0) | (action >= len(table)))
+        if bad.size:
+            raise SourceFormatError(
+                f"{where}: transition {lo + int(bad[0])} has action {int(action[bad[0]])}, but "
+                f"the game's minimal action set has {len(table)} actions ({action_set}). The data "
+                f"was not recorded with this game's minimal action set; convert without "
+                f"--full-action-space."
+            )
+        out[lo:hi] = table[action]
+
+
+def write_derived(
+    group: zarr.Group,
+    *,
+    game: str | None,
+    where: str,
+    action_full: bool = False,
+    return_to_go: bool = False,
+) -> dict[str, Any]:
+    """Write the requested optional arrays; return what to record in the attributes.
+
+    Parameters
+    ----------
+    group : zarr.Group
+        A store whose per-step arrays are written.
+    game : str
+        ALE game name (``"Pong"``), for the minimal action set.
+    where : str
+        The store's path or URL, for messages.
+    action_full, return_to_go : bool
+        Which arrays to write.
+
+    Returns
+    -------
+    dict
+        ``{"action_full": {"minimal_action_set": [...]}, "return_to_go": {...}}``
+        for the arrays written; empty when none.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from atari_zarr import convert
+    >>> from atari_zarr.testing import write_fixture_run
+    >>> root, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
+    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300)
+    >>> [s] = convert(root, dest, progress=False, return_to_go=True, full_action_space=True)
+    >>> g = zarr.open_group(s.url, mode="r")
+    >>> sorted(g.attrs["atari_zarr"]["derived"])
+    ['action_full', 'return_to_go']
+    """
+    out: dict[str, Any] = {}
+    if action_full:
+        from atari_zarr.record.envs import minimal_action_set
+
+        if not game:
+            raise SourceFormatError(
+                f"{where}: the store names no game, so its minimal action set is unknown; "
+                f"expected a 'game' attribute (e.g. 'Pong')."
+            )
+        action_set = minimal_action_set(game)
+        write_action_full(group, action_set, where)
+        out["action_full"] = {"minimal_action_set": action_set}
+    if return_to_go:
+        write_return_to_go(group)
+        out["return_to_go"] = {
+            "discount": 1.0,
+            "truncated_episodes": "sum up to the last stored row",
+        }
+    if out:
+        log.info("%s: wrote derived arrays %s", where, sorted(out))
+    return out

@@ -1,0 +1,300 @@
+"""The work area of a conversion in progress: lock, done markers and shared pieces.
+
+A conversion of ``DEST/Pong/1.zarr`` keeps its bookkeeping next to the store, in
+``DEST/Pong/1.zarr.converting/``, never inside it, so the store itself stays a plain
+Zarr hierarchy (zarr warns about foreign objects inside a group) and
+``--overwrite``, which empties the store, cannot delete the lock::
+
+    1.zarr.converting/
+      lock.json             who is converting: host, pid, token, start, heartbeat
+      plan.json             digest of the plan these markers belong to
+      done/lap-{suffix}     a checkpoint's whole units and pieces are written
+      done/unit-{a}-{u}     a shared unit (array a, unit u) is written
+      pieces/{a}/{u}/{start}.npy   rows of a shared unit written by one checkpoint
+
+Markers are written after the data they vouch for, so a conversion killed at
+any point redoes exactly the work whose marker is missing. The whole area is
+deleted once the store is marked complete.
+
+Locking. ``lock.json`` is created exclusively (``O_EXCL`` on local disks; on
+object stores: create if absent, then read back our token, which is best
+effort since object stores have no exclusive create through fsspec). A lock is
+stale, and is taken over with a warning, when its owner ran on this host and its
+pid is gone (a ``kill -9``), or when its heartbeat, refreshed every
+:data:`HEARTBEAT_S` seconds while the conversion runs, is older than
+:data:`LEASE_S` seconds (an owner on another host that died).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+from numcodecs import Blosc
+
+from atari_zarr.errors import StoreLockedError
+from atari_zarr.storage.remote import get_fs, is_url, join
+
+__all__ = ["HEARTBEAT_S", "LEASE_S", "WorkDir", "work_url"]
+
+log = logging.getLogger("atari_zarr")
+
+#: Seconds between refreshes of a held lock's heartbeat.
+HEARTBEAT_S = 60.0
+#: A lock whose heartbeat is older than this is stale (owner on another host died).
+LEASE_S = 600.0
+
+_SUFFIX = ".converting"
+
+
+def work_url(store_url: str) -> str:
+    """Where the work area of the store at ``store_url`` lives.
+
+    Examples
+    --------
+    >>> work_url("gs://b/atari/Pong/1.zarr")
+    'gs://b/atari/Pong/1.zarr.converting'
+    """
+    return str(store_url).rstrip("/") + _SUFFIX
+
+
+def _array_id(name: str) -> str:
+    # array names hold "/" (next/reward); keep one path level per array
+    return name.replace("/", ".")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+_PIECE_CODEC = Blosc(cname="zstd", clevel=1, shuffle=Blosc.NOSHUFFLE)
+
+
+class WorkDir:
+    """Bookkeeping of one conversion (see the module docstring).
+
+    Parameters
+    ----------
+    store_url : str
+        The store being written (local path or fsspec URL).
+    storage_options : dict, optional
+        fsspec options for the destination.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> work = WorkDir(tempfile.mkdtemp() + "/Pong/1.zarr")
+    >>> work.mark("lap-0"); sorted(work.done())
+    ['lap-0']
+    """
+
+    def __init__(self, store_url: str, storage_options: dict[str, Any] | None = None) -> None:
+        self.url = work_url(store_url)
+        self.store_url = str(store_url).rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.path = get_fs(self.url, self.storage_options)
+        self._token: str | None = None
+        self._stop = threading.Event()
+        self._beat: threading.Thread | None = None
+
+    # -- markers and pieces -------------------------------------------------------------
+    def _p(self, *parts: str) -> str:
+        return "/".join([self.path.rstrip("/"), *parts])
+
+    def _write(self, path: str, data: bytes) -> None:
+        parent = path.rsplit("/", 1)[0]
+        if not is_url(self.url):
+            os.makedirs(parent, exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)  # never a half-written marker or piece
+        else:
+            self.fs.pipe_file(path, data)  # object stores publish whole objects only
+
+    def mark(self, key: str) -> None:
+        """Record that the work named ``key`` is written."""
+        self._write(self._p("done", key), b"")
+
+    def done(self) -> set[str]:
+        """Keys of the work already recorded as written."""
+        try:
+            entries = self.fs.ls(self._p("done"), detail=False)
+        except FileNotFoundError:
+            return set()
+        names = (str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        return {n for n in names if not n.endswith(".tmp")}
+
+    def unit_key(self, name: str, unit: int) -> str:
+        return f"unit-{_array_id(name)}-{unit}"
+
+    def _piece_path(self, name: str, unit: int, start: int) -> str:
+        return self._p("pieces", _array_id(name), str(unit), f"{start}.npy.blosc")
+
+    def save_piece(self, name: str, unit: int, start: int, data: np.ndarray) -> None:
+        """Store rows ``start ..`` of a shared unit, as Blosc-compressed plain ``.npy``.
+
+        Compressed because a piece of frames is up to a whole shard raw (29 MB) and
+        may travel to an object store; never pickled.
+        """
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, np.ascontiguousarray(data), allow_pickle=False)
+        self._write(self._piece_path(name, unit, start), _PIECE_CODEC.encode(buf.getvalue()))
+
+    def load_piece(self, name: str, unit: int, start: int) -> np.ndarray:
+        with self.fs.open(self._piece_path(name, unit, start), "rb") as f:
+            raw = bytes(_PIECE_CODEC.decode(f.read()))
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+
+    def drop_pieces(self, name: str, unit: int) -> None:
+        """Remove the pieces of a unit once it is written (a tidy-up: never fatal).
+
+        Object-store listings can lag behind the writes and deletes of concurrent
+        tasks, so a directory that looked present may already be empty or gone.
+        """
+        path = self._p("pieces", _array_id(name), str(unit))
+        try:
+            self.fs.invalidate_cache(path)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass  # already gone; release(remove_all=True) removes the work area anyway
+
+    # -- plan ---------------------------------------------------------------------------
+    def plan_digest(self) -> str | None:
+        try:
+            with self.fs.open(self._p("plan.json"), "rb") as f:
+                return json.loads(f.read()).get("digest")
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def reset(self, digest: str) -> None:
+        """Forget all markers and pieces; record the plan they will belong to."""
+        for sub in ("done", "pieces", "plan.json"):
+            if self.fs.exists(self._p(sub)):
+                self.fs.rm(self._p(sub), recursive=True)
+        self._write(self._p("plan.json"), json.dumps({"digest": digest}).encode())
+
+    # -- lock ---------------------------------------------------------------------------
+    def _read_lock(self) -> dict[str, Any] | None:
+        try:
+            with self.fs.open(self._p("lock.json"), "rb") as f:
+                return json.loads(f.read())
+        except FileNotFoundError:
+            return None
+        except ValueError:  # torn by a crash mid-write: nobody can be holding it
+            return {}
+
+    def _stale(self, owner: dict[str, Any]) -> bool:
+        if not owner:
+            return True
+        if owner.get("host") == socket.gethostname() and isinstance(owner.get("pid"), int):
+            return not _pid_alive(owner["pid"])
+        return time.time() - float(owner.get("heartbeat", 0)) > LEASE_S
+
+    def _create_lock(self, info: dict[str, Any]) -> bool:
+        data = json.dumps(info).encode()
+        path = self._p("lock.json")
+        if not is_url(self.url):
+            os.makedirs(self.path, exist_ok=True)
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            return True
+        if self.fs.exists(path):
+            return False
+        self.fs.pipe_file(path, data)
+        owner = self._read_lock()
+        return bool(owner) and owner.get("token") == info["token"]
+
+    def acquire(self, command: str) -> None:
+        """Take the lock or raise :class:`StoreLockedError` naming its holder."""
+        now = time.time()
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "token": uuid.uuid4().hex,
+            "started": now,
+            "heartbeat": now,
+            "command": command,
+        }
+        for _ in range(2):
+            if self._create_lock(info):
+                self._token = info["token"]
+                self._info = info
+                self._beat = threading.Thread(target=self._heartbeat, daemon=True)
+                self._beat.start()
+                return
+            owner = self._read_lock()
+            if owner is None:
+                continue  # released meanwhile
+            if not self._stale(owner):
+                started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner["started"]))
+                raise StoreLockedError(
+                    f"{self.store_url} is being written by another conversion (pid "
+                    f"{owner.get('pid')} on host {owner.get('host')}, started {started}, "
+                    f"lock {join(self.url, 'lock.json')}); expected no other writer. Wait for "
+                    f"it to finish (then run the command again to check). If that process is "
+                    f"dead on another host, delete the lock file or wait {LEASE_S:.0f} s after "
+                    f"its last heartbeat."
+                )
+            log.warning(
+                "%s: taking over the stale lock of pid %s on host %s (no longer running)",
+                self.store_url,
+                owner.get("pid"),
+                owner.get("host"),
+            )
+            try:
+                self.fs.rm(self._p("lock.json"))
+            except FileNotFoundError:
+                pass
+        raise StoreLockedError(  # pragma: no cover - lost two races in a row
+            f"{self.store_url}: could not take the lock {join(self.url, 'lock.json')}; another "
+            f"conversion keeps taking it. Run the command again later."
+        )
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            owner = self._read_lock()
+            if not owner or owner.get("token") != self._token:
+                log.error("%s: lost the lock to another conversion", self.store_url)
+                return
+            self._info["heartbeat"] = time.time()
+            self._write(self._p("lock.json"), json.dumps(self._info).encode())
+
+    def release(self, *, remove_all: bool) -> None:
+        """Stop the heartbeat, then delete the lock (and everything else if asked)."""
+        self._stop.set()
+        if self._beat is not None:
+            self._beat.join()
+        if self._token is None:
+            return
+        owner = self._read_lock()
+        self._token = None
+        if owner and owner.get("token") != self._info["token"]:
+            return  # someone took over a lock they thought stale; leave theirs alone
+        if remove_all:
+            if self.fs.exists(self.path):
+                self.fs.rm(self.path, recursive=True)
+        else:
+            try:
+                self.fs.rm(self._p("lock.json"))
+            except FileNotFoundError:
+                pass

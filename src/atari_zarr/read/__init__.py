@@ -1,0 +1,1 @@
+"""Reading stores: the chunk reader, per-step columns, the dataset, mixing, the TorchRL drop-in."""

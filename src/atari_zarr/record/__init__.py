@@ -1,0 +1,1 @@
+"""Recording new Atari play into stores: environments and the collector."""

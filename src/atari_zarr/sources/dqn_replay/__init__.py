@@ -1,0 +1,1 @@
+"""The DQN Replay source: dopamine's circular-buffer checkpoints (``replay_logs/``)."""

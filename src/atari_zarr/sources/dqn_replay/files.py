@@ -1,0 +1,479 @@
+"""Find and read DQN Replay checkpoints: ``{root}/{Game}/{run}/replay_logs/``.
+
+Each checkpoint ``N`` is six gzip'd ``.npy`` files written by dopamine's
+circular replay buffer (see ``docs/format.md``)::
+
+    $store$_observation_ckpt.N.gz   (C, 84, 84) uint8
+    $store$_action_ckpt.N.gz        (C,) int32
+    $store$_reward_ckpt.N.gz        (C,) float32
+    $store$_terminal_ckpt.N.gz      (C,) uint8
+    add_count_ckpt.N.gz             () int64
+    invalid_range_ckpt.N.gz         (5,) int64   (derived from add_count; not needed)
+
+Files are parsed as plain ``.npy`` only: the header is read with numpy's
+literal parser and object dtypes are refused, so nothing is ever unpickled.
+Observations are decompressed as a stream in blocks of rows (a real file is
+7 GB once inflated); ``isal`` is used for gzip when it is installed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+from numpy.lib import format as npformat
+
+from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.layout import FRAME_SHAPE, validate_name
+from atari_zarr.storage.remote import get_fs, is_url, join
+
+try:  # isal inflates about twice as fast as zlib
+    from isal import igzip as _gzip_impl
+    from isal import isal_zlib as _zlib_impl
+
+    _GZIP_ERRORS: tuple[type[BaseException], ...] = (
+        gzip.BadGzipFile,
+        _gzip_impl.BadGzipFile,
+        _zlib_impl.error,
+        zlib.error,
+        EOFError,
+    )
+except ImportError:  # pragma: no cover - exercised only without the extra
+    _gzip_impl = gzip  # type: ignore[assignment]
+    _GZIP_ERRORS = (gzip.BadGzipFile, zlib.error, EOFError)
+
+__all__ = ["Checkpoint", "RunSource", "SmallArrays", "find_runs", "gzip_backend"]
+
+log = logging.getLogger("atari_zarr")
+
+LOGS_DIR = "replay_logs"
+STORE_PREFIX = "$store$_"
+_STORE_KINDS = ("observation", "action", "reward", "terminal")
+_REQUIRED = (*_STORE_KINDS, "add_count")
+_FILE_RE = re.compile(r"^(?P<name>.+)_ckpt\.(?P<suffix>\d+)\.gz$")
+_READ_BLOCK = 8 << 20  # bytes per remote read request while streaming
+
+
+def gzip_backend() -> str:
+    """Name of the gzip implementation in use (``"isal"`` or ``"gzip"``)."""
+    return "isal" if _gzip_impl is not gzip else "gzip"
+
+
+def filename(kind: str, suffix: int) -> str:
+    """File name of one array of checkpoint ``suffix``.
+
+    Examples
+    --------
+    >>> filename("observation", 3)
+    '$store$_observation_ckpt.3.gz'
+    >>> filename("add_count", 3)
+    'add_count_ckpt.3.gz'
+    """
+    prefix = STORE_PREFIX if kind in _STORE_KINDS else ""
+    return f"{prefix}{kind}_ckpt.{suffix}.gz"
+
+
+@dataclass
+class SmallArrays:
+    """The per-step arrays and add_count of one checkpoint, in buffer (index) order."""
+
+    suffix: int
+    add_count: int
+    action: np.ndarray
+    reward: np.ndarray
+    terminal: np.ndarray
+
+    @property
+    def capacity(self) -> int:
+        return len(self.action)
+
+
+@dataclass
+class Checkpoint:
+    """Paths of the files of one checkpoint suffix."""
+
+    suffix: int
+    files: dict[str, str] = field(default_factory=dict)
+
+
+class _NpyStream:
+    """A gzip'd ``.npy`` file opened for streaming, header already parsed."""
+
+    def __init__(self, fs: Any, path: str, where: str) -> None:
+        self.where = where
+        try:
+            self._raw: IO[bytes] = fs.open(path, "rb", block_size=_READ_BLOCK)
+        except FileNotFoundError as exc:
+            raise SourceNotFoundError(
+                f"{where} does not exist: expected a gzip'd .npy file there. "
+                f"Check the source path and that the copy of the run is complete."
+            ) from exc
+        self._fh = _gzip_impl.GzipFile(fileobj=self._raw, mode="rb")
+        try:
+            version = npformat.read_magic(self._fh)
+        except ValueError as exc:
+            self.close()
+            raise SourceFormatError(
+                f"{where} is not a plain .npy file inside gzip: expected the numpy magic "
+                f"header (b'\\x93NUMPY'); the file may be pickled, which is never loaded. "
+                f"Replace the file with one written by np.save(..., allow_pickle=False)."
+            ) from exc
+        except _GZIP_ERRORS as exc:
+            self.close()
+            raise self._gzip_error(exc) from exc
+        try:
+            if version == (1, 0):
+                shape, fortran, dtype = npformat.read_array_header_1_0(self._fh)
+            else:
+                shape, fortran, dtype = npformat.read_array_header_2_0(self._fh)
+        except (ValueError, SyntaxError) as exc:
+            self.close()
+            raise SourceFormatError(
+                f"{where} has an unreadable .npy header ({exc}); expected shape, dtype and "
+                f"order. Replace the file with a good copy."
+            ) from exc
+        except _GZIP_ERRORS as exc:
+            self.close()
+            raise self._gzip_error(exc) from exc
+        if dtype.hasobject:
+            self.close()
+            raise SourceFormatError(
+                f"{where} holds a Python object array (dtype {dtype}), which would need "
+                f"unpickling; expected a numeric array. Replace the file with a plain .npy."
+            )
+        self.shape: tuple[int, ...] = tuple(shape)
+        self.fortran: bool = bool(fortran)
+        self.dtype: np.dtype = dtype
+
+    def _gzip_error(self, exc: BaseException) -> SourceFormatError:
+        return SourceFormatError(
+            f"{self.where} is truncated or corrupt ({type(exc).__name__}: {exc}); expected a "
+            f"complete gzip stream. Download or copy the file again."
+        )
+
+    def readinto(self, buf: np.ndarray) -> None:
+        """Fill ``buf`` entirely from the stream or raise SourceFormatError."""
+        view = memoryview(buf).cast("B")
+        got = 0
+        try:
+            while got < len(view):
+                n = self._fh.readinto(view[got:])
+                if not n:
+                    break
+                got += n
+        except _GZIP_ERRORS as exc:
+            raise self._gzip_error(exc) from exc
+        if got < len(view):
+            raise SourceFormatError(
+                f"{self.where} ended early: expected {len(view)} more bytes of array data for "
+                f"shape {self.shape}, found {got}. The file is truncated; copy it again."
+            )
+
+    def finish(self) -> None:
+        """Read to the end so that gzip checks its CRC, and refuse trailing data."""
+        try:
+            extra = self._fh.read(1)
+        except _GZIP_ERRORS as exc:
+            raise self._gzip_error(exc) from exc
+        if extra:
+            raise SourceFormatError(
+                f"{self.where} has data after the array of shape {self.shape}; expected the "
+                f"file to end there. The file is corrupt; copy it again."
+            )
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        finally:
+            self._raw.close()
+
+    def __enter__(self) -> _NpyStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RunSource:
+    """One game/run of the DQN Replay dataset: the checkpoints under ``replay_logs/``.
+
+    Parameters
+    ----------
+    url : str
+        The run directory (the one that contains ``replay_logs``), local or fsspec URL.
+    game, run : str
+        Names used for the destination store.
+    storage_options : dict, optional
+        Passed to fsspec.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from atari_zarr.testing import write_fixture_run
+    >>> root = tempfile.mkdtemp()
+    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=0)
+    >>> src = RunSource(f"{root}/Pong/1", "Pong", "1")
+    >>> src.suffixes[:3]
+    [0, 1, 2]
+    """
+
+    def __init__(
+        self,
+        url: str,
+        game: str,
+        run: str,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.url = str(url).rstrip("/")
+        self.game = validate_name(game, "game")
+        self.run = validate_name(run, "run")
+        self.storage_options = dict(storage_options or {})
+        self.fs, self._path = get_fs(self.url, self.storage_options)
+        self.logs_path = f"{self._path.rstrip('/')}/{LOGS_DIR}"
+        self.checkpoints = self._scan()
+        self.suffixes = sorted(self.checkpoints)
+
+    def where(self, kind: str, suffix: int) -> str:
+        """Human-readable location of one file, for messages."""
+        return join(self.url, LOGS_DIR, filename(kind, suffix))
+
+    def _scan(self) -> dict[int, Checkpoint]:
+        logs_url = join(self.url, LOGS_DIR)
+        try:
+            entries = self.fs.ls(self.logs_path, detail=False)
+        except FileNotFoundError as exc:
+            raise SourceNotFoundError(
+                f"{logs_url} does not exist: expected a DQN Replay run directory holding "
+                f"{LOGS_DIR}/ with $store$_*_ckpt.N.gz files. Point SOURCE at the dataset root "
+                f"(which holds {{Game}}/{{run}}/{LOGS_DIR}) or at one run directory."
+            ) from exc
+        checkpoints: dict[int, Checkpoint] = {}
+        for entry in entries:
+            name = str(entry).rstrip("/").rsplit("/", 1)[-1]
+            match = _FILE_RE.match(name)
+            if not match:
+                continue
+            kind = match["name"].removeprefix(STORE_PREFIX)
+            suffix = int(match["suffix"])
+            ckpt = checkpoints.setdefault(suffix, Checkpoint(suffix))
+            ckpt.files[kind] = f"{self.logs_path}/{name}"
+        if not checkpoints:
+            raise SourceNotFoundError(
+                f"no checkpoints found in {logs_url}: expected files named like "
+                f"'$store$_observation_ckpt.0.gz'. Check that the copy of the run is complete."
+            )
+        for suffix, ckpt in sorted(checkpoints.items()):
+            missing = [k for k in _REQUIRED if k not in ckpt.files]
+            if missing:
+                names = ", ".join(filename(k, suffix) for k in missing)
+                raise SourceNotFoundError(
+                    f"checkpoint {suffix} in {logs_url} is missing {names}: every checkpoint "
+                    f"needs {', '.join(filename(k, suffix) for k in _REQUIRED)}. Copy the missing "
+                    f"files, or leave checkpoint {suffix} out with --checkpoints."
+                )
+        return checkpoints
+
+    def _open(self, kind: str, suffix: int) -> _NpyStream:
+        ckpt = self.checkpoints.get(suffix)
+        if ckpt is None or kind not in ckpt.files:
+            raise SourceNotFoundError(
+                f"{self.where(kind, suffix)} does not exist; available checkpoints are "
+                f"{self.suffixes}."
+            )
+        return _NpyStream(self.fs, ckpt.files[kind], self.where(kind, suffix))
+
+    def _read_whole(self, kind: str, suffix: int, kinds: str, ndim: int) -> np.ndarray:
+        with self._open(kind, suffix) as stream:
+            if stream.dtype.kind not in kinds or len(stream.shape) != ndim:
+                raise SourceFormatError(
+                    f"{stream.where} holds an array of dtype {stream.dtype} and shape "
+                    f"{stream.shape}; expected {ndim} dimension(s) of kind {kinds!r} "
+                    f"(as dopamine writes). Replace the file with a good copy."
+                )
+            out = np.empty(stream.shape, dtype=stream.dtype.newbyteorder("="))
+            if out.size:
+                raw = np.empty(stream.shape, dtype=stream.dtype)
+                stream.readinto(raw)
+                out[...] = raw
+            stream.finish()
+            return out
+
+    def read_add_count(self, suffix: int) -> int:
+        """The stored ``add_count`` of checkpoint ``suffix``."""
+        return int(self._read_whole("add_count", suffix, "iu", 0))
+
+    def read_small(self, suffix: int) -> SmallArrays:
+        """Read and check the per-step arrays and add_count of one checkpoint."""
+        add_count = self.read_add_count(suffix)
+        action = self._read_whole("action", suffix, "iu", 1).astype(np.int32, copy=False)
+        reward = self._read_whole("reward", suffix, "f", 1).astype(np.float32, copy=False)
+        terminal = self._read_whole("terminal", suffix, "iub", 1).astype(np.uint8, copy=False)
+        lengths = {"action": len(action), "reward": len(reward), "terminal": len(terminal)}
+        if len(set(lengths.values())) != 1:
+            raise SourceFormatError(
+                f"checkpoint {suffix} in {join(self.url, LOGS_DIR)} has arrays of different "
+                f"lengths {lengths}; expected one length (the buffer capacity). The files come "
+                f"from different runs or are damaged; copy the checkpoint again."
+            )
+        if add_count < 0:
+            raise SourceFormatError(
+                f"{self.where('add_count', suffix)} holds {add_count}; expected a count >= 0."
+            )
+        return SmallArrays(suffix, add_count, action, reward, terminal)
+
+    def observation_header(self, suffix: int, capacity: int) -> None:
+        """Check the observation file's header against ``capacity``, reading only the header."""
+        with self._open("observation", suffix) as stream:
+            self._check_observation(stream, capacity)
+
+    def _check_observation(self, stream: _NpyStream, capacity: int) -> None:
+        expected = (capacity, *FRAME_SHAPE)
+        if (
+            stream.dtype != np.uint8
+            or stream.shape != expected
+            or (stream.fortran and capacity > 1)
+        ):
+            order = "Fortran" if stream.fortran else "C"
+            raise SourceFormatError(
+                f"{stream.where} holds {stream.dtype} of shape {stream.shape} in {order} order; "
+                f"expected uint8 of shape {expected} in C order (the capacity of the other "
+                f"arrays of this checkpoint). Replace the file with a good copy."
+            )
+
+    def iter_observations(
+        self, suffix: int, capacity: int, block_rows: int = 1024
+    ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(first_index, frames)`` blocks of the observation file in buffer order.
+
+        The yielded array is reused for the next block: copy what you keep.
+        """
+        with self._open("observation", suffix) as stream:
+            self._check_observation(stream, capacity)
+            buf = np.empty((min(block_rows, max(capacity, 1)), *FRAME_SHAPE), dtype=np.uint8)
+            start = 0
+            while start < capacity:
+                n = min(block_rows, capacity - start)
+                block = buf[:n]
+                stream.readinto(block)
+                yield start, block
+                start += n
+            stream.finish()
+
+    def read_observation_rows(self, suffix: int, capacity: int, indices: list[int]) -> np.ndarray:
+        """Return the frames at buffer ``indices`` (streams up to the largest one)."""
+        wanted = sorted(set(indices))
+        found: dict[int, np.ndarray] = {}
+        if wanted:
+            for start, block in self.iter_observations(suffix, capacity):
+                for i in wanted:
+                    if start <= i < start + len(block):
+                        found[i] = block[i - start].copy()
+                if len(found) == len(wanted):
+                    break
+        return np.stack([found[i] for i in indices]) if indices else np.empty((0, *FRAME_SHAPE))
+
+
+def _list_dirs(fs: Any, path: str) -> list[str]:
+    out = []
+    for entry in fs.ls(path, detail=True):
+        if entry.get("type") == "directory":
+            out.append(str(entry["name"]).rstrip("/").rsplit("/", 1)[-1])
+    return sorted(out)
+
+
+def find_runs(
+    source: str,
+    games: list[str] | None = None,
+    runs: list[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[RunSource]:
+    """Find the game/run directories under ``source``.
+
+    ``source`` is either the dataset root (holding ``{Game}/{run}/replay_logs``) or a
+    single run directory (holding ``replay_logs``; game and run are then its last two
+    path components).
+
+    Parameters
+    ----------
+    source : str
+        Local path or fsspec URL.
+    games, runs : list of str, optional
+        Restrict to these games and runs; every one named must exist.
+    storage_options : dict, optional
+        Passed to fsspec.
+
+    Raises
+    ------
+    SourceNotFoundError
+        If ``source`` or a named game or run does not exist, or nothing is found.
+    InvalidNameError
+        If a game or run name could escape the destination (``../x``).
+    """
+    for name in games or []:
+        validate_name(name, "game")
+    for name in runs or []:
+        validate_name(name, "run")
+    fs, root = get_fs(source, storage_options)
+    root = root.rstrip("/")
+    source = str(source).rstrip("/")
+    if not fs.exists(root):
+        raise SourceNotFoundError(
+            f"{source} does not exist: expected the DQN Replay root (holding "
+            f"{{Game}}/{{run}}/{LOGS_DIR}) or a run directory. Check the path or URL "
+            f"and the storage options."
+        )
+    if fs.exists(f"{root}/{LOGS_DIR}"):
+        parts = source.split("://", 1)[-1].split("/")
+        if len(parts) < 2:
+            raise SourceNotFoundError(
+                f"{source} holds {LOGS_DIR}/ but its path does not end in {{Game}}/{{run}}; "
+                f"place the run at .../{{Game}}/{{run}}/{LOGS_DIR}."
+            )
+        game, run = parts[-2], parts[-1]
+        if (games and game not in games) or (runs and run not in runs):
+            raise SourceNotFoundError(
+                f"{source} is the run {game}/{run}, which --games {games} / --runs {runs} "
+                f"exclude. Drop the filters or point SOURCE at the dataset root."
+            )
+        return [RunSource(source, game, run, storage_options)]
+
+    found_games = _list_dirs(fs, root)
+    selected_games = list(games) if games else found_games
+    missing = [g for g in selected_games if g not in found_games]
+    if missing:
+        raise SourceNotFoundError(
+            f"games {missing} not found in {source}; found {found_games or 'no game folders'}. "
+            f"Check the names (they are case-sensitive, e.g. 'Pong')."
+        )
+    out: list[RunSource] = []
+    for game in selected_games:
+        found_runs = [
+            r
+            for r in _list_dirs(fs, f"{root}/{game}")
+            if fs.exists(f"{root}/{game}/{r}/{LOGS_DIR}")
+        ]
+        if runs:
+            absent = [r for r in runs if r not in found_runs]
+            if absent:
+                raise SourceNotFoundError(
+                    f"runs {absent} of {game} not found in {join(source, game)}; found "
+                    f"{found_runs or 'no run folders with ' + LOGS_DIR}. Check the run names."
+                )
+            chosen = list(runs)
+        else:
+            chosen = found_runs
+        for run in chosen:
+            out.append(RunSource(join(source, game, run), game, run, storage_options))
+    if not out:
+        raise SourceNotFoundError(
+            f"no runs found in {source}: expected {{Game}}/{{run}}/{LOGS_DIR}/ directories. "
+            f"Point SOURCE at the dataset root or at one run directory."
+        )
+    log.debug("found %d runs under %s (%s)", len(out), source, "url" if is_url(source) else "path")
+    return out

@@ -1,0 +1,433 @@
+"""Undo dopamine's circular buffer: the exact, chronological transition stream.
+
+A DQN Replay checkpoint is a dump of a circular buffer of capacity ``C``, not a list
+of transitions (``docs/format.md`` has the full story). This module turns the
+per-step arrays of every checkpoint (small: ``9·C`` bytes) into a :class:`RunPlan`:
+for each checkpoint, which buffer rows are real, new transitions and which output
+row each one becomes. The frames are moved later, by streaming, following the plan.
+
+The rules, in the order they apply:
+
+* A checkpoint is placed by its stored ``add_count`` ``A``: it holds source rows
+  ``[A - C, A - 1]``, the oldest at buffer index ``A % C``. Its suffix only decides
+  which checkpoint is the final, partial one.
+* The final checkpoint was logged with ``add_count`` reset to the cursor ``c``: only
+  its newest ``c + 1`` rows (index ``C - 1`` then ``0 .. c - 1``) are new; the rest
+  are stale copies. If its stale part disagrees with the previous checkpoint, a log
+  was missed in between and the whole buffer is new (placed one lap later).
+* Source row ``-1`` (index ``C - 1`` of checkpoint 0) was never written.
+* The 3 rows after every terminal row, and the first 3 rows of the stream, are the
+  zero padding that dopamine inserts for frame stacking; they are dropped. After a
+  gap the position is unknown, so leading rows that are entirely zero (frame,
+  action, reward, terminal) are taken as padding, at most 3.
+* A jump in source rows (a missed log, or a checkpoint left out) is a gap: the
+  episode in progress is cut there (``truncated``), as is the last episode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from atari_zarr.errors import SourceFormatError
+from atari_zarr.sources.dqn_replay.files import RunSource, SmallArrays
+
+__all__ = ["Lap", "RunPlan", "lap_destinations", "lap_step_arrays", "plan_run"]
+
+log = logging.getLogger("atari_zarr")
+
+PADDING_ROWS = 3  # dopamine: stack_size - 1 zero rows before each episode
+
+
+@dataclass
+class Lap:
+    """What to take from one checkpoint, and where it goes.
+
+    Chronological position ``p`` of the checkpoint is buffer index
+    ``(start_index + p) % capacity`` and source row ``first_row + p``.
+    Positions ``first_pos .. capacity - 1`` are considered; of those, the
+    ``padding`` ones (offsets from ``first_pos``) are dropped, the rest become
+    output rows ``out_start .. out_start + n_out - 1`` in order.
+    """
+
+    suffix: int
+    add_count: int
+    kind: str  # "regular", "final" or "final-after-missed-log"
+    capacity: int
+    start_index: int
+    first_row: int
+    first_pos: int
+    padding: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    out_start: int = 0
+    n_out: int = 0
+    first_episode: int = 0
+    truncate_last: bool = False
+    #: Positions from here on are left out (a transition limit cut the lap); None: none.
+    stop_pos: int | None = None
+
+    def positions(self) -> np.ndarray:
+        """Buffer indices of positions ``first_pos ..`` in chronological order."""
+        stop = self.capacity if self.stop_pos is None else self.stop_pos
+        return (self.start_index + np.arange(self.first_pos, stop)) % self.capacity
+
+    def kept_mask(self) -> np.ndarray:
+        stop = self.capacity if self.stop_pos is None else self.stop_pos
+        keep = np.ones(stop - self.first_pos, dtype=bool)
+        keep[self.padding] = False
+        return keep
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "suffix": self.suffix,
+            "add_count": self.add_count,
+            "kind": self.kind,
+            "first_source_row": self.first_row + self.first_pos,
+            "source_rows": (self.capacity if self.stop_pos is None else self.stop_pos)
+            - self.first_pos,
+            "padding_rows": len(self.padding),
+            "transitions": self.n_out,
+            "first_transition": self.out_start,
+            # After a missed final log, how many laps were missed is unknown: source
+            # rows are numbered as if one was (a lower bound).
+            "source_rows_exact": self.kind != "final-after-missed-log",
+        }
+
+
+@dataclass
+class RunPlan:
+    """Everything needed to write one store, computed from the small arrays only."""
+
+    capacity: int
+    laps: list[Lap]
+    n_rows: int
+    gaps: list[dict[str, int]]
+    episode_length: list[int]
+    episode_return: list[float]
+    episode_terminated: list[bool]
+    dropped: dict[str, int]
+
+    def attributes(self) -> dict[str, Any]:
+        """The part of the store attributes that describes the conversion."""
+        return {
+            "capacity": self.capacity,
+            "checkpoints": [lap.summary() for lap in self.laps],
+            "gaps": self.gaps,
+            "dropped_rows": self.dropped,
+        }
+
+
+def _classify(
+    add_counts: dict[int, int], capacity: int, where: str
+) -> tuple[list[int], int | None]:
+    """Split suffixes into regular checkpoints and the final partial one."""
+    suffixes = sorted(add_counts)
+    final: int | None = None
+    last = suffixes[-1]
+    others = [add_counts[s] for s in suffixes[:-1]]
+    if add_counts[last] % capacity != capacity - 1 or (others and add_counts[last] <= max(others)):
+        final = last
+    regular = [s for s in suffixes if s != final]
+    previous: tuple[int, int] | None = None
+    for s in regular:
+        a = add_counts[s]
+        if a % capacity != capacity - 1:
+            raise SourceFormatError(
+                f"checkpoint {s} in {where} has add_count {a}, which is not a full-buffer "
+                f"log point (add_count % {capacity} == {capacity - 1}), and it is not the last "
+                f"checkpoint; only the last one may be a final partial log. The run mixes files "
+                f"of different runs; copy it again."
+            )
+        if previous is not None and a <= previous[1]:
+            raise SourceFormatError(
+                f"checkpoint {s} in {where} has add_count {a}, not more than checkpoint "
+                f"{previous[0]}'s {previous[1]}; add_count must grow with the suffix. The run "
+                f"mixes files of different runs; copy it again."
+            )
+        previous = (s, a)
+    return regular, final
+
+
+def _stale_matches(final: SmallArrays, prev: SmallArrays, indices: np.ndarray) -> bool:
+    return bool(
+        np.array_equal(final.action[indices], prev.action[indices])
+        and np.array_equal(final.reward[indices], prev.reward[indices])
+        and np.array_equal(final.terminal[indices], prev.terminal[indices])
+    )
+
+
+class _Planner:
+    """Walks the laps in source order, carrying episode and padding state."""
+
+    def __init__(self, source: RunSource, capacity: int) -> None:
+        self.source = source
+        self.capacity = capacity
+        self.next_row = 0  # source row expected next
+        self.pad_left: int | None = PADDING_ROWS  # padding still due; None = unknown
+        self.n_out = 0
+        self.episode = 0
+        self.cur_len = 0
+        self.cur_ret = 0.0
+        self.lengths: list[int] = []
+        self.returns: list[float] = []
+        self.terminated: list[bool] = []
+        self.gaps: list[dict[str, int]] = []
+        self.last_kept_lap: Lap | None = None
+        self.dropped = {"padding": 0, "stale": 0, "never_written": 0, "not_selected": 0}
+
+    def _end_episode(self, terminated: bool) -> None:
+        self.lengths.append(self.cur_len)
+        self.returns.append(float(self.cur_ret))
+        self.terminated.append(terminated)
+        self.episode += 1
+        self.cur_len = 0
+        self.cur_ret = 0.0
+
+    def cut(self) -> None:
+        """Truncate the episode in progress (a gap follows, or the data ends)."""
+        if self.cur_len > 0:
+            assert self.last_kept_lap is not None
+            self.last_kept_lap.truncate_last = True
+            self._end_episode(terminated=False)
+
+    def _leading_padding(self, lap: Lap, small: SmallArrays, idx: np.ndarray) -> int:
+        """After a gap: count leading all-zero rows (frames peeked), at most 3."""
+        n = 0
+        limit = min(PADDING_ROWS, len(idx))
+        while (
+            n < limit
+            and small.action[idx[n]] == 0
+            and small.reward[idx[n]] == 0
+            and small.terminal[idx[n]] == 0
+        ):
+            n += 1
+        if n == 0:
+            return 0
+        frames = self.source.read_observation_rows(lap.suffix, self.capacity, list(idx[:n]))
+        count = 0
+        while count < n and not frames[count].any():
+            count += 1
+        return count
+
+    def add(self, lap: Lap, small: SmallArrays, selected: bool) -> None:
+        where = self.source.where("add_count", lap.suffix)
+        never = max(0, -(lap.first_row + lap.first_pos))
+        lap.first_pos += never
+        start_row = lap.first_row + lap.first_pos
+        if start_row < self.next_row:
+            raise SourceFormatError(
+                f"{where}: checkpoint {lap.suffix} (add_count {lap.add_count}) starts at source "
+                f"row {start_row}, inside rows already taken from an earlier checkpoint (up to "
+                f"{self.next_row - 1}); expected checkpoints that do not overlap. The run mixes "
+                f"files of different runs; copy it again."
+            )
+        if start_row > self.next_row:
+            self.gaps.append(
+                {"from_row": self.next_row, "to_row": start_row, "rows": start_row - self.next_row}
+            )
+            self.cut()
+            self.pad_left = None
+        idx = lap.positions()
+        n = len(idx)
+        act, rew, term = small.action[idx], small.reward[idx], small.terminal[idx]
+        pad = np.zeros(n, dtype=bool)
+        lead = self._leading_padding(lap, small, idx) if self.pad_left is None else self.pad_left
+        pad[: min(lead, n)] = True
+        terminals = np.flatnonzero(term)
+        for k in range(1, PADDING_ROWS + 1):
+            after = terminals + k
+            pad[after[after < n]] = True
+        bad = np.flatnonzero(pad & ((act != 0) | (rew != 0) | (term != 0)))
+        if bad.size:
+            i = int(idx[bad[0]])
+            raise SourceFormatError(
+                f"{self.source.where('action', lap.suffix)}: buffer row {i} (source row "
+                f"{start_row + int(bad[0])}) follows a terminal row or the start, so dopamine "
+                f"wrote zero padding there, but it holds action {int(small.action[i])}, reward "
+                f"{float(small.reward[i])}, terminal {int(small.terminal[i])}. Expected a "
+                f"DQN Replay run logged with stack_size 4; this data was written differently."
+            )
+        if terminals.size:
+            self.pad_left = max(0, PADDING_ROWS - (n - 1 - int(terminals[-1])))
+        else:
+            self.pad_left = max(0, lead - n)
+        self.next_row = start_row + n
+        self.dropped["never_written"] += never
+        if not selected:
+            # Walked only for padding and continuity; what follows sees a gap.
+            self.dropped["not_selected"] += n
+            return
+        lap.padding = np.flatnonzero(pad)
+        keep = ~pad
+        lap.out_start = self.n_out
+        lap.n_out = int(keep.sum())
+        lap.first_episode = self.episode
+        self.n_out += lap.n_out
+        self.dropped["padding"] += len(lap.padding)
+        if lap.n_out:
+            self.last_kept_lap = lap
+            kt = term[keep].astype(bool)
+            kr = rew[keep].astype(np.float64)
+            ends = np.flatnonzero(kt)
+            start = 0
+            for end in ends:
+                self.cur_len += int(end - start + 1)
+                self.cur_ret += float(kr[start : end + 1].sum())
+                self._end_episode(terminated=True)
+                start = int(end) + 1
+            self.cur_len += lap.n_out - start
+            self.cur_ret += float(kr[start:].sum())
+
+
+def plan_run(
+    source: RunSource,
+    suffixes: Iterable[int] | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> RunPlan:
+    """Plan the conversion of ``source`` from its small arrays.
+
+    Parameters
+    ----------
+    source : RunSource
+        The run to convert.
+    suffixes : iterable of int, optional
+        Checkpoint suffixes to convert (default: all). The others are still read
+        (their small arrays only) so that padding after them is recognised.
+    progress : callable, optional
+        Called with 1 after each checkpoint is planned.
+
+    Returns
+    -------
+    RunPlan
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from atari_zarr.sources.dqn_replay.files import RunSource
+    >>> from atari_zarr.testing import write_fixture_run
+    >>> root = tempfile.mkdtemp()
+    >>> run = write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=0)
+    >>> plan = plan_run(RunSource(f"{root}/Pong/1", "Pong", "1"))
+    >>> plan.n_rows == len(run.truth())
+    True
+    """
+    where = source.url
+    add_counts = {s: source.read_add_count(s) for s in source.suffixes}
+    selected = set(source.suffixes if suffixes is None else suffixes)
+    unknown = selected - set(source.suffixes)
+    if unknown:
+        raise SourceFormatError(
+            f"checkpoints {sorted(unknown)} are not in {where}; available: {source.suffixes}."
+        )
+    first = source.read_small(source.suffixes[0])
+    capacity = first.capacity
+    regular, final = _classify(add_counts, capacity, where)
+
+    laps: list[tuple[Lap, int]] = []
+    for s in regular:
+        a = add_counts[s]
+        laps.append((Lap(s, a, "regular", capacity, a % capacity, a - capacity, 0), s))
+    prev_small: SmallArrays | None = None
+    final_small: SmallArrays | None = None
+    if final is not None:
+        c = add_counts[final]
+        a_prev = add_counts[regular[-1]] if regular else -1
+        new = c + 1 if c < capacity - 1 else 0
+        lap = Lap(final, c, "final", capacity, c, a_prev + new - capacity, capacity - new)
+        if regular and new < capacity:
+            final_small = source.read_small(final)
+            prev_small = source.read_small(regular[-1])
+            stale_idx = (c + np.arange(0, capacity - new)) % capacity
+            if not _stale_matches(final_small, prev_small, stale_idx):
+                # A log was missed after the last regular one: every row is new.
+                lap = Lap(final, c, "final-after-missed-log", capacity, c, a_prev + c + 1, 0)
+                log.warning(
+                    "%s: the stale part of final checkpoint %d differs from checkpoint %d; "
+                    "a log was missed in between, so all its rows are taken as new",
+                    where,
+                    final,
+                    regular[-1],
+                )
+        laps.append((lap, final))
+
+    planner = _Planner(source, capacity)
+    out: list[Lap] = []
+    prev_selected = True
+    for lap, suffix in laps:
+        if suffix == source.suffixes[0]:
+            small = first
+        elif final_small is not None and suffix == final:
+            small = final_small
+        elif prev_small is not None and suffix == prev_small.suffix:
+            small = prev_small
+        else:
+            small = source.read_small(suffix)
+        if small.capacity != capacity:
+            raise SourceFormatError(
+                f"checkpoint {suffix} in {where} has capacity {small.capacity}, checkpoint "
+                f"{source.suffixes[0]} has {capacity}; expected one capacity per run. The run "
+                f"mixes files of different runs; copy it again."
+            )
+        is_selected = suffix in selected
+        if lap.kind == "final" and final_small is not None:
+            planner.dropped["stale"] += lap.first_pos
+        planner.add(lap, small, is_selected)
+        if is_selected:
+            out.append(lap)
+        elif prev_selected:
+            planner.cut()  # the output jumps over this checkpoint
+        prev_selected = is_selected
+        if progress is not None:
+            progress(1)
+    planner.cut()
+    return RunPlan(
+        capacity=capacity,
+        laps=out,
+        n_rows=planner.n_out,
+        gaps=planner.gaps,
+        episode_length=planner.lengths,
+        episode_return=planner.returns,
+        episode_terminated=planner.terminated,
+        dropped=planner.dropped,
+    )
+
+
+def lap_step_arrays(lap: Lap, small: SmallArrays) -> dict[str, np.ndarray]:
+    """The per-step output arrays of one lap, in output order.
+
+    Keys are ``action``, ``reward``, ``terminated``, ``truncated``, ``episode``
+    and ``source_row``.
+    """
+    idx = lap.positions()
+    keep = lap.kept_mask()
+    kidx = idx[keep]
+    terminated = small.terminal[kidx].astype(bool)
+    truncated = np.zeros(lap.n_out, dtype=bool)
+    if lap.truncate_last and lap.n_out:
+        truncated[-1] = True
+    ends = terminated | truncated
+    episode = np.empty(lap.n_out, dtype=np.int64)
+    if lap.n_out:
+        episode[0] = lap.first_episode
+        episode[1:] = lap.first_episode + np.cumsum(ends[:-1], dtype=np.int64)
+    source_row = lap.first_row + lap.first_pos + np.flatnonzero(keep).astype(np.int64)
+    return {
+        "action": small.action[kidx].astype(np.int32),
+        "reward": small.reward[kidx].astype(np.float32),
+        "terminated": terminated,
+        "truncated": truncated,
+        "episode": episode,
+        "source_row": source_row,
+    }
+
+
+def lap_destinations(lap: Lap) -> np.ndarray:
+    """Output row of every buffer index of the lap's checkpoint, ``-1`` where dropped."""
+    dest = np.full(lap.capacity, -1, dtype=np.int64)
+    idx = lap.positions()[lap.kept_mask()]
+    dest[idx] = lap.out_start + np.arange(lap.n_out, dtype=np.int64)
+    return dest

@@ -1,0 +1,202 @@
+"""Resume after kill -9, incomplete stores, and the lock against concurrent conversions."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import zarr
+
+from atari_zarr import AtariZarrDataset, convert
+from atari_zarr.conversion.converter import PAUSE_ENV
+from atari_zarr.errors import StoreIncompleteError, StoreLockedError
+from atari_zarr.layout import ATTRS_KEY, OBSERVATION
+from atari_zarr.testing import store_files, write_fixture_run
+from atari_zarr.verify import verify_store
+from atari_zarr.conversion.workdir import LEASE_S, WorkDir, work_url
+
+
+
+
+@pytest.fixture(scope="module")
+def run5(tmp_path_factory):
+    """Five checkpoints of 5000 rows: whole frame shards and shared ones."""
+    root = tmp_path_factory.mktemp("src")
+    run = write_fixture_run(
+        str(root), "Pong", "1", capacity=5000, steps=22000, seed=4, max_episode_length=700
+    )
+    assert len(run.suffixes) >= 5
+    return root
+
+
+def start_paused(src: Path, dest: Path, after: int, *extra: str) -> subprocess.Popen:
+    """Start a conversion that pauses once `after` checkpoints are written."""
+    env = {**os.environ, PAUSE_ENV: str(after)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "atari_zarr", "convert", str(src), str(dest),
+         "--scheduler", "synchronous", "--no-progress", *extra],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+
+
+def wait_for_laps(dest: Path, n: int, proc: subprocess.Popen) -> None:
+    done = Path(work_url(str(dest / "Pong" / "1.zarr"))) / "done"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if done.is_dir() and len([p for p in done.iterdir() if p.name.startswith("lap-")]) >= n:
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"conversion ended early: {proc.stderr.read().decode()}")
+        time.sleep(0.1)
+    raise AssertionError("the conversion never reached the pause")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "atari_zarr", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.mark.slow
+def test_killed_conversion_resumes_to_the_same_store(run5, tmp_path):
+    dest = tmp_path / "out"
+    store = dest / "Pong" / "1.zarr"
+    proc = start_paused(run5, dest, 2)
+    wait_for_laps(dest, 2, proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+
+    # the half-written store refuses to open and names the command that finishes it
+    with pytest.raises(StoreIncompleteError, match=r"is incomplete.*atari-zarr convert"):
+        AtariZarrDataset(str(store))
+    res = cli("verify", str(store), "--no-progress")
+    assert res.returncode == 1 and "incomplete" in res.stderr
+    before = {p: p.stat().st_mtime_ns for p in store.rglob("*") if "/c/" in str(p) and p.is_file()}
+    assert before, "the killed run wrote some chunks"
+
+    # the same command again finishes only the remaining work
+    res = cli("-v", "convert", str(run5), str(dest), "--scheduler", "threads", "--no-progress")
+    assert res.returncode == 0, res.stderr
+    assert "resuming, 2 of" in res.stderr
+    assert "stale lock" in res.stderr  # the killed run's lock was taken over
+    untouched = [p for p, t in before.items() if p.stat().st_mtime_ns == t]
+    assert untouched, "chunks written before the kill were written again"
+    assert not Path(work_url(str(store))).exists()
+
+    fresh = tmp_path / "fresh"
+    convert(str(run5), str(fresh), scheduler="synchronous", progress=False)
+    assert store_files(store, dest) == store_files(fresh / "Pong" / "1.zarr", fresh)
+    assert verify_store(str(store), source=str(run5 / "Pong" / "1")).ok
+
+
+@pytest.mark.slow
+def test_concurrent_conversion_is_refused(run5, tmp_path):
+    dest = tmp_path / "out"
+    proc = start_paused(run5, dest, 1)
+    try:
+        wait_for_laps(dest, 1, proc)
+        held = rf"being written by another conversion \(pid {proc.pid} on host"
+        with pytest.raises(StoreLockedError, match=held):
+            convert(str(run5), str(dest), scheduler="synchronous", progress=False)
+        res = cli("convert", str(run5), str(dest), "--no-progress")
+        assert res.returncode == 1 and "being written by another conversion" in res.stderr
+        # --overwrite does not break the lock either
+        with pytest.raises(StoreLockedError):
+            convert(str(run5), str(dest), overwrite=True, progress=False)
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
+    # once its holder is dead, a different selection is refused, --overwrite starts over
+    with pytest.raises(StoreIncompleteError, match="unfinished conversion of different input"):
+        convert(str(run5), str(dest), checkpoints="0-2", progress=False)
+    [store] = convert(str(run5), str(dest), checkpoints="0-2", overwrite=True, progress=False)
+    meta = zarr.open_group(store.url, mode="r").attrs[ATTRS_KEY]
+    assert meta["complete"] and meta["source"]["checkpoints_selected"] == [0, 1, 2]
+    assert verify_store(store.url, source=str(run5 / "Pong" / "1")).ok
+
+
+def write_lock(store: Path, **owner) -> None:
+    work = Path(work_url(str(store)))
+    work.mkdir(parents=True)
+    now = time.time()
+    info = {"host": socket.gethostname(), "pid": os.getpid(), "token": "x", "started": now,
+            "heartbeat": now, "command": "atari-zarr convert ..."}
+    (work / "lock.json").write_text(json.dumps({**info, **owner}))
+
+
+def test_lock_of_a_live_process_is_respected(tmp_path):
+    store = tmp_path / "Pong" / "1.zarr"
+    write_lock(store)  # held by this very (live) process
+    with pytest.raises(StoreLockedError, match=f"pid {os.getpid()}"):
+        WorkDir(str(store)).acquire("cmd")
+
+
+def test_lease_decides_for_other_hosts(tmp_path):
+    store = tmp_path / "Pong" / "1.zarr"
+    write_lock(store, host="elsewhere.example", pid=1, heartbeat=time.time() - 5)
+    with pytest.raises(StoreLockedError, match="host elsewhere.example"):
+        WorkDir(str(store)).acquire("cmd")
+    (Path(work_url(str(store))) / "lock.json").unlink()
+    write_lock(tmp_path / "b.zarr", host="elsewhere.example", pid=1,
+               heartbeat=time.time() - LEASE_S - 1)
+    work = WorkDir(str(tmp_path / "b.zarr"))
+    work.acquire("cmd")  # the lease ran out: taken over
+    owner = json.loads((Path(work.url) / "lock.json").read_text())
+    assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
+    work.release(remove_all=True)
+    assert not Path(work.url).exists()
+
+
+def test_dead_local_pid_is_stale(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    store = tmp_path / "Pong" / "1.zarr"
+    write_lock(store, pid=int(dead.stdout))
+    work = WorkDir(str(store))
+    work.acquire("cmd")
+    work.release(remove_all=False)
+    assert not (Path(work.url) / "lock.json").exists()
+
+
+def test_leftovers_of_a_finished_conversion_are_cleaned(tmp_path, source_root, pong_run):
+    """Killed after the completion marker but before the work area was removed."""
+    dest = tmp_path / "out"
+    [store] = convert(str(source_root), str(dest), progress=False)
+    work = Path(work_url(store.url))
+    (work / "done").mkdir(parents=True)
+    (work / "done" / "lap-0").write_bytes(b"")
+    write_lock_file = work / "lock.json"
+    write_lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7,
+                                           "token": "t", "started": 0, "heartbeat": 0}))
+    from atari_zarr.errors import StoreExistsError
+
+    with pytest.raises(StoreExistsError, match="already holds a complete store"):
+        convert(str(source_root), str(dest), progress=False)
+    assert not work.exists()
+
+
+def test_killed_while_creating_the_arrays(tmp_path, source_root, pong_run):
+    """The group's attributes exist but an array does not: the store is created again."""
+    dest = tmp_path / "out"
+    [store] = convert(str(source_root), str(dest), progress=False)
+    expected = store_files(Path(store.url), dest)
+    doc = json.loads((Path(store.url) / "zarr.json").read_text())
+    meta = doc["attributes"][ATTRS_KEY]
+    meta["complete"] = False
+    doc.pop("consolidated_metadata", None)
+    (Path(store.url) / "zarr.json").write_text(json.dumps(doc))
+    shutil.rmtree(Path(store.url) / OBSERVATION)
+    convert(str(source_root), str(dest), progress=False)
+    assert store_files(Path(store.url), dest) == expected

@@ -1,0 +1,114 @@
+"""The store is byte-identical whatever the scheduler and worker count."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from atari_zarr import convert
+from atari_zarr.layout import OBSERVATION
+from atari_zarr.testing import store_files, write_fixture_run
+from atari_zarr.verify import verify_store
+from atari_zarr.conversion.workdir import work_url
+
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory):
+    """Checkpoints larger than a frame shard, so whole shards and shared ones both occur."""
+    root = tmp_path_factory.mktemp("src")
+    run = write_fixture_run(
+        str(root), "Pong", "1", capacity=5000, steps=13000, seed=3, max_episode_length=900
+    )
+    return root, run
+
+
+@pytest.fixture(scope="module")
+def reference(big_run, tmp_path_factory):
+    root, _ = big_run
+    dest = tmp_path_factory.mktemp("ref")
+    [store] = convert(str(root), str(dest), scheduler="synchronous", progress=False)
+    return store, store_files(store.url, dest)
+
+
+def test_reference_is_sound(big_run, reference):
+    root, run = big_run
+    store, files = reference
+    assert store.transitions == len(run.truth())
+    # every frame shard is there, including those written whole by one checkpoint
+    shards = [k for k in files if k.startswith(f"{OBSERVATION}/c/")]
+    assert len(shards) == -(-store.transitions // 4096) >= 3
+    assert not Path(work_url(store.url)).exists()  # the work area is gone
+    assert verify_store(store.url, source=str(root / "Pong" / "1")).ok
+
+
+@pytest.mark.parametrize(
+    ("scheduler", "workers"), [("threads", 1), ("threads", 3), ("processes", 2)]
+)
+@pytest.mark.slow
+def test_local_schedulers_write_the_same_bytes(big_run, reference, tmp_path, scheduler, workers):
+    root, _ = big_run
+    [store] = convert(
+        str(root), str(tmp_path), scheduler=scheduler, workers=workers, progress=False
+    )
+    assert store_files(store.url, tmp_path) == reference[1]
+
+
+@pytest.mark.slow
+def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp_path, capsys):
+    distributed = pytest.importorskip("distributed")
+    root, _ = big_run
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+    ) as cluster, distributed.Client(cluster) as client:
+        [store] = convert(str(root), str(tmp_path / "a"), scheduler=client, progress=True)
+        assert store_files(store.url, tmp_path / "a") == reference[1]
+        # the bar advanced as futures completed
+        assert "write Pong/1: 100%" in capsys.readouterr().err
+        # the same cluster by address
+        [store] = convert(
+            str(root), str(tmp_path / "b"), scheduler=cluster.scheduler_address, progress=False
+        )
+        assert store_files(store.url, tmp_path / "b") == reference[1]
+        # tasks ran in the workers, not here
+        pids = client.run(os.getpid)
+        assert os.getpid() not in pids.values() and len(pids) == 2
+
+
+def test_direct_shard_writes_equal_zarr_writes(big_run, reference, tmp_path, monkeypatch):
+    """Whole frame shards are encoded without zarr (shardwriter): the bytes are zarr's."""
+    import sys
+
+    conv = sys.modules["atari_zarr.conversion.converter"]  # the package's `convert` is the function
+
+    root, _ = big_run
+    calls = []
+    real = conv.shard_encoder
+    monkeypatch.setattr(conv, "shard_encoder", lambda arr: calls.append(real(arr)) or None)
+    [store] = convert(str(root), str(tmp_path), scheduler="synchronous", progress=False)
+    assert calls and all(c is not None for c in calls)  # the fast path exists, was bypassed
+    assert store_files(store.url, tmp_path) == reference[1]
+
+
+def test_cli_progress_bar_and_workers(pong_run, source_root, tmp_path):
+    import subprocess
+    import sys
+
+    def run(*extra):
+        return subprocess.run(
+            [sys.executable, "-m", "atari_zarr", "convert", str(source_root), str(tmp_path / "o"),
+             "--scheduler", "threads", "--workers", "2", "--overwrite", *extra],
+            capture_output=True, text=True, timeout=300,
+        )
+
+    res = run()
+    assert res.returncode == 0, res.stderr
+    n = len(pong_run.suffixes)
+    assert "write Pong/1: 100%" in res.stderr and f"{n}/{n}" in res.stderr
+    res = run("--no-progress")
+    assert res.returncode == 0 and "100%" not in res.stderr
+    res = run("--scheduler", "bogus")
+    assert res.returncode == 1 and "scheduler 'bogus' is not known" in res.stderr
+    assert not (tmp_path / "o" / "Pong" / "1.zarr.converting").exists()  # refused up front

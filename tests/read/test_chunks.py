@@ -1,0 +1,323 @@
+"""The fast read path returns exactly what zarr-python returns, or fails loudly."""
+
+from __future__ import annotations
+
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
+
+from atari_zarr import AtariZarrDataset, convert
+from atari_zarr.errors import StoreCorruptError
+from atari_zarr.read.chunks import ChunkReader, StepColumn, open_step_columns
+from atari_zarr.layout import (
+    ACTION,
+    ARRAYS,
+    ATTRS_KEY,
+    EPISODE,
+    OBSERVATION,
+    REWARD,
+    TERMINATED,
+    TRUNCATED,
+    create_store,
+)
+from atari_zarr.testing import fixture_frame
+
+FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
+
+
+def _frames(n: int, seed: int = 0) -> np.ndarray:
+    """Compressible but row-distinct frames (like fixture frames, plus noise)."""
+    rng = np.random.default_rng(seed)
+    out = np.stack([fixture_frame(i) for i in range(n)])
+    out[:, 40:44, 40:44] = rng.integers(0, 256, size=(n, 4, 4), dtype=np.uint8)
+    return out
+
+
+def _array(store, n, *, chunk=8, shard=64, row=(6, 5), index_location="start", compressors=None):
+    kwargs = {}
+    if shard:
+        kwargs["shards"] = {"shape": (shard, *row), "index_location": index_location}
+    return zarr.create_array(
+        store,
+        shape=(n, *row),
+        chunks=(chunk, *row),
+        dtype="uint8",
+        compressors=compressors or FRAME_CODECS,
+        fill_value=0,
+        **kwargs,
+    )
+
+
+def _check_rows(reader, array, rows):
+    rows = np.asarray(rows, dtype=np.int64)
+    expect = array.oindex[np.unique(rows)][np.unique(rows, return_inverse=True)[1]]
+    np.testing.assert_array_equal(reader.read(rows), expect)
+
+
+def _row_sets(n, chunk, shard):
+    rng = np.random.default_rng(1)
+    edges = sorted({0, n - 1, chunk - 1, chunk, shard - 1, shard, n - shard % n - 1} & set(range(n)))
+    return [
+        rng.integers(0, n, 300),  # random
+        np.array([5, 5, 5, 0, n - 1, 5, n - 1]),  # duplicates, out of order
+        np.array(edges),  # chunk and shard boundaries
+        np.arange(n),  # everything, in order: whole chunks decode straight into the output
+        np.arange(3, n - 2),  # a range with partial chunks at both ends
+        np.arange(n)[::-1],  # reversed
+        np.array([n - 1]),
+        np.array([], dtype=np.int64),
+    ]
+
+
+@pytest.mark.parametrize("index_location", ["start", "end"])
+def test_sharded_local_matches_zarr(tmp_path, index_location):
+    n, chunk, shard = 64 * 3 + 21, 8, 64  # three full shards and a partial last one
+    a = _array(zarr.storage.LocalStore(tmp_path / "a.zarr"), n, index_location=index_location)
+    data = np.random.default_rng(0).integers(0, 4, size=a.shape, dtype=np.uint8)
+    a[:] = data
+    reader = ChunkReader(a, where=str(tmp_path), threads=2)
+    assert reader.fast
+    for rows in _row_sets(n, chunk, shard):
+        _check_rows(reader, a, rows)
+    np.testing.assert_array_equal(reader.read(np.arange(n)), data)
+
+
+def test_layout_store_through_memory_store_and_threads():
+    """The real frame layout (16-frame chunks, 4096-frame shards) through a non-local store."""
+    n = 4096 + 37
+    group = create_store(zarr.storage.MemoryStore(), n, {})
+    obs = group[OBSERVATION]
+    frames = _frames(n)
+    obs[:] = frames
+    reader = ChunkReader(obs, where="memory://x", threads=2, cache_bytes=0)
+    assert reader.fast
+    rows = np.random.default_rng(2).integers(0, n, 512)  # > _SPLIT_MIN_CHUNKS: split over threads
+    np.testing.assert_array_equal(reader.read(rows), frames[rows])
+    np.testing.assert_array_equal(reader.read([n - 1, 4095, 4096, 0]), frames[[n - 1, 4095, 4096, 0]])
+    assert reader.stats["hits"] == 0  # cache disabled
+
+
+def test_unsharded_and_missing_chunks(tmp_path):
+    n = 100
+    a = _array(zarr.storage.LocalStore(tmp_path / "u.zarr"), n, shard=None)
+    data = np.random.default_rng(0).integers(1, 9, size=a.shape, dtype=np.uint8)
+    data[16:32] = 0  # an all-fill chunk: zarr does not write it
+    a[:] = data
+    assert not (tmp_path / "u.zarr" / "c" / "2" / "0" / "0").exists()
+    reader = ChunkReader(a, where="u")
+    assert reader.fast
+    for rows in _row_sets(n, 8, 8):
+        _check_rows(reader, a, rows)
+
+
+def test_missing_inner_chunks_and_missing_shard(tmp_path):
+    n = 64 * 4
+    a = _array(zarr.storage.LocalStore(tmp_path / "m.zarr"), n)
+    data = np.random.default_rng(0).integers(1, 9, size=a.shape, dtype=np.uint8)
+    data[8:24] = 0  # two inner chunks absent from shard 0's index
+    data[128:192] = 0  # shard 2 absent entirely
+    a[:] = data
+    assert not (tmp_path / "m.zarr" / "c" / "2" / "0" / "0").exists()
+    reader = ChunkReader(a, where="m")
+    np.testing.assert_array_equal(reader.read(np.arange(n)), data)
+    rows = np.array([9, 130, 200, 8, 191, 23, 24])
+    np.testing.assert_array_equal(reader.read(rows), data[rows])
+
+
+def test_nonzero_fill_value(tmp_path):
+    a = zarr.create_array(
+        zarr.storage.LocalStore(tmp_path / "f.zarr"), shape=(40, 3), chunks=(8, 3),
+        shards=(16, 3), dtype="int16", fill_value=-7, compressors=[BloscCodec(), Crc32cCodec()],
+    )
+    a[:8] = 1
+    reader = ChunkReader(a, where="f")
+    np.testing.assert_array_equal(reader.read(np.arange(40)), a[:])
+    assert reader.read([39])[0, 0] == -7
+
+
+def test_corrupt_chunk_names_store_and_chunk(tmp_path):
+    n = 64
+    a = _array(zarr.storage.LocalStore(tmp_path / "c.zarr"), n)
+    a[:] = np.random.default_rng(0).integers(0, 4, size=a.shape, dtype=np.uint8)
+    shard = tmp_path / "c.zarr" / "c" / "0" / "0" / "0"
+    index = np.frombuffer(shard.read_bytes()[: 8 * 16], dtype="<u8").reshape(8, 2)
+    off = int(index[3, 0])
+    raw = bytearray(shard.read_bytes())
+    raw[off + 20] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    reader = ChunkReader(a, where=str(tmp_path / "c.zarr"))
+    np.testing.assert_array_equal(reader.read([0, 63]), a.oindex[[0, 63]])  # other chunks fine
+    with pytest.raises(StoreCorruptError, match=r"c\.zarr: chunk 3 of array .*rows 24-31.*crc32c"):
+        reader.read([25])
+    with pytest.raises(ValueError, match="convert it again"):
+        reader.read(np.arange(n))
+
+
+def test_corrupt_shard_index(tmp_path):
+    a = _array(zarr.storage.LocalStore(tmp_path / "i.zarr"), 64)
+    a[:] = 1
+    shard = tmp_path / "i.zarr" / "c" / "0" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[5] ^= 0x01
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(StoreCorruptError, match=r"index of shard .* crc32c"):
+        ChunkReader(a, where="i").read([0])
+
+
+def test_unsupported_layouts_fall_back_to_zarr(tmp_path):
+    gz = _array(zarr.storage.LocalStore(tmp_path / "g.zarr"), 50, compressors=[GzipCodec()])
+    gz[:] = np.arange(50 * 30, dtype=np.uint8).reshape(50, 6, 5)
+    split = zarr.create_array(
+        zarr.storage.LocalStore(tmp_path / "s.zarr"), shape=(50, 6, 5), chunks=(8, 3, 5),
+        dtype="uint8", compressors=FRAME_CODECS,
+    )
+    split[:] = gz[:]
+    for a in (gz, split):
+        reader = ChunkReader(a, where="x")
+        assert not reader.fast
+        for rows in _row_sets(50, 8, 8):
+            _check_rows(reader, a, rows)
+
+
+def test_cache_is_bounded_and_reused(tmp_path):
+    a = _array(zarr.storage.LocalStore(tmp_path / "b.zarr"), 256)
+    data = np.random.default_rng(0).integers(0, 4, size=a.shape, dtype=np.uint8)
+    a[:] = data
+    chunk_bytes = 8 * 6 * 5
+    reader = ChunkReader(a, where="b", cache_bytes=8 * chunk_bytes, readahead=False)
+    np.testing.assert_array_equal(reader.read([1, 9, 17]), data[[1, 9, 17]])
+    decoded = reader.stats["decoded"]
+    np.testing.assert_array_equal(reader.read([2, 10, 18, 3]), data[[2, 10, 18, 3]])
+    assert reader.stats["decoded"] == decoded and reader.stats["hits"] == 3
+    rng = np.random.default_rng(3)
+    for _ in range(50):  # many small batches cycle through the 8 slots
+        rows = rng.integers(0, 256, 5)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+        assert reader.cached_chunks <= 8
+    # a batch wider than half the cache is served from a buffer of its own
+    rows = np.arange(0, 256, 8)[::-1]
+    np.testing.assert_array_equal(reader.read(rows), data[rows])
+    assert reader.cached_chunks <= 8
+    # every cached slot holds exactly its chunk
+    for c in np.flatnonzero(reader._slot_of > 0):
+        np.testing.assert_array_equal(reader._slab[reader._slot_of[c] - 1], data[c * 8 : c * 8 + 8])
+
+
+def test_sequential_reads_prefetch(tmp_path):
+    n = 64 * 4
+    a = _array(zarr.storage.LocalStore(tmp_path / "r.zarr"), n)
+    data = np.random.default_rng(0).integers(0, 4, size=a.shape, dtype=np.uint8)
+    a[:] = data
+    reader = ChunkReader(a, where="r", threads=2)
+    got = [reader.read(np.arange(i, min(i + 20, n))) for i in range(0, n, 20)]
+    np.testing.assert_array_equal(np.concatenate(got), data)
+    reader.close()
+    assert reader.stats["readahead"] > 0
+
+
+def test_step_column_compacts_and_widens():
+    a = zarr.create_array({}, shape=(100,), chunks=(16,), dtype="int32")
+    a[:] = np.arange(100) % 7
+    col = StepColumn(a, where="mem")
+    assert col.compact_dtype == np.int8
+    rows = np.array([99, 0, 50, 50])
+    out = col[rows]
+    assert out.dtype == np.int32
+    np.testing.assert_array_equal(out, a[:][rows])
+    a[60] = 100_000  # does not fit int8: the column widens to int32, nothing is lost
+    col = StepColumn(a, where="mem")
+    np.testing.assert_array_equal(col[np.array([0, 60, 99])], a.oindex[[0, 60, 99]])
+    np.testing.assert_array_equal(col.to_numpy(), a[:])
+    f = zarr.create_array({}, shape=(10,), chunks=(4,), dtype="float32")
+    f[:] = np.array([-0.0, 1, -1, 0, 0.25, 1, 1, 0, 0, np.nan], dtype=np.float32)
+    np.testing.assert_array_equal(StepColumn(f, where="m").to_numpy().view(np.uint32), f[:].view(np.uint32))
+
+
+def test_step_columns_from_episode_table_equal_arrays(pong_run, source_root, dest_root):
+    """Episode id and ends derived from the attributes equal the stored arrays (gaps included)."""
+    [store] = convert(str(source_root), str(dest_root), progress=False)
+    group = zarr.open_group(store.url, mode="r")
+    meta = group.attrs[ATTRS_KEY]
+    cols = open_step_columns(group, meta, store.url)
+    assert not isinstance(cols[EPISODE], StepColumn)  # derived from the table
+    rows = np.arange(group[ACTION].shape[0])
+    assert meta["conversion"]["gaps"], "the fixture should include a missed log"
+    for name in (ACTION, EPISODE, REWARD, TERMINATED, TRUNCATED):
+        np.testing.assert_array_equal(cols[name][rows], group[name][:], err_msg=name)
+    np.testing.assert_array_equal(cols["done"][rows], group[TERMINATED][:] | group[TRUNCATED][:])
+    # without a usable table the arrays are read instead
+    bad = {**meta, "episodes": {"length": [1], "terminated": [True]}}
+    cols = open_step_columns(group, bad, store.url)
+    assert isinstance(cols[EPISODE], StepColumn)
+    for name in (EPISODE, TERMINATED, TRUNCATED):
+        np.testing.assert_array_equal(cols[name][rows[::-1]], group[name][:][::-1], err_msg=name)
+
+
+def test_dataset_batches_match_zarr(pong_run, source_root, dest_root):
+    [store] = convert(str(source_root), str(dest_root), progress=False)
+    ds = AtariZarrDataset(store.url)
+    assert ds._frames.fast
+    g = zarr.open_group(store.url, mode="r")
+    obs = g[OBSERVATION][:]
+    done = g[TERMINATED][:] | g[TRUNCATED][:]
+    for seed in range(3):
+        b = ds.sample(64, generator=torch.Generator().manual_seed(seed))
+        rows = b["index"].numpy()
+        np.testing.assert_array_equal(b["observation"].numpy(), obs[rows])
+        nxt = np.where(done[rows, None, None], 0, obs[np.minimum(rows + 1, len(obs) - 1)])
+        np.testing.assert_array_equal(b["next", "observation"].numpy(), nxt)
+    np.testing.assert_array_equal(ds.episodes.numpy(), g[EPISODE][:])
+
+
+def test_open_does_not_read_per_step_chunks(tmp_path):
+    """A store whose metadata says 2M rows opens without reading per-step data."""
+    n = 2_000_000
+    lengths = [1000] * (n // 1000)
+    meta = {"episodes": {"length": lengths, "terminated": [True] * len(lengths)}, "complete": True}
+    group = create_store(zarr.storage.LocalStore(tmp_path / "big.zarr"), n, meta)
+    group.attrs[ATTRS_KEY] = {**group.attrs[ATTRS_KEY], "complete": True}
+    ds = AtariZarrDataset(str(tmp_path / "big.zarr"))
+    assert len(ds) == n
+    assert not ds._action._loaded.any()
+    b = ds[[0, 999, n - 1]]  # missing chunks read as the fill value
+    assert b["observation"].sum() == 0
+    assert b["episode"].tolist() == [0, 0, len(lengths) - 1]
+    assert b["next", "terminated"][:, 0].tolist() == [False, True, True]
+    assert int(ds._action._loaded.sum()) == 2
+
+
+def test_remote_store_reads_only_needed_ranges(pong_run, source_root, dest_root):
+    """Through gcsfs against fake-gcs-server: same batches, range requests, cache hits."""
+    import fsspec
+
+    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+
+    [store] = convert(str(source_root), str(dest_root), progress=False)
+    local = AtariZarrDataset(store.url)
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket("bench")
+        opts = server.storage_options(endpoint_url=proxy.endpoint_url)
+        fs = fsspec.filesystem("gs", **opts)
+        fs.put(store.url, "bench/Pong/1.zarr", recursive=True)
+        remote = AtariZarrDataset("gs://bench/Pong/1.zarr", storage_options=opts)
+        assert remote._frames.fast
+        rows = np.array([0, 5, 5, len(local) - 1, 300, 17])
+        proxy.reset()
+        got = remote[rows]
+        want = local[rows]
+        for key in ("observation", ("next", "observation"), "action", ("next", "reward"), "episode"):
+            assert torch.equal(got[key], want[key]), key
+        obs_bytes = sum(
+            f.stat().st_size for f in (Path(store.url) / OBSERVATION).rglob("*") if f.is_file()
+        )
+        frame_reads = [e for e in proxy.log if "observation" in e[1]]
+        assert frame_reads and all(e[2] == 206 for e in frame_reads)  # byte ranges only
+        assert proxy.bytes_received < obs_bytes
+        proxy.reset()
+        remote[rows]  # every chunk is cached now
+        assert not [e for e in proxy.log if "observation" in e[1]]

@@ -1,0 +1,310 @@
+"""The TorchRL drop-in: AtariZarrExperienceReplay and AtariZarrStorage with real TorchRL."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from atari_zarr import AtariZarrDataset, convert
+from atari_zarr.errors import InvalidArgumentError, ReadOnlyDatasetError, StoreFormatError
+from atari_zarr.testing import write_fixture_run
+
+pytest.importorskip("torchrl")
+
+from torchrl.data import Categorical  # noqa: E402
+from torchrl.data.replay_buffers import (  # noqa: E402
+    ReplayBufferEnsemble,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+from torchrl.envs import CatFrames, Compose, UnsqueezeTransform  # noqa: E402
+from torchrl.modules import QValueActor  # noqa: E402
+from torchrl.objectives import DQNLoss, SoftUpdate  # noqa: E402
+
+from atari_zarr.torchrl import AtariZarrExperienceReplay, AtariZarrStorage  # noqa: E402
+
+
+@pytest.fixture
+def root(pong_run, source_root, dest_root):
+    """Pong/1 (short episodes, gaps) and Breakout/3, converted under one root."""
+    write_fixture_run(str(source_root), "Breakout", "3", capacity=64, steps=300, seed=3,
+                      max_episode_length=20)
+    convert(str(source_root), str(dest_root), progress=False)
+    return str(dest_root)
+
+
+@pytest.fixture
+def truth(pong_run):
+    return pong_run.truth()
+
+
+@pytest.mark.slow
+def test_import_atari_zarr_never_imports_torchrl():
+    code = (
+        "import sys, atari_zarr, atari_zarr.read.mixing, atari_zarr.read.dataset\n"
+        "bad = sorted(m for m in sys.modules if m == 'torchrl' or m.startswith('torchrl.'))\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env=os.environ.copy())
+
+
+def test_available_datasets_paths_and_errors(root, tmp_path):
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=4, root=root)
+    assert ds.available_datasets == ["Breakout/3", "Pong/1"]
+    assert AtariZarrExperienceReplay.list_datasets(root) == ["Breakout/3", "Pong/1"]
+    assert ds.data_path == f"{root}/Pong/1.zarr"
+    assert ds.dataset_id == "Pong/1" and len(ds) == len(ds.dataset)
+    with pytest.raises(StoreFormatError, match=r"'Pong/5' is not a store under .*Available: \["):
+        AtariZarrExperienceReplay("Pong/5", root=root)
+    with pytest.raises(InvalidArgumentError, match="needs root="):
+        AtariZarrExperienceReplay("Pong/1")
+
+
+def test_sample_is_ted_with_objective_shapes(root, truth):
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=16, root=root)
+    s = ds.sample()
+    assert s.batch_size == (16,)
+    assert s["observation"].shape == (16, 84, 84) and s["observation"].dtype == torch.uint8
+    assert s["action"].dtype == torch.int64 and s["action"].shape == (16,)
+    for key in ["done", "terminated", "truncated", ("next", "done"), ("next", "terminated"),
+                ("next", "truncated"), ("next", "reward")]:
+        assert s[key].shape == (16, 1), key
+    rows = s["index"].numpy()
+    np.testing.assert_array_equal(s["observation"].numpy(), truth.observation[rows])
+    np.testing.assert_array_equal(s["next", "observation"].numpy(), truth.next_observation[rows])
+    np.testing.assert_array_equal(s["next", "terminated"].numpy()[:, 0], truth.terminated[rows])
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_slices_are_consecutive_and_never_cross_an_episode(root, truth, strict):
+    ds = AtariZarrExperienceReplay(
+        "Pong/1", batch_size=40, slice_len=8, root=root, strict_length=strict
+    )
+    assert isinstance(ds.sampler, SliceSampler)
+    assert torch.equal(ds.episodes, torch.from_numpy(truth.episode))
+    lengths = np.bincount(truth.episode)
+    assert (lengths < 8).any()  # some episodes are shorter than a slice
+    for _ in range(20):
+        s = ds.sample()
+        idx = s["index"].view(-1)
+        episode = s["episode"]
+        np.testing.assert_array_equal(episode.numpy(), truth.episode[idx.numpy()])
+        # the sampler marks the last step of every slice as truncated: cut there
+        ends = torch.nonzero(s["next", "truncated"].view(-1)).view(-1) + 1
+        assert ends[-1] == len(idx)
+        pieces = torch.tensor_split(torch.arange(len(idx)), ends[:-1])
+        for piece in pieces:
+            assert torch.equal(idx[piece], idx[piece[0]] + torch.arange(len(piece)))
+            assert (episode[piece] == episode[piece[0]]).all()
+            if strict:
+                assert len(piece) == 8
+        if not strict:
+            assert min(len(p) for p in pieces) >= 1
+        if strict:
+            assert s.batch_size == (40,)
+
+
+def test_num_slices_and_the_strict_len_spelling(root):
+    ds = AtariZarrExperienceReplay(
+        "Pong/1", batch_size=24, num_slices=3, root=root, strict_len=False
+    )
+    assert ds.sampler.num_slices == 3 and ds.sampler.strict_length is False
+
+
+def test_without_replacement_covers_every_index_once_per_epoch(root):
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=32, replacement=False, root=root)
+    assert isinstance(ds.sampler, SamplerWithoutReplacement)
+    for _epoch in range(2):
+        seen = torch.cat([batch["index"] for batch in ds])
+        assert sorted(seen.tolist()) == list(range(len(ds)))
+
+
+def test_slices_without_replacement_take_every_episode_once_per_epoch(root, truth):
+    ds = AtariZarrExperienceReplay(
+        "Pong/1", batch_size=16, slice_len=4, replacement=False, strict_len=False, root=root
+    )
+    assert isinstance(ds.sampler, SliceSamplerWithoutReplacement)
+    episodes = []
+    for batch in ds:
+        idx = batch["index"].view(-1)
+        cuts = torch.nonzero(batch["episode"][1:] != batch["episode"][:-1]).view(-1) + 1
+        for piece in torch.tensor_split(torch.arange(len(idx)), cuts):
+            assert torch.equal(idx[piece], idx[piece[0]] + torch.arange(len(piece)))
+            episodes.append(int(batch["episode"][piece[0]]))
+    assert sorted(episodes) == sorted(set(truth.episode.tolist()))
+
+
+class _QNet(nn.Module):
+    def __init__(self, frames: int, actions: int) -> None:
+        super().__init__()
+        self.frames = frames
+        self.linear = nn.Linear(frames * 84 * 84, actions)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float().div(255)
+        return self.linear(x.flatten(-3) if self.frames > 1 else x.flatten(-2))
+
+
+@pytest.mark.parametrize("frame_stack", [1, 4])
+def test_dqn_loss_runs_on_a_batch_as_is(root, frame_stack):
+    torch.manual_seed(0)
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=32, root=root, frame_stack=frame_stack)
+    s = ds.sample()
+    net = _QNet(frame_stack, 6)
+    actor = QValueActor(net, in_keys=["observation"], spec=Categorical(6))
+    loss_module = DQNLoss(actor, action_space="categorical", delay_value=True)
+    SoftUpdate(loss_module, eps=0.99)
+    gamma = 0.9
+    loss_module.make_value_estimator(gamma=gamma)
+    loss = loss_module(s)["loss"]
+    loss.backward()
+    assert net.linear.weight.grad is not None and net.linear.weight.grad.abs().sum() > 0
+    # the same loss by hand: one-step TD target that ignores the zero frame after the end
+    with torch.no_grad():
+        q = net(s["observation"]).gather(-1, s["action"].unsqueeze(-1))
+        next_q = net(s["next", "observation"]).max(-1, keepdim=True).values
+        not_term = (~s["next", "terminated"]).float()
+        target = s["next", "reward"] + gamma * not_term * next_q
+        expected = (q - target).pow(2).mean()
+    torch.testing.assert_close(loss.detach(), expected)
+
+
+def test_ensemble_of_two_games(root):
+    pong = AtariZarrExperienceReplay("Pong/1", batch_size=32, slice_len=8, root=root)
+    breakout = AtariZarrExperienceReplay("Breakout/3", batch_size=32, slice_len=8, root=root)
+    ens = ReplayBufferEnsemble(pong, breakout, batch_size=32, sample_from_all=True)
+    s = ens.sample()
+    assert s.batch_size == (2, 16)
+    ids = s["index", "buffer_ids"]
+    assert (ids[0] == 0).all() and (ids[1] == 1).all()
+    for b, member in enumerate([pong, breakout]):
+        rows = s["index", "index"][b].view(-1)
+        ref = member.dataset[rows]
+        assert torch.equal(s["observation"][b], ref["observation"])
+        assert torch.equal(s["episode"][b], ref["episode"])
+
+
+@pytest.mark.filterwarnings("ignore:The last dimension of the tensordict should be marked as 'time'")
+def test_catframes_over_slices_matches_frame_stack(root):
+    keys = ["observation", ("next", "observation")]
+    transform = Compose(
+        UnsqueezeTransform(-3, in_keys=keys),
+        CatFrames(N=4, dim=-3, in_keys=keys, padding="constant"),
+    )
+    ds = AtariZarrExperienceReplay(
+        "Pong/1", batch_size=32, slice_len=8, root=root, transform=transform
+    )
+    ref = AtariZarrDataset(ds.data_path, frame_stack=4)
+    for _ in range(5):
+        s = ds.sample()
+        assert s["observation"].shape == (32, 4, 84, 84)
+        r = ref[s["index"].view(-1)]
+        # from the 4th step of a slice on, CatFrames has seen enough of the slice
+        got = s["observation"].view(4, 8, 4, 84, 84)[:, 3:]
+        want = r["observation"].view(4, 8, 4, 84, 84)[:, 3:]
+        assert torch.equal(got, want)
+        got = s["next", "observation"].view(4, 8, 4, 84, 84)[:, 3:]
+        want = r["next", "observation"].view(4, 8, 4, 84, 84)[:, 3:]
+        assert torch.equal(got, want)
+
+
+def test_storage_is_read_only_and_pickles(root):
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, frame_stack=2)
+    storage = ds._storage
+    assert isinstance(storage, AtariZarrStorage)
+    with pytest.raises(RuntimeError, match="doesn't allow writing"):  # TorchRL's writer
+        ds.extend(ds.sample())
+    with pytest.raises(ReadOnlyDatasetError, match="read-only"):
+        storage.set(0, ds.sample())
+    clone = pickle.loads(pickle.dumps(storage))
+    assert len(clone) == len(storage) and clone.dataset.frame_stack == 2
+    assert torch.equal(clone[torch.arange(5)]["observation"], storage[torch.arange(5)]["observation"])
+    assert clone[3]["observation"].shape == (2, 84, 84)
+    assert torch.equal(storage[2:6]["episode"], storage[[2, 3, 4, 5]]["episode"])
+
+
+def test_repeated_reads_do_not_share_added_keys(root):
+    storage = AtariZarrStorage(f"{root}/Pong/1.zarr")
+    first = storage[torch.arange(4)]
+    first["extra"] = torch.ones(4)
+    second = storage[torch.arange(4)]
+    assert "extra" not in second.keys()
+    assert torch.equal(first["observation"], second["observation"])
+
+
+def test_slice_sampling_fetches_frames_once(root, monkeypatch):
+    # SliceSampler reads the batch for its done flags, then the buffer reads it again
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=32, slice_len=8, root=root)
+    calls = []
+    original = ds.dataset.read_frames
+    monkeypatch.setattr(ds.dataset, "read_frames", lambda rows: calls.append(1) or original(rows))
+    ds.sample()
+    assert len(calls) == 1
+
+
+def test_prefetch_and_pin_memory_pass_through(root):
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, prefetch=2)
+    batches = [ds.sample() for _ in range(3)]
+    assert all(b.batch_size == (8,) for b in batches)
+    assert ds._prefetch_cap == 2
+
+
+def _readme_block(title: str) -> str:
+    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+    with open(readme, encoding="utf-8") as f:
+        text = f.read()
+    section = text.split(f"## {title}\n", 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_migration_code_runs(tmp_path, monkeypatch, capsys):
+    # TorchRL's own docstring examples, with only the import and the root changed
+    src = tmp_path / "dqn"
+    for game in ("Pong", "Asterix"):
+        write_fixture_run(str(src), game, "5", capacity=256, steps=900, seed=5,
+                          episode_lengths=[90, 130, 70, 160])
+    convert(str(src), str(tmp_path / "stores"), progress=False)
+    monkeypatch.chdir(tmp_path)
+    code = _readme_block("Migrating from TorchRL")
+    assert "from atari_zarr.torchrl import AtariZarrExperienceReplay as AtariDQNExperienceReplay" in code
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    sample = namespace["sample"]
+    assert sample.batch_size == (2, 64)
+    assert (sample["index", "buffer_ids"][0] == 0).all()
+    idx = namespace["data"].get("index").view(2, 64)
+    assert (idx[:, 1:] == idx[:, :-1] + 1).all()
+    assert "first sample, Pong" in capsys.readouterr().out
+
+
+def test_url_root_with_storage_options(pong_run, source_root):
+    from atari_zarr.testing.gcs import FakeGCSServer
+
+    truth = pong_run.truth()
+    with FakeGCSServer() as server:
+        server.create_bucket("atari")
+        opts = server.storage_options()
+        root = "gs://atari/stores"
+        convert(str(source_root), root, progress=False, storage_options=opts)
+        ds = AtariZarrExperienceReplay(
+            "Pong/1", batch_size=16, slice_len=4, root=root, storage_options=opts
+        )
+        assert ds.available_datasets == ["Pong/1"]
+        assert ds.data_path == "gs://atari/stores/Pong/1.zarr"
+        s = ds.sample()
+        rows = s["index"].view(-1).numpy()
+        np.testing.assert_array_equal(s["observation"].numpy(), truth.observation[rows])
+        # what a worker process gets: the URL and options, re-opened
+        clone = pickle.loads(pickle.dumps(ds._storage))
+        np.testing.assert_array_equal(
+            clone[torch.from_numpy(rows)]["next", "observation"].numpy(),
+            truth.next_observation[rows],
+        )

@@ -1,0 +1,391 @@
+"""Remote stores on a local GCS emulator: gs:// -> gs:// conversion, lazy reads, the local
+cache, faults (retries, deadlines, clear errors without credentials), DataLoader workers.
+
+Everything talks to 127.0.0.1 only (fake-gcs-server started by the tests).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote
+from typing import Any
+
+import fsspec
+import numpy as np
+import pytest
+import torch
+
+from atari_zarr import convert
+from atari_zarr.cli import main as cli_main
+from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
+from atari_zarr.read.dataset import AtariZarrDataset
+from atari_zarr.storage.remote import RemoteStore, open_zarr_store, parse_storage_options, redact
+from atari_zarr.testing import Truth, write_fixture_run
+from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+
+pytestmark = pytest.mark.timeout(180)
+
+BUCKET = "atari-remote"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeGCSServer]:
+    with FakeGCSServer() as srv:
+        srv.create_bucket(BUCKET)
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def proxy(server: FakeGCSServer) -> Iterator[CountingProxy]:
+    with CountingProxy(server.endpoint_url) as prx:
+        yield prx
+
+
+@pytest.fixture(scope="module")
+def remote_run(server: FakeGCSServer, proxy: CountingProxy) -> dict[str, Any]:
+    """A fixture run written straight into the bucket, then converted gs:// -> gs://."""
+    opts = server.storage_options(endpoint_url=proxy.endpoint_url)
+    # written directly: the proxy does not carry resumable uploads of '$' names
+    run = write_fixture_run(
+        f"gs://{BUCKET}/dqn",
+        "Pong",
+        "1",
+        capacity=200,
+        steps=1500,
+        seed=3,
+        max_episode_length=40,
+        storage_options=server.storage_options(),
+    )
+    fs = fsspec.filesystem("gs", **opts)
+    source_bytes = sum(fs.du(f"{BUCKET}/dqn", total=False).values())
+    tmp = tempfile.mkdtemp()
+    before = set(os.listdir(tmp))
+    proxy.reset()
+    saved = tempfile.tempdir
+    tempfile.tempdir = tmp  # anything spooled to local disk would land here
+    try:
+        [store] = convert(f"gs://{BUCKET}/dqn", f"gs://{BUCKET}/stores", progress=False,
+                          storage_options=opts)
+    finally:
+        tempfile.tempdir = saved
+    return {
+        "run": run,
+        "truth": run.truth(),
+        "store": store,
+        "opts": opts,
+        # bytes read from the source objects; the store's own work area (pieces of
+        # shards shared by checkpoints, which tiny fixture buffers make frequent) is
+        # traffic to the destination, counted apart
+        "convert_download": sum(
+            n for method, path, _, n in proxy.log if method == "GET" and "/dqn/" in unquote(path)
+        ),
+        "convert_download_total": proxy.bytes_received,
+        "source_bytes": source_bytes,
+        "local_files": set(os.listdir(tmp)) - before,
+    }
+
+
+def _check_batch(batch: Any, truth: Truth, rows: np.ndarray) -> None:
+    np.testing.assert_array_equal(batch["observation"].numpy(), truth.observation[rows])
+    nxt = batch["next", "observation"].numpy()
+    np.testing.assert_array_equal(nxt, truth.next_observation[rows])
+    np.testing.assert_array_equal(batch["action"].numpy(), truth.action[rows])
+    np.testing.assert_array_equal(batch["next", "reward"].numpy()[:, 0], truth.reward[rows])
+    np.testing.assert_array_equal(batch["next", "terminated"].numpy()[:, 0], truth.terminated[rows])
+    np.testing.assert_array_equal(batch["next", "truncated"].numpy()[:, 0], truth.truncated[rows])
+    np.testing.assert_array_equal(batch["episode"].numpy(), truth.episode[rows])
+
+
+# --------------------------------------------------------------------------- #
+# gs:// -> gs:// and lazy reading
+# --------------------------------------------------------------------------- #
+
+
+def test_convert_gs_to_gs_streams_sources(remote_run: dict[str, Any]) -> None:
+    store, truth = remote_run["store"], remote_run["truth"]
+    assert store.url == f"gs://{BUCKET}/stores/Pong/1.zarr"
+    assert store.transitions == len(truth) > 500
+    # source names carry '$'; they were listed and read through gcsfs as they are
+    fs = fsspec.filesystem("gs", **remote_run["opts"])
+    names = fs.ls(f"{BUCKET}/dqn/Pong/1/replay_logs", detail=False)
+    assert any("$store$_observation_ckpt.0.gz" in n for n in names)
+    # every source object streamed about once (plan reads the small arrays, write
+    # reads everything): no copies, no re-downloads, nothing spooled to local disk
+    assert remote_run["convert_download"] <= 1.5 * remote_run["source_bytes"]
+    assert remote_run["local_files"] == set()
+
+
+def test_lazy_read_matches_truth(remote_run: dict[str, Any]) -> None:
+    truth = remote_run["truth"]
+    ds = AtariZarrDataset(remote_run["store"].url, storage_options=remote_run["opts"])
+    assert len(ds) == len(truth)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        rows = rng.integers(0, len(ds), 32)
+        _check_batch(ds[rows], truth, rows)
+    rows = np.arange(len(ds))
+    _check_batch(ds[:], truth, rows)
+
+
+def test_open_costs_a_handful_of_requests(
+    remote_run: dict[str, Any], proxy: CountingProxy
+) -> None:
+    proxy.reset()
+    AtariZarrDataset(remote_run["store"].url, storage_options=remote_run["opts"])
+    paths = [entry[1] for entry in proxy.log]
+    # consolidated metadata: one zarr.json, then only the small per-step arrays
+    assert sum("zarr.json" in p for p in paths) == 1, paths
+    assert proxy.requests <= 7, paths
+    assert not any("observation" in p for p in paths), paths
+
+
+def test_sample_fetches_only_touched_chunks(
+    remote_run: dict[str, Any], proxy: CountingProxy
+) -> None:
+    ds = AtariZarrDataset(remote_run["store"].url, storage_options=remote_run["opts"])
+    proxy.reset()
+    ds[[10]]
+    frame_gets = [e for e in proxy.log if "observation" in e[1]]
+    # one shard index range and one 16-frame chunk range, both partial (206)
+    assert frame_gets and all(e[2] == 206 for e in frame_gets), proxy.log
+    assert len(frame_gets) <= 3, proxy.log
+
+
+def test_cache_serves_next_epoch_locally(
+    remote_run: dict[str, Any], proxy: CountingProxy, tmp_path: Path
+) -> None:
+    truth, url, opts = remote_run["truth"], remote_run["store"].url, remote_run["opts"]
+    rows = np.random.default_rng(1).integers(0, len(truth), 64)
+    ds = AtariZarrDataset(url, storage_options=opts, cache=tmp_path / "cache")
+    _check_batch(ds[rows], truth, rows)
+    assert any((tmp_path / "cache").rglob("*@*"))
+
+    proxy.reset()
+    again = AtariZarrDataset(url, storage_options=opts, cache=tmp_path / "cache")
+    _check_batch(again[rows], truth, rows)
+    # only the root metadata, which decides whether the cache is still valid
+    assert [e[1].rsplit("%2F", 1)[-1] for e in proxy.log] == ["zarr.json?alt=media"], proxy.log
+
+
+def test_cache_is_emptied_when_the_store_changes(
+    server: FakeGCSServer, tmp_path: Path
+) -> None:
+    opts = server.storage_options()
+    root = str(tmp_path / "src")
+    run = write_fixture_run(root, "Pong", "1", capacity=64, steps=400, seed=5)
+    dest = f"gs://{BUCKET}/recached"
+    [store] = convert(root, dest, progress=False, storage_options=opts)
+    cache = tmp_path / "cache"
+    ds = AtariZarrDataset(store.url, storage_options=opts, cache=cache)
+    ds[: len(ds)]
+    # convert again from fewer checkpoints: same URL, different content
+    [store2] = convert(root, dest, checkpoints="0-2", overwrite=True, progress=False,
+                       storage_options=opts, source_storage_options={})
+    truth = run.truth([0, 1, 2])
+    assert store2.transitions == len(truth) != store.transitions
+    ds2 = AtariZarrDataset(store.url, storage_options=opts, cache=cache)
+    _check_batch(ds2[:], truth, np.arange(len(truth)))
+
+
+def test_memory_url_and_pickle(tmp_path: Path) -> None:
+    root = str(tmp_path / "src")
+    run = write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=2)
+    [store] = convert(root, "memory://remote-test", progress=False)
+    ds = AtariZarrDataset(store.url)
+    _check_batch(ds[:], run.truth(), np.arange(len(ds)))
+    raw = open_zarr_store(store.url, read_only=True, timeout=4)
+    assert isinstance(raw, RemoteStore) and raw.timeout == 4
+
+
+# --------------------------------------------------------------------------- #
+# CLI
+# --------------------------------------------------------------------------- #
+
+
+def test_cli_convert_and_info_with_storage_options(
+    server: FakeGCSServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    opts = server.storage_options()
+    write_fixture_run(f"gs://{BUCKET}/cli-src", "Pong", "2", capacity=64, steps=300,
+                      storage_options=opts)
+    flags = [f"--storage-option={k}={v}" for k, v in opts.items()]
+    assert parse_storage_options([f[len("--storage-option="):] for f in flags]) == opts
+    code = cli_main(["convert", f"gs://{BUCKET}/cli-src", f"gs://{BUCKET}/cli-dest", "-q",
+                     "--timeout", "30", *flags])
+    assert code == 0
+    code = cli_main(["info", f"gs://{BUCKET}/cli-dest/Pong/2.zarr", "--json", *flags])
+    assert code == 0
+    assert '"game": "Pong"' in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- #
+# faults
+# --------------------------------------------------------------------------- #
+
+
+def test_transient_errors_are_retried(remote_run: dict[str, Any], proxy: CountingProxy) -> None:
+    truth = remote_run["truth"]
+    for status in (503, 429):
+        # a fresh dataset: nothing of these rows is in its chunk cache
+        ds = AtariZarrDataset(remote_run["store"].url, storage_options=remote_run["opts"])
+        rows = np.array([3, 400, 900])
+        proxy.reset()
+        proxy.fail_next(2, status)
+        _check_batch(ds[rows], truth, rows)
+        statuses = [e[2] for e in proxy.log]
+        assert statuses.count(status) == 2, proxy.log
+
+
+def test_permanent_error_is_clear(remote_run: dict[str, Any], proxy: CountingProxy) -> None:
+    ds = AtariZarrDataset(remote_run["store"].url, storage_options=remote_run["opts"])
+    proxy.fail_next(1, 403)
+    where = r"reading gs://atari-remote/stores/Pong/1\.zarr/observation"
+    with pytest.raises(RemoteAccessError, match=where):
+        ds[[1]]
+    ds[[1]]  # the next read works again
+
+
+def test_missing_store_is_clear(server: FakeGCSServer) -> None:
+    url = f"gs://{BUCKET}/absent/Pong/1.zarr"
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(url)} is not a Zarr store"):
+        AtariZarrDataset(url, storage_options=server.storage_options())
+
+
+def _run_bounded(fn: Any, limit: float = 60.0) -> BaseException | None:
+    """Run ``fn`` in a thread; fail the test if it has not returned within ``limit`` s."""
+    outcome: list[BaseException | None] = []
+
+    def target() -> None:
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:  # handed back to the test
+            outcome.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(limit)
+    assert not thread.is_alive(), f"the read hung for more than {limit} s"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_server_gone_mid_read_fails_within_the_bound(fault: str, tmp_path: Path) -> None:
+    root = str(tmp_path / "src")
+    write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=1)
+    with FakeGCSServer() as srv:
+        srv.create_bucket(BUCKET)
+        opts = srv.storage_options()
+        [store] = convert(root, f"gs://{BUCKET}/fault", progress=False, storage_options=opts,
+                          source_storage_options={})
+        ds = AtariZarrDataset(store.url, storage_options=opts, timeout=3)
+        ds[[0, 1]]  # warm connections
+        getattr(srv, fault)()
+        try:
+            t0 = time.monotonic()
+            exc = _run_bounded(lambda: ds[[200]])
+            elapsed = time.monotonic() - t0
+        finally:
+            if fault == "pause":
+                srv.resume()
+        assert isinstance(exc, RemoteTimeoutError), repr(exc)
+        assert isinstance(exc, TimeoutError)
+        message = str(exc)
+        assert "gs://atari-remote/fault/Pong/1.zarr/observation" in message
+        assert "within 3 s" in message and "timeout=" in message
+        assert elapsed < 30  # sanity: far below gcsfs's own ~32 s retry schedule
+
+
+def test_credentials_never_in_errors() -> None:
+    with socket.socket() as sock:  # a port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    secret = "hunter2-secret"
+    url = f"http://reader:{secret}@127.0.0.1:{port}/stores/Pong/1.zarr"
+    opts = {"headers": {"Authorization": f"Bearer {secret}-token"}}
+    exc = _run_bounded(lambda: AtariZarrDataset(url, storage_options=opts, timeout=5))
+    assert isinstance(exc, RemoteAccessError | FileNotFoundError), repr(exc)
+    assert secret not in str(exc) and "127.0.0.1" in str(exc)
+    assert exc.__cause__ is None or secret not in str(exc.__cause__)
+    assert secret not in repr(RemoteStore(url, opts, read_only=True))
+    assert redact(url) == f"http://***@127.0.0.1:{port}/stores/Pong/1.zarr"
+
+
+# --------------------------------------------------------------------------- #
+# DataLoader workers
+# --------------------------------------------------------------------------- #
+
+
+def _identity(batch: Any) -> Any:
+    return batch
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers(remote_run: dict[str, Any], context: str) -> None:
+    truth = remote_run["truth"]
+    ds = AtariZarrDataset(remote_run["store"].url, storage_options=remote_run["opts"])
+    ds[[0, 500]]  # the parent's file system is live (session, sockets) before forking
+    order = np.random.default_rng(7).permutation(len(ds))[:256]
+    batches = [order[i : i + 32].tolist() for i in range(0, len(order), 32)]
+    loader = torch.utils.data.DataLoader(
+        ds,
+        sampler=batches,
+        batch_size=None,
+        collate_fn=_identity,
+        num_workers=2,
+        multiprocessing_context=context,
+    )
+    seen = 0
+    for rows, batch in zip(batches, loader, strict=True):
+        _check_batch(batch, truth, np.asarray(rows))
+        seen += len(rows)
+    assert seen == 256
+    ds[[1, 2]]  # the parent still reads after its workers are gone
+
+
+# --------------------------------------------------------------------------- #
+# bytes fetched by random batches from a large store
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.slow
+def test_random_batches_fetch_a_small_fraction(tmp_path: Path) -> None:
+    """20 random batches of 32 from a 200,000-transition store fetch < 15 % of its bytes.
+
+    Each batch touches ~32 distinct 16-frame chunks (the next frame is almost always
+    in the same chunk) plus one shard index (4 KiB) per touched shard; opening reads
+    the per-step arrays. With ~12,500 chunks the sum stays near 11 %.
+    """
+    n = 200_000
+    root = str(tmp_path / "src")
+    write_fixture_run(root, "Pong", "1", capacity=n // 2 + 1000, steps=n + 2000, seed=9,
+                      max_episode_length=2000)
+    [local] = convert(root, str(tmp_path / "stores"), progress=False)
+    assert local.transitions >= 60_000
+    with FakeGCSServer() as srv:
+        srv.create_bucket(BUCKET)
+        fs = fsspec.filesystem("gs", **srv.storage_options())
+        fs.put(local.url, f"{BUCKET}/big/Pong/1.zarr", recursive=True)
+        fs.invalidate_cache()
+        stored = fs.du(f"{BUCKET}/big/Pong/1.zarr")
+        with CountingProxy(srv.endpoint_url) as prx:
+            opts = srv.storage_options(endpoint_url=prx.endpoint_url)
+            ds = AtariZarrDataset(f"gs://{BUCKET}/big/Pong/1.zarr", storage_options=opts)
+            reference = AtariZarrDataset(local.url)
+            gen = torch.Generator().manual_seed(0)
+            for _ in range(20):
+                rows = torch.randint(0, len(ds), (32,), generator=gen)
+                batch = ds[rows]
+                want = reference[rows]
+                assert (batch["observation"] == want["observation"]).all()
+                assert (batch["next", "observation"] == want["next", "observation"]).all()
+            fraction = prx.bytes_received / stored
+    assert fraction <= 0.15, (prx.bytes_received, stored)
