@@ -116,7 +116,8 @@ def build_run(root: Path, game: str, capacity: int, n_ckpt: int, seed: int = 0) 
 
 def measure_floor(run_dir: Path, game: str) -> dict[str, float]:
     """Inflate + parse every observation file once in this process."""
-    from atari_zarr.sources.dqn_replay.files import RunSource, gzip_backend
+    from atari_zarr.sources.dqn_replay.files import RunSource
+    from atari_zarr.sources.dqn_replay.npy import gzip_backend
 
     src = RunSource(str(run_dir), game, "1")
     t0, c0 = time.perf_counter(), time.process_time()

@@ -23,10 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import tempfile
 import time
 from pathlib import Path
+
+# Before anything imports gcsfs: its default file system class probes every bucket
+# over gRPC, which the emulator lacks (~60 s each). See docs/gcs-emulator.md.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import numpy as np
 

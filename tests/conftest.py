@@ -1,27 +1,98 @@
-"""Shared fixtures: fixture runs written by atari_zarr.testing."""
+"""Shared fixtures: fixture runs written by atari_zarr.testing, and their stores.
+
+The Pong/1 fixture run is written once per session (``pong_source``) and converted
+once per session (``pong_store``); tests that only read share them. A test that
+changes the run or the store takes a private copy instead: ``pong_run`` (the run,
+copied under ``source_root``) or ``pong_store_copy`` (the store, copied under
+``dest_root``). Copying costs milliseconds; converting costs most of a second.
+"""
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
+import os
+import shutil
+from pathlib import Path
 
-from atari_zarr.testing import FixtureRun, write_fixture_run
+import pytest
+from hypothesis import settings
+
+from atari_zarr import ConvertedStore, convert
+from atari_zarr.testing import FixtureRun, Truth, write_fixture_run
+
+# Property tests draw the same examples on every run and keep no database of past
+# failures, so the suite gives the same result every time. HYPOTHESIS_PROFILE=explore
+# draws new examples (and remembers failures in .hypothesis/) when looking for bugs.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
+
+#: The Pong/1 fixture run: short episodes, several wraps, missed logs and a final
+#: partial checkpoint.
+PONG_RUN = {"capacity": 64, "steps": 700, "seed": 0, "max_episode_length": 25}
 
 
 @pytest.fixture
-def source_root(tmp_path):
+def source_root(tmp_path: Path) -> Path:
+    """An empty directory of this test, for DQN Replay runs (``<root>/<game>/<run>``)."""
     root = tmp_path / "dqn"
     root.mkdir()
     return root
 
 
 @pytest.fixture
-def dest_root(tmp_path):
+def dest_root(tmp_path: Path) -> Path:
+    """Where this test's stores go (not created)."""
     return tmp_path / "stores"
 
 
+@pytest.fixture(scope="session")
+def pong_source(tmp_path_factory: pytest.TempPathFactory) -> FixtureRun:
+    """The Pong/1 fixture run, written once per session. Read-only: never change it.
+
+    Its root (the directory holding ``Pong/1``) is ``Path(pong_source.url).parents[1]``.
+    """
+    root = tmp_path_factory.mktemp("pong-source")
+    return write_fixture_run(str(root), "Pong", "1", **PONG_RUN)
+
+
+@pytest.fixture(scope="session")
+def pong_truth(pong_source: FixtureRun) -> Truth:
+    """The transitions ``pong_source`` converts to (all checkpoints)."""
+    return pong_source.truth()
+
+
+@pytest.fixture(scope="session")
+def pong_store(pong_source: FixtureRun, tmp_path_factory: pytest.TempPathFactory) -> ConvertedStore:
+    """``pong_source`` converted with the defaults, once per session. Read-only.
+
+    Tests that write to the store (attributes, arrays, files) use ``pong_store_copy``.
+    """
+    dest = tmp_path_factory.mktemp("pong-store")
+    [store] = convert(str(Path(pong_source.url).parents[1]), str(dest), progress=False)
+    return store
+
+
 @pytest.fixture
-def pong_run(source_root) -> FixtureRun:
-    """A run with short episodes: several wraps, missed logs and a final partial checkpoint."""
-    return write_fixture_run(
-        str(source_root), "Pong", "1", capacity=64, steps=700, seed=0, max_episode_length=25
-    )
+def pong_run(pong_source: FixtureRun, source_root: Path) -> FixtureRun:
+    """This test's own copy of the Pong/1 fixture run, at ``source_root/Pong/1``.
+
+    Free to change: the files are a copy of ``pong_source``'s, the ground truth is
+    shared (it is only read).
+    """
+    run_dir = source_root / "Pong" / "1"
+    shutil.copytree(pong_source.url, run_dir)
+    return dataclasses.replace(pong_source, url=str(run_dir))
+
+
+@pytest.fixture
+def pong_store_copy(pong_store: ConvertedStore, dest_root: Path) -> ConvertedStore:
+    """This test's own copy of ``pong_store``, at ``dest_root/Pong/1.zarr``; free to change.
+
+    The copy's attributes still name the session's source and destination (and its
+    plan fingerprint covers the session's source): a test that converts into
+    ``dest_root`` again, or checks the recorded paths, converts for itself.
+    """
+    target = dest_root / "Pong" / "1.zarr"
+    shutil.copytree(pong_store.url, target)
+    return dataclasses.replace(pong_store, url=str(target))

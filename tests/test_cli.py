@@ -80,8 +80,16 @@ def _one_line_error(res: subprocess.CompletedProcess, verb: str) -> str:
 def _incomplete_store(url: str, rows: int = 10) -> None:
     """A store whose writer stopped before the completion marker (as after a crash)."""
     store = open_zarr_store(url, None, read_only=False)
-    create_store(store, rows, {"kind": "dqn-replay", "game": "Pong", "run": "2",
-                               "command": "atari-zarr convert SRC DEST --runs 2"})
+    create_store(
+        store,
+        rows,
+        {
+            "kind": "dqn-replay",
+            "game": "Pong",
+            "run": "2",
+            "command": "atari-zarr convert SRC DEST --runs 2",
+        },
+    )
 
 
 def test_info_errors_name_the_store(tmp_path):
@@ -129,7 +137,9 @@ def test_ls_local(pong_run, source_root, dest_root):
     res = run_cli("ls", str(dest_root), "--json", "--no-size")
     rows = json.loads(res.stdout)
     assert [(r["run"], r["status"], r["transitions"]) for r in rows] == [
-        ("1", "complete", n), ("2", "incomplete", 7), ("3", "not a store", None)
+        ("1", "complete", n),
+        ("2", "incomplete", 7),
+        ("3", "not a store", None),
     ]
     assert all(r["stored_bytes"] is None for r in rows)
 
@@ -213,3 +223,51 @@ def test_demo_quiet_prints_nothing(tmp_path):
     res = run_cli("ls", str(tmp_path / "d"), "--json")
     [row] = json.loads(res.stdout)
     assert (row["game"], row["transitions"], row["status"]) == ("Breakout", 300, "complete")
+
+
+def test_collect_takes_the_env_ids_collect_takes(tmp_path):
+    """One parser of env ids: what `collect()` accepts, `atari-zarr collect --env` accepts."""
+    dest = tmp_path / "pong.zarr"
+    res = run_cli(
+        "collect", "--env", "PongNoFrameskip-v4", "--steps", "20", "--seed", "1", "-q", str(dest)
+    )
+    assert res.returncode == 0, res.stderr
+    ds = AtariZarrDataset(str(dest))
+    assert len(ds) == 20 and ds.metadata["game"] == "Pong"
+    assert ds.metadata["env"]["env_id"] == "ALE/Pong-v5"  # DQN Replay's settings, whatever the id
+    assert ds.metadata["command"] == (
+        f"atari-zarr collect {dest} --env PongNoFrameskip-v4 --steps 20 --seed 1 --overwrite"
+    )
+
+
+def test_collect_with_a_bad_env_id_is_one_line(tmp_path):
+    dest = tmp_path / "x.zarr"
+    line = _one_line_error(
+        run_cli("collect", "--env", "ALE/NotAGame-v5", "--steps", "20", str(dest)), "collect"
+    )
+    assert "'ALE/NotAGame-v5' is not an Atari game or env id" in line
+    assert (
+        "expected a game such as 'Pong'" in line and "https://ale.farama.org/environments/" in line
+    )
+    assert not dest.exists()  # refused before writing anything
+
+
+def test_unwritable_destination_is_one_line(pong_run, source_root, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    assert main(["convert", str(source_root), str(blocker / "stores"), "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("atari-zarr convert: error: creating ")
+    assert "Not a directory" in err and "Choose another destination" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_unknown_protocol_and_missing_backend_are_one_line(capsys, monkeypatch):
+    assert main(["ls", "nosuchproto://bucket/x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "the protocol 'nosuchproto' is not known to fsspec" in err
+    monkeypatch.setitem(sys.modules, "adlfs", None)  # Azure's back end, never installed here
+    assert main(["ls", "abfs://container/x"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("atari-zarr ls: error: abfs://container/x: ")
+    assert "pip install adlfs" in err and len(err.splitlines()) == 1

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import zarr
 
-from atari_zarr import convert
-from atari_zarr.errors import InvalidNameError
-from atari_zarr.layout import ARRAYS, ATTRS_KEY, FORMAT_VERSION, OBSERVATION, store_path, validate_name
+from atari_zarr.errors import InvalidNameError, StoreCorruptError, StoreIncompleteError
+from atari_zarr.layout import (
+    ARRAYS,
+    ATTRS_KEY,
+    FORMAT_VERSION,
+    OBSERVATION,
+    REWARD,
+    create_array,
+    read_metadata,
+    store_path,
+    validate_name,
+)
 
 
 @pytest.fixture
-def store_url(pong_run, source_root, dest_root):
-    return convert(str(source_root), str(dest_root), progress=False)[0].url
+def store_url(pong_store_copy):
+    """A private copy of the session's Pong/1 store: one test below damages it."""
+    return pong_store_copy.url
 
 
 def test_arrays_dtypes_and_dimension_names(store_url):
@@ -30,7 +42,7 @@ def test_arrays_dtypes_and_dimension_names(store_url):
 
 
 def test_observation_codecs(store_url):
-    meta = json.loads((__import__("pathlib").Path(store_url) / OBSERVATION / "zarr.json").read_text())
+    meta = json.loads((Path(store_url) / OBSERVATION / "zarr.json").read_text())
     [sharding] = meta["codecs"]
     assert sharding["name"] == "sharding_indexed"
     conf = sharding["configuration"]
@@ -44,7 +56,7 @@ def test_observation_codecs(store_url):
 
 
 def test_group_attributes_and_consolidation(store_url):
-    raw = json.loads((__import__("pathlib").Path(store_url) / "zarr.json").read_text())
+    raw = json.loads((Path(store_url) / "zarr.json").read_text())
     assert raw["consolidated_metadata"]["metadata"]  # one request opens everything
     meta = raw["attributes"][ATTRS_KEY]
     assert meta["format_version"] == FORMAT_VERSION
@@ -61,3 +73,50 @@ def test_store_path_and_names():
     for bad in ("../x", "x/..", "a\\b", ".hidden", ""):
         with pytest.raises(InvalidNameError):
             validate_name(bad, "game")
+
+
+# -- unfinished versus damaged (issue 11, defect 2) ---------------------------------------
+
+COMMAND = "atari-zarr convert /data/dqn /data/stores --games Pong"
+
+
+def killed_while_creating_arrays(path, created: int) -> zarr.Group:
+    """A store as `create_store` leaves it when killed after ``created`` arrays."""
+    group = zarr.open_group(
+        str(path),
+        mode="w",
+        attributes={
+            ATTRS_KEY: {
+                "kind": "dqn-replay",
+                "command": COMMAND,
+                "format_version": FORMAT_VERSION,
+                "complete": False,
+            }
+        },
+    )
+    for name in list(ARRAYS)[:created]:
+        create_array(group, name, 100)
+    return group
+
+
+@pytest.mark.parametrize("created", [0, 3])
+def test_a_store_killed_while_creating_arrays_is_unfinished(tmp_path, created):
+    group = killed_while_creating_arrays(tmp_path / "Pong" / "1.zarr", created)
+    for require_complete in (True, False):  # the reader, and `info`/`verify`
+        with pytest.raises(StoreIncompleteError) as caught:
+            read_metadata(group, "DEST/Pong/1.zarr", require_complete=require_complete)
+        message = str(caught.value)
+        assert "unfinished" in message and f"running {COMMAND} again" in message
+        assert "damaged" not in message.replace("not a damaged one", "")
+        assert list(ARRAYS)[created] in message  # which arrays are still missing
+
+
+def test_a_complete_store_that_lost_an_array_is_damaged(store_url):
+    shutil.rmtree(Path(store_url) / REWARD)
+    group = zarr.open_group(store_url, mode="r", use_consolidated=False)
+    for require_complete in (True, False):
+        with pytest.raises(
+            StoreCorruptError,
+            match=r"marked complete but lacks the arrays \['next/reward'\].*damaged",
+        ):
+            read_metadata(group, store_url, require_complete=require_complete)

@@ -17,13 +17,20 @@ from atari_zarr.verify import verify_store
 
 
 @pytest.fixture(scope="module")
-def converted(tmp_path_factory):
+def source(tmp_path_factory):
+    """A run of four checkpoints (never modified: tests that damage it copy it)."""
     root = tmp_path_factory.mktemp("src")
-    write_fixture_run(str(root), "Pong", "1", capacity=3000, steps=9000, seed=2,
-                      max_episode_length=300)
+    write_fixture_run(
+        str(root), "Pong", "1", capacity=3000, steps=9000, seed=2, max_episode_length=300
+    )
+    return root
+
+
+@pytest.fixture(scope="module")
+def converted(source, tmp_path_factory):
     dest = tmp_path_factory.mktemp("dst")
-    [store] = convert(str(root), str(dest), scheduler="synchronous", progress=False)
-    return root / "Pong" / "1", store
+    [store] = convert(str(source), str(dest), scheduler="synchronous", progress=False)
+    return source / "Pong" / "1", store
 
 
 @pytest.fixture
@@ -38,7 +45,9 @@ def copy(converted, tmp_path):
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "atari_zarr", "verify", *args, "--no-progress"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -75,8 +84,21 @@ def test_any_flipped_byte_is_caught(copy, where):
     if where == "frame chunk":
         # located to the last 16-frame chunk of shard 1
         assert "chunks at rows [8176] of shard 1 (rows 4096..8191)" in text
+    assert "The store is damaged; convert it again with --overwrite." in text
     res = cli(str(path))
     assert res.returncode == 1 and "problem(s) found" in res.stderr
+
+
+def test_an_unfinished_store_is_never_called_damaged(copy):
+    _, path = copy
+    doc = json.loads((path / "zarr.json").read_text())
+    doc["attributes"][ATTRS_KEY]["complete"] = False
+    (path / "zarr.json").write_text(json.dumps(doc))
+    target = path / OBSERVATION / "c" / "1" / "0" / "0"
+    flip(target, target.stat().st_size - 7)
+    text = verify_store(str(path)).format()
+    assert "cannot be decoded" in text and "damaged" not in text
+    assert "The store is unfinished; finish it by running atari-zarr convert " in text
 
 
 def test_missing_chunk_is_reported(copy):
@@ -98,6 +120,17 @@ def test_attributes_that_disagree_with_the_arrays(copy):
     text = verify_store(str(path)).format()
     assert "episode 1 (ending at row" in text
     assert "counts.episodes = " in text
+
+
+def test_malformed_episode_table_is_reported(copy):
+    _, path = copy
+    meta_file = path / "zarr.json"
+    doc = json.loads(meta_file.read_text())
+    doc["attributes"][ATTRS_KEY]["episodes"]["return"].pop()  # one return short
+    meta_file.write_text(json.dumps(doc))
+    report = verify_store(str(path))
+    assert "attribute episodes is not a per-episode table" in report.format()
+    assert "episodes.length has 0" in report.format()
 
 
 def test_source_mismatch_is_reported(converted, tmp_path):
@@ -124,3 +157,64 @@ def test_incomplete_and_foreign(tmp_path, copy):
     assert "the store is incomplete" in verify_store(str(path)).format()
     res = cli(str(tmp_path / "nothing-here"))
     assert res.returncode == 1 and "cannot open" in res.stderr
+
+
+@pytest.mark.parametrize(
+    "selection",
+    [
+        {"max_transitions": 5000},
+        {"max_episodes": 7},
+        {"checkpoints": "mixed"},
+        {"checkpoints": [1, 3], "max_episodes": 4},
+    ],
+    ids=["max-transitions", "max-episodes", "preset", "checkpoints-and-limit"],
+)
+def test_selected_store_passes_against_its_source(source, converted, tmp_path, selection):
+    """verify --source plans the run with the selection the store records."""
+    _, whole = converted
+    [store] = convert(
+        str(source), str(tmp_path), scheduler="synchronous", progress=False, **selection
+    )
+    assert 0 < store.transitions < whole.transitions
+    report = verify_store(store.url, source=str(source / "Pong" / "1"))
+    assert report.ok, report.format()
+    assert report.checked["compared"] == store.transitions
+    res = cli(store.url, "--source", str(source / "Pong" / "1"))
+    assert res.returncode == 0 and "OK" in res.stdout, res.stderr
+
+
+def test_progress_total_is_the_rows_read_and_compared(source, tmp_path, capsys):
+    [store] = convert(
+        str(source), str(tmp_path), scheduler="synchronous", progress=False, max_transitions=5000
+    )
+    capsys.readouterr()
+    report = verify_store(store.url, source=str(source / "Pong" / "1"), progress=True)
+    assert report.ok, report.format()
+    # frames read once, then every transition compared with the source
+    total = store.transitions + report.checked["compared"]
+    assert report.rows_to_check == total == 2 * 5000
+    err = capsys.readouterr().err
+    assert "verify Pong/1.zarr: 100%" in err and f"{total}/{total}" in err
+    # without a source, only the store's own rows
+    report = verify_store(store.url, progress=True)
+    assert report.rows_to_check == store.transitions
+    assert f"{store.transitions}/{store.transitions}" in capsys.readouterr().err
+
+
+def test_selection_that_does_not_fit_the_source_is_reported(source, tmp_path, capsys):
+    """The stored selection is used as recorded: a store of other rows is not the same."""
+    [store] = convert(
+        str(source), str(tmp_path), scheduler="synchronous", progress=False, max_transitions=5000
+    )
+    meta_file = tmp_path / "Pong" / "1.zarr" / "zarr.json"
+    doc = json.loads(meta_file.read_text())
+    doc["attributes"][ATTRS_KEY]["selection"]["max_transitions"] = 4000
+    meta_file.write_text(json.dumps(doc))
+    capsys.readouterr()
+    report = verify_store(store.url, source=str(source / "Pong" / "1"), progress=True)
+    assert not report.ok
+    assert "gives 4000 transitions with the store's selection" in report.format()
+    assert "the store holds 5000" in report.format()
+    # nothing is compared, and the bar does not count on it
+    assert report.checked["compared"] == 0
+    assert "5000/5000" in capsys.readouterr().err

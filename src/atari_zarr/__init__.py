@@ -28,16 +28,25 @@ from atari_zarr.errors import (
     AtariZarrError,
     InvalidArgumentError,
     InvalidNameError,
+    MissingDependencyError,
+    ReadOnlyDatasetError,
+    RemoteAccessError,
+    RemoteTimeoutError,
     SourceFormatError,
     SourceNotFoundError,
+    StoreCorruptError,
     StoreExistsError,
     StoreFormatError,
     StoreIncompleteError,
+    StoreLockedError,
+    StoreNotFoundError,
+    StoreWriteError,
 )
 
 # Names imported on first use: the reader pulls in torch and tensordict (about 2 s),
 # which `atari-zarr ls/info/--help` and conversion workers do not need, and the
-# collector needs gymnasium (the `collect` extra).
+# collector needs gymnasium (the `collect` extra). Errors are never lazy: every one
+# is importable from here, so `except atari_zarr.AtariZarrError` needs nothing else.
 _LAZY = {
     "AtariZarrDataset": "atari_zarr.read.dataset",
     "MultiGameDataset": "atari_zarr.read.mixing",
@@ -46,7 +55,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     if name in _LAZY:
         from importlib import import_module
 
@@ -60,12 +69,20 @@ __all__ = [
     "ConvertedStore",
     "InvalidArgumentError",
     "InvalidNameError",
+    "MissingDependencyError",
     "MultiGameDataset",
+    "ReadOnlyDatasetError",
+    "RemoteAccessError",
+    "RemoteTimeoutError",
     "SourceFormatError",
     "SourceNotFoundError",
+    "StoreCorruptError",
     "StoreExistsError",
     "StoreFormatError",
     "StoreIncompleteError",
+    "StoreLockedError",
+    "StoreNotFoundError",
+    "StoreWriteError",
     "ZarrCollector",
     "__version__",
     "collect",

@@ -1,7 +1,9 @@
 """The ``atari-zarr`` command line: parse, call the library, print.
 
-Errors raised on purpose by the library are printed as one line on stderr with
-exit code 1; usage errors exit with 2 (argparse's convention).
+Errors raised on purpose by the library (every :class:`~atari_zarr.errors.AtariZarrError`)
+are printed as one line on stderr with exit code 1; usage errors exit with 2
+(argparse's convention), an interrupt with 130. Any other exception is a bug and
+keeps its traceback.
 """
 
 from __future__ import annotations
@@ -9,15 +11,16 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from collections.abc import Sequence
 
 from atari_zarr import __version__
+from atari_zarr.commands import command_line
 from atari_zarr.errors import AtariZarrError
-from atari_zarr.storage.remote import parse_storage_options
+from atari_zarr.storage.paths import parse_storage_options
 
-log = logging.getLogger("atari_zarr")
+#: dopamine's episode limit (108,000 frames), the default of ``collect --max-episode-steps``.
+_MAX_EPISODE_STEPS = 27_000
 
 
 def _add_storage_option(p: argparse.ArgumentParser) -> None:
@@ -97,10 +100,8 @@ def _cmd_collect(args: argparse.Namespace) -> int:
 
     if args.quiet:
         quiet_ale()
-    match = re.match(r"^(?:ALE/)?([A-Za-z0-9]+)-v\d+$", args.env)
-    env = make_dqn_env(
-        match.group(1) if match else args.env, max_episode_steps=args.max_episode_steps
-    )
+    # make_dqn_env parses --env (game_of_env_id), before anything is written.
+    env = make_dqn_env(args.env, max_episode_steps=args.max_episode_steps)
     done = collect(
         env,
         args.dest,
@@ -110,6 +111,17 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         max_buffer_steps=args.buffer_steps,
         overwrite=args.overwrite,
         storage_options=parse_storage_options(args.storage_option),
+        command=command_line(
+            "collect",
+            args.dest,
+            env=args.env,
+            steps=args.steps,
+            seed=args.seed,
+            max_episode_steps=(
+                None if args.max_episode_steps == _MAX_EPISODE_STEPS else args.max_episode_steps
+            ),
+            overwrite=True,  # what an unfinished recording needs to be made again
+        ),
     )
     if not args.quiet:
         print(f"{done.transitions:,} transitions, {done.episodes:,} episodes -> {args.dest}")
@@ -134,7 +146,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_ls(args: argparse.Namespace) -> int:
     import json
 
-    from atari_zarr.info import format_store_list, list_stores
+    from atari_zarr.info import format_store_list
+    from atari_zarr.storage.catalog import list_stores
 
     rows = list_stores(
         args.root, parse_storage_options(args.storage_option), sizes=not args.no_size
@@ -245,11 +258,19 @@ def build_parser() -> argparse.ArgumentParser:
         "step into the store DEST.",
     )
     p.add_argument("dest", metavar="DEST", help="store to create (path or URL), e.g. pong.zarr")
-    p.add_argument("--env", required=True, help="env id or game, e.g. ALE/Pong-v5")
+    p.add_argument(
+        "--env",
+        required=True,
+        help="game or Atari env id, e.g. Pong, ALE/Pong-v5 or PongNoFrameskip-v4 (only the game "
+        "is taken from an id; the settings are DQN Replay's)",
+    )
     p.add_argument("--steps", type=int, required=True, help="transitions to record")
     p.add_argument("--seed", type=int, help="seed of the env and the policy")
     p.add_argument(
-        "--max-episode-steps", type=int, default=27_000, help="episode limit (default 27000)"
+        "--max-episode-steps",
+        type=int,
+        default=_MAX_EPISODE_STEPS,
+        help=f"episode limit (default {_MAX_EPISODE_STEPS})",
     )
     p.add_argument(
         "--buffer-steps", type=int, default=4096, help="flush every N steps (default 4096)"
@@ -300,20 +321,6 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _expected_failure(exc: BaseException) -> str | None:
-    """The message of an error a user can fix, or None for a bug (which keeps its traceback)."""
-    if isinstance(exc, AtariZarrError):
-        return _one_line(exc)
-    if isinstance(exc, ImportError):
-        text = _one_line(exc)
-        if "pip install" not in text:
-            text += "; install the optional dependencies with: pip install 'atari-zarr[all]'"
-        return text
-    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
-        return _one_line(exc)
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
@@ -328,20 +335,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     if getattr(args, "timeout", None) is not None:
-        # read by remote.default_timeout(), also in worker processes
+        # read by storage.deadline.default_timeout(), also in worker processes
         os.environ["ATARI_ZARR_TIMEOUT"] = repr(args.timeout)
     try:
         return int(args.func(args))
-    except Exception as exc:
-        message = _expected_failure(exc)
-        if message is None:
-            raise
-        print(f"atari-zarr {args.command}: error: {message}", file=sys.stderr)
+    except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
+        print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)
         return 130
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

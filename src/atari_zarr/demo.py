@@ -25,13 +25,16 @@ import torch
 import zarr
 
 from atari_zarr.conversion.converter import convert
+from atari_zarr.episodes import episode_table
+from atari_zarr.errors import import_optional
 from atari_zarr.info import format_info, store_info
-from atari_zarr.layout import REWARD, TERMINATED
+from atari_zarr.layout import REWARD, TERMINATED, get_array
+from atari_zarr.progress import progress_bar
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.record.envs import quiet_ale
+from atari_zarr.sources.dqn_replay.emulator import DopamineLoggedBuffer
 from atari_zarr.sources.dqn_replay.files import LOGS_DIR
 from atari_zarr.storage.remote import open_zarr_store
-from atari_zarr.testing.dqn_replay import DopamineLoggedBuffer
 
 __all__ = ["DemoResult", "RecordedRun", "plot_frames", "plot_returns", "record_run", "run_demo"]
 
@@ -105,11 +108,7 @@ def record_run(
     rng = np.random.default_rng(seed)
     url = f"{str(root).rstrip('/')}/{game}/{run}"
     buffer = DopamineLoggedBuffer(f"{url}/{LOGS_DIR}", capacity, rng)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=steps, desc=f"play {game}", unit="step")
+    bar = progress_bar(steps, f"play {game}", unit="step", enabled=progress)
     try:
         names = list(env.unwrapped.get_action_meanings())
         frame, _ = env.reset(seed=seed)
@@ -127,12 +126,10 @@ def record_run(
                 episode, step, score = episode + 1, 0, 0.0
                 nxt, _ = env.reset()
             frame = nxt
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     finally:
         env.close()
-        if bar is not None:
-            bar.close()
+        bar.close()
     buffer.log_final()
     return RecordedRun(
         url=url,
@@ -145,12 +142,7 @@ def record_run(
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as exc:
-        raise ImportError(
-            "the demo's pictures need matplotlib; install it with: pip install 'atari-zarr[plot]'"
-        ) from exc
+    matplotlib = import_optional("matplotlib", extra="plot", purpose="the demo's pictures")
     matplotlib.use("Agg")  # files only: no display needed
     import matplotlib.pyplot as plt
 
@@ -188,7 +180,8 @@ def plot_frames(
     gen = torch.Generator().manual_seed(seed)
     # A uniform sample rarely holds a reward or an episode end; show a few of each.
     group = zarr.open_group(open_zarr_store(ds.url, ds.storage_options, read_only=True), mode="r")
-    flags = (np.asarray(group[REWARD][:]) != 0) | np.asarray(group[TERMINATED][:])
+    rewards = np.asarray(get_array(group, REWARD, ds.url)[:])
+    flags = (rewards != 0) | np.asarray(get_array(group, TERMINATED, ds.url)[:])
     notable = torch.from_numpy(np.flatnonzero(flags))
     notable = notable[torch.randperm(len(notable), generator=gen)[: n // 4]]
     rest = torch.randperm(len(ds), generator=gen)
@@ -235,10 +228,11 @@ def plot_returns(ds: AtariZarrDataset, path: str | Path) -> Path:
     Path
     """
     plt = _pyplot()
-    episodes = ds.metadata.get("episodes", {})
-    returns = np.asarray(episodes.get("return", []), dtype=np.float64)
-    lengths = np.asarray(episodes.get("length", []), dtype=np.int64)
-    terminated = np.asarray(episodes.get("terminated", []), dtype=bool)
+    table = episode_table(ds.metadata)
+    if table is None or table.returns is None:  # no usable table: nothing to plot
+        lengths, terminated, returns = np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0)
+    else:
+        lengths, terminated, returns = table.length, table.terminated, table.returns
     ids = np.arange(len(returns))
     colors = np.where(terminated, "tab:blue", "tab:orange")
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 5.5), sharex=True)

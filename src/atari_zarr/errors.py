@@ -40,6 +40,7 @@ __all__ = [
     "StoreIncompleteError",
     "StoreLockedError",
     "StoreNotFoundError",
+    "StoreWriteError",
     "import_optional",
     "install_hint",
 ]
@@ -67,6 +68,10 @@ class InvalidArgumentError(AtariZarrError, ValueError):
 
 class StoreNotFoundError(AtariZarrError, FileNotFoundError):
     """Nothing exists where a store (or a root of stores) was expected."""
+
+
+class StoreWriteError(AtariZarrError, OSError):
+    """A store, or the work area of its conversion, cannot be written where it was asked for."""
 
 
 class StoreExistsError(AtariZarrError, FileExistsError):

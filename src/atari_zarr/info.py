@@ -1,18 +1,25 @@
-"""Summaries of stores: what ``atari-zarr info`` prints."""
+"""Summaries of stores: what ``atari-zarr info`` and ``atari-zarr ls`` print.
+
+The list of stores itself comes from the one catalog,
+:func:`atari_zarr.storage.catalog.list_stores`; this module renders it.
+"""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import zarr
 
-from atari_zarr.errors import StoreFormatError
-from atari_zarr.layout import ACTION, ARRAYS, ATTRS_KEY, FLUSHED_KEY, OPTIONAL_ARRAYS, read_metadata
-from atari_zarr.storage.remote import get_fs, open_zarr_store
+from atari_zarr.episodes import episode_table
+from atari_zarr.errors import StoreFormatError, StoreNotFoundError
+from atari_zarr.layout import ARRAYS, FLUSHED_KEY, OPTIONAL_ARRAYS, get_array, read_metadata
+from atari_zarr.storage.catalog import StoreRow
+from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.remote import open_zarr_store
 
-__all__ = ["format_info", "format_store_list", "list_stores", "open_store_group", "store_info"]
+__all__ = ["format_info", "format_store_list", "open_store_group", "store_info"]
 
 
 def open_store_group(url: str, storage_options: dict[str, Any] | None = None) -> zarr.Group:
@@ -20,10 +27,12 @@ def open_store_group(url: str, storage_options: dict[str, Any] | None = None) ->
 
     Raises
     ------
-    FileNotFoundError
-        Nothing exists at ``url``.
+    StoreNotFoundError
+        Nothing exists at ``url`` (a ``FileNotFoundError``).
     StoreFormatError
         Something exists but it is not a Zarr group.
+    RemoteAccessError, RemoteTimeoutError
+        The store could not be reached.
 
     Examples
     --------
@@ -31,11 +40,11 @@ def open_store_group(url: str, storage_options: dict[str, Any] | None = None) ->
     >>> open_store_group(tempfile.mkdtemp() + "/missing.zarr")
     Traceback (most recent call last):
         ...
-    FileNotFoundError: .../missing.zarr does not exist: expected a store ...
+    atari_zarr.errors.StoreNotFoundError: .../missing.zarr does not exist: expected a store ...
     """
     fs, path = get_fs(url, storage_options)
     if not fs.exists(path):
-        raise FileNotFoundError(
+        raise StoreNotFoundError(
             f"{url} does not exist: expected a store written by `atari-zarr convert` "
             f"(e.g. DEST/Pong/1.zarr). Check the path, or list the stores under a "
             f"directory with `atari-zarr ls DEST`."
@@ -75,20 +84,19 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
     group = open_store_group(url, storage_options)
     meta = read_metadata(group, url, require_complete=False)
     fs, path = get_fs(url, storage_options)
-    stored = int(fs.du(path, total=True))
-    n = int(group[next(iter(ARRAYS))].shape[0])
+    stored = fs.du(path)
+    n = int(get_array(group, next(iter(ARRAYS)), url).shape[0])
     present = [spec for spec in (*ARRAYS.values(), *OPTIONAL_ARRAYS.values()) if spec.name in group]
-    raw = sum(
-        int(group[spec.name].shape[0])
-        * int(np.prod(spec.row_shape, dtype=np.int64))
-        * spec.dtype.itemsize
-        for spec in present
-    )
-    episodes = meta.get("episodes", {})
-    returns = np.asarray(episodes.get("return", []), dtype=np.float64)
-    lengths = np.asarray(episodes.get("length", []), dtype=np.int64)
+    raw = 0
+    for spec in present:
+        rows = int(get_array(group, spec.name, url).shape[0])
+        raw += rows * int(np.prod(spec.row_shape, dtype=np.int64)) * spec.dtype.itemsize
+    # An unfinished recording's table covers its flushed rows only: no row count to match.
+    table = episode_table(meta)
+    lengths = table.length if table is not None else np.zeros(0, dtype=np.int64)
+    terminated = table.terminated if table is not None else np.zeros(0, dtype=bool)
+    returns = np.zeros(0) if table is None or table.returns is None else table.returns
     conversion = meta.get("conversion", {})
-    terminated = np.asarray(episodes.get("terminated", []), dtype=bool)
     flushed = meta.get(FLUSHED_KEY) if not meta.get("complete") else None
     return {
         "url": url,
@@ -99,7 +107,7 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         "format_version": meta.get("format_version"),
         "transitions": n,
         "episodes": len(lengths),
-        "terminated_episodes": int(np.sum(episodes.get("terminated", []))),
+        "terminated_episodes": int(terminated.sum()),
         "stored_bytes": stored,
         "raw_bytes": int(raw),
         "compression_ratio": float(raw / stored) if stored else float("nan"),
@@ -151,7 +159,8 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
         )
     lines = [
         f"store        {info['url']}",
-        f"game/run     {info['game']}/{info['run']} ({info['kind']}, format v{info['format_version']})",
+        f"game/run     {info['game']}/{info['run']} "
+        f"({info['kind']}, format v{info['format_version']})",
         f"status       {status}",
         f"transitions  {info['transitions']:,}",
         f"episodes     {info['episodes']:,} ({info['terminated_episodes']:,} terminated, "
@@ -177,10 +186,11 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
         ck = info["checkpoints"]
         lines.append(f"checkpoints  {len(ck)} ({ck[0]}..{ck[-1]})")
     gaps = info["gaps"]
+    lost = sum(g["rows"] for g in gaps)
     lines.append(
-        "gaps         none"
-        if not gaps
-        else f"gaps         {len(gaps)} missed logs, {sum(g['rows'] for g in gaps):,} source rows lost"
+        f"gaps         {len(gaps)} missed logs, {lost:,} source rows lost"
+        if gaps
+        else "gaps         none"
     )
     if episodes and info.get("episode_list"):
         lines.append("episode      length     return  end")
@@ -190,117 +200,8 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
     return "\n".join(lines)
 
 
-def _read_json(fs: Any, path: str) -> dict[str, Any] | None:
-    try:
-        return json.loads(fs.cat_file(path))
-    except FileNotFoundError:
-        return None
-
-
-def _find_stores(fs: Any, path: str, depth: int) -> list[str]:
-    """``*.zarr`` directories at most ``depth`` levels below ``path``, not looking inside them.
-
-    One listing per directory visited; stores themselves are never listed, which
-    matters on object stores where a store holds thousands of objects.
-    """
-    if path.endswith(".zarr") or fs.exists(f"{path}/zarr.json"):
-        return [path]
-    found: list[str] = []
-    level = [path]
-    for _ in range(depth):
-        below = []
-        for directory in level:
-            for entry in fs.ls(directory, detail=True):
-                if entry.get("type") != "directory":
-                    continue
-                name = entry["name"].rstrip("/")
-                (found if name.endswith(".zarr") else below).append(name)
-        level = below
-    return sorted(found)
-
-
-def list_stores(
-    root: str, storage_options: dict[str, Any] | None = None, *, sizes: bool = True
-) -> list[dict[str, Any]]:
-    """The stores under ``root`` (``{root}/{Game}/{run}.zarr``, at most 3 levels deep).
-
-    Reads one ``zarr.json`` per store (two for an unfinished one) and, with
-    ``sizes``, lists its objects to add up their size.
-
-    Parameters
-    ----------
-    root : str
-        Destination root of ``atari-zarr convert``, a game directory, or one store;
-        local path or fsspec URL.
-    storage_options : dict, optional
-        fsspec options.
-    sizes : bool
-        Add ``stored_bytes`` (one listing per store).
-
-    Returns
-    -------
-    list of dict
-        One per ``*.zarr`` directory, sorted by URL: ``url``, ``game``, ``run``,
-        ``status`` (``complete``, ``incomplete`` or ``not a store``),
-        ``transitions``, ``episodes`` and ``stored_bytes`` (None when unknown).
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> from atari_zarr import convert
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> root, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300)
-    >>> [store] = convert(root, dest, progress=False)
-    >>> [(s["game"], s["run"], s["status"]) for s in list_stores(dest)]
-    [('Pong', '1', 'complete')]
-    """
-    fs, path = get_fs(root, storage_options)
-    path = path.rstrip("/")
-    if not fs.exists(path):
-        raise FileNotFoundError(
-            f"{root} does not exist: expected a directory or URL holding "
-            f"{{Game}}/{{run}}.zarr stores (the DEST of `atari-zarr convert`). Check the path."
-        )
-    found = _find_stores(fs, path, depth=3)
-
-    def url_of(p: str) -> str:
-        # spelled the way the user spelled ROOT (relative path, URL with protocol)
-        return str(root).rstrip("/") + p[len(path) :]
-
-    rows = []
-    for p in found:
-        row: dict[str, Any] = {
-            "url": url_of(p),
-            "game": p.rstrip("/").split("/")[-2] if "/" in p else None,
-            "run": p.rstrip("/").split("/")[-1].removesuffix(".zarr"),
-            "status": "not a store",
-            "transitions": None,
-            "episodes": None,
-            "stored_bytes": None,
-        }
-        group_json = _read_json(fs, f"{p}/zarr.json")
-        attrs = (group_json or {}).get("attributes", {}).get(ATTRS_KEY)
-        if isinstance(attrs, dict) and "format_version" in attrs:
-            row["game"] = attrs.get("game", row["game"])
-            row["run"] = attrs.get("run", row["run"])
-            counts = attrs.get("counts", {})
-            if attrs.get("complete"):
-                row["status"] = "complete"
-                row["transitions"] = counts.get("transitions")
-                row["episodes"] = counts.get("episodes")
-            else:
-                row["status"] = "incomplete"
-                action_json = _read_json(fs, f"{p}/{ACTION}/zarr.json") or {}
-                row["transitions"] = (action_json.get("shape") or [None])[0]
-        if sizes:
-            row["stored_bytes"] = int(fs.du(p, total=True))
-        rows.append(row)
-    return rows
-
-
-def format_store_list(rows: list[dict[str, Any]]) -> str:
-    """Render :func:`list_stores` as an aligned table.
+def format_store_list(rows: Sequence[StoreRow]) -> str:
+    """Render :func:`~atari_zarr.storage.catalog.list_stores` as an aligned table.
 
     Examples
     --------

@@ -32,13 +32,19 @@ from __future__ import annotations
 import re
 import warnings
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 import zarr
+from zarr.abc.store import Store
 from zarr.codecs import BloscCodec, Crc32cCodec
 
-from atari_zarr.errors import InvalidNameError, StoreFormatError, StoreIncompleteError
+from atari_zarr.errors import (
+    InvalidNameError,
+    StoreCorruptError,
+    StoreFormatError,
+    StoreIncompleteError,
+)
 
 __all__ = [
     "ACTION",
@@ -95,7 +101,7 @@ _FRAME_COMPRESSOR = BloscCodec(cname="zstd", clevel=5, shuffle="noshuffle", type
 
 
 def _step_compressor(itemsize: int) -> BloscCodec:
-    shuffle = "shuffle" if itemsize > 1 else "noshuffle"
+    shuffle: Literal["shuffle", "noshuffle"] = "shuffle" if itemsize > 1 else "noshuffle"
     return BloscCodec(cname="zstd", clevel=5, shuffle=shuffle, typesize=itemsize)
 
 
@@ -231,7 +237,7 @@ def store_path(dest: str, game: str, run: str) -> str:
     return f"{str(dest).rstrip('/')}/{game}/{run}.zarr"
 
 
-def create_store(store: zarr.abc.store.Store, n_rows: int, attrs: dict[str, Any]) -> zarr.Group:
+def create_store(store: Store, n_rows: int, attrs: dict[str, Any]) -> zarr.Group:
     """Create an empty, *incomplete* store with every array of the layout.
 
     Parameters
@@ -333,7 +339,7 @@ def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
     The marker is written last, by itself, so a store that a crash interrupted
     anywhere before it never looks complete.
     """
-    meta = dict(group.attrs[ATTRS_KEY])
+    meta = dict(cast("dict[str, Any]", group.attrs[ATTRS_KEY]))
     meta.update(extra_attrs)
     meta["complete"] = False
     group.attrs[ATTRS_KEY] = meta
@@ -343,6 +349,29 @@ def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
     group = zarr.open_group(group.store, path=group.path, mode="r+")
     meta["complete"] = True
     group.attrs[ATTRS_KEY] = meta
+
+
+def _unfinished_message(where: str, meta: dict[str, Any], missing: list[str]) -> str:
+    command = meta.get("command") or "the command that created it"
+    flushed = meta.get(FLUSHED_KEY)
+    if isinstance(flushed, dict) and not missing:
+        return (
+            f"{where} is an unfinished recording: its recorder stopped before close(). "
+            f"Its first {flushed.get('transitions', 0)} transitions "
+            f"({flushed.get('episodes', 0)} whole episodes) were flushed and can be read "
+            f"with AtariZarrDataset(url, partial=True); record again ({command}) for a "
+            f"complete store."
+        )
+    stage = (
+        f"while creating its arrays ({', '.join(missing)} do not exist yet)"
+        if missing
+        else "before writing the completion marker, so its data may be partial"
+    )
+    return (
+        f"{where} is incomplete: an unfinished store, not a damaged one; its writer stopped "
+        f"{stage}. Finish it by running {command} again (a conversion resumes where it "
+        f"stopped), or start over with --overwrite."
+    )
 
 
 def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = True) -> dict:
@@ -362,7 +391,19 @@ def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = Tru
     StoreFormatError
         Not an atari_zarr store, or written by a newer, incompatible version.
     StoreIncompleteError
-        The writer did not finish.
+        The writer did not finish (with ``require_complete``, or when arrays are still
+        missing): the message names the command that finishes the store.
+    StoreCorruptError
+        The store is marked complete but arrays of the layout are gone.
+
+    Examples
+    --------
+    >>> attrs = {"format_version": 1, "complete": False, "command": "atari-zarr convert S D"}
+    >>> g = zarr.open_group(zarr.storage.MemoryStore(), mode="w", attributes={ATTRS_KEY: attrs})
+    >>> read_metadata(g, "D/Pong/1.zarr")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.StoreIncompleteError: D/Pong/1.zarr is incomplete: ...convert S D again...
     """
     meta = group.attrs.get(ATTRS_KEY)
     if not isinstance(meta, dict) or "format_version" not in meta:
@@ -378,25 +419,15 @@ def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = Tru
             f"up to {FORMAT_VERSION}. Upgrade atari_zarr (pip install -U atari-zarr)."
         )
     missing = [name for name in ARRAYS if name not in group]
+    complete = bool(meta.get("complete", False))
+    # Unfinished before damaged: a writer stopped while creating the arrays leaves some
+    # missing, and running its command again finishes the store (conversions resume).
+    if not complete and (require_complete or missing):
+        raise StoreIncompleteError(_unfinished_message(where, meta, missing))
     if missing:
-        raise StoreFormatError(
-            f"{where} lacks the arrays {missing}: expected all of {sorted(ARRAYS)}. "
-            f"The store is damaged; convert it again with --overwrite."
-        )
-    if require_complete and not meta.get("complete", False):
-        command = meta.get("command") or "the command that created it"
-        flushed = meta.get(FLUSHED_KEY)
-        if isinstance(flushed, dict):
-            raise StoreIncompleteError(
-                f"{where} is an unfinished recording: its recorder stopped before close(). "
-                f"Its first {flushed.get('transitions', 0)} transitions "
-                f"({flushed.get('episodes', 0)} whole episodes) were flushed and can be read "
-                f"with AtariZarrDataset(url, partial=True); record again ({command}) for a "
-                f"complete store."
-            )
-        raise StoreIncompleteError(
-            f"{where} is incomplete: its writer stopped before writing the completion marker, "
-            f"so its data may be partial. Finish it by running {command} again "
-            f"(or start over with --overwrite)."
+        raise StoreCorruptError(
+            f"{where} is marked complete but lacks the arrays {missing}: expected all of "
+            f"{sorted(ARRAYS)}. The store is damaged (data was lost after it was written); "
+            f"convert it again with --overwrite."
         )
     return meta

@@ -15,13 +15,16 @@ finds instead of stopping at the first:
   shard index) is checked: any flipped byte is caught and located to a chunk;
 * **consistency**: episode ids, ``terminated``/``truncated`` flags, increasing
   source rows, and the per-episode lengths, returns and counts in the attributes;
-* with ``source``: the run is planned again from its files and every transition
-  (frame, action, reward, flags, episode, source row) is compared, streaming the
-  observation files as the converter does.
+* with ``source``: the run is planned again from its files, with the selection
+  the store records (checkpoints, ``max_transitions``, ``max_episodes``), through
+  the converter's own :func:`~atari_zarr.sources.dqn_replay.selection.build_plan`,
+  and every transition (frame, action, reward, flags, episode, source row) is
+  compared, streaming the observation files as the converter does.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections import defaultdict
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from atari_zarr.episodes import EpisodeLedger, episode_table
 from atari_zarr.errors import AtariZarrError
 from atari_zarr.layout import (
     ACTION,
@@ -42,9 +46,15 @@ from atari_zarr.layout import (
     SOURCE_ROW,
     TERMINATED,
     TRUNCATED,
+    get_array,
     read_metadata,
 )
-from atari_zarr.storage.remote import get_fs, open_zarr_store
+from atari_zarr.progress import progress_bar
+from atari_zarr.sources.dqn_replay.files import RunSource
+from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_destinations, lap_step_arrays
+from atari_zarr.sources.dqn_replay.selection import Selection, build_plan
+from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = ["VerifyReport", "verify_store"]
 
@@ -65,12 +75,18 @@ class VerifyReport:
         One line per problem (at most 10 per kind; ``omitted`` counts the rest).
     checked : dict
         What was checked: ``transitions``, ``chunks`` read, ``compared`` transitions.
+    rows_to_check : int
+        The total of the progress bar: the rows whose frames are read, plus the
+        transitions compared with the source.
     """
 
     url: str
     problems: list[str] = field(default_factory=list)
     omitted: dict[str, int] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)
+    rows_to_check: int = 0
+    #: What to do about chunks that do not decode: depends on whether the store is finished.
+    remedy: str = "The store is damaged; convert it again with --overwrite."
     _kinds: dict[str, int] = field(default_factory=lambda: defaultdict(int), repr=False)
 
     @property
@@ -102,10 +118,10 @@ def _units(n_rows: int, rows: int) -> Iterator[tuple[int, int, int]]:
         yield unit, unit * rows, min((unit + 1) * rows, n_rows)
 
 
-def _check_layout(group: zarr.Group, n_rows: int, report: VerifyReport) -> bool:
+def _check_layout(group: zarr.Group, url: str, n_rows: int, report: VerifyReport) -> bool:
     ok = True
     for name, spec in ARRAYS.items():
-        arr = group[name]
+        arr = get_array(group, name, url)
         expected: dict[str, Any] = {
             "shape": (n_rows, *spec.row_shape),
             "dtype": spec.dtype,
@@ -151,7 +167,7 @@ def _read_unit(
 ) -> np.ndarray | None:
     """Decode one write unit; on failure, locate the bad chunk(s)."""
     try:
-        return arr[a:b]
+        return np.asarray(arr[a:b])
     except (ValueError, RuntimeError, OSError) as exc:
         spec = ARRAYS[name]
         bad = []
@@ -168,8 +184,7 @@ def _read_unit(
         )
         report.add(
             "checksum",
-            f"{name}: {where} (rows {a}..{b - 1}) cannot be decoded: {exc}. The store is "
-            f"damaged; convert it again with --overwrite.",
+            f"{name}: {where} (rows {a}..{b - 1}) cannot be decoded: {exc}. {report.remedy}",
         )
         return None
 
@@ -179,19 +194,20 @@ class _Consistency:
 
     def __init__(self, meta: dict[str, Any], report: VerifyReport) -> None:
         self.report = report
-        eps = meta.get("episodes", {})
-        self.lengths = list(eps.get("length", []))
-        self.returns = list(eps.get("return", []))
-        self.terminated = list(eps.get("terminated", []))
+        table = episode_table(meta)
+        if table is None and "episodes" in meta:
+            report.add(
+                "episodes",
+                "attribute episodes is not a per-episode table (lists length, terminated and "
+                "return of one entry per episode, lengths positive); convert the store again",
+            )
+        self.table = table
         self.counts = meta.get("counts", {})
+        self.recomputed = EpisodeLedger()  # the per-episode table, from the arrays
         self.episode = 0  # id expected at the next row
-        self.cur_len = 0
-        self.cur_ret = 0.0
-        self.n_term = 0
         self.last_source_row: int | None = None
         self.last_ended = True
         self.broken = False
-        self.episode_count = 0
 
     def feed(self, a: int, cols: dict[str, np.ndarray]) -> None:
         rep = self.report
@@ -218,54 +234,51 @@ class _Consistency:
             rep.add("order", f"{SOURCE_ROW} does not increase at row {a + i}")
         if (cols[ACTION] < 0).any():
             rep.add("actions", f"{ACTION} has negative values in rows {a}..{a + len(src) - 1}")
-        rew = cols[REWARD].astype(np.float64)
-        start = 0
-        for end in np.flatnonzero(ends):
-            self.cur_len += int(end - start + 1)
-            self.cur_ret += float(rew[start : end + 1].sum())
-            self._end(a + int(end), bool(term[end]))
-            start = int(end) + 1
-        self.cur_len += len(src) - start
-        self.cur_ret += float(rew[start:].sum())
+        ledger = self.recomputed
+        first = len(ledger)
+        closed = ledger.feed(cols[REWARD], term, trunc)
+        for k, end in enumerate(closed.tolist(), start=first):
+            self._compare(k, a + end)
         if not self.broken:
             self.episode = int(expected[-1] + ends[-1])
         self.last_source_row = int(src[-1])
         self.last_ended = bool(ends[-1])
 
-    def _end(self, row: int, terminated: bool) -> None:
-        k = self.episode_count
-        self.episode_count += 1
-        self.n_term += terminated
-        if k < len(self.lengths):
-            same_return = math.isclose(self.returns[k], self.cur_ret, rel_tol=1e-6, abs_tol=1e-3)
-            if (
-                self.lengths[k] != self.cur_len
-                or self.terminated[k] != terminated
-                or not same_return
-            ):
-                self.report.add(
-                    "episodes",
-                    f"episode {k} (ending at row {row}): length {self.cur_len}, return "
-                    f"{self.cur_ret:g}, terminated {terminated} in the arrays; the attributes say "
-                    f"{self.lengths[k]}, {self.returns[k]:g}, {self.terminated[k]}",
-                )
-        self.cur_len = 0
-        self.cur_ret = 0.0
+    def _compare(self, k: int, row: int) -> None:
+        """Episode ``k``, just closed at ``row``, against the attributes."""
+        table = self.table
+        if table is None or k >= len(table):
+            return
+        ledger = self.recomputed
+        length, ret, terminated = ledger.length[k], ledger.returns[k], ledger.terminated[k]
+        want_ret = float(table.returns[k]) if table.returns is not None else math.nan
+        same_return = math.isclose(want_ret, ret, rel_tol=1e-6, abs_tol=1e-3)
+        want_len, want_term = int(table.length[k]), bool(table.terminated[k])
+        if want_len != length or want_term != terminated or not same_return:
+            self.report.add(
+                "episodes",
+                f"episode {k} (ending at row {row}): length {length}, return "
+                f"{ret:g}, terminated {terminated} in the arrays; the attributes say "
+                f"{want_len}, {want_ret:g}, {want_term}",
+            )
 
     def finish(self) -> None:
-        n = self.episode_count
+        counts = self.recomputed.counts()
+        n = counts["episodes"]
+        recorded = 0 if self.table is None else len(self.table)
         if not self.last_ended:
             self.report.add("flags", "the last row neither terminates nor truncates its episode")
-        if n != len(self.lengths) or n != self.counts.get("episodes"):
+        if n != recorded or n != self.counts.get("episodes"):
             self.report.add(
                 "counts",
                 f"the arrays hold {n} episodes; attributes: counts.episodes = "
-                f"{self.counts.get('episodes')}, episodes.length has {len(self.lengths)}",
+                f"{self.counts.get('episodes')}, episodes.length has {recorded}",
             )
-        if self.n_term != self.counts.get("terminated_episodes"):
+        n_term = counts["terminated_episodes"]
+        if n_term != self.counts.get("terminated_episodes"):
             self.report.add(
                 "counts",
-                f"the arrays hold {self.n_term} terminated episodes; counts.terminated_episodes "
+                f"the arrays hold {n_term} terminated episodes; counts.terminated_episodes "
                 f"= {self.counts.get('terminated_episodes')}",
             )
 
@@ -298,14 +311,9 @@ def verify_store(
 
     Examples
     --------
-    >>> import tempfile
-    >>> from atari_zarr import convert
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> root, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300)
-    >>> [store] = convert(root, dest, progress=False)
-    >>> report = verify_store(store.url, source=f"{root}/Pong/1")
-    >>> report.ok, report.checked["compared"] == store.transitions
+    >>> # store_url: the fixture run Pong/1 of source_root, converted
+    >>> report = verify_store(store_url, source=f"{source_root}/Pong/1")
+    >>> report.ok, report.checked["compared"] == report.checked["transitions"]
     (True, True)
     """
     url = str(url).rstrip("/")
@@ -320,144 +328,161 @@ def verify_store(
         report.add("format", f"cannot open {url} as a Zarr group ({type(exc).__name__}: {exc})")
         return report
     if not meta.get("complete"):
+        finish = f"{meta.get('command') or 'the command that created it'} again"
         report.add(
             "complete",
-            f"the store is incomplete (no completion marker): finish it by running "
-            f"{meta.get('command') or 'the command that created it'} again",
+            f"the store is incomplete (no completion marker): finish it by running {finish}",
         )
+        # an unfinished store is never called damaged: its writer has not finished yet
+        report.remedy = f"The store is unfinished; finish it by running {finish}."
     n_rows = meta.get("counts", {}).get("transitions")
     if not isinstance(n_rows, int):
-        n_rows = group[ACTION].shape[0]
+        n_rows = get_array(group, ACTION, url).shape[0]
         if meta.get("complete"):
             report.add("counts", "attribute counts.transitions is missing")
     report.checked["transitions"] = n_rows
-    if not _check_layout(group, n_rows, report):
+    if not _check_layout(group, url, n_rows, report):
         return report
     _check_presence(url, storage_options, n_rows, report)
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        total = n_rows * (2 if source else 1)
-        name = "/".join(url.rstrip("/").rsplit("/", 2)[-2:])
-        bar = tqdm(total=total, desc=f"verify {name}", unit="row")
+    planned: tuple[RunSource, RunPlan] | None = None
+    if source is not None:
+        opts = storage_options if source_storage_options is None else source_storage_options
+        planned = _plan_source(meta, source, opts, n_rows, report)
+    report.rows_to_check = n_rows + (planned[1].n_rows if planned else 0)
+    name = "/".join(url.rsplit("/", 2)[-2:])
+    bar = progress_bar(report.rows_to_check, f"verify {name}", unit="row", enabled=progress)
     try:
-        chunks = _check_steps(group, meta, n_rows, report)
-        chunks += _check_frames(group, n_rows, report, bar)
+        chunks = _check_steps(group, url, meta, n_rows, report)
+        chunks += _check_frames(group, url, n_rows, report, bar)
         report.checked["chunks"] = chunks
-        if source is not None:
-            opts = storage_options if source_storage_options is None else source_storage_options
-            report.checked["compared"] = _compare_with_source(
-                group, meta, source, opts, report, bar
+        if source is not None:  # nothing is compared when the plan does not fit
+            report.checked["compared"] = (
+                _compare_with_source(group, url, meta, planned, source, report, bar)
+                if planned is not None
+                else 0
             )
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return report
 
 
-def _check_steps(group: zarr.Group, meta: dict[str, Any], n_rows: int, report: VerifyReport) -> int:
+def _check_steps(
+    group: zarr.Group, url: str, meta: dict[str, Any], n_rows: int, report: VerifyReport
+) -> int:
     names = [n for n in ARRAYS if n != OBSERVATION]
-    arrays = {n: group[n] for n in names}
+    arrays = {n: get_array(group, n, url) for n in names}
     rows = ARRAYS[ACTION].write_rows
     assert all(ARRAYS[n].write_rows == rows for n in names)
     cons = _Consistency(meta, report)
     count = 0
     for unit, a, b in _units(n_rows, rows):
-        cols = {n: _read_unit(arrays[n], n, unit, a, b, report) for n in names}
+        read = {n: _read_unit(arrays[n], n, unit, a, b, report) for n in names}
         count += len(names)
-        if any(c is None for c in cols.values()):
+        cols = {n: c for n, c in read.items() if c is not None}
+        if len(cols) < len(names):
             cons.broken = True
             continue
         if not cons.broken:
-            cons.feed(a, cols)  # type: ignore[arg-type]
+            cons.feed(a, cols)
     if n_rows and not cons.broken:
         cons.finish()
     return count
 
 
-def _check_frames(group: zarr.Group, n_rows: int, report: VerifyReport, bar: Any) -> int:
+def _check_frames(group: zarr.Group, url: str, n_rows: int, report: VerifyReport, bar: Any) -> int:
     spec = ARRAYS[OBSERVATION]
-    arr = group[OBSERVATION]
+    arr = get_array(group, OBSERVATION, url)
     count = 0
     for unit, a, b in _units(n_rows, spec.write_rows):
         _read_unit(arr, OBSERVATION, unit, a, b, report)
         count += math.ceil((b - a) / spec.chunk_rows)
-        if bar is not None:
-            bar.update(b - a)
+        bar.update(b - a)
     return count
 
 
 def _read(arr: zarr.Array, a: int, b: int) -> np.ndarray | None:
     try:
-        return arr[a:b]
+        return np.asarray(arr[a:b])
     except (ValueError, RuntimeError, OSError):
         return None  # already reported by the checksum pass
 
 
-def _compare_with_source(
-    group: zarr.Group,
+def _plan_source(
     meta: dict[str, Any],
     source: str,
     options: dict[str, Any] | None,
+    n_rows: int,
     report: VerifyReport,
-    bar: Any,
-) -> int:
-    """Plan the run again from ``source`` and compare every transition; return how many."""
-    import json
-
-    from atari_zarr.conversion.converter import _STEP_ARRAYS  # lap_step_arrays key -> array
-    from atari_zarr.sources.dqn_replay.files import RunSource
-    from atari_zarr.sources.dqn_replay.planner import lap_destinations, lap_step_arrays, plan_run
-
+) -> tuple[RunSource, RunPlan] | None:
+    """Plan ``source`` as the store was planned; None (reported) when that fails or differs."""
+    recorded = meta.get("source", {}).get("checkpoints_selected")
     try:
         src = RunSource(source, meta.get("game", ""), meta.get("run", ""), options)
-        selected = list(meta.get("source", {}).get("checkpoints_selected") or src.suffixes)
-        absent = sorted(set(selected) - set(src.suffixes))
+        absent = sorted(set(recorded or []) - set(src.suffixes))
         if absent:
             report.add(
                 "source",
                 f"{source} lacks checkpoints {absent} that the store was converted from "
                 f"(checkpoints_selected); pass the run directory it came from",
             )
-            return 0
-        plan = plan_run(src, None if set(selected) == set(src.suffixes) else selected)
+            return None
+        # The selection the store records, as convert took it; stores that record none
+        # took every checkpoint they name.
+        stored = meta.get("selection")
+        selection = (
+            Selection.from_attributes(stored) if isinstance(stored, dict) else Selection(recorded)
+        )
+        plan = build_plan(src, selection)
     except AtariZarrError as exc:
         report.add("source", f"cannot plan {source}: {exc}")
-        return 0
-    n_rows = group[ACTION].shape[0]
+        return None
     if plan.n_rows != n_rows:
         report.add(
             "source",
-            f"{source} gives {plan.n_rows} transitions, the store holds {n_rows}: not the same "
-            f"conversion (other source, or other checkpoints)",
+            f"{source} gives {plan.n_rows} transitions with the store's selection "
+            f"{selection.attributes()}, the store holds {n_rows}: not the same conversion "
+            f"(other source, or other checkpoints)",
         )
-        return 0
-    planned = json.loads(json.dumps(plan.attributes()))
+        return None
+    return src, plan
+
+
+def _compare_with_source(
+    group: zarr.Group,
+    url: str,
+    meta: dict[str, Any],
+    planned: tuple[RunSource, RunPlan],
+    source: str,
+    report: VerifyReport,
+    bar: Any,
+) -> int:
+    """Compare every transition of the store with the planned ``source``; return how many."""
+    src, plan = planned
+    planned_attrs = json.loads(json.dumps(plan.attributes()))
     stored = meta.get("conversion", {})
-    for key in sorted(set(planned) | set(stored)):
-        if planned.get(key) != stored.get(key):
+    for key in sorted(set(planned_attrs) | set(stored)):
+        if planned_attrs.get(key) != stored.get(key):
             report.add("source", f"attribute conversion.{key} differs from the plan of {source}")
-    arrays = {name: group[name] for name in ARRAYS}
+    arrays = {name: get_array(group, name, url) for name in ARRAYS}
     compared = 0
     for lap in plan.laps:
         if not lap.n_out:
             continue
         lo, hi = lap.out_start, lap.out_start + lap.n_out
         steps = lap_step_arrays(lap, src.read_small(lap.suffix))
-        for key, name in _STEP_ARRAYS.items():
+        for name, values in steps.items():
             got = _read(arrays[name], lo, hi)
             if got is None:
                 continue
-            bad = np.flatnonzero(got != steps[key])
+            bad = np.flatnonzero(got != values)
             if bad.size:
                 i = int(bad[0])
                 report.add(
                     "data",
                     f"{name}: {bad.size} of rows {lo}..{hi - 1} (checkpoint {lap.suffix}) differ "
                     f"from the source; first at row {lo + i}: {got[i]!r} stored, "
-                    f"{steps[key][i]!r} in the source",
+                    f"{values[i]!r} in the source",
                 )
         del steps
         dest = lap_destinations(lap)
@@ -482,6 +507,5 @@ def _compare_with_source(
                         f"{lap.suffix} in {source}",
                     )
             compared += len(sel)
-            if bar is not None:
-                bar.update(len(sel))
+            bar.update(len(sel))
     return compared

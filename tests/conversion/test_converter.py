@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 import numpy as np
 import pytest
 import zarr
@@ -9,8 +12,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from atari_zarr import convert
-from atari_zarr.conversion.converter import parse_checkpoints
-from atari_zarr.errors import InvalidArgumentError, SourceNotFoundError
+from atari_zarr.cli import main
+from atari_zarr.errors import SourceNotFoundError
 from atari_zarr.layout import (
     ACTION,
     ATTRS_KEY,
@@ -21,7 +24,7 @@ from atari_zarr.layout import (
     TERMINATED,
     TRUNCATED,
 )
-from atari_zarr.testing import Truth, write_fixture_run
+from atari_zarr.testing import Truth, store_files, write_fixture_run
 
 
 def assert_store_equals(url: str, truth: Truth) -> None:
@@ -43,8 +46,19 @@ def assert_store_equals(url: str, truth: Truth) -> None:
     assert np.all(np.diff(source_row) > 0)
 
 
-def test_full_run_matches_truth(pong_run, source_root, dest_root):
-    [store] = convert(str(source_root), str(dest_root), progress=False)
+@pytest.fixture(scope="module")
+def pong_converted(tmp_path_factory):
+    """The pong_run of conftest.py, converted once for the tests that only read the store."""
+    root = tmp_path_factory.mktemp("dqn")
+    run = write_fixture_run(
+        str(root), "Pong", "1", capacity=64, steps=700, seed=0, max_episode_length=25
+    )
+    [store] = convert(str(root), str(tmp_path_factory.mktemp("stores")), progress=False)
+    return run, store
+
+
+def test_full_run_matches_truth(pong_converted):
+    pong_run, store = pong_converted
     truth = pong_run.truth()
     assert store.transitions == len(truth) > 400
     assert_store_equals(store.url, truth)
@@ -62,13 +76,19 @@ def test_full_run_matches_truth(pong_run, source_root, dest_root):
     ends = np.flatnonzero(truth.terminated | truth.truncated)
     lengths = np.diff(np.concatenate([[-1], ends]))
     assert meta["episodes"]["length"] == lengths.tolist()
-    returns = [float(truth.reward[a + 1 : b + 1].sum()) for a, b in zip([-1, *ends[:-1]], ends)]
+    returns = [
+        float(truth.reward[a + 1 : b + 1].sum())
+        for a, b in zip([-1, *ends[:-1]], ends, strict=True)
+    ]
     np.testing.assert_allclose(meta["episodes"]["return"], returns)
     assert meta["episodes"]["terminated"] == truth.terminated[ends].tolist()
+    # the command that makes the store again, and the selection as asked for
+    assert meta["command"] == f"atari-zarr convert {pong_run.url} {Path(store.url).parents[1]}"
+    assert meta["selection"] == {"checkpoints": None, "max_transitions": None, "max_episodes": None}
 
 
-def test_missed_log_truncates_the_episode(pong_run, source_root, dest_root):
-    [store] = convert(str(source_root), str(dest_root), progress=False)
+def test_missed_log_truncates_the_episode(pong_converted):
+    _, store = pong_converted
     group = zarr.open_group(store.url, mode="r")
     src = group[SOURCE_ROW][:]
     jumps = np.flatnonzero(np.diff(src) > 4)  # more than a padding run apart: a gap
@@ -80,6 +100,33 @@ def test_missed_log_truncates_the_episode(pong_run, source_root, dest_root):
         assert trunc[j] or term[j]
         assert episode[j + 1] == episode[j] + 1
     assert trunc[-1] or term[-1]
+
+
+def test_recorded_command_makes_the_same_store(pong_run, source_root, dest_root):
+    """The command a store records repeats its conversion: same options, same bytes."""
+    [store] = convert(
+        str(source_root),
+        str(dest_root),
+        checkpoints="mixed,2-3",
+        max_episodes=3,
+        return_to_go=True,
+        progress=False,
+    )
+    meta = zarr.open_group(store.url, mode="r").attrs[ATTRS_KEY]
+    assert meta["command"] == (
+        f"atari-zarr convert {pong_run.url} {dest_root} --checkpoints mixed,2-3 --max-episodes 3 "
+        f"--return-to-go"
+    )
+    assert meta["selection"] == {
+        "checkpoints": "mixed,2-3",
+        "max_transitions": None,
+        "max_episodes": 3,
+    }
+    before = store_files(store.url, dest_root)
+    argv = shlex.split(meta["command"])
+    assert argv[0] == "atari-zarr"
+    assert main([*argv[1:], "--overwrite", "-q"]) == 0
+    assert store_files(store.url, dest_root) == before
 
 
 def test_selected_checkpoints(pong_run, source_root, dest_root):
@@ -140,7 +187,10 @@ def test_several_games_and_filters(source_root, dest_root):
             write_fixture_run(str(source_root), game, r, capacity=32, steps=80, seed=int(r))
     done = convert(str(source_root), str(dest_root), progress=False)
     assert sorted((d.game, d.run) for d in done) == [
-        ("Breakout", "1"), ("Breakout", "2"), ("Pong", "1"), ("Pong", "2")
+        ("Breakout", "1"),
+        ("Breakout", "2"),
+        ("Pong", "1"),
+        ("Pong", "2"),
     ]
     only = convert(
         str(source_root), str(dest_root / "b"), games=["Pong"], runs=["2"], progress=False
@@ -149,15 +199,6 @@ def test_several_games_and_filters(source_root, dest_root):
     # a run directory as SOURCE
     single = convert(str(source_root / "Breakout" / "1"), str(dest_root / "c"), progress=False)
     assert [(d.game, d.run) for d in single] == [("Breakout", "1")]
-
-
-def test_parse_checkpoints():
-    assert parse_checkpoints("0-3,7", range(10)) == [0, 1, 2, 3, 7]
-    assert parse_checkpoints("all", range(3)) is None
-    with pytest.raises(InvalidArgumentError, match="not a suffix or a range"):
-        parse_checkpoints("1-x", range(3))
-    with pytest.raises(SourceNotFoundError, match=r"checkpoints \[9\] were asked for"):
-        parse_checkpoints("9", range(3))
 
 
 @settings(
@@ -177,8 +218,14 @@ def test_round_trip_property(tmp_path_factory, capacity, lengths, steps, final_l
     root = tmp_path_factory.mktemp("src")
     dest = tmp_path_factory.mktemp("dst")
     run = write_fixture_run(
-        str(root), "Pong", "1", capacity=capacity, steps=steps, seed=seed,
-        episode_lengths=lengths, final_log=final_log,
+        str(root),
+        "Pong",
+        "1",
+        capacity=capacity,
+        steps=steps,
+        seed=seed,
+        episode_lengths=lengths,
+        final_log=final_log,
     )
     # Only a final log after a wrap: the files cannot show the wrap (see docs/format.md).
     assume(not run.wrapped_before_first_log)
@@ -187,8 +234,7 @@ def test_round_trip_property(tmp_path_factory, capacity, lengths, steps, final_l
             convert(str(root), str(dest), progress=False)
         return
     chosen = data.draw(
-        st.lists(st.sampled_from(run.suffixes), min_size=1, unique=True).map(sorted)
-        | st.none()
+        st.lists(st.sampled_from(run.suffixes), min_size=1, unique=True).map(sorted) | st.none()
     )
     [store] = convert(str(root), str(dest), checkpoints=chosen, progress=False)
     assert_store_equals(store.url, run.truth(chosen))

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import selectors
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,14 +17,42 @@ import pytest
 import zarr
 
 from atari_zarr import AtariZarrDataset, convert
-from atari_zarr.conversion.converter import PAUSE_ENV
-from atari_zarr.errors import StoreIncompleteError, StoreLockedError
+from atari_zarr.conversion.workdir import LEASE_S, WorkDir, work_url
+from atari_zarr.errors import StoreExistsError, StoreIncompleteError, StoreLockedError
 from atari_zarr.layout import ATTRS_KEY, OBSERVATION
 from atari_zarr.testing import store_files, write_fixture_run
 from atari_zarr.verify import verify_store
-from atari_zarr.conversion.workdir import LEASE_S, WorkDir, work_url
+
+#: Runs `atari-zarr ARGS` with a dask callback that, in the scheduling thread, blocks
+#: for good once AFTER checkpoint tasks have finished (their data and markers are
+#: written), after printing "paused" on stdout. The test then kills the process.
+PAUSE_SCRIPT = """
+import sys
+import threading
+
+from dask.callbacks import Callback
+
+from atari_zarr.cli import main
+
+after = int(sys.argv[1])
 
 
+class PauseAfterLaps(Callback):
+    def __init__(self):
+        super().__init__()
+        self.laps = 0
+
+    def _posttask(self, key, result, dsk, state, worker_id):
+        if "-lap-" in str(key):
+            self.laps += 1
+            if self.laps == after:
+                print("paused", flush=True)
+                threading.Event().wait()  # until killed
+
+
+PauseAfterLaps().register()
+sys.exit(main(sys.argv[2:]))
+"""
 
 
 @pytest.fixture(scope="module")
@@ -39,24 +68,41 @@ def run5(tmp_path_factory):
 
 def start_paused(src: Path, dest: Path, after: int, *extra: str) -> subprocess.Popen:
     """Start a conversion that pauses once `after` checkpoints are written."""
-    env = {**os.environ, PAUSE_ENV: str(after)}
+    script = dest.parent / "pause_after_laps.py"
+    script.write_text(PAUSE_SCRIPT)
     return subprocess.Popen(
-        [sys.executable, "-m", "atari_zarr", "convert", str(src), str(dest),
-         "--scheduler", "synchronous", "--no-progress", *extra],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            str(script),
+            str(after),
+            "convert",
+            str(src),
+            str(dest),
+            "--scheduler",
+            "synchronous",
+            "--no-progress",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
 
 
-def wait_for_laps(dest: Path, n: int, proc: subprocess.Popen) -> None:
+def wait_for_pause(proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Block until the conversion says it paused (or fail after `timeout` seconds)."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise AssertionError("the conversion never reached the pause")
+    line = proc.stdout.readline()
+    if line != b"paused\n":
+        proc.wait(timeout=60)
+        raise AssertionError(f"conversion ended early: {proc.stderr.read().decode()}")
+
+
+def laps_done(dest: Path) -> int:
     done = Path(work_url(str(dest / "Pong" / "1.zarr"))) / "done"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if done.is_dir() and len([p for p in done.iterdir() if p.name.startswith("lap-")]) >= n:
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"conversion ended early: {proc.stderr.read().decode()}")
-        time.sleep(0.1)
-    raise AssertionError("the conversion never reached the pause")
+    return len([p for p in done.iterdir() if p.name.startswith("lap-")])
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -70,7 +116,8 @@ def test_killed_conversion_resumes_to_the_same_store(run5, tmp_path):
     dest = tmp_path / "out"
     store = dest / "Pong" / "1.zarr"
     proc = start_paused(run5, dest, 2)
-    wait_for_laps(dest, 2, proc)
+    wait_for_pause(proc)
+    assert laps_done(dest) == 2
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     proc.stdout.close()
@@ -104,7 +151,8 @@ def test_concurrent_conversion_is_refused(run5, tmp_path):
     dest = tmp_path / "out"
     proc = start_paused(run5, dest, 1)
     try:
-        wait_for_laps(dest, 1, proc)
+        wait_for_pause(proc)
+        assert laps_done(dest) == 1
         held = rf"being written by another conversion \(pid {proc.pid} on host"
         with pytest.raises(StoreLockedError, match=held):
             convert(str(run5), str(dest), scheduler="synchronous", progress=False)
@@ -131,8 +179,14 @@ def write_lock(store: Path, **owner) -> None:
     work = Path(work_url(str(store)))
     work.mkdir(parents=True)
     now = time.time()
-    info = {"host": socket.gethostname(), "pid": os.getpid(), "token": "x", "started": now,
-            "heartbeat": now, "command": "atari-zarr convert ..."}
+    info = {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "token": "x",
+        "started": now,
+        "heartbeat": now,
+        "command": "atari-zarr convert ...",
+    }
     (work / "lock.json").write_text(json.dumps({**info, **owner}))
 
 
@@ -146,11 +200,12 @@ def test_lock_of_a_live_process_is_respected(tmp_path):
 def test_lease_decides_for_other_hosts(tmp_path):
     store = tmp_path / "Pong" / "1.zarr"
     write_lock(store, host="elsewhere.example", pid=1, heartbeat=time.time() - 5)
-    with pytest.raises(StoreLockedError, match="host elsewhere.example"):
+    with pytest.raises(StoreLockedError, match=r"host elsewhere\.example"):
         WorkDir(str(store)).acquire("cmd")
     (Path(work_url(str(store))) / "lock.json").unlink()
-    write_lock(tmp_path / "b.zarr", host="elsewhere.example", pid=1,
-               heartbeat=time.time() - LEASE_S - 1)
+    write_lock(
+        tmp_path / "b.zarr", host="elsewhere.example", pid=1, heartbeat=time.time() - LEASE_S - 1
+    )
     work = WorkDir(str(tmp_path / "b.zarr"))
     work.acquire("cmd")  # the lease ran out: taken over
     owner = json.loads((Path(work.url) / "lock.json").read_text())
@@ -160,8 +215,12 @@ def test_lease_decides_for_other_hosts(tmp_path):
 
 
 def test_dead_local_pid_is_stale(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     store = tmp_path / "Pong" / "1.zarr"
     write_lock(store, pid=int(dead.stdout))
     work = WorkDir(str(store))
@@ -178,10 +237,17 @@ def test_leftovers_of_a_finished_conversion_are_cleaned(tmp_path, source_root, p
     (work / "done").mkdir(parents=True)
     (work / "done" / "lap-0").write_bytes(b"")
     write_lock_file = work / "lock.json"
-    write_lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": 2**22 + 7,
-                                           "token": "t", "started": 0, "heartbeat": 0}))
-    from atari_zarr.errors import StoreExistsError
-
+    write_lock_file.write_text(
+        json.dumps(
+            {
+                "host": socket.gethostname(),
+                "pid": 2**22 + 7,
+                "token": "t",
+                "started": 0,
+                "heartbeat": 0,
+            }
+        )
+    )
     with pytest.raises(StoreExistsError, match="already holds a complete store"):
         convert(str(source_root), str(dest), progress=False)
     assert not work.exists()

@@ -8,11 +8,10 @@ from pathlib import Path
 import pytest
 
 from atari_zarr import convert
+from atari_zarr.conversion.workdir import work_url
 from atari_zarr.layout import OBSERVATION
 from atari_zarr.testing import store_files, write_fixture_run
 from atari_zarr.verify import verify_store
-from atari_zarr.conversion.workdir import work_url
-
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +59,12 @@ def test_local_schedulers_write_the_same_bytes(big_run, reference, tmp_path, sch
 def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp_path, capsys):
     distributed = pytest.importorskip("distributed")
     root, _ = big_run
-    with distributed.LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
-    ) as cluster, distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         [store] = convert(str(root), str(tmp_path / "a"), scheduler=client, progress=True)
         assert store_files(store.url, tmp_path / "a") == reference[1]
         # the bar advanced as futures completed
@@ -78,15 +80,13 @@ def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp
 
 
 def test_direct_shard_writes_equal_zarr_writes(big_run, reference, tmp_path, monkeypatch):
-    """Whole frame shards are encoded without zarr (shardwriter): the bytes are zarr's."""
-    import sys
-
-    conv = sys.modules["atari_zarr.conversion.converter"]  # the package's `convert` is the function
+    """Whole frame shards are encoded without zarr (shards.py): the bytes are zarr's."""
+    from atari_zarr.conversion import graph
 
     root, _ = big_run
     calls = []
-    real = conv.shard_encoder
-    monkeypatch.setattr(conv, "shard_encoder", lambda arr: calls.append(real(arr)) or None)
+    real = graph.shard_encoder
+    monkeypatch.setattr(graph, "shard_encoder", lambda arr: calls.append(real(arr)) or None)
     [store] = convert(str(root), str(tmp_path), scheduler="synchronous", progress=False)
     assert calls and all(c is not None for c in calls)  # the fast path exists, was bypassed
     assert store_files(store.url, tmp_path) == reference[1]
@@ -98,9 +98,23 @@ def test_cli_progress_bar_and_workers(pong_run, source_root, tmp_path):
 
     def run(*extra):
         return subprocess.run(
-            [sys.executable, "-m", "atari_zarr", "convert", str(source_root), str(tmp_path / "o"),
-             "--scheduler", "threads", "--workers", "2", "--overwrite", *extra],
-            capture_output=True, text=True, timeout=300,
+            [
+                sys.executable,
+                "-m",
+                "atari_zarr",
+                "convert",
+                str(source_root),
+                str(tmp_path / "o"),
+                "--scheduler",
+                "threads",
+                "--workers",
+                "2",
+                "--overwrite",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
 
     res = run()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from pathlib import Path
 
 import numpy as np
@@ -11,20 +10,17 @@ import torch
 import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
 
-from atari_zarr import AtariZarrDataset, convert
+from atari_zarr import AtariZarrDataset
 from atari_zarr.errors import StoreCorruptError
-from atari_zarr.read.chunks import ChunkReader, StepColumn, open_step_columns
 from atari_zarr.layout import (
-    ACTION,
     ARRAYS,
-    ATTRS_KEY,
     EPISODE,
     OBSERVATION,
-    REWARD,
     TERMINATED,
     TRUNCATED,
     create_store,
 )
+from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.testing import fixture_frame
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -61,7 +57,9 @@ def _check_rows(reader, array, rows):
 
 def _row_sets(n, chunk, shard):
     rng = np.random.default_rng(1)
-    edges = sorted({0, n - 1, chunk - 1, chunk, shard - 1, shard, n - shard % n - 1} & set(range(n)))
+    edges = sorted(
+        {0, n - 1, chunk - 1, chunk, shard - 1, shard, n - shard % n - 1} & set(range(n))
+    )
     return [
         rng.integers(0, n, 300),  # random
         np.array([5, 5, 5, 0, n - 1, 5, n - 1]),  # duplicates, out of order
@@ -98,7 +96,9 @@ def test_layout_store_through_memory_store_and_threads():
     assert reader.fast
     rows = np.random.default_rng(2).integers(0, n, 512)  # > _SPLIT_MIN_CHUNKS: split over threads
     np.testing.assert_array_equal(reader.read(rows), frames[rows])
-    np.testing.assert_array_equal(reader.read([n - 1, 4095, 4096, 0]), frames[[n - 1, 4095, 4096, 0]])
+    np.testing.assert_array_equal(
+        reader.read([n - 1, 4095, 4096, 0]), frames[[n - 1, 4095, 4096, 0]]
+    )
     assert reader.stats["hits"] == 0  # cache disabled
 
 
@@ -131,8 +131,13 @@ def test_missing_inner_chunks_and_missing_shard(tmp_path):
 
 def test_nonzero_fill_value(tmp_path):
     a = zarr.create_array(
-        zarr.storage.LocalStore(tmp_path / "f.zarr"), shape=(40, 3), chunks=(8, 3),
-        shards=(16, 3), dtype="int16", fill_value=-7, compressors=[BloscCodec(), Crc32cCodec()],
+        zarr.storage.LocalStore(tmp_path / "f.zarr"),
+        shape=(40, 3),
+        chunks=(8, 3),
+        shards=(16, 3),
+        dtype="int16",
+        fill_value=-7,
+        compressors=[BloscCodec(), Crc32cCodec()],
     )
     a[:8] = 1
     reader = ChunkReader(a, where="f")
@@ -154,7 +159,7 @@ def test_corrupt_chunk_names_store_and_chunk(tmp_path):
     np.testing.assert_array_equal(reader.read([0, 63]), a.oindex[[0, 63]])  # other chunks fine
     with pytest.raises(StoreCorruptError, match=r"c\.zarr: chunk 3 of array .*rows 24-31.*crc32c"):
         reader.read([25])
-    with pytest.raises(ValueError, match="convert it again"):
+    with pytest.raises(ValueError, match="damaged; write it again, or copy the object again"):
         reader.read(np.arange(n))
 
 
@@ -173,8 +178,11 @@ def test_unsupported_layouts_fall_back_to_zarr(tmp_path):
     gz = _array(zarr.storage.LocalStore(tmp_path / "g.zarr"), 50, compressors=[GzipCodec()])
     gz[:] = np.arange(50 * 30, dtype=np.uint8).reshape(50, 6, 5)
     split = zarr.create_array(
-        zarr.storage.LocalStore(tmp_path / "s.zarr"), shape=(50, 6, 5), chunks=(8, 3, 5),
-        dtype="uint8", compressors=FRAME_CODECS,
+        zarr.storage.LocalStore(tmp_path / "s.zarr"),
+        shape=(50, 6, 5),
+        chunks=(8, 3, 5),
+        dtype="uint8",
+        compressors=FRAME_CODECS,
     )
     split[:] = gz[:]
     for a in (gz, split):
@@ -220,46 +228,8 @@ def test_sequential_reads_prefetch(tmp_path):
     assert reader.stats["readahead"] > 0
 
 
-def test_step_column_compacts_and_widens():
-    a = zarr.create_array({}, shape=(100,), chunks=(16,), dtype="int32")
-    a[:] = np.arange(100) % 7
-    col = StepColumn(a, where="mem")
-    assert col.compact_dtype == np.int8
-    rows = np.array([99, 0, 50, 50])
-    out = col[rows]
-    assert out.dtype == np.int32
-    np.testing.assert_array_equal(out, a[:][rows])
-    a[60] = 100_000  # does not fit int8: the column widens to int32, nothing is lost
-    col = StepColumn(a, where="mem")
-    np.testing.assert_array_equal(col[np.array([0, 60, 99])], a.oindex[[0, 60, 99]])
-    np.testing.assert_array_equal(col.to_numpy(), a[:])
-    f = zarr.create_array({}, shape=(10,), chunks=(4,), dtype="float32")
-    f[:] = np.array([-0.0, 1, -1, 0, 0.25, 1, 1, 0, 0, np.nan], dtype=np.float32)
-    np.testing.assert_array_equal(StepColumn(f, where="m").to_numpy().view(np.uint32), f[:].view(np.uint32))
-
-
-def test_step_columns_from_episode_table_equal_arrays(pong_run, source_root, dest_root):
-    """Episode id and ends derived from the attributes equal the stored arrays (gaps included)."""
-    [store] = convert(str(source_root), str(dest_root), progress=False)
-    group = zarr.open_group(store.url, mode="r")
-    meta = group.attrs[ATTRS_KEY]
-    cols = open_step_columns(group, meta, store.url)
-    assert not isinstance(cols[EPISODE], StepColumn)  # derived from the table
-    rows = np.arange(group[ACTION].shape[0])
-    assert meta["conversion"]["gaps"], "the fixture should include a missed log"
-    for name in (ACTION, EPISODE, REWARD, TERMINATED, TRUNCATED):
-        np.testing.assert_array_equal(cols[name][rows], group[name][:], err_msg=name)
-    np.testing.assert_array_equal(cols["done"][rows], group[TERMINATED][:] | group[TRUNCATED][:])
-    # without a usable table the arrays are read instead
-    bad = {**meta, "episodes": {"length": [1], "terminated": [True]}}
-    cols = open_step_columns(group, bad, store.url)
-    assert isinstance(cols[EPISODE], StepColumn)
-    for name in (EPISODE, TERMINATED, TRUNCATED):
-        np.testing.assert_array_equal(cols[name][rows[::-1]], group[name][:][::-1], err_msg=name)
-
-
-def test_dataset_batches_match_zarr(pong_run, source_root, dest_root):
-    [store] = convert(str(source_root), str(dest_root), progress=False)
+def test_dataset_batches_match_zarr(pong_store):
+    store = pong_store  # shared, read-only
     ds = AtariZarrDataset(store.url)
     assert ds._frames.fast
     g = zarr.open_group(store.url, mode="r")
@@ -274,30 +244,13 @@ def test_dataset_batches_match_zarr(pong_run, source_root, dest_root):
     np.testing.assert_array_equal(ds.episodes.numpy(), g[EPISODE][:])
 
 
-def test_open_does_not_read_per_step_chunks(tmp_path):
-    """A store whose metadata says 2M rows opens without reading per-step data."""
-    n = 2_000_000
-    lengths = [1000] * (n // 1000)
-    meta = {"episodes": {"length": lengths, "terminated": [True] * len(lengths)}, "complete": True}
-    group = create_store(zarr.storage.LocalStore(tmp_path / "big.zarr"), n, meta)
-    group.attrs[ATTRS_KEY] = {**group.attrs[ATTRS_KEY], "complete": True}
-    ds = AtariZarrDataset(str(tmp_path / "big.zarr"))
-    assert len(ds) == n
-    assert not ds._action._loaded.any()
-    b = ds[[0, 999, n - 1]]  # missing chunks read as the fill value
-    assert b["observation"].sum() == 0
-    assert b["episode"].tolist() == [0, 0, len(lengths) - 1]
-    assert b["next", "terminated"][:, 0].tolist() == [False, True, True]
-    assert int(ds._action._loaded.sum()) == 2
-
-
-def test_remote_store_reads_only_needed_ranges(pong_run, source_root, dest_root):
+def test_remote_store_reads_only_needed_ranges(pong_store):
     """Through gcsfs against fake-gcs-server: same batches, range requests, cache hits."""
     import fsspec
 
     from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
-    [store] = convert(str(source_root), str(dest_root), progress=False)
+    store = pong_store  # shared, read-only (uploaded, never changed)
     local = AtariZarrDataset(store.url)
     with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
         server.create_bucket("bench")
@@ -310,7 +263,13 @@ def test_remote_store_reads_only_needed_ranges(pong_run, source_root, dest_root)
         proxy.reset()
         got = remote[rows]
         want = local[rows]
-        for key in ("observation", ("next", "observation"), "action", ("next", "reward"), "episode"):
+        for key in (
+            "observation",
+            ("next", "observation"),
+            "action",
+            ("next", "reward"),
+            "episode",
+        ):
             assert torch.equal(got[key], want[key]), key
         obs_bytes = sum(
             f.stat().st_size for f in (Path(store.url) / OBSERVATION).rglob("*") if f.is_file()

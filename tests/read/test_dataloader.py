@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from atari_zarr import AtariZarrDataset, convert
+from atari_zarr import AtariZarrDataset
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.dataset import collate_batch, stacked_rows
 
 
 @pytest.fixture
-def converted(pong_run, source_root, dest_root):
-    [store] = convert(str(source_root), str(dest_root), progress=False)
-    return store, pong_run.truth()
+def converted(pong_store, pong_truth):
+    """The session's Pong/1 store (read-only here) and its truth."""
+    return pong_store, pong_truth
 
 
 def expected_stacks(truth, rows, k):
@@ -25,7 +25,7 @@ def expected_stacks(truth, rows, k):
     zero = np.zeros_like(truth.observation[0])
     obs, nxt = [], []
     for r in rows:
-        same = lambda j: 0 <= j < len(truth) and truth.episode[j] == truth.episode[r]  # noqa: E731
+        same = lambda j, r=r: 0 <= j < len(truth) and truth.episode[j] == truth.episode[r]  # noqa: E731
         obs.append([truth.observation[j] if same(j) else zero for j in range(r - k + 1, r + 1)])
         stack = [truth.observation[j] if same(j) else zero for j in range(r - k + 2, r + 1)]
         stack.append(zero if done[r] else truth.observation[r + 1])

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pickle
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,8 +12,23 @@ import torch
 import zarr
 
 from atari_zarr import AtariZarrDataset, convert
-from atari_zarr.errors import StoreFormatError, StoreIncompleteError
-from atari_zarr.layout import ACTION, ATTRS_KEY, EPISODE, OBSERVATION, REWARD, TERMINATED, TRUNCATED
+from atari_zarr.errors import (
+    StoreCorruptError,
+    StoreFormatError,
+    StoreIncompleteError,
+    StoreNotFoundError,
+)
+from atari_zarr.layout import (
+    ACTION,
+    ARRAYS,
+    ATTRS_KEY,
+    EPISODE,
+    OBSERVATION,
+    REWARD,
+    TERMINATED,
+    TRUNCATED,
+    create_array,
+)
 
 
 @pytest.fixture
@@ -21,7 +38,7 @@ def converted(pong_run, source_root, dest_root):
 
 
 def test_ted_layout(converted):
-    store, truth = converted
+    store, _ = converted
     ds = AtariZarrDataset(store.url)
     b = ds[np.arange(5)]
     assert b.batch_size == torch.Size([5])
@@ -126,7 +143,9 @@ def test_incomplete_store_is_refused(converted):
     meta = dict(g.attrs[ATTRS_KEY])
     meta["complete"] = False
     g.attrs[ATTRS_KEY] = meta
-    with pytest.raises(StoreIncompleteError, match=r"is incomplete.*Finish it by running atari-zarr convert"):
+    with pytest.raises(
+        StoreIncompleteError, match=r"is incomplete.*Finish it by running atari-zarr convert"
+    ):
         AtariZarrDataset(store.url)
 
 
@@ -134,7 +153,7 @@ def test_not_a_store(tmp_path):
     zarr.open_group(str(tmp_path / "other.zarr"), mode="w")
     with pytest.raises(StoreFormatError, match="not an atari_zarr store"):
         AtariZarrDataset(str(tmp_path / "other.zarr"))
-    with pytest.raises(FileNotFoundError, match="is not a Zarr store"):
+    with pytest.raises(StoreNotFoundError, match="is not a Zarr store"):
         AtariZarrDataset(str(tmp_path / "missing.zarr"))
 
 
@@ -144,5 +163,50 @@ def test_newer_format_is_refused(converted):
     meta = dict(g.attrs[ATTRS_KEY])
     meta["format_version"] = 99
     g.attrs[ATTRS_KEY] = meta
-    with pytest.raises(StoreFormatError, match="format version 99.*Upgrade atari_zarr"):
+    with pytest.raises(StoreFormatError, match=r"format version 99.*Upgrade atari_zarr"):
         AtariZarrDataset(store.url)
+
+
+def test_conversion_killed_while_creating_arrays_is_unfinished(converted, source_root, dest_root):
+    """Issue 11, defect 2: such a store names the command that finishes it, never "damaged"."""
+    store, truth = converted
+    attrs = dict(zarr.open_group(store.url, mode="r").attrs[ATTRS_KEY])
+    command = attrs["command"]
+    assert command.startswith("atari-zarr convert ")
+    # what convert leaves when killed inside create_store: the group's attributes
+    # (complete: False), then the first arrays only
+    shutil.rmtree(store.url)
+    group = zarr.open_group(
+        store.url, mode="w", attributes={ATTRS_KEY: {**attrs, "complete": False}}
+    )
+    for name in list(ARRAYS)[:2]:
+        create_array(group, name, len(truth))
+    with pytest.raises(StoreIncompleteError) as caught:
+        AtariZarrDataset(store.url)
+    message = str(caught.value)
+    assert "unfinished" in message and f"Finish it by running {command} again" in message
+    assert "damaged;" not in message and "convert it again with --overwrite" not in message
+    # and running that command again does finish it
+    convert(str(source_root), str(dest_root), progress=False)
+    assert len(AtariZarrDataset(store.url)) == len(truth)
+
+
+def test_complete_store_that_lost_an_array_is_damaged(converted):
+    store, _ = converted
+    shutil.rmtree(Path(store.url) / TRUNCATED)
+    zarr.consolidate_metadata(store.url)  # the group no longer lists the array
+    with pytest.raises(StoreCorruptError, match=r"marked complete but lacks.*damaged"):
+        AtariZarrDataset(store.url)
+
+
+def test_damaged_chunk_names_the_command_that_rewrites_the_store(converted):
+    store, _ = converted
+    command = zarr.open_group(store.url, mode="r").attrs[ATTRS_KEY]["command"]
+    shard = Path(store.url) / OBSERVATION / "c" / "0" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 0xFF  # inside the last chunk of the shard
+    shard.write_bytes(bytes(raw))
+    ds = AtariZarrDataset(store.url)
+    with pytest.raises(StoreCorruptError, match="crc32c") as caught:
+        ds[np.arange(len(ds))]
+    assert f"damaged; write it again ({command} --overwrite)" in str(caught.value)

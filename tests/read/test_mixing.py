@@ -1,4 +1,4 @@
-"""MultiGameDataset and list_stores: several stores as one dataset, without TorchRL."""
+"""MultiGameDataset and complete_stores: several stores as one dataset, without TorchRL."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 
 from atari_zarr import convert
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError
-from atari_zarr.read.mixing import MultiGameDataset, list_stores
 from atari_zarr.read.dataset import collate_batch
+from atari_zarr.read.mixing import MixtureSampler, MultiGameDataset, store_probabilities
+from atari_zarr.storage.catalog import complete_stores
 from atari_zarr.testing import write_fixture_run
 
 
@@ -27,11 +28,11 @@ def two_games(source_root, dest_root):
     return str(dest_root), {name: run.truth() for name, run in runs.items()}
 
 
-def test_list_stores(two_games, tmp_path):
+def test_complete_stores(two_games, tmp_path):
     root, _ = two_games
-    assert list_stores(root) == ["Breakout/2", "Pong/1"]
+    assert complete_stores(root) == ["Breakout/2", "Pong/1"]
     with pytest.raises(FileNotFoundError, match="atari-zarr convert"):
-        list_stores(str(tmp_path / "nowhere"))
+        complete_stores(str(tmp_path / "nowhere"))
 
 
 def test_items_carry_game_id_and_the_right_data(two_games):
@@ -58,10 +59,10 @@ def test_weights_decide_the_mix_whatever_the_sizes(two_games):
     b = mix.sample(4000, generator=torch.Generator().manual_seed(0))
     share = b["game_id"].float().mean().item()
     assert 0.70 < share < 0.80  # 3/4 from Breakout although it is the smaller store
-    w = mix.item_weights()
-    assert torch.isclose(w.sum(), torch.tensor(1.0, dtype=w.dtype))
     loader = torch.utils.data.DataLoader(
-        mix, batch_size=500, sampler=mix.sampler(2000, generator=torch.Generator().manual_seed(1)),
+        mix,
+        batch_size=500,
+        sampler=mix.sampler(2000, generator=torch.Generator().manual_seed(1)),
         collate_fn=collate_batch,
     )
     ids = torch.cat([batch["game_id"] for batch in loader])
@@ -107,8 +108,13 @@ def test_dataloader_workers(two_games, context):
     root, truths = two_games
     mix = MultiGameDataset.from_root(root)
     loader = torch.utils.data.DataLoader(
-        mix, batch_size=64, shuffle=True, num_workers=2, multiprocessing_context=context,
-        collate_fn=collate_batch, generator=torch.Generator().manual_seed(0),
+        mix,
+        batch_size=64,
+        shuffle=True,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=collate_batch,
+        generator=torch.Generator().manual_seed(0),
     )
     count = 0
     for batch in loader:
@@ -120,3 +126,88 @@ def test_dataloader_workers(two_games, context):
             )
         count += batch.batch_size[0]
     assert count == len(mix)
+
+
+# -- the two-stage sampler (a store by weight, then a uniform row) ------------------------
+
+# chi-square critical values at p = 0.001: a correct sampler fails these with
+# probability 1/1000 for a random seed, and never for the fixed seeds below
+_CHI2_999 = {3: 16.27, 9: 27.88}
+
+
+def _chi2(observed: np.ndarray, expected: np.ndarray) -> float:
+    return float(((observed - expected) ** 2 / expected).sum())
+
+
+def test_sampler_memory_does_not_grow_with_transitions():
+    """60 stores of 50M transitions (3e9 in all) or of 1e11: the same few kilobytes.
+
+    One float64 weight per transition (the old WeightedRandomSampler) would hold
+    24 GB for the first and 800 GB for the second.
+    """
+    import tracemalloc
+
+    peaks = []
+    for per_store in (1000, 50_000_000, 10**11):
+        lengths = [per_store] * 60
+        tracemalloc.start()
+        try:
+            sampler = MixtureSampler(
+                lengths, None, 5000, generator=torch.Generator().manual_seed(0)
+            )
+            drawn = np.fromiter(sampler, dtype=np.int64, count=len(sampler))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert len(drawn) == 5000 and 0 <= drawn.min() and drawn.max() < 60 * per_store
+        peaks.append(peak)
+    assert max(peaks) < 1 << 20, peaks  # the 5000 indices themselves, not the transitions
+    assert peaks[-1] < 2 * peaks[0] + (64 << 10), peaks
+
+
+def test_sampler_draws_stores_by_weight_and_rows_uniformly():
+    lengths = np.array([10**11, 3, 7 * 10**9, 12_345], dtype=np.int64)
+    weights = np.array([0.1, 0.2, 0.3, 0.4])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    n = 40_000
+    gen = torch.Generator().manual_seed(0)
+    idx = np.array(list(MixtureSampler(lengths, weights, n, generator=gen)))
+    assert len(idx) == n and idx.min() >= 0 and idx.max() < offsets[-1]
+    store = np.searchsorted(offsets, idx, side="right") - 1
+    counts = np.bincount(store, minlength=4)
+    assert _chi2(counts, n * weights) < _CHI2_999[3], counts
+    # rows of the 1e11-transition store fall evenly into 10 bins
+    rows = idx[store == 0]
+    bins = np.bincount(rows * 10 // lengths[0], minlength=10)
+    assert _chi2(bins, np.full(10, len(rows) / 10)) < _CHI2_999[9], bins
+    # every row of the 3-transition store is drawn, and nothing beyond it
+    assert set((idx[store == 1] - offsets[1]).tolist()) == {0, 1, 2}
+
+
+def test_sampler_is_reproducible_and_sized():
+    def draw(seed: int, n: int = 300) -> list[int]:
+        gen = torch.Generator().manual_seed(seed)
+        return list(MixtureSampler([50, 0, 70], [1, 1, 2], n, generator=gen))
+
+    assert draw(1) == draw(1) != draw(2)
+    assert len(MixtureSampler([5], None, 12)) == 12 == len(list(MixtureSampler([5], None, 12)))
+    big = MixtureSampler([10], None, MixtureSampler.block * 2 + 3)
+    assert len(list(big)) == MixtureSampler.block * 2 + 3  # drawn in blocks
+    with pytest.raises(InvalidArgumentError, match="one per store"):
+        MixtureSampler([5, 5], [1], 10)
+    with pytest.raises(InvalidArgumentError, match="non-negative"):
+        MixtureSampler([5], None, -1)
+    with pytest.raises(InvalidArgumentError, match="no store can be drawn"):
+        MixtureSampler([0, 5], [1, 0], 10)
+    np.testing.assert_allclose(store_probabilities([10, 0, 30], [1, 5, 1]), [0.5, 0, 0.5])
+
+
+def test_dataset_sampler_and_sample_are_the_same_draw(two_games):
+    root, _ = two_games
+    mix = MultiGameDataset.from_root(root, ["Pong/1", "Breakout/2"], weights=[1, 3])
+    sampler = mix.sampler(500, generator=torch.Generator().manual_seed(7))
+    assert isinstance(sampler, MixtureSampler)
+    np.testing.assert_array_equal(sampler.offsets, mix.offsets)
+    batch = mix.sample(500, generator=torch.Generator().manual_seed(7))
+    assert list(sampler) == batch["index"].tolist()
+    assert mix.sample(0)["index"].shape == (0,)

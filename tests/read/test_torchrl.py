@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -18,32 +19,36 @@ from atari_zarr.testing import write_fixture_run
 
 pytest.importorskip("torchrl")
 
-from torchrl.data import Categorical  # noqa: E402
-from torchrl.data.replay_buffers import (  # noqa: E402
+from torchrl.data import Categorical
+from torchrl.data.replay_buffers import (
     ReplayBufferEnsemble,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
-from torchrl.envs import CatFrames, Compose, UnsqueezeTransform  # noqa: E402
-from torchrl.modules import QValueActor  # noqa: E402
-from torchrl.objectives import DQNLoss, SoftUpdate  # noqa: E402
+from torchrl.envs import CatFrames, Compose, UnsqueezeTransform
+from torchrl.modules import QValueActor
+from torchrl.objectives import DQNLoss, SoftUpdate
 
-from atari_zarr.torchrl import AtariZarrExperienceReplay, AtariZarrStorage  # noqa: E402
+from atari_zarr.torchrl import AtariZarrExperienceReplay, AtariZarrStorage
 
 
-@pytest.fixture
-def root(pong_run, source_root, dest_root):
-    """Pong/1 (short episodes, gaps) and Breakout/3, converted under one root."""
-    write_fixture_run(str(source_root), "Breakout", "3", capacity=64, steps=300, seed=3,
-                      max_episode_length=20)
+@pytest.fixture(scope="module")
+def root(pong_source, tmp_path_factory):
+    """Pong/1 (short episodes, gaps) and Breakout/3, converted under one root (read-only)."""
+    source_root = tmp_path_factory.mktemp("torchrl-dqn")
+    shutil.copytree(pong_source.url, source_root / "Pong" / "1")
+    write_fixture_run(
+        str(source_root), "Breakout", "3", capacity=64, steps=300, seed=3, max_episode_length=20
+    )
+    dest_root = tmp_path_factory.mktemp("torchrl-stores")
     convert(str(source_root), str(dest_root), progress=False)
     return str(dest_root)
 
 
 @pytest.fixture
-def truth(pong_run):
-    return pong_run.truth()
+def truth(pong_truth):
+    return pong_truth
 
 
 @pytest.mark.slow
@@ -74,8 +79,15 @@ def test_sample_is_ted_with_objective_shapes(root, truth):
     assert s.batch_size == (16,)
     assert s["observation"].shape == (16, 84, 84) and s["observation"].dtype == torch.uint8
     assert s["action"].dtype == torch.int64 and s["action"].shape == (16,)
-    for key in ["done", "terminated", "truncated", ("next", "done"), ("next", "terminated"),
-                ("next", "truncated"), ("next", "reward")]:
+    for key in [
+        "done",
+        "terminated",
+        "truncated",
+        ("next", "done"),
+        ("next", "terminated"),
+        ("next", "truncated"),
+        ("next", "reward"),
+    ]:
         assert s[key].shape == (16, 1), key
     rows = s["index"].numpy()
     np.testing.assert_array_equal(s["observation"].numpy(), truth.observation[rows])
@@ -192,7 +204,9 @@ def test_ensemble_of_two_games(root):
         assert torch.equal(s["episode"][b], ref["episode"])
 
 
-@pytest.mark.filterwarnings("ignore:The last dimension of the tensordict should be marked as 'time'")
+@pytest.mark.filterwarnings(
+    "ignore:The last dimension of the tensordict should be marked as 'time'"
+)
 def test_catframes_over_slices_matches_frame_stack(root):
     keys = ["observation", ("next", "observation")]
     transform = Compose(
@@ -226,7 +240,9 @@ def test_storage_is_read_only_and_pickles(root):
         storage.set(0, ds.sample())
     clone = pickle.loads(pickle.dumps(storage))
     assert len(clone) == len(storage) and clone.dataset.frame_stack == 2
-    assert torch.equal(clone[torch.arange(5)]["observation"], storage[torch.arange(5)]["observation"])
+    assert torch.equal(
+        clone[torch.arange(5)]["observation"], storage[torch.arange(5)]["observation"]
+    )
     assert clone[3]["observation"].shape == (2, 84, 84)
     assert torch.equal(storage[2:6]["episode"], storage[[2, 3, 4, 5]]["episode"])
 
@@ -269,12 +285,16 @@ def test_readme_migration_code_runs(tmp_path, monkeypatch, capsys):
     # TorchRL's own docstring examples, with only the import and the root changed
     src = tmp_path / "dqn"
     for game in ("Pong", "Asterix"):
-        write_fixture_run(str(src), game, "5", capacity=256, steps=900, seed=5,
-                          episode_lengths=[90, 130, 70, 160])
+        write_fixture_run(
+            str(src), game, "5", capacity=256, steps=900, seed=5, episode_lengths=[90, 130, 70, 160]
+        )
     convert(str(src), str(tmp_path / "stores"), progress=False)
     monkeypatch.chdir(tmp_path)
     code = _readme_block("Migrating from TorchRL")
-    assert "from atari_zarr.torchrl import AtariZarrExperienceReplay as AtariDQNExperienceReplay" in code
+    assert (
+        "from atari_zarr.torchrl import AtariZarrExperienceReplay as AtariDQNExperienceReplay"
+        in code
+    )
     namespace: dict = {}
     exec(compile(code, "README.md", "exec"), namespace)
     sample = namespace["sample"]

@@ -14,9 +14,9 @@ import pytest
 import zarr
 
 from atari_zarr import AtariZarrDataset, StoreIncompleteError, ZarrCollector
-from atari_zarr.record.envs import make_dqn_env
 from atari_zarr.errors import InvalidArgumentError, StoreExistsError
 from atari_zarr.layout import ATTRS_KEY, FINAL_OBSERVATION, FLUSHED_KEY
+from atari_zarr.record.envs import make_dqn_env
 from atari_zarr.verify import verify_store
 
 
@@ -54,7 +54,9 @@ def test_every_step_reads_back_exactly(tmp_path):
     path = str(tmp_path / "breakout.zarr")
     # Breakout ends quickly under random play (terminated); the 150-step limit truncates
     env = ZarrCollector(
-        make_dqn_env("Breakout", max_episode_steps=150), path, max_buffer_steps=37,
+        make_dqn_env("Breakout", max_episode_steps=150),
+        path,
+        max_buffer_steps=37,
         max_buffer_episodes=2,
     )
     rows = play(env, 700, seed=0, reset_at=(430,))
@@ -75,8 +77,8 @@ def test_every_step_reads_back_exactly(tmp_path):
     assert meta["episodes"]["terminated"] == term[ends].tolist()
     rewards = np.array([r[2] for r in rows], np.float64)
     np.testing.assert_allclose(
-        meta["episodes"]["return"], [rewards[a + 1 : b + 1].sum() for a, b in
-                                     zip(np.r_[-1, ends[:-1]], ends)]
+        meta["episodes"]["return"],
+        [rewards[a + 1 : b + 1].sum() for a, b in zip(np.r_[-1, ends[:-1]], ends, strict=True)],
     )
     assert meta["episodes"]["seed"][0] == 0 and meta["seeds"] == [0]
     env_meta = meta["env"]
@@ -84,8 +86,10 @@ def test_every_step_reads_back_exactly(tmp_path):
     assert env_meta["ale"]["repeat_action_probability"] == 0.25
     pre = next(w for w in env_meta["wrappers"] if w["name"] == "AtariPreprocessing")
     assert pre["frame_skip"] == 4 and pre["noop_max"] == 30 and pre["screen_size"] in (84, [84, 84])
-    assert next(w for w in env_meta["wrappers"] if w["name"] == "TimeLimit")[
-        "max_episode_steps"] == 150
+    assert (
+        next(w for w in env_meta["wrappers"] if w["name"] == "TimeLimit")["max_episode_steps"]
+        == 150
+    )
     g = zarr.open_group(path, mode="r")
     assert g[FINAL_OBSERVATION].shape == (len(ends), 84, 84)
 
@@ -149,7 +153,9 @@ _CHILD = textwrap.dedent(
 def test_killed_recorder_leaves_flushed_episodes_readable(tmp_path):
     path = str(tmp_path / "killed.zarr")
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [sys.executable, "-c", _CHILD, path],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         env=os.environ.copy(),
     )
     try:
@@ -186,8 +192,22 @@ def test_killed_recorder_leaves_flushed_episodes_readable(tmp_path):
 @pytest.mark.slow
 def test_collect_cli(tmp_path):
     dest = tmp_path / "pong.zarr"
-    cmd = [sys.executable, "-m", "atari_zarr", "collect", "--env", "ALE/Pong-v5", "--steps",
-           "300", "--seed", "3", "--max-episode-steps", "120", "--quiet", str(dest)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "atari_zarr",
+        "collect",
+        "--env",
+        "ALE/Pong-v5",
+        "--steps",
+        "300",
+        "--seed",
+        "3",
+        "--max-episode-steps",
+        "120",
+        "--quiet",
+        str(dest),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""  # --quiet: not even ALE's banner
@@ -196,7 +216,11 @@ def test_collect_cli(tmp_path):
     assert "--seed 3" in ds.metadata["command"]
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1 and "already exists" in again.stderr
-    info = subprocess.run([sys.executable, "-m", "atari_zarr", "info", "--episodes", str(dest)],
-                          capture_output=True, text=True, timeout=300)
+    info = subprocess.run(
+        [sys.executable, "-m", "atari_zarr", "info", "--episodes", str(dest)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert info.returncode == 0 and "ALE/Pong-v5" in info.stdout
     assert info.stdout.count("truncated") == 3

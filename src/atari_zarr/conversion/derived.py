@@ -31,6 +31,7 @@ from atari_zarr.layout import (
     TERMINATED,
     TRUNCATED,
     create_array,
+    get_array,
 )
 
 __all__ = ["return_to_go", "write_action_full", "write_derived", "write_return_to_go"]
@@ -77,9 +78,15 @@ def _write_new(group: zarr.Group, name: str, n: int) -> zarr.Array:
     return create_array(group, name, n)
 
 
-def write_return_to_go(group: zarr.Group) -> None:
-    """Write :data:`~atari_zarr.layout.RETURN_TO_GO`, from the last unit backwards."""
-    n = int(group[REWARD].shape[0])
+def write_return_to_go(group: zarr.Group, where: str) -> None:
+    """Write :data:`~atari_zarr.layout.RETURN_TO_GO`, from the last unit backwards.
+
+    ``where`` is the store's path or URL, for messages.
+    """
+    reward = get_array(group, REWARD, where)
+    terminated = get_array(group, TERMINATED, where)
+    truncated = get_array(group, TRUNCATED, where)
+    n = int(reward.shape[0])
     out = _write_new(group, RETURN_TO_GO, n)
     unit = OPTIONAL_ARRAYS[RETURN_TO_GO].write_rows
     carry = 0.0
@@ -87,8 +94,8 @@ def write_return_to_go(group: zarr.Group) -> None:
         hi = min(lo + unit, n)
         if hi <= lo:
             continue
-        done = np.asarray(group[TERMINATED][lo:hi]) | np.asarray(group[TRUNCATED][lo:hi])
-        rtg = return_to_go(np.asarray(group[REWARD][lo:hi]), done, carry)
+        done = np.asarray(terminated[lo:hi]) | np.asarray(truncated[lo:hi])
+        rtg = return_to_go(np.asarray(reward[lo:hi]), done, carry)
         out[lo:hi] = rtg.astype(np.float32)
         carry = float(rtg[0])
 
@@ -101,13 +108,14 @@ def write_action_full(group: zarr.Group, action_set: list[int], where: str) -> N
     SourceFormatError
         A stored action is not an index into ``action_set``.
     """
-    n = int(group[ACTION].shape[0])
+    stored = get_array(group, ACTION, where)
+    n = int(stored.shape[0])
     out = _write_new(group, ACTION_FULL, n)
     table = np.asarray(action_set, dtype=np.int32)
     unit = OPTIONAL_ARRAYS[ACTION_FULL].write_rows
     for lo in range(0, n, unit):
         hi = min(lo + unit, n)
-        action = np.asarray(group[ACTION][lo:hi])
+        action = np.asarray(stored[lo:hi])
         bad = np.flatnonzero((action < 0) | (action >= len(table)))
         if bad.size:
             raise SourceFormatError(
@@ -148,15 +156,13 @@ def write_derived(
 
     Examples
     --------
-    >>> import tempfile
-    >>> from atari_zarr import convert
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> root, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300)
-    >>> [s] = convert(root, dest, progress=False, return_to_go=True, full_action_space=True)
-    >>> g = zarr.open_group(s.url, mode="r")
-    >>> sorted(g.attrs["atari_zarr"]["derived"])
-    ['action_full', 'return_to_go']
+    >>> import shutil, tempfile
+    >>> # store_url: the fixture run Pong/1 converted; written here into a copy of it
+    >>> copy = shutil.copytree(store_url, tempfile.mkdtemp() + "/1.zarr")
+    >>> g = zarr.open_group(copy, mode="r+")
+    >>> written = write_derived(g, game="Pong", where=copy, action_full=True, return_to_go=True)
+    >>> sorted(written), written["return_to_go"]["discount"]
+    (['action_full', 'return_to_go'], 1.0)
     """
     out: dict[str, Any] = {}
     if action_full:
@@ -171,7 +177,7 @@ def write_derived(
         write_action_full(group, action_set, where)
         out["action_full"] = {"minimal_action_set": action_set}
     if return_to_go:
-        write_return_to_go(group)
+        write_return_to_go(group, where)
         out["return_to_go"] = {
             "discount": 1.0,
             "truncated_episodes": "sum up to the last stored row",

@@ -14,8 +14,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from atari_zarr.errors import InvalidArgumentError, import_optional
 
 __all__ = ["LOCAL_SCHEDULERS", "check_scheduler", "describe_scheduler", "run_graph"]
 
@@ -63,12 +65,12 @@ def describe_scheduler(scheduler: Any, workers: int | None) -> str:
 
 
 def run_graph(
-    graph: Mapping[Hashable, Any],
-    keys: Sequence[Hashable],
+    graph: Mapping[Any, Any],
+    keys: Sequence[Any],
     *,
     scheduler: Any = None,
     workers: int | None = None,
-    on_done: Callable[[Hashable], None] | None = None,
+    on_done: Callable[[Any], None] | None = None,
 ) -> None:
     """Compute ``keys`` of ``graph``; call ``on_done(key)`` as each task finishes.
 
@@ -118,8 +120,6 @@ def check_scheduler(scheduler: Any, workers: int | None = None) -> Any:
         ...
     atari_zarr.errors.InvalidArgumentError: scheduler 'bogus' is not known: ...
     """
-    from atari_zarr.errors import InvalidArgumentError
-
     if workers is not None and workers < 1:
         raise InvalidArgumentError(f"--workers {workers}: expected a number of workers >= 1.")
     scheduler = _resolve(scheduler)
@@ -132,11 +132,11 @@ def check_scheduler(scheduler: Any, workers: int | None = None) -> Any:
 
 
 def _run_local(
-    graph: Mapping[Hashable, Any],
-    keys: Sequence[Hashable],
+    graph: Mapping[Any, Any],
+    keys: Sequence[Any],
     scheduler: str,
     workers: int | None,
-    done: Callable[[Hashable], None],
+    done: Callable[[Any], None],
 ) -> None:
     import dask.local
     import dask.multiprocessing
@@ -162,28 +162,22 @@ def _run_local(
 
 
 def _run_distributed(
-    graph: Mapping[Hashable, Any],
-    keys: Sequence[Hashable],
+    graph: Mapping[Any, Any],
+    keys: Sequence[Any],
     scheduler: Any,
     workers: int | None,
-    done: Callable[[Hashable], None],
+    done: Callable[[Any], None],
 ) -> None:
-    try:
-        from distributed import Client, as_completed
-    except ImportError as exc:  # pragma: no cover - exercised only without the extra
-        from atari_zarr.errors import InvalidArgumentError
-
-        raise InvalidArgumentError(
-            f"scheduler {scheduler!r} needs dask.distributed; install it with "
-            f"pip install 'atari-zarr[distributed]'."
-        ) from exc
+    distributed = import_optional(
+        "distributed", extra="distributed", purpose=f"the scheduler {scheduler!r}"
+    )
     own = isinstance(scheduler, str)
-    client = Client(scheduler) if own else scheduler
+    client = distributed.Client(scheduler) if own else scheduler
     if workers is not None:
         log.info("--workers %d ignored: the cluster decides how many workers run", workers)
     futures = client.get(dict(graph), list(keys), sync=False)
     try:
-        for future in as_completed(futures):
+        for future in distributed.as_completed(futures):
             future.result()  # re-raises the task's exception here
             done(future.key)
     except BaseException:

@@ -12,9 +12,10 @@ simple to encode directly with the codecs that :mod:`atari_zarr.layout` defines:
   offsets counted from the start of the shard object, then its crc32c.
 
 :func:`shard_encoder` returns ``None`` unless the array's metadata is exactly that
-(sharded, index at start, codecs ``bytes`` -> ``blosc`` -> ``crc32c``, index codecs
-``bytes`` -> ``crc32c``), so any layout change falls back to zarr. The tests
-compare this encoder with zarr's on real frames.
+(:func:`atari_zarr.codec_chain.row_chunks`, the check the chunk reader uses too,
+plus: sharded, index at start, crc32c after Blosc, uint8, fill value 0), so any
+layout change falls back to zarr. The tests compare this encoder with zarr's on
+real frames.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from typing import Any
 
 import numpy as np
 import zarr
+
+from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 
 __all__ = ["shard_encoder", "write_shard"]
 
@@ -49,35 +52,20 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
     import google_crc32c
     import numcodecs.blosc
     from numcodecs import Blosc
-    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
-    from zarr.codecs.sharding import ShardingCodecIndexLocation
 
-    meta = array.metadata
-    codecs = getattr(meta, "codecs", None)
-    if not codecs or len(codecs) != 1 or not isinstance(codecs[0], ShardingCodec):
+    try:
+        chain = row_chunks(array)
+    except UnsupportedChunks:
         return None
-    sharding = codecs[0]
-    inner = list(sharding.codecs)
-    index_codecs = list(sharding.index_codecs)
     if (
-        sharding.index_location != ShardingCodecIndexLocation.start
-        or len(inner) != 3
-        or not isinstance(inner[0], BytesCodec)
-        or not isinstance(inner[1], BloscCodec)
-        or not isinstance(inner[2], Crc32cCodec)
-        or len(index_codecs) != 2
-        or not isinstance(index_codecs[0], BytesCodec)
-        or not isinstance(index_codecs[1], Crc32cCodec)
+        chain.shard_rows is None
+        or not chain.index_at_start
+        or not chain.checksum
         or array.dtype != np.uint8
-        or any(c != s for c, s in zip(sharding.chunk_shape[1:], array.shape[1:], strict=True))
         or array.fill_value != 0
     ):
         return None
-    for codec in (inner[0], index_codecs[0]):
-        endian = getattr(codec, "endian", None)
-        if endian is not None and getattr(endian, "value", endian) != "little":
-            return None
-    b = inner[1]
+    b = chain.compressor
     shuffle_name = str(getattr(b.shuffle, "value", b.shuffle))
     shuffle = {"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[shuffle_name]
     blosc = Blosc.from_config(
@@ -89,8 +77,8 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
             "typesize": b.typesize,
         }
     )
-    chunk_rows = sharding.chunk_shape[0]
-    shard_rows = meta.chunk_grid.chunk_shape[0]  # type: ignore[attr-defined]
+    chunk_rows = chain.chunk_rows
+    shard_rows = chain.shard_rows
     n_chunks = shard_rows // chunk_rows
 
     def crc(data: Any) -> bytes:

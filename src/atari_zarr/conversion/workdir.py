@@ -41,7 +41,8 @@ import numpy as np
 from numcodecs import Blosc
 
 from atari_zarr.errors import StoreLockedError
-from atari_zarr.storage.remote import get_fs, is_url, join
+from atari_zarr.storage.filesystem import get_fs, local_write_error
+from atari_zarr.storage.paths import is_url, join
 
 __all__ = ["HEARTBEAT_S", "LEASE_S", "WorkDir", "work_url"]
 
@@ -118,11 +119,14 @@ class WorkDir:
     def _write(self, path: str, data: bytes) -> None:
         parent = path.rsplit("/", 1)[0]
         if not is_url(self.url):
-            os.makedirs(parent, exist_ok=True)
+            self.fs.makedirs(parent, exist_ok=True)
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)  # never a half-written marker or piece
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)  # never a half-written marker or piece
+            except OSError as exc:
+                raise local_write_error("writing", path, exc) from None
         else:
             self.fs.pipe_file(path, data)  # object stores publish whole objects only
 
@@ -210,11 +214,13 @@ class WorkDir:
         data = json.dumps(info).encode()
         path = self._p("lock.json")
         if not is_url(self.url):
-            os.makedirs(self.path, exist_ok=True)
+            self.fs.makedirs(self.path, exist_ok=True)
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
                 return False
+            except OSError as exc:
+                raise local_write_error("creating", path, exc) from None
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             return True
@@ -222,12 +228,12 @@ class WorkDir:
             return False
         self.fs.pipe_file(path, data)
         owner = self._read_lock()
-        return bool(owner) and owner.get("token") == info["token"]
+        return owner is not None and owner.get("token") == info["token"]
 
     def acquire(self, command: str) -> None:
         """Take the lock or raise :class:`StoreLockedError` naming its holder."""
         now = time.time()
-        info = {
+        info: dict[str, Any] = {
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "token": uuid.uuid4().hex,
@@ -237,7 +243,7 @@ class WorkDir:
         }
         for _ in range(2):
             if self._create_lock(info):
-                self._token = info["token"]
+                self._token = str(info["token"])
                 self._info = info
                 self._beat = threading.Thread(target=self._heartbeat, daemon=True)
                 self._beat.start()

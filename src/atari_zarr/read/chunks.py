@@ -19,13 +19,12 @@ module reads the same bytes a zarr client would, without the generic machinery:
 * sequential reads trigger read-ahead of the next chunks in the background.
 
 Anything this module does not recognise (other codecs, chunks that split a row,
-big-endian data) is read through zarr-python, so every store zarr can read
-still reads correctly, only slower.
+big-endian data: :func:`atari_zarr.codec_chain.row_chunks` decides) is read
+through zarr-python, so every store zarr can read still reads correctly, only
+slower.
 
-:class:`StepColumn` and :func:`open_step_columns` load the per-step arrays
-lazily, chunk by chunk, in the smallest dtype that holds them losslessly; episode
-ids and episode ends come from the per-episode table in the attributes when it
-is there, so opening a 50 M-transition store reads no per-step data at all.
+The module is generic: any Zarr v3 array, no Atari names. The per-step columns of
+a store are in :mod:`atari_zarr.read.columns`.
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ import asyncio
 import logging
 import mmap
 import os
-import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -45,9 +43,10 @@ from typing import Any
 import numpy as np
 import zarr
 
+from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 
-__all__ = ["ChunkReader", "StepColumn", "open_step_columns"]
+__all__ = ["ChunkReader"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -57,6 +56,8 @@ _MISSING = np.uint64(2**64 - 1)
 _SPLIT_MIN_CHUNKS = 16
 # Read-ahead never runs further than this many chunks ahead of the reader.
 _MAX_READAHEAD = 64
+#: What a damaged-chunk error tells the user to do, unless the caller knows better.
+DEFAULT_REMEDY = "write it again, or copy the object again if it was transferred."
 
 
 def _cpu_count() -> int:
@@ -72,70 +73,27 @@ def _crc32c(data: Any) -> int:
     return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
 
 
-def _endian(codec: Any) -> str | None:
-    endian = codec.endian
-    return getattr(endian, "value", endian)
-
-
 class _Plan:
-    """What the fast path needs to know about an array, derived from its metadata."""
+    """What the fast path needs to know about an array, derived from its metadata.
+
+    Raises :class:`~atari_zarr.codec_chain.UnsupportedChunks` for layouts it does not
+    handle (the shared check of the shard encoder too).
+    """
 
     def __init__(self, array: zarr.Array) -> None:
-        from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
-
+        chain = row_chunks(array)
         meta = array.metadata
-        if getattr(meta, "zarr_format", None) != 3:
-            raise _Unsupported("not Zarr v3")
-        if array.ndim < 1:
-            raise _Unsupported("0-d array")
-        grid = getattr(meta.chunk_grid, "chunk_shape", None)
-        if grid is None:
-            raise _Unsupported("irregular chunk grid")
         self.shape = tuple(array.shape)
         self.row_shape = self.shape[1:]
         self.dtype = np.dtype(array.dtype)
-        if self.dtype.itemsize > 1 and sys.byteorder != "little":
-            raise _Unsupported("big-endian machine")
-        if self.dtype.hasobject:
-            raise _Unsupported("object dtype")
-        codecs = tuple(meta.codecs)
-        self.sharded = len(codecs) == 1 and isinstance(codecs[0], ShardingCodec)
-        if self.sharded:
-            shard = codecs[0]
-            inner_shape = tuple(shard.chunk_shape)
-            index_codecs = tuple(shard.index_codecs)
-            if not (
-                len(index_codecs) == 2
-                and isinstance(index_codecs[0], BytesCodec)
-                and _endian(index_codecs[0]) in (None, "little")
-                and isinstance(index_codecs[1], Crc32cCodec)
-            ):
-                raise _Unsupported(f"shard index codecs {index_codecs}")
-            self.index_at_start = (
-                str(getattr(shard.index_location, "value", shard.index_location)) == "start"
-            )
-            codecs = tuple(shard.codecs)
-            self.shard_rows = int(grid[0])
-            if tuple(grid[1:]) != self.row_shape:
-                raise _Unsupported("shards split rows")
-        else:
-            inner_shape = tuple(grid)
-            self.shard_rows = None
-            self.index_at_start = True
-        if tuple(inner_shape[1:]) != self.row_shape:
-            raise _Unsupported("chunks split rows")
-        self.chunk_rows = int(inner_shape[0])
-        if not codecs or not isinstance(codecs[0], BytesCodec):
-            raise _Unsupported(f"codecs {codecs}")
-        if self.dtype.itemsize > 1 and _endian(codecs[0]) not in (None, "little"):
-            raise _Unsupported("big-endian chunks")
-        rest = list(codecs[1:])
-        self.checksum = bool(rest) and isinstance(rest[-1], Crc32cCodec)
-        if self.checksum:
-            rest.pop()
-        if len(rest) != 1 or not isinstance(rest[0], BloscCodec):
-            raise _Unsupported(f"codecs {codecs}")
-        self.chunks_per_shard = self.shard_rows // self.chunk_rows if self.sharded else 1
+        self.sharded = chain.shard_rows is not None
+        self.shard_rows = chain.shard_rows
+        self.index_at_start = chain.index_at_start
+        self.checksum = chain.checksum
+        self.chunk_rows = chain.chunk_rows
+        self.chunks_per_shard = (
+            chain.shard_rows // chain.chunk_rows if chain.shard_rows is not None else 1
+        )
         self.n_chunks = -(-self.shape[0] // self.chunk_rows)
         self.chunk_shape = (self.chunk_rows, *self.row_shape)
         self.chunk_nbytes = int(np.prod(self.chunk_shape)) * self.dtype.itemsize
@@ -153,24 +111,21 @@ class _Plan:
         return key
 
 
-class _Unsupported(Exception):
-    """The array's layout is outside what the fast path handles (use zarr)."""
-
-
 class _LocalBytes:
     """Byte ranges of files under a LocalStore, through memory maps kept open."""
 
     def __init__(self, root: Path, max_maps: int = 512) -> None:
         self.root = Path(root)
         self.max_maps = max_maps
-        self._maps: OrderedDict[str, mmap.mmap | None] = OrderedDict()
+        self._maps: OrderedDict[str, mmap.mmap | bytes | None] = OrderedDict()
         self._lock = threading.Lock()
 
-    def _map(self, key: str) -> mmap.mmap | None:
+    def _map(self, key: str) -> mmap.mmap | bytes | None:
         with self._lock:
             if key in self._maps:
                 self._maps.move_to_end(key)
                 return self._maps[key]
+        mm: mmap.mmap | bytes | None
         try:
             with open(self.root / key, "rb") as f:
                 mm = (
@@ -191,7 +146,7 @@ class _LocalBytes:
         return mm
 
     def get(self, requests: Sequence[tuple[str, int | None, int | None]]) -> list[Any]:
-        out = []
+        out: list[Any] = []
         for key, start, stop in requests:
             mm = self._map(key)
             if mm is None:
@@ -217,7 +172,7 @@ class _StoreBytes:
         proto = default_buffer_prototype()
 
         async def one(key: str, start: int | None, stop: int | None) -> Any:
-            rng = None if start is None else RangeByteRequest(start, stop)
+            rng = None if start is None or stop is None else RangeByteRequest(start, stop)
             buf = await self.store.get(key, prototype=proto, byte_range=rng)
             return None if buf is None else buf.as_numpy_array()
 
@@ -243,6 +198,9 @@ class ChunkReader:
         Decoding threads for large batches; default one per core.
     readahead : bool
         Decode the next chunks in the background when reads are sequential.
+    remedy : str, optional
+        What to do about a damaged chunk, ending the error message (default: write
+        the store again, or copy it again if it was transferred).
 
     Examples
     --------
@@ -266,9 +224,11 @@ class ChunkReader:
         cache_bytes: int = 128 << 20,
         threads: int | None = None,
         readahead: bool = True,
+        remedy: str | None = None,
     ) -> None:
         self.array = array
         self.where = where
+        self.remedy = remedy or DEFAULT_REMEDY
         self.name = array.path or array.name
         self.cache_bytes = int(cache_bytes)
         self.threads = max(1, threads or _cpu_count())
@@ -276,7 +236,7 @@ class ChunkReader:
         self.stats = {"hits": 0, "decoded": 0, "fetched_bytes": 0, "readahead": 0}
         try:
             self.plan: _Plan | None = _Plan(array)
-        except _Unsupported as exc:
+        except UnsupportedChunks as exc:
             log.info("%s/%s: generic zarr reads (%s)", where, self.name, exc)
             self.plan = None
         from zarr.storage import LocalStore
@@ -527,7 +487,7 @@ class ChunkReader:
             dests = [np.empty(p.chunk_shape, dtype=p.dtype) for _ in cids]
             self._decode_into(cids, dests, split=False)
             with self._ahead_lock:
-                self._ahead.update(zip(cids, dests))
+                self._ahead.update(zip(cids, dests, strict=True))
                 self.stats["readahead"] += len(cids)
         except Exception:  # the reader decodes these again and reports the error itself
             log.debug("read-ahead of %s chunks %s failed", self.name, cids, exc_info=True)
@@ -544,12 +504,13 @@ class ChunkReader:
         if not p.sharded:
             keys = [p.object_key(c) for c in cids]
             data = self._bytes.get([(k, None, None) for k in keys])
-            return [(d, k, None) for d, k in zip(data, keys)]
+            return [(d, k, None) for d, k in zip(data, keys, strict=True)]
         cps = p.chunks_per_shard
         shards = sorted({c // cps for c in cids} - self._shard_index.keys())
         if shards:
             self._load_shard_indexes(shards)
-        requests, where = [], []
+        requests: list[tuple[str, int | None, int | None]] = []
+        where: list[tuple[int | None, str, int | None]] = []
         for c in cids:
             index = self._shard_index[c // cps]
             key = p.object_key(c // cps)
@@ -572,7 +533,7 @@ class ChunkReader:
         else:
             whole = self._bytes.get([(k, None, None) for k in keys])
             data = [None if w is None else w[len(w) - size :] for w in whole]
-        for s, k, raw in zip(shards, keys, data):
+        for s, k, raw in zip(shards, keys, data, strict=True):
             if raw is None:
                 self._shard_index[s] = None  # the whole shard is absent: fill value
                 continue
@@ -580,14 +541,14 @@ class ChunkReader:
             if len(raw) != size:
                 raise StoreCorruptError(
                     f"{self.where}: shard {k!r} of array {self.name!r} is {len(raw)} bytes at its "
-                    f"index, expected a {size}-byte shard index. The store is damaged; convert "
-                    f"it again with --overwrite."
+                    f"index, expected a {size}-byte shard index. The store is damaged; "
+                    f"{self.remedy}"
                 )
             stored = int.from_bytes(raw[-4:], "little")
             if _crc32c(raw[:-4]) != stored:
                 raise StoreCorruptError(
                     f"{self.where}: the index of shard {k!r} of array {self.name!r} fails its "
-                    f"crc32c check. The store is damaged; convert it again with --overwrite."
+                    f"crc32c check. The store is damaged; {self.remedy}"
                 )
             self._shard_index[s] = np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
 
@@ -621,7 +582,7 @@ class ChunkReader:
         p = self.plan
         assert p is not None
         fetched = 0
-        for c, (src, key, off), dest in zip(cids, sources, dests):
+        for c, (src, key, off), dest in zip(cids, sources, dests, strict=True):
             if src is None:
                 dest[...] = p.fill_value
                 continue
@@ -654,179 +615,5 @@ class ChunkReader:
         span = f" (bytes {off}-{off + size - 1})" if off is not None else ""
         return StoreCorruptError(
             f"{self.where}: chunk {c} of array {self.name!r} ({rows}), stored in {key!r}{span}, "
-            f"{what}. The store is damaged; convert it again with --overwrite "
-            f"(or copy the object again if it was transferred)."
+            f"{what}. The store is damaged; {self.remedy}"
         )
-
-
-# -- per-step arrays ------------------------------------------------------------------------
-
-
-class StepColumn:
-    """A per-step array loaded lazily, chunk by chunk, kept in a compact dtype.
-
-    ``column[rows]`` returns values in the array's own dtype. Each chunk is
-    decoded the first time one of its rows is asked for and stored in the smallest
-    candidate dtype that round-trips its bytes exactly (int8 for actions and DQN's
-    clipped rewards), widening the whole column if a later chunk needs it. The
-    backing array is allocated untouched, so memory grows only with the chunks read.
-
-    Examples
-    --------
-    >>> import numpy as np, zarr
-    >>> a = zarr.create_array({}, shape=(10,), chunks=(4,), dtype="float32")
-    >>> a[:] = np.arange(10) - 5
-    >>> col = StepColumn(a, where="memory")
-    >>> col[np.array([9, 0])].tolist(), col.compact_dtype
-    ([4.0, -5.0], dtype('int8'))
-    >>> a[3] = 0.5
-    >>> StepColumn(a, where="memory")[np.arange(10)][3]
-    np.float32(0.5)
-    """
-
-    def __init__(self, array: zarr.Array, *, where: str) -> None:
-        self._reader = ChunkReader(array, where=where, cache_bytes=0, threads=1, readahead=False)
-        self.dtype = np.dtype(array.dtype)
-        self._n = int(array.shape[0])
-        self._chunk_rows = int(array.chunks[0])
-        small = np.dtype("bool") if self.dtype == np.bool_ else np.dtype("int8")
-        self.compact_dtype = (
-            small if small.itemsize < self.dtype.itemsize or small == self.dtype else self.dtype
-        )
-        # np.empty of a large size maps untouched pages: no memory until a chunk is read.
-        self._values = np.empty(self._n, dtype=self.compact_dtype)
-        self._loaded = np.zeros(-(-self._n // self._chunk_rows), dtype=bool)
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, rows: Any) -> np.ndarray:
-        rows = np.asarray(rows, dtype=np.int64)
-        cids = rows // self._chunk_rows
-        need = np.unique(cids[~self._loaded[cids]])
-        if need.size:
-            self._load(need.tolist())
-        return self._values[rows].astype(self.dtype, copy=False)
-
-    def to_numpy(self) -> np.ndarray:
-        """Every value, in the array's dtype."""
-        return self[np.arange(self._n)]
-
-    def _load(self, cids: list[int]) -> None:
-        with self._lock:
-            cids = [c for c in cids if not self._loaded[c]]
-            for c in cids:
-                # one chunk at a time: a batch touching hundreds of chunks of a huge
-                # store must not hold hundreds of decoded chunks at once
-                [block] = self._reader.decode_chunks([c])
-                lo = c * self._chunk_rows
-                hi = min(lo + self._chunk_rows, self._n)
-                data = np.ascontiguousarray(block[: hi - lo], dtype=self.dtype)
-                if self._values.dtype != self.dtype:
-                    back = data.astype(self._values.dtype).astype(self.dtype)
-                    if not np.array_equal(back.view(np.uint8), data.view(np.uint8)):
-                        log.debug("widening %s to %s", self._reader.name, self.dtype)
-                        self._values = self._values.astype(self.dtype)
-                self._values[lo:hi] = data
-                self._loaded[c] = True
-
-
-class _Derived:
-    """A read-only per-row column computed from the per-episode table."""
-
-    def __init__(self, n: int, fn: Callable[[np.ndarray], np.ndarray]) -> None:
-        self._n = n
-        self._fn = fn
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, rows: Any) -> np.ndarray:
-        return self._fn(np.asarray(rows, dtype=np.int64))
-
-    def to_numpy(self) -> np.ndarray:
-        return self[np.arange(self._n)]
-
-
-def episode_table(meta: dict[str, Any], n: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(length, terminated)`` per episode from ``meta["episodes"]``, or None if unusable.
-
-    Usable means well formed, every length positive, and the lengths adding up to the
-    ``n`` rows in use; otherwise the per-step arrays are the truth.
-    """
-    table = meta.get("episodes")
-    if not isinstance(table, dict):
-        return None
-    try:
-        length = np.asarray(table["length"], dtype=np.int64)
-        term = np.asarray(table["terminated"], dtype=bool)
-    except (KeyError, TypeError, ValueError):
-        return None
-    if (
-        length.ndim != 1
-        or length.shape != term.shape
-        or (length <= 0).any()
-        or int(length.sum()) != n
-    ):
-        return None
-    return length, term
-
-
-def _episode_columns(meta: dict[str, Any], n: int) -> dict[str, _Derived] | None:
-    """Episode id, terminated and truncated from ``meta["episodes"]``, or None if unusable."""
-    table = episode_table(meta, n)
-    if table is None:
-        return None
-    length, term = table
-    ends = np.cumsum(length) - 1  # last row of every episode
-
-    def episode(rows: np.ndarray) -> np.ndarray:
-        return np.searchsorted(ends, rows, side="left").astype(np.int64)
-
-    def end_flag(flag: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
-        def fn(rows: np.ndarray) -> np.ndarray:
-            ep = np.searchsorted(ends, rows, side="left")
-            return (ends[ep] == rows) & flag[ep]
-
-        return fn
-
-    return {
-        "episode": _Derived(n, episode),
-        "terminated": _Derived(n, end_flag(term)),
-        "truncated": _Derived(n, end_flag(~term)),
-        "done": _Derived(n, lambda rows: ends[np.searchsorted(ends, rows, side="left")] == rows),
-    }
-
-
-def open_step_columns(
-    group: zarr.Group, meta: dict[str, Any], where: str, *, n: int | None = None
-) -> dict[str, Any]:
-    """Lazy per-step columns of a store, keyed by layout array name (plus ``"done"``).
-
-    Episode id, terminated, truncated and done come from the per-episode table in
-    the attributes when its lengths add up to the number of rows; otherwise from
-    the arrays. Every column supports ``column[rows] -> numpy.ndarray`` and ``len``.
-    """
-    from atari_zarr.layout import ACTION, EPISODE, OBSERVATION, REWARD, TERMINATED, TRUNCATED
-
-    if n is None:  # rows in use (an unfinished recording uses a prefix)
-        n = int(group[OBSERVATION].shape[0])
-    cols: dict[str, Any] = {
-        ACTION: StepColumn(group[ACTION], where=where),
-        REWARD: StepColumn(group[REWARD], where=where),
-    }
-    derived = _episode_columns(meta, n)
-    if derived is not None:
-        cols[EPISODE] = derived["episode"]
-        cols[TERMINATED] = derived["terminated"]
-        cols[TRUNCATED] = derived["truncated"]
-        cols["done"] = derived["done"]
-    else:
-        term = StepColumn(group[TERMINATED], where=where)
-        trunc = StepColumn(group[TRUNCATED], where=where)
-        cols[EPISODE] = StepColumn(group[EPISODE], where=where)
-        cols[TERMINATED] = term
-        cols[TRUNCATED] = trunc
-        cols["done"] = _Derived(n, lambda rows: term[rows] | trunc[rows])
-    return cols

@@ -11,7 +11,8 @@ import torch
 import zarr
 from tensordict import TensorDict
 
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.episodes import episode_table
+from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
 from atari_zarr.layout import (
     ACTION,
     EPISODE,
@@ -21,10 +22,15 @@ from atari_zarr.layout import (
     REWARD,
     TERMINATED,
     TRUNCATED,
+    get_array,
     read_metadata,
 )
-from atari_zarr.read.chunks import ChunkReader, episode_table, open_step_columns
-from atari_zarr.storage.remote import default_timeout, is_url, open_zarr_store, redact
+from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.columns import open_step_columns
+from atari_zarr.read.indexing import normalize_index
+from atari_zarr.storage.deadline import default_timeout
+from atari_zarr.storage.paths import is_url, redact
+from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = ["AtariZarrDataset", "collate_batch", "stacked_rows"]
 
@@ -80,28 +86,28 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     Raises
     ------
+    StoreNotFoundError
+        If nothing is at ``path_or_url``.
     StoreIncompleteError
-        If the store's writer has not finished (and ``partial`` does not apply).
+        If the store's writer has not finished (and ``partial`` does not apply): the
+        message names the command that finishes it.
     StoreFormatError
         If the location is not an atari_zarr store this version can read.
+    StoreCorruptError
+        If a store marked complete has lost arrays (or, from ``__getitem__``, bytes).
     RemoteAccessError, RemoteTimeoutError
         If the remote store cannot be read (also later, from ``__getitem__``).
 
     Examples
     --------
-    >>> import tempfile
-    >>> from atari_zarr import convert
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> root, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300)
-    >>> [store] = convert(root, dest, progress=False)
-    >>> ds = AtariZarrDataset(store.url)
+    >>> # store_url: a store made by `atari-zarr convert` (here a small Pong/1 fixture run)
+    >>> ds = AtariZarrDataset(store_url)
     >>> batch = ds[[0, 1, 2]]
     >>> batch["observation"].shape, batch["next", "reward"].shape
     (torch.Size([3, 84, 84]), torch.Size([3, 1]))
     >>> ds.sample(8, generator=torch.Generator().manual_seed(0)).batch_size
     torch.Size([8])
-    >>> AtariZarrDataset(store.url, frame_stack=4)[[0, 1]]["next", "observation"].shape
+    >>> AtariZarrDataset(store_url, frame_stack=4)[[0, 1]]["next", "observation"].shape
     torch.Size([2, 4, 84, 84])
     """
 
@@ -143,7 +149,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             # consolidated metadata, so opening costs one request plus the step arrays.
             group = zarr.open_group(store, mode="r", zarr_format=3)
         except FileNotFoundError as exc:
-            raise FileNotFoundError(
+            raise StoreNotFoundError(
                 f"{redact(self.url)} is not a Zarr store: expected a directory or URL written "
                 f"by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
             ) from None if is_url(self.url) else exc
@@ -154,16 +160,23 @@ class AtariZarrDataset(torch.utils.data.Dataset):
                 read_metadata(group, self.url)  # raises the usual StoreIncompleteError
             n = int(meta[FLUSHED_KEY]["transitions"])
         self.metadata: dict[str, Any] = meta
+        #: The store's URL for messages, credentials removed.
+        self.where = redact(self.url)
         self._group = group
-        self._obs = group[OBSERVATION]
+        self._obs = get_array(group, OBSERVATION, self.url)
         # rows in use: all of a complete store, the flushed prefix of a recording
         self._n = int(self._obs.shape[0]) if n is None else n
         # Frame after each episode's last row, where the writer kept it (collector).
-        self._final_obs = group[FINAL_OBSERVATION] if FINAL_OBSERVATION in group else None
-        self._frames = ChunkReader(self._obs, where=self.url, cache_bytes=self.frame_cache_bytes)
+        self._final_obs = (
+            get_array(group, FINAL_OBSERVATION, self.url) if FINAL_OBSERVATION in group else None
+        )
+        remedy = _remedy(meta)
+        self._frames = ChunkReader(
+            self._obs, where=self.url, cache_bytes=self.frame_cache_bytes, remedy=remedy
+        )
         # Per-step columns load lazily (``column[rows] -> ndarray``): opening a
         # 50M-transition store must not read ~1 GB of per-step data.
-        steps = open_step_columns(group, self.metadata, self.url, n=self._n)
+        steps = open_step_columns(group, self.metadata, self.url, n=self._n, remedy=remedy)
         self._action = steps[ACTION]
         self._episode = steps[EPISODE]
         self._reward = steps[REWARD]
@@ -203,35 +216,6 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             f"transitions={len(self)})"
         )
 
-    def _indices(self, idx: Any) -> tuple[np.ndarray, bool]:
-        n = len(self)
-        scalar = False
-        if isinstance(idx, slice):
-            rows = np.arange(*idx.indices(n), dtype=np.int64)
-        else:
-            if isinstance(idx, torch.Tensor):
-                idx = idx.detach().cpu().numpy()
-            arr = np.asarray(idx)
-            if arr.dtype == bool:
-                if arr.shape != (n,):
-                    raise IndexError(
-                        f"boolean index of shape {arr.shape} does not match the dataset's "
-                        f"{n} transitions"
-                    )
-                arr = np.flatnonzero(arr)
-            if arr.dtype.kind not in "iu":
-                raise TypeError(
-                    f"indices must be integers, a slice, or a boolean mask; got dtype {arr.dtype}"
-                )
-            scalar = arr.ndim == 0
-            rows = np.atleast_1d(arr).astype(np.int64).ravel()
-        bad = (rows < -n) | (rows >= n)
-        if bad.any():
-            raise IndexError(
-                f"index {int(rows[bad][0])} is out of range for {self.url} with {n} transitions"
-            )
-        return np.where(rows < 0, rows + n, rows), scalar
-
     def read_frames(self, rows: np.ndarray) -> np.ndarray:
         """Frames at ``rows`` (any order, repeats allowed), each chunk read once.
 
@@ -245,7 +229,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         numpy.ndarray
             ``(len(rows), 84, 84)`` uint8.
         """
-        # fastread groups rows by chunk, decodes each chunk once (GIL released) and
+        # the chunk reader groups rows by chunk, decodes each chunk once (GIL released) and
         # caches it; layouts it does not know go through zarr's generic indexing.
         return self._frames.read(rows)
 
@@ -254,7 +238,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         if self._first_rows is None:
             table = episode_table(self.metadata, len(self))
             if table is not None:
-                self._first_rows = np.concatenate([[0], np.cumsum(table[0])[:-1]])
+                self._first_rows = table.starts
             else:  # no usable table (an unfinished recording): one pass over the ids
                 ep = self._episode.to_numpy()
                 self._first_rows = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if ep.size else ep
@@ -281,7 +265,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         return out[:, :k], out[:, 1:]
 
     def __getitem__(self, idx: Any) -> TensorDict:
-        rows, scalar = self._indices(idx)
+        rows, scalar = normalize_index(idx, len(self), self.where)
         done = self._done[rows]
         obs, next_obs = self._observations(rows, done)
         if self._final_obs is not None and done.any():
@@ -357,6 +341,16 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     @property
     def run(self) -> str | None:
         return self.metadata.get("run")
+
+
+def _remedy(meta: dict[str, Any]) -> str | None:
+    """What to do about a damaged chunk of this store: run its command again, from scratch."""
+    command = meta.get("command")
+    if not isinstance(command, str) or not command:
+        return None
+    if "--overwrite" not in command.split():
+        command += " --overwrite"
+    return f"write it again ({command}), or copy the object again if it was transferred."
 
 
 def stacked_rows(

@@ -1,15 +1,16 @@
-"""Several stores as one dataset: :class:`MultiGameDataset`, and listing a root.
+"""Several stores as one dataset: :class:`MultiGameDataset`.
 
 Plain PyTorch, no TorchRL: every item carries a ``game_id`` (position of its store
 in :attr:`MultiGameDataset.games`), and :meth:`MultiGameDataset.sampler` draws games
-with given weights whatever their sizes.
+with given weights whatever their sizes: a :class:`MixtureSampler` picks a store by
+its weight, then a uniform row of it, so its memory grows with the number of
+stores, never with the number of transitions.
 """
 
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,74 +18,13 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError
-from atari_zarr.layout import store_path
 from atari_zarr.read.dataset import AtariZarrDataset
-from atari_zarr.storage.remote import get_fs
+from atari_zarr.read.indexing import normalize_index
+from atari_zarr.storage.catalog import complete_stores, name_to_url, store_state
 
-__all__ = ["MultiGameDataset", "list_stores", "name_to_url"]
+__all__ = ["MixtureSampler", "MultiGameDataset", "draw_mixture", "store_probabilities"]
 
 log = logging.getLogger("atari_zarr")
-
-_RUN_SUFFIX = ".zarr"
-
-
-def _natural(name: str) -> tuple[Any, ...]:
-    # "Pong/10" after "Pong/2"
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
-
-
-def list_stores(root: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-    """The ``"Game/run"`` names of the stores under ``root`` (``{root}/{Game}/{run}.zarr``).
-
-    Parameters
-    ----------
-    root : str
-        Local directory or fsspec URL that ``atari-zarr convert`` wrote to.
-    storage_options : dict, optional
-        fsspec options for URLs.
-
-    Returns
-    -------
-    list of str
-        Sorted by game, then run number.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> from atari_zarr import convert
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> src, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = write_fixture_run(src, "Pong", "2", capacity=64, steps=100)
-    >>> _ = convert(src, dest, progress=False)
-    >>> list_stores(dest)
-    ['Pong/2']
-    """
-    fs, path = get_fs(root, storage_options)
-    path = path.rstrip("/")
-    if not fs.isdir(path):
-        raise FileNotFoundError(
-            f"{root} does not exist or is not a directory: expected the destination of "
-            f"`atari-zarr convert`, holding {{Game}}/{{run}}.zarr stores"
-        )
-    found = []
-    # a store is a directory {Game}/{run}.zarr with a zarr.json at its top
-    for meta in fs.glob(f"{path}/*/*{_RUN_SUFFIX}/zarr.json"):
-        parts = meta.rstrip("/").split("/")
-        game, run = parts[-3], parts[-2][: -len(_RUN_SUFFIX)]
-        found.append(f"{game}/{run}")
-    return sorted(found, key=_natural)
-
-
-def name_to_url(root: str, name: str) -> str:
-    """Where the store of ``"Game/run"`` lives under ``root``.
-
-    Examples
-    --------
-    >>> name_to_url("gs://bucket/atari", "Pong/5")
-    'gs://bucket/atari/Pong/5.zarr'
-    """
-    game, _, run = str(name).partition("/")
-    return store_path(str(root), game, run)
 
 
 class MultiGameDataset(torch.utils.data.Dataset):
@@ -112,17 +52,12 @@ class MultiGameDataset(torch.utils.data.Dataset):
 
     Examples
     --------
-    >>> import tempfile
-    >>> from atari_zarr import convert
     >>> from atari_zarr.read.dataset import collate_batch
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> src, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> for game in ("Pong", "Breakout"):
-    ...     _ = write_fixture_run(src, game, "1", capacity=64, steps=150)
-    >>> stores = convert(src, dest, progress=False)
-    >>> mix = MultiGameDataset.from_root(dest, ["Pong/1", "Breakout/1"], weights=[0.5, 0.5])
+    >>> # store_url: a converted Pong/1 fixture store; any stores mix the same way
+    >>> # (MultiGameDataset.from_root opens every store under a root)
+    >>> mix = MultiGameDataset([store_url, store_url], weights=[0.25, 0.75])
     >>> mix.games
-    ['Pong/1', 'Breakout/1']
+    ['Pong/1', 'Pong/1']
     >>> batch = mix.sample(64, generator=torch.Generator().manual_seed(0))
     >>> sorted(set(batch["game_id"].tolist()))
     [0, 1]
@@ -157,21 +92,8 @@ class MultiGameDataset(torch.utils.data.Dataset):
         self.games = [f"{d.game}/{d.run}" if d.game is not None else d.url for d in self.datasets]
         lengths = np.array([len(d) for d in self.datasets], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(lengths)])
-        if weights is None:
-            w = lengths.astype(np.float64)
-        else:
-            w = np.asarray(weights, dtype=np.float64)
-            if w.shape != (len(self.datasets),) or not np.all(np.isfinite(w)) or (w < 0).any():
-                raise InvalidArgumentError(
-                    f"weights must be {len(self.datasets)} non-negative numbers, one per store "
-                    f"({self.games}); got {list(weights)}"
-                )
-        w = np.where(lengths > 0, w, 0.0)
-        if w.sum() <= 0:
-            raise InvalidArgumentError(
-                f"no store can be drawn: every store is empty or has weight 0 ({self.games})"
-            )
-        self.weights = w / w.sum()
+        #: Probability of drawing each store (sums to 1; 0 for empty stores).
+        self.weights = store_probabilities(lengths, weights, self.games)
 
     @classmethod
     def from_root(
@@ -183,14 +105,31 @@ class MultiGameDataset(torch.utils.data.Dataset):
         weights: Sequence[float] | None = None,
         frame_stack: int = 1,
     ) -> MultiGameDataset:
-        """Open ``{root}/{Game}/{run}.zarr`` for each ``"Game/run"`` in ``names`` (default: all)."""
-        available = list_stores(root, storage_options)
+        """Open ``{root}/{Game}/{run}.zarr`` for each ``"Game/run"`` in ``names``.
+
+        The default is every complete store under ``root``
+        (:func:`~atari_zarr.storage.catalog.complete_stores`): unfinished
+        conversions are left out.
+        """
+        available = complete_stores(root, storage_options)
         names = list(available if names is None else names)
         missing = [n for n in names if n not in available]
         if missing:
+            unfinished = [
+                n
+                for n in missing
+                if store_state(name_to_url(root, n), storage_options) == "incomplete"
+            ]
+            hint = (
+                f" {unfinished} are unfinished: run the command that started each again to "
+                f"finish it (`atari-zarr info STORE` shows it)."
+                if unfinished
+                else ""
+            )
             raise StoreFormatError(
-                f"{root} holds no store for {missing}: expected {{root}}/{{Game}}/{{run}}.zarr; "
-                f"available: {available}. Convert them with `atari-zarr convert`."
+                f"{root} holds no store for {missing}: expected complete "
+                f"{{root}}/{{Game}}/{{run}}.zarr stores; available: {available}.{hint} "
+                f"Convert them with `atari-zarr convert`."
             )
         urls = [name_to_url(root, n) for n in names]
         return cls(urls, weights=weights, storage_options=storage_options, frame_stack=frame_stack)
@@ -201,26 +140,21 @@ class MultiGameDataset(torch.utils.data.Dataset):
     def __repr__(self) -> str:
         return f"MultiGameDataset(games={self.games}, transitions={len(self)})"
 
+    def _rows(self, idx: Any) -> tuple[np.ndarray, bool]:
+        return normalize_index(idx, len(self), f"MultiGameDataset of {len(self.games)} stores")
+
+    def _split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        # side="right" skips empty stores: their offset equals the next store's
+        game = np.searchsorted(self.offsets, rows, side="right") - 1
+        return game, rows - self.offsets[game]
+
     def locate(self, idx: Any) -> tuple[np.ndarray, np.ndarray]:
-        """``(game_id, row)`` of each global index."""
-        if isinstance(idx, torch.Tensor):
-            idx = idx.detach().cpu().numpy()
-        arr = np.atleast_1d(np.asarray(idx)).astype(np.int64).ravel()
-        n = len(self)
-        bad = (arr < -n) | (arr >= n)
-        if bad.any():
-            raise IndexError(f"index {int(arr[bad][0])} is out of range for {n} transitions")
-        arr = np.where(arr < 0, arr + n, arr)
-        game = np.searchsorted(self.offsets, arr, side="right") - 1
-        return game, arr - self.offsets[game]
+        """``(game_id, row)`` of each global index (any index ``__getitem__`` takes)."""
+        return self._split(self._rows(idx)[0])
 
     def __getitem__(self, idx: Any) -> TensorDict:
-        scalar = isinstance(idx, (int, np.integer)) or (
-            isinstance(idx, (np.ndarray, torch.Tensor)) and idx.ndim == 0
-        )
-        if isinstance(idx, slice):
-            idx = np.arange(*idx.indices(len(self)))
-        game, row = self.locate(idx)
+        rows, scalar = self._rows(idx)
+        game, row = self._split(rows)
         parts, where = [], []
         for g in np.unique(game):
             sel = np.flatnonzero(game == g)
@@ -245,27 +179,181 @@ class MultiGameDataset(torch.utils.data.Dataset):
         """A batch at once (``DataLoader`` automatic batching; use ``collate_batch``)."""
         return self[np.asarray(indices, dtype=np.int64)]
 
-    def item_weights(self) -> torch.Tensor:
-        """Per-item probability that realises the store weights (sums to 1)."""
-        lengths = np.diff(self.offsets)
-        per_item = np.divide(
-            self.weights, lengths, out=np.zeros_like(self.weights), where=lengths > 0
-        )
-        return torch.from_numpy(np.repeat(per_item, lengths))
-
     def sampler(
         self, num_samples: int, *, generator: torch.Generator | None = None
-    ) -> torch.utils.data.WeightedRandomSampler:
-        """A ``DataLoader`` sampler drawing ``num_samples`` items with the store weights."""
-        return torch.utils.data.WeightedRandomSampler(
-            self.item_weights(), num_samples, replacement=True, generator=generator
-        )
+    ) -> MixtureSampler:
+        """A ``DataLoader`` sampler drawing ``num_samples`` items with the store weights.
+
+        Each item's store is drawn by weight, then a uniform row of it: memory grows
+        with the number of stores, not of transitions. With the same ``generator``
+        seed it yields the indices :meth:`sample` reads.
+        """
+        return MixtureSampler(np.diff(self.offsets), self.weights, num_samples, generator=generator)
 
     def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
         """A batch: each item's store drawn with the weights, then a uniform row of it."""
-        probs = torch.from_numpy(self.weights)
-        game = torch.multinomial(probs, int(batch_size), replacement=True, generator=generator)
-        lengths = torch.from_numpy(np.diff(self.offsets))
-        u = torch.rand(int(batch_size), generator=generator, dtype=torch.float64)
-        row = (u * lengths[game]).long().clamp_max(lengths[game] - 1)
-        return self[torch.from_numpy(self.offsets)[game] + row]
+        return self[draw_mixture(self.offsets, self.weights, int(batch_size), generator)]
+
+
+def store_probabilities(
+    lengths: Sequence[int] | np.ndarray,
+    weights: Sequence[float] | np.ndarray | None,
+    names: Sequence[str] | None = None,
+) -> np.ndarray:
+    """The probability of drawing each store: ``weights`` normalised, 0 for empty stores.
+
+    Parameters
+    ----------
+    lengths : sequence of int
+        Transitions per store.
+    weights : sequence of float, optional
+        Relative weight of each store; default proportional to ``lengths``.
+    names : sequence of str, optional
+        The stores, for error messages.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Weights that are not one non-negative finite number per store, or no store
+        that can be drawn (all empty or weighted 0).
+
+    Examples
+    --------
+    >>> store_probabilities([10, 0, 30], [1, 5, 1]).tolist()
+    [0.5, 0.0, 0.5]
+    >>> store_probabilities([10, 30], None).tolist()
+    [0.25, 0.75]
+    """
+    sizes = np.asarray(lengths, dtype=np.int64)
+    labels = list(names) if names is not None else [f"store {i}" for i in range(sizes.size)]
+    if sizes.ndim != 1 or (sizes < 0).any():
+        raise InvalidArgumentError(
+            f"lengths must be one non-negative number of transitions per store; "
+            f"got {sizes.tolist()}"
+        )
+    if weights is None:
+        w = sizes.astype(np.float64)
+    else:
+        w = np.asarray(weights, dtype=np.float64)
+        if w.shape != sizes.shape or not np.all(np.isfinite(w)) or (w < 0).any():
+            raise InvalidArgumentError(
+                f"weights must be {sizes.size} non-negative numbers, one per store "
+                f"({labels}); got {list(weights)}"
+            )
+    w = np.where(sizes > 0, w, 0.0)
+    if w.sum() <= 0:
+        raise InvalidArgumentError(
+            f"no store can be drawn: every store is empty or has weight 0 ({labels})"
+        )
+    return w / w.sum()
+
+
+def draw_mixture(
+    offsets: np.ndarray, probs: np.ndarray, count: int, generator: torch.Generator | None
+) -> torch.Tensor:
+    """``count`` global indices: a store drawn by ``probs``, then a uniform row of it.
+
+    The one two-stage draw behind :meth:`MultiGameDataset.sample` and
+    :class:`MixtureSampler`. Memory is ``O(count + stores)``.
+
+    Parameters
+    ----------
+    offsets : numpy.ndarray
+        ``(S + 1,)`` int64: store ``g`` holds global indices ``offsets[g]`` to
+        ``offsets[g + 1] - 1``.
+    probs : numpy.ndarray
+        ``(S,)`` probability of each store (:func:`store_probabilities`).
+    count : int
+        Indices to draw.
+    generator : torch.Generator or None
+        Source of randomness (None: torch's global generator).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(count,)`` int64.
+
+    Examples
+    --------
+    >>> offsets, probs = np.array([0, 10**11, 10**11 + 5]), np.array([0.0, 1.0])
+    >>> idx = draw_mixture(offsets, probs, 4, torch.Generator().manual_seed(0))
+    >>> [10**11 <= i < 10**11 + 5 for i in idx.tolist()]
+    [True, True, True, True]
+    """
+    offsets_t = torch.as_tensor(np.asarray(offsets, dtype=np.int64))
+    if count == 0:  # torch.multinomial refuses to draw nothing
+        return torch.zeros(0, dtype=torch.int64)
+    store = torch.multinomial(
+        torch.as_tensor(np.asarray(probs, dtype=np.float64)),
+        count,
+        replacement=True,
+        generator=generator,
+    )
+    rows = torch.empty(count, dtype=torch.int64)
+    # an exact uniform row per item, one torch.randint per store drawn (it takes one
+    # bound), stores in index order so that a seed always gives the same indices
+    for g in torch.unique(store).tolist():
+        sel = store == g
+        length = int(offsets_t[g + 1] - offsets_t[g])
+        rows[sel] = torch.randint(0, length, (int(sel.sum()),), generator=generator)
+    return offsets_t[store] + rows
+
+
+class MixtureSampler(torch.utils.data.Sampler[int]):
+    """Indices into a mixture of stores: a store drawn by weight, then a uniform row of it.
+
+    The ``DataLoader`` sampler of :meth:`MultiGameDataset.sampler`, usable on its own
+    for any concatenation of datasets. Unlike a ``WeightedRandomSampler`` over one
+    weight per transition, it holds one number per store, so a mixture of 60 games
+    of 50 M transitions each costs a few kilobytes, not gigabytes. Indices are drawn
+    with replacement, in blocks, as iteration asks for them.
+
+    Parameters
+    ----------
+    lengths : sequence of int
+        Transitions per store, in the order the stores are concatenated.
+    weights : sequence of float, optional
+        Relative probability of each store; default proportional to its length
+        (uniform over all transitions).
+    num_samples : int
+        Indices per pass (``len(sampler)``).
+    generator : torch.Generator, optional
+        For reproducible draws.
+
+    Examples
+    --------
+    >>> sampler = MixtureSampler([10**11, 5], [0.5, 0.5], 6,
+    ...                          generator=torch.Generator().manual_seed(0))
+    >>> len(sampler), all(0 <= i < 10**11 + 5 for i in sampler)
+    (6, True)
+    """
+
+    #: Indices drawn at a time: bounds the memory of a pass, whatever ``num_samples``.
+    block: int = 1 << 16
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray,
+        weights: Sequence[float] | np.ndarray | None,
+        num_samples: int,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int | np.integer):
+            raise InvalidArgumentError(
+                f"num_samples must be a non-negative integer; got {num_samples!r}"
+            )
+        if num_samples < 0:
+            raise InvalidArgumentError(f"num_samples must be non-negative; got {num_samples}")
+        self.probs = store_probabilities(lengths, weights)
+        self.offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
+        self.num_samples = int(num_samples)
+        self.generator = generator
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __iter__(self) -> Iterator[int]:
+        for start in range(0, self.num_samples, self.block):
+            count = min(self.block, self.num_samples - start)
+            yield from draw_mixture(self.offsets, self.probs, count, self.generator).tolist()

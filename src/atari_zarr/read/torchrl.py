@@ -21,24 +21,27 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from atari_zarr.errors import InvalidArgumentError, ReadOnlyDatasetError, StoreFormatError
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    ReadOnlyDatasetError,
+    StoreFormatError,
+    import_optional,
+)
 from atari_zarr.read.dataset import AtariZarrDataset, collate_batch
-from atari_zarr.read.mixing import list_stores, name_to_url
+from atari_zarr.read.indexing import normalize_index
+from atari_zarr.storage.catalog import complete_stores, name_to_url
 
-try:
-    from torchrl.data.datasets.common import BaseDatasetExperienceReplay
-    from torchrl.data.replay_buffers.samplers import (
-        SamplerWithoutReplacement,
-        SliceSampler,
-        SliceSamplerWithoutReplacement,
-    )
-    from torchrl.data.replay_buffers.storages import Storage
-    from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "atari_zarr.torchrl needs TorchRL: pip install 'atari-zarr[torchrl]' "
-        "(or pip install torchrl)"
-    ) from exc
+# MissingDependencyError naming the extra when TorchRL is not installed
+import_optional("torchrl", extra="torchrl", purpose="atari_zarr.torchrl")
+
+from torchrl.data.datasets.common import BaseDatasetExperienceReplay  # noqa: E402
+from torchrl.data.replay_buffers.samplers import (  # noqa: E402
+    SamplerWithoutReplacement,
+    SliceSampler,
+    SliceSamplerWithoutReplacement,
+)
+from torchrl.data.replay_buffers.storages import Storage  # noqa: E402
+from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter  # noqa: E402
 
 __all__ = ["AtariZarrExperienceReplay", "AtariZarrStorage"]
 
@@ -69,16 +72,11 @@ class AtariZarrStorage(Storage):
 
     Examples
     --------
-    >>> import tempfile
     >>> from torchrl.data import TensorDictReplayBuffer
-    >>> from atari_zarr import convert
     >>> from atari_zarr.read.dataset import collate_batch
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> src, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = write_fixture_run(src, "Pong", "1", capacity=64, steps=150)
-    >>> [store] = convert(src, dest, progress=False)
+    >>> # store_url: a store made by `atari-zarr convert` (here a small Pong/1 fixture run)
     >>> rb = TensorDictReplayBuffer(
-    ...     storage=AtariZarrStorage(store.url), batch_size=8, collate_fn=collate_batch)
+    ...     storage=AtariZarrStorage(store_url), batch_size=8, collate_fn=collate_batch)
     >>> rb.sample()["observation"].shape
     torch.Size([8, 84, 84])
     """
@@ -111,29 +109,8 @@ class AtariZarrStorage(Storage):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.dataset!r})"
 
-    def _rows(self, index: Any) -> tuple[np.ndarray, bool]:
-        if isinstance(index, tuple):
-            if len(index) != 1:
-                raise IndexError(
-                    f"{type(self).__name__} is one-dimensional; got a {len(index)}-d index"
-                )
-            index = index[0]
-        if isinstance(index, (int, np.integer)):
-            return np.array([int(index)], dtype=np.int64), True
-        if isinstance(index, slice):
-            return np.arange(*index.indices(len(self)), dtype=np.int64), False
-        if isinstance(index, torch.Tensor):
-            if index.ndim == 0:
-                return np.array([int(index)], dtype=np.int64), True
-            if index.ndim == 2 and index.shape[1] == 1:
-                index = index.squeeze(1)
-            if index.ndim != 1:
-                raise IndexError(f"only 1-d indices are accepted; got shape {tuple(index.shape)}")
-            return index.detach().cpu().numpy().astype(np.int64), False
-        return np.asarray(list(index), dtype=np.int64), False
-
     def get(self, index: Any) -> TensorDictBase:
-        rows, scalar = self._rows(index)
+        rows, scalar = normalize_index(index, len(self), self.dataset.where)
         last = self._last
         if last is not None and np.array_equal(last[0], rows):
             self._last = None
@@ -222,15 +199,10 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
 
     Examples
     --------
-    >>> import tempfile
-    >>> from atari_zarr import convert
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> src, root = tempfile.mkdtemp(), tempfile.mkdtemp()
-    >>> _ = write_fixture_run(src, "Pong", "5", capacity=64, steps=300, max_episode_length=30)
-    >>> _ = convert(src, root, progress=False)
-    >>> dataset = AtariZarrExperienceReplay("Pong/5", batch_size=32, root=root, slice_len=8)
+    >>> # dest_root: where `atari-zarr convert` wrote stores (here a small Pong/1 fixture run)
+    >>> dataset = AtariZarrExperienceReplay("Pong/1", batch_size=32, root=dest_root, slice_len=8)
     >>> dataset.available_datasets
-    ['Pong/5']
+    ['Pong/1']
     >>> data = dataset.sample()
     >>> data["observation"].shape, data["next", "reward"].shape
     (torch.Size([32, 84, 84]), torch.Size([32, 1]))
@@ -327,13 +299,13 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
 
     @property
     def available_datasets(self) -> list[str]:
-        """The ``"Game/run"`` stores under :attr:`root`."""
-        return list_stores(self.root, self.storage_options)
+        """The ``"Game/run"`` complete stores under :attr:`root` (unfinished ones left out)."""
+        return complete_stores(self.root, self.storage_options)
 
     @staticmethod
     def list_datasets(root: str, storage_options: dict[str, Any] | None = None) -> list[str]:
-        """The ``"Game/run"`` stores under ``root`` (without opening one)."""
-        return list_stores(str(root), storage_options)
+        """The ``"Game/run"`` complete stores under ``root`` (without opening one)."""
+        return complete_stores(str(root), storage_options)
 
     @property
     def data_path(self) -> str:

@@ -2,13 +2,22 @@
 
 Needs the ``collect`` extra (``pip install 'atari-zarr[collect]'``): ale-py (whose
 wheel ships the ROMs), gymnasium, and opencv for gymnasium's ``AtariPreprocessing``.
+
+Every env id or game name the package accepts (``atari-zarr collect --env``,
+:func:`~atari_zarr.record.collector.collect`, :func:`make_dqn_env`, the game a
+recording is filed under) goes through :func:`game_of_env_id`.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+from types import ModuleType
 from typing import Any
 
-__all__ = ["DQN_SETTINGS", "make_dqn_env", "minimal_action_set", "quiet_ale"]
+from atari_zarr.errors import InvalidArgumentError, import_optional
+
+__all__ = ["DQN_SETTINGS", "game_of_env_id", "make_dqn_env", "minimal_action_set", "quiet_ale"]
 
 #: Preprocessing of the DQN Replay dataset (dopamine's Atari defaults).
 DQN_SETTINGS: dict[str, Any] = {
@@ -20,19 +29,86 @@ DQN_SETTINGS: dict[str, Any] = {
     "terminal_on_life_loss": False,
 }
 
+#: Where the games of ale-py are listed.
+GAMES_URL = "https://ale.farama.org/environments/"
 
-def _imports() -> tuple[Any, Any]:
-    try:
-        import ale_py
-        import gymnasium
-    except ImportError as exc:  # pragma: no cover - exercised without the extra
-        raise ImportError(
-            "recording Atari play needs ale-py, gymnasium and opencv-python-headless; "
-            "install them with: pip install 'atari-zarr[collect]'"
-        ) from exc
+_PURPOSE = "playing Atari games"
+
+
+def _gymnasium() -> ModuleType:
+    """gymnasium with ale-py's envs registered, or the install hint of the ``collect`` extra."""
+    ale_py = import_optional("ale_py", extra="collect", purpose=_PURPOSE)
+    gymnasium = import_optional("gymnasium", extra="collect", purpose=_PURPOSE)
     # gymnasium >= 1.0 does not discover the ALE/ namespace by itself.
     gymnasium.register_envs(ale_py)
-    return gymnasium, ale_py
+    return gymnasium
+
+
+@functools.cache
+def _games_by_id() -> dict[str, tuple[str, str]]:
+    """Every ALE env id registered with gymnasium, and every game name: to its game name.
+
+    Keys are lower case, so ``pong`` and ``ALE/pong-v5`` name Pong too; values are
+    ``(spelling of the key, game)``. Game names are those of the ``ALE/{Game}-v5``
+    ids; the older ids (``PongNoFrameskip-v4``) map to the same game through the ROM
+    they load.
+    """
+    specs = [
+        s
+        for s in _gymnasium().registry.values()
+        if str(s.entry_point).startswith("ale_py.") and "game" in s.kwargs
+    ]
+    game_of_rom = {s.kwargs["game"]: s.name for s in specs if s.namespace == "ALE"}
+    out = {game.lower(): (game, game) for game in game_of_rom.values()}
+    for s in specs:
+        if s.kwargs["game"] in game_of_rom:
+            out[s.id.lower()] = (s.id, game_of_rom[s.kwargs["game"]])
+    return out
+
+
+def game_of_env_id(env_id: str) -> str:
+    """The ALE game that an env id or game name names: the one parser of ``--env``.
+
+    Parameters
+    ----------
+    env_id : str
+        A game (``"Pong"``) or an Atari env id that ale-py registers with gymnasium
+        (``"ALE/Pong-v5"``, ``"PongNoFrameskip-v4"``, ``"Pong-v4"``, ...); case does
+        not matter. Only the game is taken from the id: :func:`make_dqn_env` always
+        applies DQN Replay's settings, whatever the id's own settings.
+
+    Returns
+    -------
+    str
+        The game as ale-py names it (``"Pong"``, ``"SpaceInvaders"``).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``env_id`` is neither (the message lists close matches).
+    MissingDependencyError
+        ale-py or gymnasium is not installed.
+
+    Examples
+    --------
+    >>> [game_of_env_id(i) for i in ("Pong", "ALE/Pong-v5", "PongNoFrameskip-v4", "pong-v4")]
+    ['Pong', 'Pong', 'Pong', 'Pong']
+    >>> game_of_env_id("ALE/NotAGame-v5")
+    Traceback (most recent call last):
+    ...
+    atari_zarr.errors.InvalidArgumentError: 'ALE/NotAGame-v5' is not an Atari game or env id ...
+    """
+    table = _games_by_id()
+    key = str(env_id).strip().lower()
+    if key in table:
+        return table[key][1]
+    close = difflib.get_close_matches(key, table, n=2, cutoff=0.8)
+    hint = f" (did you mean {' or '.join(repr(table[c][0]) for c in close)}?)" if close else ""
+    raise InvalidArgumentError(
+        f"{env_id!r} is not an Atari game or env id of ale-py{hint}; expected a game such as "
+        f"'Pong' or an id such as 'ALE/Pong-v5', 'PongNoFrameskip-v4' or 'Pong-v4'. "
+        f"The games are listed at {GAMES_URL}"
+    )
 
 
 def make_dqn_env(
@@ -50,7 +126,9 @@ def make_dqn_env(
     Parameters
     ----------
     game : str
-        ALE game name, e.g. ``"Pong"`` (the env id is ``ALE/{game}-v5``).
+        ALE game name or env id, e.g. ``"Pong"`` or ``"PongNoFrameskip-v4"``
+        (:func:`game_of_env_id`); the env made is ``ALE/{game}-v5`` with the
+        settings below.
     full_action_space : bool
         Use ALE's 18 actions instead of the game's minimal set (DQN Replay
         used the minimal set).
@@ -63,11 +141,12 @@ def make_dqn_env(
     --------
     >>> env = make_dqn_env("Pong")
     >>> obs, info = env.reset(seed=0)
-    >>> obs.shape, obs.dtype.name
-    ((84, 84), 'uint8')
+    >>> env.spec.id, obs.shape, obs.dtype.name
+    ('ALE/Pong-v5', (84, 84), 'uint8')
     >>> env.close()
     """
-    gymnasium, _ = _imports()
+    gymnasium = _gymnasium()
+    game = game_of_env_id(game)
     settings = {**DQN_SETTINGS, **overrides}
     env = gymnasium.make(
         f"ALE/{game}-v5",
@@ -99,8 +178,8 @@ def minimal_action_set(game: str) -> list[int]:
     >>> minimal_action_set("Pong")
     [0, 1, 3, 4, 11, 12]
     """
-    gymnasium, _ = _imports()
-    env = gymnasium.make(f"ALE/{game}-v5")
+    gymnasium = _gymnasium()
+    env = gymnasium.make(f"ALE/{game_of_env_id(game)}-v5")
     try:
         return [int(getattr(a, "value", a)) for a in env.unwrapped.ale.getMinimalActionSet()]
     finally:

@@ -1,19 +1,14 @@
-"""Paths, URLs and storage options: one way to reach local and remote data.
+"""Zarr stores at local paths and fsspec URLs: :func:`open_zarr_store`, :class:`RemoteStore`.
 
-Every public function that takes a location accepts a local path or any fsspec
-URL (``gs://``, ``s3://``, ``https://``, ``memory://``, ``file://``) plus a
-``storage_options`` dict passed to the filesystem (``{"token": "anon"}`` for a
-public bucket).
+Remote Zarr stores are opened as a :class:`RemoteStore`, which adds three things
+to zarr's ``FsspecStore``:
 
-Remote Zarr stores are opened as a :class:`RemoteStore`, which adds three
-things to zarr's ``FsspecStore``:
-
-* **a deadline per request.** Transient failures (``5xx``, ``429``, refused
-  connections) are retried by the file system itself (gcsfs: 6 attempts with
-  exponential back-off, about 31 s in all); a server that stops answering would
-  otherwise hold a read for minutes. Every request, retries included, gets
+* **a deadline per request.** Every request zarr makes (reads, writes, deletes,
+  existence checks, listings, sizes), the file system's retries included, gets
   ``timeout`` seconds (default 60, or ``ATARI_ZARR_TIMEOUT``), then raises
-  :class:`~atari_zarr.errors.RemoteTimeoutError`.
+  :class:`~atari_zarr.errors.RemoteTimeoutError`; see
+  :mod:`atari_zarr.storage.deadline`, the mechanism shared with the package's own
+  file system calls (:mod:`atari_zarr.storage.filesystem`).
 * **clear errors.** Failures name the URL and the object; credentials
   (``user:password@``, tokens in query strings or storage options) are
   redacted from every message.
@@ -27,157 +22,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
-from collections.abc import AsyncGenerator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable
 from typing import Any, TypeVar
 
-import fsspec
-import zarr
-from fsspec.implementations.local import LocalFileSystem
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from atari_zarr.errors import (
-    AtariZarrError,
-    InvalidArgumentError,
-    RemoteAccessError,
-    RemoteTimeoutError,
-)
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
+from atari_zarr.storage.filesystem import backend_errors
+from atari_zarr.storage.paths import is_url, local_path, redact
 
-__all__ = [
-    "DEFAULT_TIMEOUT",
-    "RemoteStore",
-    "default_timeout",
-    "get_fs",
-    "is_url",
-    "join",
-    "open_zarr_store",
-    "parse_storage_options",
-    "redact",
-]
+__all__ = ["RemoteStore", "open_zarr_store"]
 
 log = logging.getLogger("atari_zarr")
 
-# An emulator or a private endpoint has no gRPC control plane; gcsfs otherwise
-# probes it per bucket and waits 60 s for each probe to time out.
-os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
-
-#: Seconds one storage request may take, the file system's own retries included.
-#: Above gcsfs's full retry schedule (about 31 s), so transient errors are retried.
-DEFAULT_TIMEOUT = 60.0
-_TIMEOUT_ENV = "ATARI_ZARR_TIMEOUT"
-
 T = TypeVar("T")
-
-
-def default_timeout() -> float | None:
-    """The request deadline: ``$ATARI_ZARR_TIMEOUT`` if set (``none`` for no limit), else 60 s.
-
-    Examples
-    --------
-    >>> default_timeout() > 0
-    True
-    """
-    value = os.environ.get(_TIMEOUT_ENV, "").strip()
-    if not value:
-        return DEFAULT_TIMEOUT
-    if value.lower() in ("none", "inf", "0"):
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise InvalidArgumentError(
-            f"{_TIMEOUT_ENV}={value!r} is not a number of seconds; set it to e.g. 60, or "
-            f"'none' for no limit."
-        ) from None
-    return seconds if seconds > 0 else None
-
-
-_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]+@")
-_QUERY_SECRET_RE = re.compile(
-    r"(?i)((?:access_token|token|signature|sig|key|secret|password|credential|"
-    r"x-goog-signature|x-goog-credential|x-amz-signature|x-amz-credential|"
-    r"x-amz-security-token)=)[^&\s'\"]+"
-)
-_BEARER_RE = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
-_SECRET_KEY_RE = re.compile(r"(?i)token|secret|password|passwd|credential|auth|key|session")
-
-
-def _secret_values(options: Any, key: str = "") -> list[str]:
-    """String values of storage options whose key sounds secret (nested dicts too)."""
-    if isinstance(options, dict):
-        out: list[str] = []
-        for k, v in options.items():
-            out += _secret_values(v, str(k))
-        return out
-    if isinstance(options, str) and len(options) >= 4 and _SECRET_KEY_RE.search(key):
-        return [] if options in ("anon", "google_default", "cloud", "browser") else [options]
-    return []
-
-
-def redact(text: str, storage_options: dict[str, Any] | None = None) -> str:
-    """Remove credentials from ``text``: URL user info, secret query parameters, bearer
-    tokens, and the values of secret-looking storage options.
-
-    Examples
-    --------
-    >>> redact("https://me:hunter2@host/x?X-Goog-Signature=abc&a=1")
-    'https://***@host/x?X-Goog-Signature=***&a=1'
-    >>> redact("token s3cr3t-value refused", {"token": "s3cr3t-value"})
-    'token *** refused'
-    """
-    text = _USERINFO_RE.sub("***@", str(text))
-    text = _QUERY_SECRET_RE.sub(r"\1***", text)
-    text = _BEARER_RE.sub(r"\1***", text)
-    for secret in sorted(_secret_values(storage_options or {}), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
-
-
-def is_url(location: str) -> bool:
-    """True when ``location`` names a protocol other than the local file system.
-
-    Examples
-    --------
-    >>> is_url("gs://bucket/x"), is_url("/data/x"), is_url("file:///data/x")
-    (True, False, False)
-    """
-    location = str(location)
-    if "://" not in location:
-        return False
-    return not location.startswith("file://")
-
-
-def local_path(location: str) -> str:
-    """Strip a ``file://`` prefix."""
-    location = str(location)
-    return location[len("file://") :] if location.startswith("file://") else location
-
-
-def join(location: str, *parts: str) -> str:
-    """Join path components with ``/`` (URLs) or the OS separator (local paths)."""
-    location = str(location)
-    if is_url(location):
-        return "/".join([location.rstrip("/"), *parts])
-    return os.path.join(local_path(location), *parts)
-
-
-def get_fs(
-    location: str, storage_options: dict[str, Any] | None = None
-) -> tuple[fsspec.AbstractFileSystem, str]:
-    """Return ``(filesystem, path)`` for a local path or fsspec URL.
-
-    Examples
-    --------
-    >>> fs, path = get_fs("memory://atari/Pong")
-    >>> type(fs).__name__, path
-    ('MemoryFileSystem', '/atari/Pong')
-    """
-    location = str(location)
-    if not is_url(location):
-        return LocalFileSystem(), os.path.abspath(local_path(location))
-    fs, path = fsspec.core.url_to_fs(location, **(storage_options or {}))
-    return fs, path
 
 
 def open_zarr_store(
@@ -187,7 +47,7 @@ def open_zarr_store(
     read_only: bool,
     timeout: float | str | None = "default",
     cache: str | os.PathLike[str] | None = None,
-) -> zarr.abc.store.Store:
+) -> Store:
     """Return a zarr store object for a local path or fsspec URL.
 
     Parameters
@@ -200,7 +60,8 @@ def open_zarr_store(
         Open for reading only.
     timeout : float or None
         Seconds each request of a remote store may take (retries included);
-        ``None`` for no limit. Default: :func:`default_timeout`.
+        ``None`` for no limit. Default:
+        :func:`~atari_zarr.storage.deadline.default_timeout`.
     cache : path, optional
         Local directory that keeps every object and byte range read, for the
         next epoch (see :class:`atari_zarr.storage.cache.RangeCacheStore`). Only for
@@ -209,6 +70,7 @@ def open_zarr_store(
     Examples
     --------
     >>> store = open_zarr_store("memory://doc/x.zarr", read_only=False)
+    >>> from atari_zarr.storage.deadline import default_timeout
     >>> type(store).__name__, store.timeout == default_timeout()
     ('RemoteStore', True)
     """
@@ -217,12 +79,8 @@ def open_zarr_store(
     if not is_url(location):
         store = LocalStore(os.path.abspath(local_path(location)), read_only=read_only)
     else:
-        seconds = default_timeout() if timeout == "default" else timeout
         store = RemoteStore(
-            location,
-            storage_options,
-            read_only=read_only,
-            timeout=seconds,  # type: ignore[arg-type]
+            location, storage_options, read_only=read_only, timeout=resolve_timeout(timeout)
         )
     if cache is not None:
         if not read_only:
@@ -270,6 +128,8 @@ class RemoteStore(WrapperStore[Store]):
     ('memory://doc/remote.zarr', 5)
     """
 
+    _inner: Store
+
     def __init__(
         self,
         url: str,
@@ -286,9 +146,10 @@ class RemoteStore(WrapperStore[Store]):
         super().__init__(self._connect())
 
     def _connect(self) -> Store:
-        return FsspecStore.from_url(
-            self.url, storage_options=dict(self.storage_options), read_only=self._read_only_flag
-        )
+        with backend_errors(self.url, self.storage_options):
+            return FsspecStore.from_url(
+                self.url, storage_options=dict(self.storage_options), read_only=self._read_only_flag
+            )
 
     # The inner store is rebuilt in a forked child: its file system instance would
     # otherwise keep the parent's HTTP session, sockets and (dead) event loop.
@@ -359,27 +220,21 @@ class RemoteStore(WrapperStore[Store]):
     # -- every request goes through _guard -------------------------------------------
     async def _guard(self, what: str, key: str, awaitable: Awaitable[T]) -> T:
         where = f"{self.safe_url}/{key}" if key else self.safe_url
-        try:
-            if self.timeout is None:
-                return await awaitable
-            return await asyncio.wait_for(awaitable, self.timeout)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError, AtariZarrError):
-            raise
-        except TimeoutError:
-            raise RemoteTimeoutError(
-                f"{what} {where} did not finish within {self.timeout:g} s: the server did not "
-                f"answer in time (it may be down, overloaded or unreachable; transient errors "
-                f"were retried). Check the URL, endpoint and network, or allow more time with "
-                f"timeout=... (CLI --timeout, environment {_TIMEOUT_ENV})."
-            ) from None
-        except Exception as exc:
-            detail = redact(f"{type(exc).__name__}: {exc}", self.storage_options)
-            # The original exception is not chained: its text may carry credentials.
-            raise RemoteAccessError(
-                f"{what} {where} failed after the file system's retries ({detail}). Check the "
-                f"URL, the storage options (credentials, endpoint_url) and that the server "
-                f"is reachable."
-            ) from None
+        return await bounded(
+            what, where, awaitable, timeout=self.timeout, storage_options=self.storage_options
+        )
+
+    async def _guard_iter(
+        self, what: str, key: str, items: AsyncIterator[str]
+    ) -> AsyncIterator[str]:
+        # a listing is fetched page by page as it is iterated: each step is bounded
+        iterator = aiter(items)
+        while True:
+            try:
+                item = await self._guard(what, key, anext(iterator))
+            except StopAsyncIteration:
+                return
+            yield item
 
     async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
         return await self._guard(
@@ -420,45 +275,23 @@ class RemoteStore(WrapperStore[Store]):
     async def clear(self) -> None:
         await self._guard("clearing", "", self._store.clear())
 
+    async def _set_many(self, values: Iterable[tuple[str, Any]]) -> None:
+        await asyncio.gather(*(self.set(key, value) for key, value in values))
+
+    def list(self) -> AsyncIterator[str]:
+        return self._guard_iter("listing", "", self._store.list())
+
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        return self._guard_iter("listing", prefix, self._store.list_prefix(prefix))
+
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        return self._guard_iter("listing", prefix, self._store.list_dir(prefix))
+
+    async def getsize(self, key: str) -> int:
+        return await self._guard("checking the size of", key, self._store.getsize(key))
+
     async def _ensure_open(self) -> None:
         await self._guard("opening", "", self._store._ensure_open())
 
     async def _open(self) -> None:
         await self._guard("opening", "", self._store._open())
-
-
-def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
-    """Turn CLI ``KEY=VALUE`` strings into a storage-options dict.
-
-    Values ``true``/``false``/``none`` and numbers are converted; anything
-    else stays a string.
-
-    Examples
-    --------
-    >>> parse_storage_options(["token=anon", "timeout=5", "anon=true"])
-    {'token': 'anon', 'timeout': 5, 'anon': True}
-    """
-    options: dict[str, Any] = {}
-    for pair in pairs or []:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InvalidArgumentError(
-                f"--storage-option {pair!r} is not KEY=VALUE; "
-                f"write it as e.g. --storage-option token=anon"
-            )
-        lowered = value.lower()
-        parsed: Any
-        if lowered in ("true", "false"):
-            parsed = lowered == "true"
-        elif lowered in ("none", "null"):
-            parsed = None
-        else:
-            try:
-                parsed = int(value)
-            except ValueError:
-                try:
-                    parsed = float(value)
-                except ValueError:
-                    parsed = value
-        options[key] = parsed
-    return options

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import pickle
+import re
 from pathlib import Path
 
 import numpy as np
@@ -46,23 +47,51 @@ def assert_no_complete_store(dest: Path) -> None:
 
 def test_missing_file(pong_run, source_root, dest_root):
     (logs(source_root) / filename("reward", 2)).unlink()
-    with pytest.raises(SourceNotFoundError, match=r"checkpoint 2 .* is missing \$store\$_reward_ckpt\.2\.gz"):
+    with pytest.raises(
+        SourceNotFoundError, match=r"checkpoint 2 .* is missing \$store\$_reward_ckpt\.2\.gz"
+    ):
         convert(str(source_root), str(dest_root), progress=False)
     assert_no_complete_store(dest_root)
 
 
-def test_lengths_disagree(pong_run, source_root, dest_root):
-    path = logs(source_root) / filename("action", 1)
+@pytest.mark.parametrize("kind", ["action", "reward", "terminal"])
+def test_lengths_disagree(pong_run, source_root, dest_root, kind):
+    """The odd file out is named, with the length expected (the others') and found."""
+    path = logs(source_root) / filename(kind, 1)
     save_gz(path, load_gz(path)[:-1])
-    with pytest.raises(SourceFormatError, match=r"checkpoint 1 .* different lengths"):
+    others = " and ".join(
+        re.escape(filename(k, 1)) for k in ("action", "reward", "terminal") if k != kind
+    )
+    message = (
+        rf"replay_logs/{re.escape(filename(kind, 1))} holds 63 rows; expected 64, the length "
+        rf"of {others} \(the buffer capacity of checkpoint 1\)\. .* copy checkpoint 1 again"
+    )
+    with pytest.raises(SourceFormatError, match=message):
         convert(str(source_root), str(dest_root), progress=False)
     assert_no_complete_store(dest_root)
+    with pytest.raises(SourceFormatError, match=message):
+        RunSource(pong_run.url, "Pong", "1").read_small(1)
+
+
+def test_capacity_differs_between_checkpoints(pong_run, source_root, dest_root):
+    """Checkpoints of one run share one capacity; the file of another is named."""
+    for kind in ("action", "reward", "terminal"):
+        path = logs(source_root) / filename(kind, 2)
+        save_gz(path, load_gz(path)[:-4])
+    message = (
+        r"replay_logs/\$store\$_action_ckpt\.2\.gz holds 60 rows; expected 64, the capacity of "
+        r"checkpoint 0"
+    )
+    with pytest.raises(SourceFormatError, match=message):
+        convert(str(source_root), str(dest_root), progress=False)
 
 
 def test_observation_count_disagrees(pong_run, source_root, dest_root):
     path = logs(source_root) / filename("observation", 3)
     save_gz(path, load_gz(path)[:-2])
-    with pytest.raises(SourceFormatError, match=r"observation_ckpt\.3\.gz holds uint8 of shape \(62, 84, 84\)"):
+    with pytest.raises(
+        SourceFormatError, match=r"observation_ckpt\.3\.gz holds uint8 of shape \(62, 84, 84\)"
+    ):
         convert(str(source_root), str(dest_root), progress=False)
     assert_no_complete_store(dest_root)
 
@@ -71,7 +100,9 @@ def test_truncated_gzip_of_frames(pong_run, source_root, dest_root):
     path = logs(source_root) / filename("observation", 4)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(SourceFormatError, match=r"observation_ckpt\.4\.gz (is truncated or corrupt|ended early)"):
+    with pytest.raises(
+        SourceFormatError, match=r"observation_ckpt\.4\.gz (is truncated or corrupt|ended early)"
+    ):
         convert(str(source_root), str(dest_root), progress=False)
     assert_no_complete_store(dest_root)
 
@@ -115,8 +146,16 @@ def test_object_array_is_refused(pong_run, source_root, dest_root):
     ("kind", "array", "message"),
     [
         ("action", np.zeros(64, np.float32), r"action_ckpt\.1\.gz holds an array of dtype float32"),
-        ("terminal", np.zeros((64, 2), np.uint8), r"terminal_ckpt\.1\.gz holds an array of dtype uint8 and shape \(64, 2\)"),
-        ("observation", np.zeros((64, 84, 80), np.uint8), r"expected uint8 of shape \(64, 84, 84\)"),
+        (
+            "terminal",
+            np.zeros((64, 2), np.uint8),
+            r"terminal_ckpt\.1\.gz holds an array of dtype uint8 and shape \(64, 2\)",
+        ),
+        (
+            "observation",
+            np.zeros((64, 84, 80), np.uint8),
+            r"expected uint8 of shape \(64, 84, 84\)",
+        ),
         ("observation", np.zeros((64, 84, 84), np.float32), r"holds float32 of shape"),
     ],
 )
@@ -140,7 +179,9 @@ def test_source_does_not_exist(tmp_path):
 
 
 def test_unknown_game(pong_run, source_root, dest_root):
-    with pytest.raises(SourceNotFoundError, match=r"games \['Qbert'\] not found .* found \['Pong'\]"):
+    with pytest.raises(
+        SourceNotFoundError, match=r"games \['Qbert'\] not found .* found \['Pong'\]"
+    ):
         convert(str(source_root), str(dest_root), games=["Qbert"], progress=False)
 
 
@@ -161,7 +202,9 @@ def test_directory_names_that_escape_dest_are_refused(source_root):
 
 def test_existing_complete_store(pong_run, source_root, dest_root):
     [first] = convert(str(source_root), str(dest_root), progress=False)
-    with pytest.raises(StoreExistsError, match=r"already holds a complete store .* Pass --overwrite"):
+    with pytest.raises(
+        StoreExistsError, match=r"already holds a complete store .* Pass --overwrite"
+    ):
         convert(str(source_root), str(dest_root), progress=False)
     AtariZarrDataset(first.url)  # untouched and still complete
     [again] = convert(str(source_root), str(dest_root), overwrite=True, progress=False)

@@ -1,4 +1,4 @@
-"""Conversion options: presets, limits, full-space actions and return-to-go, against fixture truth."""
+"""Selections: presets, checkpoints and limits, against the truth of fixture runs."""
 
 from __future__ import annotations
 
@@ -7,21 +7,25 @@ import pytest
 import zarr
 
 from atari_zarr import AtariZarrDataset, convert
-from atari_zarr.conversion.derived import return_to_go
-from atari_zarr.errors import InvalidArgumentError, SourceFormatError, SourceNotFoundError
-from atari_zarr.info import format_info, store_info
+from atari_zarr.errors import InvalidArgumentError, SourceNotFoundError
 from atari_zarr.layout import (
     ACTION,
-    ACTION_FULL,
     ATTRS_KEY,
     EPISODE,
     OBSERVATION,
-    RETURN_TO_GO,
     REWARD,
     TERMINATED,
     TRUNCATED,
 )
-from atari_zarr.sources.dqn_replay.selection import CHECKPOINT_PRESETS
+from atari_zarr.sources.dqn_replay.files import RunSource
+from atari_zarr.sources.dqn_replay.planner import plan_run
+from atari_zarr.sources.dqn_replay.selection import (
+    CHECKPOINT_PRESETS,
+    Selection,
+    build_plan,
+    limit_plan,
+    parse_checkpoints,
+)
 from atari_zarr.testing import Truth, write_fixture_run
 
 
@@ -31,8 +35,13 @@ def cut(truth: Truth, n: int) -> Truth:
     truncated = truth.truncated[:n].copy()
     truncated[-1] = not terminated[-1]
     return Truth(
-        truth.observation[:n], truth.action[:n], truth.reward[:n], terminated, truncated,
-        truth.episode[:n], truth.source_row[:n],
+        truth.observation[:n],
+        truth.action[:n],
+        truth.reward[:n],
+        terminated,
+        truncated,
+        truth.episode[:n],
+        truth.source_row[:n],
     )
 
 
@@ -52,7 +61,10 @@ def assert_matches(url: str, truth: Truth) -> None:
     assert meta["episodes"]["length"] == (ends - starts + 1).tolist()
     np.testing.assert_allclose(
         meta["episodes"]["return"],
-        [float(truth.reward[a : b + 1].astype(np.float64).sum()) for a, b in zip(starts, ends)],
+        [
+            float(truth.reward[a : b + 1].astype(np.float64).sum())
+            for a, b in zip(starts, ends, strict=True)
+        ],
     )
     assert meta["episodes"]["terminated"] == truth.terminated[ends].tolist()
     assert meta["counts"]["transitions"] == len(truth)
@@ -61,8 +73,9 @@ def assert_matches(url: str, truth: Truth) -> None:
 
 def test_presets_are_d4rl_atari_checkpoints(source_root, dest_root):
     assert CHECKPOINT_PRESETS == {"mixed": [1], "medium": [10], "expert": [50]}
-    pong_run = write_fixture_run(str(source_root), "Pong", "1", capacity=32, steps=450, seed=3,
-                                 max_episode_length=25)
+    pong_run = write_fixture_run(
+        str(source_root), "Pong", "1", capacity=32, steps=450, seed=3, max_episode_length=25
+    )
     assert 10 in pong_run.suffixes and 50 not in pong_run.suffixes
     [store] = convert(str(source_root), str(dest_root), checkpoints="medium", progress=False)
     assert_matches(store.url, pong_run.truth([10]))
@@ -72,18 +85,17 @@ def test_presets_are_d4rl_atari_checkpoints(source_root, dest_root):
     assert_matches(store.url, pong_run.truth([1]))
     # the fixture has fewer than 51 checkpoints: the error names what exists
     with pytest.raises(SourceNotFoundError, match=r"checkpoints \[50\].*choose among"):
-        convert(str(source_root), str(dest_root), checkpoints="expert", progress=False,
-                overwrite=True)
+        convert(
+            str(source_root), str(dest_root), checkpoints="expert", progress=False, overwrite=True
+        )
 
 
 @pytest.mark.parametrize("where", ["mid-episode", "episode-end", "lap-end", "one"])
 def test_max_transitions(pong_run, source_root, dest_root, where):
     truth = pong_run.truth()
     ends = np.flatnonzero(truth.terminated)
-    laps = convert(str(source_root), str(dest_root / "all"), progress=False)
-    g = zarr.open_group(laps[0].url, mode="r")
-    lap_ends = [c["first_transition"] + c["transitions"]
-                for c in g.attrs[ATTRS_KEY]["conversion"]["checkpoints"]]
+    plan = build_plan(RunSource(pong_run.url, "Pong", "1"))
+    lap_ends = [lap.out_start + lap.n_out for lap in plan.laps]
     n = {
         "mid-episode": int(ends[5]) - 2,  # inside a terminated episode
         "episode-end": int(ends[7]) + 1,  # right after a terminal row
@@ -112,11 +124,21 @@ def test_max_episodes_and_both_limits(pong_run, source_root, dest_root):
     assert_matches(store.url, cut(truth, int(ep_end[5]) + 1))
     assert store.episodes == 6
     # whichever limit comes first
-    [store] = convert(str(source_root), str(dest_root / "b"), max_episodes=6,
-                      max_transitions=int(ep_end[5]) - 3, progress=False)
+    [store] = convert(
+        str(source_root),
+        str(dest_root / "b"),
+        max_episodes=6,
+        max_transitions=int(ep_end[5]) - 3,
+        progress=False,
+    )
     assert_matches(store.url, cut(truth, int(ep_end[5]) - 3))
-    [store] = convert(str(source_root), str(dest_root / "c"), max_episodes=10_000,
-                      max_transitions=10**9, progress=False)
+    [store] = convert(
+        str(source_root),
+        str(dest_root / "c"),
+        max_episodes=10_000,
+        max_transitions=10**9,
+        progress=False,
+    )
     assert_matches(store.url, truth)
     with pytest.raises(InvalidArgumentError, match="max_episodes must be a positive number"):
         convert(str(source_root), str(dest_root / "d"), max_episodes=0, progress=False)
@@ -124,85 +146,47 @@ def test_max_episodes_and_both_limits(pong_run, source_root, dest_root):
 
 def test_limit_with_selected_checkpoints(pong_run, source_root, dest_root):
     truth = pong_run.truth([2, 3, 4])
-    [store] = convert(str(source_root), str(dest_root), checkpoints="2-4", max_transitions=100,
-                      progress=False)
+    [store] = convert(
+        str(source_root), str(dest_root), checkpoints="2-4", max_transitions=100, progress=False
+    )
     assert_matches(store.url, cut(truth, 100))
 
 
-def test_return_to_go_is_the_sum_to_the_episode_end(pong_run, source_root, dest_root):
-    [store] = convert(str(source_root), str(dest_root), return_to_go=True, progress=False)
-    truth = pong_run.truth()
-    rtg = zarr.open_group(store.url, mode="r")[RETURN_TO_GO][:]
-    # hand computation, row by row
-    expected = np.zeros(len(truth))
-    running = 0.0
-    for i in range(len(truth) - 1, -1, -1):
-        if truth.terminated[i] or truth.truncated[i]:
-            running = 0.0
-        running += float(truth.reward[i])
-        expected[i] = running
-    np.testing.assert_array_equal(rtg, expected.astype(np.float32))
-    # one episode spelled out: its first row holds the episode's return
-    meta = zarr.open_group(store.url, mode="r").attrs[ATTRS_KEY]
-    first_of_ep3 = int(np.flatnonzero(truth.episode == 3)[0])
-    assert rtg[first_of_ep3] == pytest.approx(meta["episodes"]["return"][3])
-    assert meta["derived"]["return_to_go"]["discount"] == 1.0
+def test_selection_records_what_was_asked_for():
+    sel = Selection(range(2, 5), max_transitions=100)
+    assert sel.checkpoints == (2, 3, 4)
+    assert sel.attributes() == {
+        "checkpoints": [2, 3, 4],
+        "max_transitions": 100,
+        "max_episodes": None,
+    }
+    # what a store records gives back the same selection (after a JSON round trip)
+    assert Selection.from_attributes(sel.attributes()) == sel
+    assert Selection.from_attributes({}) == Selection()
+    assert Selection("expert,1-2").suffixes(range(60)) == [1, 2, 50]
+    assert Selection("all").suffixes(range(3)) is None
+    for bad in ({"max_transitions": 0}, {"max_episodes": -2}):
+        with pytest.raises(InvalidArgumentError, match="must be a positive number"):
+            Selection(**bad)
+    with pytest.raises(SourceNotFoundError, match=r"checkpoints \[50\] were asked for"):
+        Selection("expert").suffixes(range(3))
 
 
-def test_return_to_go_across_blocks():
-    rng = np.random.default_rng(0)
-    reward = rng.choice([-1.0, 0.0, 1.0], 1000)
-    done = rng.random(1000) < 0.01
-    whole = return_to_go(reward, done)
-    # computed in blocks from the end, carrying into the previous block
-    parts, carry = [], 0.0
-    for lo in range(900, -1, -100):
-        part = return_to_go(reward[lo : lo + 100], done[lo : lo + 100], carry)
-        parts.insert(0, part)
-        carry = float(part[0])
-    np.testing.assert_array_equal(np.concatenate(parts), whole)
+def test_build_plan_is_the_plan_then_the_limits(pong_run):
+    src = RunSource(pong_run.url, "Pong", "1")
+    sel = Selection("2-6", max_transitions=150, max_episodes=5)
+    expected = limit_plan(plan_run(src, [2, 3, 4, 5, 6]), src, max_transitions=150, max_episodes=5)
+    plan = build_plan(src, sel)
+    assert plan.attributes() == expected.attributes()
+    assert plan.episodes.as_attributes() == expected.episodes.as_attributes()
+    assert plan.n_rows == min(150, expected.episodes.transitions) <= 150
+    assert build_plan(src).n_rows == len(pong_run.truth())
 
 
-def test_action_full_agrees_with_ale(pong_run, source_root, dest_root):
-    import ale_py
-    import gymnasium
-
-    gymnasium.register_envs(ale_py)
-    [store] = convert(str(source_root), str(dest_root), full_action_space=True, progress=False)
-    g = zarr.open_group(store.url, mode="r")
-    minimal = gymnasium.make("ALE/Pong-v5")
-    full = gymnasium.make("ALE/Pong-v5", full_action_space=True)
-    try:
-        min_set = [a.value for a in minimal.unwrapped.ale.getMinimalActionSet()]
-        full_set = [a.value for a in full.unwrapped.ale.getLegalActionSet()]
-    finally:
-        minimal.close()
-        full.close()
-    assert len(full_set) == 18
-    action = g[ACTION][:]
-    assert set(np.unique(action)) == set(range(6))  # every Pong action occurs
-    # the full-space index that performs the same ALE action as the minimal index
-    expected = np.array([full_set.index(min_set[a]) for a in action], dtype=np.int32)
-    np.testing.assert_array_equal(g[ACTION_FULL][:], expected)
-    assert g.attrs[ATTRS_KEY]["derived"]["action_full"]["minimal_action_set"] == min_set
-
-
-def test_action_full_refuses_actions_outside_the_minimal_set(source_root, dest_root):
-    write_fixture_run(str(source_root), "Pong", "1", capacity=64, steps=200,
-                      actions=lambda k: 17 if k == 50 else 0)
-    with pytest.raises(SourceFormatError, match="has action 17.*6 actions"):
-        convert(str(source_root), str(dest_root), full_action_space=True, progress=False)
-
-
-def test_info_shows_episode_statistics(pong_run, source_root, dest_root):
-    [store] = convert(str(source_root), str(dest_root), return_to_go=True, progress=False)
-    info = store_info(store.url)
-    truth = pong_run.truth()
-    ends = np.flatnonzero(truth.terminated | truth.truncated)
-    lengths = np.diff(np.r_[-1, ends])
-    assert info["length_min"] == lengths.min() and info["length_max"] == lengths.max()
-    assert len(info["episode_list"]) == len(ends)
-    assert info["optional_arrays"] == [RETURN_TO_GO]
-    text = format_info(info, episodes=True)
-    assert "lengths      mean" in text and "optional     return_to_go" in text
-    assert text.count("terminated") >= int(truth.terminated.sum())
+def test_parse_checkpoints():
+    assert parse_checkpoints("0-3,7", range(10)) == [0, 1, 2, 3, 7]
+    assert parse_checkpoints("all", range(3)) is None
+    with pytest.raises(InvalidArgumentError, match="not a suffix or a range"):
+        parse_checkpoints("1-x", range(3))
+    with pytest.raises(SourceNotFoundError, match=r"checkpoints \[9\] were asked for"):
+        parse_checkpoints("9", range(3))

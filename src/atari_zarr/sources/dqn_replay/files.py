@@ -10,45 +10,28 @@ circular replay buffer (see ``docs/format.md``)::
     add_count_ckpt.N.gz             () int64
     invalid_range_ckpt.N.gz         (5,) int64   (derived from add_count; not needed)
 
-Files are parsed as plain ``.npy`` only: the header is read with numpy's
-literal parser and object dtypes are refused, so nothing is ever unpickled.
-Observations are decompressed as a stream in blocks of rows (a real file is
-7 GB once inflated); ``isal`` is used for gzip when it is installed.
+Files are parsed as plain ``.npy`` only, never unpickled, and observations are
+decompressed as a stream in blocks of rows (:mod:`atari_zarr.sources.dqn_replay.npy`).
 """
 
 from __future__ import annotations
 
-import gzip
 import logging
 import re
-import zlib
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
-from numpy.lib import format as npformat
 
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.layout import FRAME_SHAPE, validate_name
-from atari_zarr.storage.remote import get_fs, is_url, join
+from atari_zarr.sources.dqn_replay.npy import NpyStream
+from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.paths import is_url, join
 
-try:  # isal inflates about twice as fast as zlib
-    from isal import igzip as _gzip_impl
-    from isal import isal_zlib as _zlib_impl
-
-    _GZIP_ERRORS: tuple[type[BaseException], ...] = (
-        gzip.BadGzipFile,
-        _gzip_impl.BadGzipFile,
-        _zlib_impl.error,
-        zlib.error,
-        EOFError,
-    )
-except ImportError:  # pragma: no cover - exercised only without the extra
-    _gzip_impl = gzip  # type: ignore[assignment]
-    _GZIP_ERRORS = (gzip.BadGzipFile, zlib.error, EOFError)
-
-__all__ = ["Checkpoint", "RunSource", "SmallArrays", "find_runs", "gzip_backend"]
+__all__ = ["LOGS_DIR", "Checkpoint", "RunSource", "SmallArrays", "filename", "find_runs"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -57,12 +40,6 @@ STORE_PREFIX = "$store$_"
 _STORE_KINDS = ("observation", "action", "reward", "terminal")
 _REQUIRED = (*_STORE_KINDS, "add_count")
 _FILE_RE = re.compile(r"^(?P<name>.+)_ckpt\.(?P<suffix>\d+)\.gz$")
-_READ_BLOCK = 8 << 20  # bytes per remote read request while streaming
-
-
-def gzip_backend() -> str:
-    """Name of the gzip implementation in use (``"isal"`` or ``"gzip"``)."""
-    return "isal" if _gzip_impl is not gzip else "gzip"
 
 
 def filename(kind: str, suffix: int) -> str:
@@ -102,104 +79,6 @@ class Checkpoint:
     files: dict[str, str] = field(default_factory=dict)
 
 
-class _NpyStream:
-    """A gzip'd ``.npy`` file opened for streaming, header already parsed."""
-
-    def __init__(self, fs: Any, path: str, where: str) -> None:
-        self.where = where
-        try:
-            self._raw: IO[bytes] = fs.open(path, "rb", block_size=_READ_BLOCK)
-        except FileNotFoundError as exc:
-            raise SourceNotFoundError(
-                f"{where} does not exist: expected a gzip'd .npy file there. "
-                f"Check the source path and that the copy of the run is complete."
-            ) from exc
-        self._fh = _gzip_impl.GzipFile(fileobj=self._raw, mode="rb")
-        try:
-            version = npformat.read_magic(self._fh)
-        except ValueError as exc:
-            self.close()
-            raise SourceFormatError(
-                f"{where} is not a plain .npy file inside gzip: expected the numpy magic "
-                f"header (b'\\x93NUMPY'); the file may be pickled, which is never loaded. "
-                f"Replace the file with one written by np.save(..., allow_pickle=False)."
-            ) from exc
-        except _GZIP_ERRORS as exc:
-            self.close()
-            raise self._gzip_error(exc) from exc
-        try:
-            if version == (1, 0):
-                shape, fortran, dtype = npformat.read_array_header_1_0(self._fh)
-            else:
-                shape, fortran, dtype = npformat.read_array_header_2_0(self._fh)
-        except (ValueError, SyntaxError) as exc:
-            self.close()
-            raise SourceFormatError(
-                f"{where} has an unreadable .npy header ({exc}); expected shape, dtype and "
-                f"order. Replace the file with a good copy."
-            ) from exc
-        except _GZIP_ERRORS as exc:
-            self.close()
-            raise self._gzip_error(exc) from exc
-        if dtype.hasobject:
-            self.close()
-            raise SourceFormatError(
-                f"{where} holds a Python object array (dtype {dtype}), which would need "
-                f"unpickling; expected a numeric array. Replace the file with a plain .npy."
-            )
-        self.shape: tuple[int, ...] = tuple(shape)
-        self.fortran: bool = bool(fortran)
-        self.dtype: np.dtype = dtype
-
-    def _gzip_error(self, exc: BaseException) -> SourceFormatError:
-        return SourceFormatError(
-            f"{self.where} is truncated or corrupt ({type(exc).__name__}: {exc}); expected a "
-            f"complete gzip stream. Download or copy the file again."
-        )
-
-    def readinto(self, buf: np.ndarray) -> None:
-        """Fill ``buf`` entirely from the stream or raise SourceFormatError."""
-        view = memoryview(buf).cast("B")
-        got = 0
-        try:
-            while got < len(view):
-                n = self._fh.readinto(view[got:])
-                if not n:
-                    break
-                got += n
-        except _GZIP_ERRORS as exc:
-            raise self._gzip_error(exc) from exc
-        if got < len(view):
-            raise SourceFormatError(
-                f"{self.where} ended early: expected {len(view)} more bytes of array data for "
-                f"shape {self.shape}, found {got}. The file is truncated; copy it again."
-            )
-
-    def finish(self) -> None:
-        """Read to the end so that gzip checks its CRC, and refuse trailing data."""
-        try:
-            extra = self._fh.read(1)
-        except _GZIP_ERRORS as exc:
-            raise self._gzip_error(exc) from exc
-        if extra:
-            raise SourceFormatError(
-                f"{self.where} has data after the array of shape {self.shape}; expected the "
-                f"file to end there. The file is corrupt; copy it again."
-            )
-
-    def close(self) -> None:
-        try:
-            self._fh.close()
-        finally:
-            self._raw.close()
-
-    def __enter__(self) -> _NpyStream:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 class RunSource:
     """One game/run of the DQN Replay dataset: the checkpoints under ``replay_logs/``.
 
@@ -214,11 +93,8 @@ class RunSource:
 
     Examples
     --------
-    >>> import tempfile
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> root = tempfile.mkdtemp()
-    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=0)
-    >>> src = RunSource(f"{root}/Pong/1", "Pong", "1")
+    >>> # source_root: a DQN Replay root holding the fixture run Pong/1
+    >>> src = RunSource(f"{source_root}/Pong/1", "Pong", "1")
     >>> src.suffixes[:3]
     [0, 1, 2]
     """
@@ -279,14 +155,14 @@ class RunSource:
                 )
         return checkpoints
 
-    def _open(self, kind: str, suffix: int) -> _NpyStream:
+    def _open(self, kind: str, suffix: int) -> NpyStream:
         ckpt = self.checkpoints.get(suffix)
         if ckpt is None or kind not in ckpt.files:
             raise SourceNotFoundError(
                 f"{self.where(kind, suffix)} does not exist; available checkpoints are "
                 f"{self.suffixes}."
             )
-        return _NpyStream(self.fs, ckpt.files[kind], self.where(kind, suffix))
+        return NpyStream(self.fs, ckpt.files[kind], self.where(kind, suffix))
 
     def _read_whole(self, kind: str, suffix: int, kinds: str, ndim: int) -> np.ndarray:
         with self._open(kind, suffix) as stream:
@@ -314,25 +190,30 @@ class RunSource:
         action = self._read_whole("action", suffix, "iu", 1).astype(np.int32, copy=False)
         reward = self._read_whole("reward", suffix, "f", 1).astype(np.float32, copy=False)
         terminal = self._read_whole("terminal", suffix, "iub", 1).astype(np.uint8, copy=False)
-        lengths = {"action": len(action), "reward": len(reward), "terminal": len(terminal)}
-        if len(set(lengths.values())) != 1:
-            raise SourceFormatError(
-                f"checkpoint {suffix} in {join(self.url, LOGS_DIR)} has arrays of different "
-                f"lengths {lengths}; expected one length (the buffer capacity). The files come "
-                f"from different runs or are damaged; copy the checkpoint again."
-            )
+        self._check_lengths(suffix, {"action": action, "reward": reward, "terminal": terminal})
         if add_count < 0:
             raise SourceFormatError(
                 f"{self.where('add_count', suffix)} holds {add_count}; expected a count >= 0."
             )
         return SmallArrays(suffix, add_count, action, reward, terminal)
 
-    def observation_header(self, suffix: int, capacity: int) -> None:
-        """Check the observation file's header against ``capacity``, reading only the header."""
-        with self._open("observation", suffix) as stream:
-            self._check_observation(stream, capacity)
+    def _check_lengths(self, suffix: int, arrays: dict[str, np.ndarray]) -> None:
+        """One length for the per-step arrays of a checkpoint: the odd file out is named."""
+        lengths = {kind: len(array) for kind, array in arrays.items()}
+        counts = Counter(lengths.values())
+        if len(counts) == 1:
+            return
+        # The length most files agree on is the capacity; ties go to the first file.
+        expected = max(counts, key=lambda n: (counts[n], -list(lengths.values()).index(n)))
+        agree = [filename(k, suffix) for k, n in lengths.items() if n == expected]
+        kind, found = next((k, n) for k, n in lengths.items() if n != expected)
+        raise SourceFormatError(
+            f"{self.where(kind, suffix)} holds {found} rows; expected {expected}, the length of "
+            f"{' and '.join(agree)} (the buffer capacity of checkpoint {suffix}). The files come "
+            f"from different runs or are damaged; copy checkpoint {suffix} again."
+        )
 
-    def _check_observation(self, stream: _NpyStream, capacity: int) -> None:
+    def _check_observation(self, stream: NpyStream, capacity: int) -> None:
         expected = (capacity, *FRAME_SHAPE)
         if (
             stream.dtype != np.uint8
@@ -376,7 +257,11 @@ class RunSource:
                         found[i] = block[i - start].copy()
                 if len(found) == len(wanted):
                     break
-        return np.stack([found[i] for i in indices]) if indices else np.empty((0, *FRAME_SHAPE))
+        return (
+            np.stack([found[i] for i in indices])
+            if indices
+            else np.empty((0, *FRAME_SHAPE), np.uint8)
+        )
 
 
 def _list_dirs(fs: Any, path: str) -> list[str]:

@@ -33,7 +33,9 @@ from typing import Any
 
 import numpy as np
 
+from atari_zarr.episodes import EpisodeLedger
 from atari_zarr.errors import SourceFormatError
+from atari_zarr.layout import ACTION, EPISODE, REWARD, SOURCE_ROW, TERMINATED, TRUNCATED
 from atari_zarr.sources.dqn_replay.files import RunSource, SmallArrays
 
 __all__ = ["Lap", "RunPlan", "lap_destinations", "lap_step_arrays", "plan_run"]
@@ -105,9 +107,8 @@ class RunPlan:
     laps: list[Lap]
     n_rows: int
     gaps: list[dict[str, int]]
-    episode_length: list[int]
-    episode_return: list[float]
-    episode_terminated: list[bool]
+    #: Per-episode lengths, returns and end kinds of the rows planned (none running).
+    episodes: EpisodeLedger
     dropped: dict[str, int]
 
     def attributes(self) -> dict[str, Any]:
@@ -168,30 +169,16 @@ class _Planner:
         self.next_row = 0  # source row expected next
         self.pad_left: int | None = PADDING_ROWS  # padding still due; None = unknown
         self.n_out = 0
-        self.episode = 0
-        self.cur_len = 0
-        self.cur_ret = 0.0
-        self.lengths: list[int] = []
-        self.returns: list[float] = []
-        self.terminated: list[bool] = []
+        self.episodes = EpisodeLedger()
         self.gaps: list[dict[str, int]] = []
         self.last_kept_lap: Lap | None = None
         self.dropped = {"padding": 0, "stale": 0, "never_written": 0, "not_selected": 0}
 
-    def _end_episode(self, terminated: bool) -> None:
-        self.lengths.append(self.cur_len)
-        self.returns.append(float(self.cur_ret))
-        self.terminated.append(terminated)
-        self.episode += 1
-        self.cur_len = 0
-        self.cur_ret = 0.0
-
     def cut(self) -> None:
         """Truncate the episode in progress (a gap follows, or the data ends)."""
-        if self.cur_len > 0:
+        if self.episodes.cut():
             assert self.last_kept_lap is not None
             self.last_kept_lap.truncate_last = True
-            self._end_episode(terminated=False)
 
     def _leading_padding(self, lap: Lap, small: SmallArrays, idx: np.ndarray) -> int:
         """After a gap: count leading all-zero rows (frames peeked), at most 3."""
@@ -264,22 +251,12 @@ class _Planner:
         keep = ~pad
         lap.out_start = self.n_out
         lap.n_out = int(keep.sum())
-        lap.first_episode = self.episode
+        lap.first_episode = len(self.episodes)
         self.n_out += lap.n_out
         self.dropped["padding"] += len(lap.padding)
         if lap.n_out:
             self.last_kept_lap = lap
-            kt = term[keep].astype(bool)
-            kr = rew[keep].astype(np.float64)
-            ends = np.flatnonzero(kt)
-            start = 0
-            for end in ends:
-                self.cur_len += int(end - start + 1)
-                self.cur_ret += float(kr[start : end + 1].sum())
-                self._end_episode(terminated=True)
-                start = int(end) + 1
-            self.cur_len += lap.n_out - start
-            self.cur_ret += float(kr[start:].sum())
+            self.episodes.feed(rew[keep], terminated=term[keep].astype(bool))
 
 
 def plan_run(
@@ -306,14 +283,11 @@ def plan_run(
 
     Examples
     --------
-    >>> import tempfile
     >>> from atari_zarr.sources.dqn_replay.files import RunSource
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> root = tempfile.mkdtemp()
-    >>> run = write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=0)
-    >>> plan = plan_run(RunSource(f"{root}/Pong/1", "Pong", "1"))
-    >>> plan.n_rows == len(run.truth())
-    True
+    >>> # source_root: a DQN Replay root holding the fixture run Pong/1
+    >>> plan = plan_run(RunSource(f"{source_root}/Pong/1", "Pong", "1"))
+    >>> plan.n_rows, [lap.kind for lap in plan.laps][-1]
+    (300, 'final')
     """
     where = source.url
     add_counts = {s: source.read_add_count(s) for s in source.suffixes}
@@ -368,9 +342,9 @@ def plan_run(
             small = source.read_small(suffix)
         if small.capacity != capacity:
             raise SourceFormatError(
-                f"checkpoint {suffix} in {where} has capacity {small.capacity}, checkpoint "
-                f"{source.suffixes[0]} has {capacity}; expected one capacity per run. The run "
-                f"mixes files of different runs; copy it again."
+                f"{source.where('action', suffix)} holds {small.capacity} rows; expected "
+                f"{capacity}, the capacity of checkpoint {source.suffixes[0]} (one capacity per "
+                f"run). The run mixes files of different runs; copy it again."
             )
         is_selected = suffix in selected
         if lap.kind == "final" and final_small is not None:
@@ -389,18 +363,16 @@ def plan_run(
         laps=out,
         n_rows=planner.n_out,
         gaps=planner.gaps,
-        episode_length=planner.lengths,
-        episode_return=planner.returns,
-        episode_terminated=planner.terminated,
+        episodes=planner.episodes,
         dropped=planner.dropped,
     )
 
 
 def lap_step_arrays(lap: Lap, small: SmallArrays) -> dict[str, np.ndarray]:
-    """The per-step output arrays of one lap, in output order.
+    """The per-step output arrays of one lap, in output order, by array of the layout.
 
-    Keys are ``action``, ``reward``, ``terminated``, ``truncated``, ``episode``
-    and ``source_row``.
+    Keys are :data:`~atari_zarr.layout.ACTION`, ``REWARD``, ``TERMINATED``,
+    ``TRUNCATED``, ``EPISODE`` and ``SOURCE_ROW``.
     """
     idx = lap.positions()
     keep = lap.kept_mask()
@@ -416,12 +388,12 @@ def lap_step_arrays(lap: Lap, small: SmallArrays) -> dict[str, np.ndarray]:
         episode[1:] = lap.first_episode + np.cumsum(ends[:-1], dtype=np.int64)
     source_row = lap.first_row + lap.first_pos + np.flatnonzero(keep).astype(np.int64)
     return {
-        "action": small.action[kidx].astype(np.int32),
-        "reward": small.reward[kidx].astype(np.float32),
-        "terminated": terminated,
-        "truncated": truncated,
-        "episode": episode,
-        "source_row": source_row,
+        ACTION: small.action[kidx].astype(np.int32),
+        REWARD: small.reward[kidx].astype(np.float32),
+        TERMINATED: terminated,
+        TRUNCATED: truncated,
+        EPISODE: episode,
+        SOURCE_ROW: source_row,
     }
 
 

@@ -1,31 +1,38 @@
-"""Choosing part of a run: checkpoint presets and transition/episode limits.
+"""Choosing part of a run: checkpoints, presets and transition/episode limits.
+
+A :class:`Selection` says what to take from a run; :func:`build_plan` turns it and
+the run into the plan of the store (the one function both ``convert`` and ``verify``
+call, so a store is checked against exactly the plan it was written from).
 
 The presets are d4rl-atari's: ``mixed`` is checkpoint 1 (early training), ``medium``
 checkpoint 10, ``expert`` checkpoint 50 (the end of training), each one checkpoint of
-1M transitions. Limits are applied to a conversion plan (:class:`~atari_zarr.sources.dqn_replay.planner.RunPlan`)
-before anything is written: the plan is cut after the last row allowed, the episode
-that the cut falls into is kept up to there and marked truncated, and checkpoints after
-the cut are not read.
+1M transitions. Limits are applied to the plan
+(:class:`~atari_zarr.sources.dqn_replay.planner.RunPlan`) before anything is written:
+the plan is cut after the last row allowed, the episode that the cut falls into is
+kept up to there and marked truncated, and checkpoints after the cut are not read.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.errors import InvalidArgumentError, SourceNotFoundError
+from atari_zarr.layout import REWARD, TERMINATED, TRUNCATED
 from atari_zarr.sources.dqn_replay.files import RunSource
-from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_step_arrays
+from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_step_arrays, plan_run
 
 __all__ = [
     "CHECKPOINT_PRESETS",
+    "Selection",
+    "build_plan",
     "expand_presets",
     "limit_plan",
-    "selection_attrs",
-    "selection_flags",
+    "parse_checkpoints",
 ]
 
 log = logging.getLogger("atari_zarr")
@@ -40,8 +47,8 @@ def expand_presets(spec: str | Iterable[int] | None) -> str | Iterable[int] | No
     Parameters
     ----------
     spec : str, iterable of int or None
-        A selection as :func:`atari_zarr.conversion.converter.parse_checkpoints` takes it, where
-        comma-separated parts may also be ``mixed``, ``medium`` or ``expert``.
+        A selection as :func:`parse_checkpoints` takes it, where comma-separated
+        parts may also be ``mixed``, ``medium`` or ``expert``.
 
     Examples
     --------
@@ -54,7 +61,7 @@ def expand_presets(spec: str | Iterable[int] | None) -> str | Iterable[int] | No
     """
     if not isinstance(spec, str) or spec.strip().lower() == "all":
         return spec
-    parts = []
+    parts: list[str] = []
     for part in spec.split(","):
         key = part.strip().lower()
         if key in CHECKPOINT_PRESETS:
@@ -64,12 +71,168 @@ def expand_presets(spec: str | Iterable[int] | None) -> str | Iterable[int] | No
     return ",".join(parts)
 
 
+def parse_checkpoints(
+    spec: str | Iterable[int] | None, available: Sequence[int]
+) -> list[int] | None:
+    """Turn a checkpoint selection into suffixes.
+
+    Parameters
+    ----------
+    spec : str, iterable of int or None
+        ``None`` or ``"all"`` for everything; otherwise a comma-separated list of
+        suffixes and inclusive ranges (``"0-9,50"``), or an iterable of ints.
+    available : sequence of int
+        Suffixes present in the source.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A part of ``spec`` is neither a suffix nor a range.
+    SourceNotFoundError
+        A suffix asked for is not in ``available``.
+
+    Examples
+    --------
+    >>> parse_checkpoints("0-2,5", range(10))
+    [0, 1, 2, 5]
+    >>> parse_checkpoints(None, range(3)) is None
+    True
+    """
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
+        return None
+    chosen: set[int] = set()
+    if isinstance(spec, str):
+        for part in spec.split(","):
+            part = part.strip()
+            lo, sep, hi = part.partition("-")
+            try:
+                if sep:
+                    chosen.update(range(int(lo), int(hi) + 1))
+                else:
+                    chosen.add(int(part))
+            except ValueError:
+                raise InvalidArgumentError(
+                    f"--checkpoints {spec!r}: {part!r} is not a suffix or a range; expected "
+                    f"e.g. '0-9,50' or 'all'."
+                ) from None
+    else:
+        chosen.update(int(s) for s in spec)
+    missing = sorted(chosen - set(available))
+    if missing:
+        raise SourceNotFoundError(
+            f"checkpoints {missing} were asked for but the source has {list(available)}; "
+            f"choose among those."
+        )
+    return sorted(chosen)
+
+
 def _check_limit(value: int | None, name: str) -> int | None:
     if value is None:
         return None
     if int(value) < 1:
-        raise InvalidArgumentError(f"{name} must be a positive number, got {value}")
+        raise InvalidArgumentError(
+            f"{name} must be a positive number, got {value}; pass at least 1, or no limit."
+        )
     return int(value)
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to take from a run: checkpoints, and at most how many transitions and episodes.
+
+    Parameters
+    ----------
+    checkpoints : str, iterable of int or None
+        As :func:`parse_checkpoints` takes it, presets included (``"expert"``,
+        ``"0-9,50"``, ``[1, 2]``); None or ``"all"``: every checkpoint.
+    max_transitions, max_episodes : int, optional
+        Limits applied by :func:`limit_plan` (None: no limit).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A limit is not a positive number.
+
+    Examples
+    --------
+    >>> sel = Selection("medium", max_transitions=1000)
+    >>> sel.suffixes(range(12))
+    [10]
+    >>> sel.attributes()
+    {'checkpoints': 'medium', 'max_transitions': 1000, 'max_episodes': None}
+    >>> Selection.from_attributes(sel.attributes()) == sel
+    True
+    """
+
+    checkpoints: str | Iterable[int] | None = None
+    max_transitions: int | None = None
+    max_episodes: int | None = None
+
+    def __post_init__(self) -> None:
+        # Normalised so that a selection and its recorded attributes compare equal.
+        spec: Any = self.checkpoints
+        if spec is not None and not isinstance(spec, str):
+            object.__setattr__(self, "checkpoints", tuple(int(s) for s in spec))
+        for name in ("max_transitions", "max_episodes"):
+            object.__setattr__(self, name, _check_limit(getattr(self, name), name))
+
+    def suffixes(self, available: Sequence[int]) -> list[int] | None:
+        """The checkpoints chosen among ``available`` (None: all of them)."""
+        return parse_checkpoints(expand_presets(self.checkpoints), available)
+
+    def attributes(self) -> dict[str, Any]:
+        """The selection as recorded in a store's ``selection`` attribute."""
+        spec = self.checkpoints
+        return {
+            "checkpoints": spec if spec is None or isinstance(spec, str) else list(spec),
+            "max_transitions": self.max_transitions,
+            "max_episodes": self.max_episodes,
+        }
+
+    @classmethod
+    def from_attributes(cls, attrs: Mapping[str, Any]) -> Selection:
+        """The selection a store recorded (:meth:`attributes`)."""
+        return cls(
+            attrs.get("checkpoints"), attrs.get("max_transitions"), attrs.get("max_episodes")
+        )
+
+
+def build_plan(
+    source: RunSource,
+    selection: Selection | None = None,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> RunPlan:
+    """The plan of the store of ``selection`` from ``source``: what ``convert`` writes.
+
+    Parameters
+    ----------
+    source : RunSource
+        The run.
+    selection : Selection, optional
+        What to take (default: everything).
+    progress : callable, optional
+        Called with 1 after each checkpoint is planned.
+
+    Returns
+    -------
+    RunPlan
+
+    Examples
+    --------
+    >>> # source_root: a DQN Replay root holding the fixture run Pong/1
+    >>> src = RunSource(f"{source_root}/Pong/1", "Pong", "1")
+    >>> build_plan(src, Selection("1-2", max_episodes=3)).n_rows
+    63
+    """
+    selection = selection or Selection()
+    plan = plan_run(source, selection.suffixes(source.suffixes), progress=progress)
+    return limit_plan(
+        plan,
+        source,
+        max_transitions=selection.max_transitions,
+        max_episodes=selection.max_episodes,
+    )
 
 
 def limit_plan(
@@ -101,22 +264,19 @@ def limit_plan(
 
     Examples
     --------
-    >>> import tempfile
     >>> from atari_zarr.sources.dqn_replay.planner import plan_run
-    >>> from atari_zarr.testing import write_fixture_run
-    >>> root = tempfile.mkdtemp()
-    >>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300)
-    >>> src = RunSource(f"{root}/Pong/1", "Pong", "1")
+    >>> # source_root: a DQN Replay root holding the fixture run Pong/1
+    >>> src = RunSource(f"{source_root}/Pong/1", "Pong", "1")
     >>> plan = limit_plan(plan_run(src), src, max_transitions=100)
-    >>> plan.n_rows, sum(plan.episode_length)
+    >>> plan.n_rows, plan.episodes.transitions
     (100, 100)
     """
     max_transitions = _check_limit(max_transitions, "max_transitions")
     max_episodes = _check_limit(max_episodes, "max_episodes")
-    lengths = np.asarray(plan.episode_length, dtype=np.int64)
-    ends = np.cumsum(lengths)  # row after the last of each episode
+    table = plan.episodes.table()
+    ends = table.ends + 1  # row after the last of each episode
     limit = plan.n_rows
-    if max_episodes is not None and max_episodes < len(lengths):
+    if max_episodes is not None and max_episodes < len(table):
         limit = int(ends[max_episodes - 1])
     if max_transitions is not None:
         limit = min(limit, max_transitions)
@@ -126,7 +286,7 @@ def limit_plan(
     # The episode the cut falls into, and whether the cut is at its end.
     ep = int(np.searchsorted(ends, limit, side="left"))
     at_end = int(ends[ep]) == limit
-    ep_start = int(ends[ep] - lengths[ep])
+    ep_start = int(table.starts[ep])
     # The lap holding the last kept row.
     k = next(
         i for i, lap in enumerate(plan.laps) if lap.out_start + lap.n_out >= limit and lap.n_out > 0
@@ -135,14 +295,14 @@ def limit_plan(
     keep_in_lap = limit - lap.out_start
     kept_pos = np.flatnonzero(lap.kept_mask())  # offsets from first_pos
     stop = lap.first_pos + int(kept_pos[keep_in_lap - 1]) + 1
-    if not at_end or not plan.episode_terminated[ep]:
-        if not at_end:
-            plan.episode_return[ep] = _partial_return(plan, source, ep_start, limit)
-        plan.episode_length[ep] = limit - ep_start
-        plan.episode_terminated[ep] = False
-        lap.truncate_last = True
+    # Episodes after the cut go; the one it falls inside is accounted again, up to the cut.
+    if at_end:
+        plan.episodes.keep(ep + 1)
     else:
-        lap.truncate_last = False
+        plan.episodes.keep(ep)
+        _feed_rows(plan, source, ep_start, limit)
+        plan.episodes.cut()
+    lap.truncate_last = not plan.episodes.terminated[ep]
     dropped = plan.n_rows - limit
     lap.padding = lap.padding[lap.padding < stop - lap.first_pos]
     lap.stop_pos = stop
@@ -150,58 +310,17 @@ def limit_plan(
     last_source_row = lap.first_row + stop - 1
     plan.laps = plan.laps[: k + 1]
     plan.n_rows = limit
-    del plan.episode_length[ep + 1 :]
-    del plan.episode_return[ep + 1 :]
-    del plan.episode_terminated[ep + 1 :]
     plan.gaps = [g for g in plan.gaps if g["to_row"] <= last_source_row]
     plan.dropped["over_limit"] = plan.dropped.get("over_limit", 0) + dropped
     log.info("limits keep %d transitions, %d episodes (%d left out)", limit, ep + 1, dropped)
     return plan
 
 
-def _partial_return(plan: RunPlan, source: RunSource, lo: int, hi: int) -> float:
-    """Sum of the rewards of output rows ``lo .. hi - 1`` (re-reads their laps' small arrays)."""
-    total = 0.0
+def _feed_rows(plan: RunPlan, source: RunSource, lo: int, hi: int) -> None:
+    """Feed output rows ``lo .. hi - 1`` to the plan's episodes (re-reads their laps)."""
     for lap in plan.laps:
         a, b = max(lo, lap.out_start), min(hi, lap.out_start + lap.n_out)
         if a < b:
             steps = lap_step_arrays(lap, source.read_small(lap.suffix))
-            rewards = steps["reward"][a - lap.out_start : b - lap.out_start]
-            total += float(rewards.astype(np.float64).sum())
-    return total
-
-
-def selection_attrs(
-    checkpoints: Any, max_transitions: int | None, max_episodes: int | None
-) -> dict[str, Any]:
-    """What the user asked for, as recorded in the store's ``source.selection``."""
-    return {
-        "checkpoints": checkpoints if isinstance(checkpoints, str | None) else list(checkpoints),
-        "max_transitions": max_transitions,
-        "max_episodes": max_episodes,
-    }
-
-
-def selection_flags(
-    max_transitions: int | None,
-    max_episodes: int | None,
-    full_action_space: bool,
-    return_to_go: bool,
-) -> str:
-    """The ``convert`` flags that repeat these options (for the store's ``command``).
-
-    Examples
-    --------
-    >>> selection_flags(1000, None, True, False)
-    ' --max-transitions 1000 --full-action-space'
-    """
-    flags = ""
-    if max_transitions:
-        flags += f" --max-transitions {int(max_transitions)}"
-    if max_episodes:
-        flags += f" --max-episodes {int(max_episodes)}"
-    if full_action_space:
-        flags += " --full-action-space"
-    if return_to_go:
-        flags += " --return-to-go"
-    return flags
+            rows = slice(a - lap.out_start, b - lap.out_start)
+            plan.episodes.feed(steps[REWARD][rows], steps[TERMINATED][rows], steps[TRUNCATED][rows])

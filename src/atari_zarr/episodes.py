@@ -1,0 +1,284 @@
+"""Episode accounting: the per-episode table of a store, and the one way to build it.
+
+Every store records a per-episode table in its attributes (``episodes``:
+``{"length": [...], "return": [...], "terminated": [...]}``) and the counts that
+go with it (``counts.episodes``, ``terminated_episodes``, ``truncated_episodes``).
+
+* :class:`EpisodeLedger` builds the table from consecutive rows: the planner
+  walks a run's checkpoints with it, the store writer records with it, and
+  ``verify`` recomputes the table from the arrays with it. Rows come in blocks of
+  any size; an episode still running at the end of a block carries over to the
+  next one, so any split of the same rows gives the same lengths and end kinds,
+  and the same returns up to float rounding (exactly the same when the rewards
+  add up exactly, as DQN's clipped -1/0/1 rewards do).
+* :func:`episode_table` is the one parser of the table a store recorded; it gives
+  an :class:`EpisodeTable` (numpy columns, with the first and last row of each
+  episode).
+
+This module sits on the bottom floor: it imports numpy and :mod:`atari_zarr.errors` only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from atari_zarr.errors import InvalidArgumentError
+
+__all__ = ["EpisodeLedger", "EpisodeTable", "episode_table"]
+
+
+@dataclass(frozen=True)
+class EpisodeTable:
+    """The per-episode table of a store (attribute ``episodes``), parsed and checked.
+
+    Attributes
+    ----------
+    length : numpy.ndarray
+        ``(E,)`` int64, every one positive: rows of each episode, in row order.
+    terminated : numpy.ndarray
+        ``(E,)`` bool: the episode ended in a terminal state (else it was cut).
+    returns : numpy.ndarray or None
+        ``(E,)`` float64 sum of each episode's rewards, None where the table has none.
+    """
+
+    length: np.ndarray
+    terminated: np.ndarray
+    returns: np.ndarray | None
+
+    def __len__(self) -> int:
+        return int(self.length.shape[0])
+
+    @property
+    def transitions(self) -> int:
+        """Rows covered by the table (the sum of the lengths)."""
+        return int(self.length.sum())
+
+    @cached_property
+    def ends(self) -> np.ndarray:
+        """Last row of every episode."""
+        return np.cumsum(self.length) - 1
+
+    @cached_property
+    def starts(self) -> np.ndarray:
+        """First row of every episode."""
+        return self.ends - self.length + 1
+
+
+def _column(raw: Any, kinds: str, dtype: str) -> np.ndarray | None:
+    """``raw`` as a 1-d array of ``dtype`` when its values are of ``kinds``, else None."""
+    try:
+        arr = np.asarray(raw)
+    except (TypeError, ValueError):
+        return None
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in kinds):
+        return None
+    return arr.astype(dtype)
+
+
+def episode_table(meta: Mapping[str, Any], n: int | None = None) -> EpisodeTable | None:
+    """The per-episode table in a store's attributes, or None when it is absent or unusable.
+
+    This is the one parser of ``meta["episodes"]`` (``{"length": [...],
+    "terminated": [...], "return": [...]}``). Usable means well formed: lists of the
+    same length, integer lengths all positive, boolean flags, numeric returns (when
+    there), and, when ``n`` is given, lengths adding up to the ``n`` rows in use.
+    Otherwise the per-step arrays are the truth.
+
+    Parameters
+    ----------
+    meta : mapping
+        The ``atari_zarr`` attributes (:func:`atari_zarr.layout.read_metadata`).
+    n : int, optional
+        Rows the table must cover.
+
+    Returns
+    -------
+    EpisodeTable or None
+
+    Examples
+    --------
+    >>> meta = {"episodes": {"length": [3, 2], "terminated": [True, False], "return": [1, 0]}}
+    >>> table = episode_table(meta, 5)
+    >>> table.starts.tolist(), table.ends.tolist(), table.returns.tolist()
+    ([0, 3], [2, 4], [1.0, 0.0])
+    >>> episode_table(meta, 6) is None  # does not cover 6 rows
+    True
+    """
+    table = meta.get("episodes")
+    if not isinstance(table, Mapping) or "length" not in table or "terminated" not in table:
+        return None
+    length = _column(table["length"], "iu", "int64")
+    terminated = _column(table["terminated"], "b", "bool")
+    returns = None
+    if "return" in table:
+        returns = _column(table["return"], "iuf", "float64")
+        if returns is None or returns.shape != getattr(length, "shape", None):
+            return None
+    if length is None or terminated is None or length.shape != terminated.shape:
+        return None
+    if (length <= 0).any() or (n is not None and int(length.sum()) != n):
+        return None
+    return EpisodeTable(length, terminated, returns)
+
+
+class EpisodeLedger:
+    """Per-episode lengths, returns and end kinds, accumulated from consecutive rows.
+
+    Feed it the rows of a stream in order, in blocks of any size
+    (:meth:`feed`); each row that is terminated or truncated closes the running
+    episode. :meth:`cut` closes the running episode early, as truncated (a gap in
+    the data, a limit, the end of the data).
+
+    Returns are float64 sums built in one fixed order, so the same rows in the
+    same blocks always give the same bits (stores are written byte for byte the
+    same every time): within a block, the rewards of each episode's stretch are
+    summed by numpy (``rewards[a:b].sum()`` in float64); the running return adds
+    those partial sums in block order, starting from ``0.0``. Another split of the
+    rows may round differently in the last bits; compare such returns with a
+    tolerance (``verify`` does).
+
+    Attributes
+    ----------
+    length : list of int
+        Rows of every closed episode.
+    returns : list of float
+        Sum of the rewards of every closed episode.
+    terminated : list of bool
+        Whether each closed episode ended in a terminal state (else it was cut).
+    current_length : int
+        Rows of the running episode so far (0: none is running).
+    current_return : float
+        Sum of its rewards so far.
+
+    Examples
+    --------
+    >>> ledger = EpisodeLedger()
+    >>> ledger.feed([1.0, 0.0, 2.0], terminated=[False, True, False])
+    array([1])
+    >>> ledger.current_length, ledger.current_return
+    (1, 2.0)
+    >>> ledger.feed([0.5], truncated=[True])  # closes at offset 0 of this block
+    array([0])
+    >>> ledger.feed([1.0, 1.0])  # no end: the episode keeps running
+    array([], dtype=int64)
+    >>> ledger.cut()  # e.g. a gap follows: it ends here, truncated
+    True
+    >>> ledger.as_attributes()
+    {'length': [2, 2, 2], 'return': [1.0, 2.5, 2.0], 'terminated': [True, False, False]}
+    >>> ledger.counts()
+    {'episodes': 3, 'terminated_episodes': 1, 'truncated_episodes': 2}
+    """
+
+    def __init__(self) -> None:
+        self.length: list[int] = []
+        self.returns: list[float] = []
+        self.terminated: list[bool] = []
+        self.current_length = 0
+        self.current_return = 0.0
+
+    def __len__(self) -> int:
+        """Closed episodes so far."""
+        return len(self.length)
+
+    @property
+    def transitions(self) -> int:
+        """Rows of the closed episodes (the running one not included)."""
+        return sum(self.length)
+
+    def feed(
+        self,
+        rewards: ArrayLike,
+        terminated: ArrayLike | None = None,
+        truncated: ArrayLike | None = None,
+    ) -> np.ndarray:
+        """Account for a block of consecutive rows.
+
+        Parameters
+        ----------
+        rewards : array-like of float
+            The reward of every row of the block.
+        terminated, truncated : array-like of bool, optional
+            Per-row flags (default: all False). A row with either closes its
+            episode; the episode counts as terminated when ``terminated`` is set
+            on that row (it wins over ``truncated``).
+
+        Returns
+        -------
+        numpy.ndarray
+            Offsets within the block of the rows that closed an episode; the
+            episodes closed are the last ``len(offsets)`` of the lists.
+
+        Raises
+        ------
+        InvalidArgumentError
+            The flags are not one per reward.
+        """
+        rew = np.asarray(rewards, dtype=np.float64).reshape(-1)
+        n = rew.shape[0]
+        term = np.zeros(n, dtype=bool) if terminated is None else np.asarray(terminated, bool)
+        ends = term if truncated is None else term | np.asarray(truncated, dtype=bool)
+        if term.shape != (n,) or ends.shape != (n,):
+            raise InvalidArgumentError(
+                f"episode accounting got {n} rewards but flags of shape {ends.shape}; "
+                f"expected one reward and one flag per row"
+            )
+        offsets = np.flatnonzero(ends)
+        start = 0
+        for end in offsets.tolist():
+            self.current_length += end - start + 1
+            self.current_return += float(rew[start : end + 1].sum())
+            self._close(bool(term[end]))
+            start = end + 1
+        self.current_length += n - start
+        self.current_return += float(rew[start:].sum())
+        return offsets
+
+    def cut(self) -> bool:
+        """Close the running episode as truncated; False when none is running."""
+        if not self.current_length:
+            return False
+        self._close(False)
+        return True
+
+    def keep(self, episodes: int) -> None:
+        """Forget every episode after the first ``episodes`` closed ones, and the running one."""
+        del self.length[episodes:]
+        del self.returns[episodes:]
+        del self.terminated[episodes:]
+        self.current_length = 0
+        self.current_return = 0.0
+
+    def _close(self, terminated: bool) -> None:
+        self.length.append(self.current_length)
+        self.returns.append(self.current_return)
+        self.terminated.append(terminated)
+        self.current_length = 0
+        self.current_return = 0.0
+
+    def table(self) -> EpisodeTable:
+        """The closed episodes as an :class:`EpisodeTable`."""
+        return EpisodeTable(
+            np.asarray(self.length, dtype=np.int64),
+            np.asarray(self.terminated, dtype=bool),
+            np.asarray(self.returns, dtype=np.float64),
+        )
+
+    def as_attributes(self) -> dict[str, list[Any]]:
+        """The closed episodes as the ``episodes`` attribute of a store."""
+        return {
+            "length": list(self.length),
+            "return": list(self.returns),
+            "terminated": list(self.terminated),
+        }
+
+    def counts(self) -> dict[str, int]:
+        """Episode counts of the ``counts`` attribute of a store."""
+        n = len(self.length)
+        term = sum(self.terminated)
+        return {"episodes": n, "terminated_episodes": term, "truncated_episodes": n - term}

@@ -1,0 +1,206 @@
+"""Per-step columns of a store, loaded lazily.
+
+:class:`StepColumn` loads a per-step array chunk by chunk, in the smallest dtype
+that holds it losslessly. :func:`open_step_columns` opens the columns the reader
+needs; episode ids and episode ends come from the per-episode table in the
+attributes when it is there (:func:`atari_zarr.episodes.episode_table`, the one
+parser of that table), so opening a 50 M-transition store reads no per-step data.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import zarr
+
+from atari_zarr.episodes import EpisodeTable, episode_table
+from atari_zarr.layout import (
+    ACTION,
+    EPISODE,
+    OBSERVATION,
+    REWARD,
+    TERMINATED,
+    TRUNCATED,
+    get_array,
+)
+from atari_zarr.read.chunks import ChunkReader
+
+__all__ = ["StepColumn", "open_step_columns"]
+
+log = logging.getLogger("atari_zarr")
+
+
+class StepColumn:
+    """A per-step array loaded lazily, chunk by chunk, kept in a compact dtype.
+
+    ``column[rows]`` returns values in the array's own dtype. Each chunk is
+    decoded the first time one of its rows is asked for and stored in the smallest
+    candidate dtype that round-trips its bytes exactly (int8 for actions and DQN's
+    clipped rewards), widening the whole column if a later chunk needs it. The
+    backing array is allocated untouched, so memory grows only with the chunks read.
+
+    Examples
+    --------
+    >>> import numpy as np, zarr
+    >>> a = zarr.create_array({}, shape=(10,), chunks=(4,), dtype="float32")
+    >>> a[:] = np.arange(10) - 5
+    >>> col = StepColumn(a, where="memory")
+    >>> col[np.array([9, 0])].tolist(), col.compact_dtype
+    ([4.0, -5.0], dtype('int8'))
+    >>> a[3] = 0.5
+    >>> StepColumn(a, where="memory")[np.arange(10)][3]
+    np.float32(0.5)
+    """
+
+    def __init__(self, array: zarr.Array, *, where: str, remedy: str | None = None) -> None:
+        self._reader = ChunkReader(
+            array, where=where, cache_bytes=0, threads=1, readahead=False, remedy=remedy
+        )
+        self.dtype = np.dtype(array.dtype)
+        self._n = int(array.shape[0])
+        self._chunk_rows = int(array.chunks[0])
+        small = np.dtype("bool") if self.dtype == np.bool_ else np.dtype("int8")
+        self.compact_dtype = (
+            small if small.itemsize < self.dtype.itemsize or small == self.dtype else self.dtype
+        )
+        # np.empty of a large size maps untouched pages: no memory until a chunk is read.
+        self._values = np.empty(self._n, dtype=self.compact_dtype)
+        self._loaded = np.zeros(-(-self._n // self._chunk_rows), dtype=bool)
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        rows = np.asarray(rows, dtype=np.int64)
+        cids = rows // self._chunk_rows
+        need = np.unique(cids[~self._loaded[cids]])
+        if need.size:
+            self._load(need.tolist())
+        return self._values[rows].astype(self.dtype, copy=False)
+
+    def to_numpy(self) -> np.ndarray:
+        """Every value, in the array's dtype."""
+        return self[np.arange(self._n)]
+
+    def _load(self, cids: list[int]) -> None:
+        with self._lock:
+            cids = [c for c in cids if not self._loaded[c]]
+            for c in cids:
+                # one chunk at a time: a batch touching hundreds of chunks of a huge
+                # store must not hold hundreds of decoded chunks at once
+                [block] = self._reader.decode_chunks([c])
+                lo = c * self._chunk_rows
+                hi = min(lo + self._chunk_rows, self._n)
+                data = np.ascontiguousarray(block[: hi - lo], dtype=self.dtype)
+                if self._values.dtype != self.dtype:
+                    back = data.astype(self._values.dtype).astype(self.dtype)
+                    if not np.array_equal(back.view(np.uint8), data.view(np.uint8)):
+                        log.debug("widening %s to %s", self._reader.name, self.dtype)
+                        self._values = self._values.astype(self.dtype)
+                self._values[lo:hi] = data
+                self._loaded[c] = True
+
+
+class _Derived:
+    """A read-only per-row column computed from the per-episode table."""
+
+    def __init__(self, n: int, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+        self._n = n
+        self._fn = fn
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, rows: Any) -> np.ndarray:
+        return self._fn(np.asarray(rows, dtype=np.int64))
+
+    def to_numpy(self) -> np.ndarray:
+        return self[np.arange(self._n)]
+
+
+def _episode_columns(table: EpisodeTable, n: int) -> dict[str, _Derived]:
+    """Episode id, terminated, truncated and done of every row, from the table."""
+    ends = table.ends
+    term = table.terminated
+
+    def episode(rows: np.ndarray) -> np.ndarray:
+        return np.searchsorted(ends, rows, side="left").astype(np.int64)
+
+    def end_flag(flag: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
+        def fn(rows: np.ndarray) -> np.ndarray:
+            ep = np.searchsorted(ends, rows, side="left")
+            return (ends[ep] == rows) & flag[ep]
+
+        return fn
+
+    return {
+        EPISODE: _Derived(n, episode),
+        TERMINATED: _Derived(n, end_flag(term)),
+        TRUNCATED: _Derived(n, end_flag(~term)),
+        "done": _Derived(n, lambda rows: ends[np.searchsorted(ends, rows, side="left")] == rows),
+    }
+
+
+def open_step_columns(
+    group: zarr.Group,
+    meta: Mapping[str, Any],
+    where: str,
+    *,
+    n: int | None = None,
+    remedy: str | None = None,
+) -> dict[str, Any]:
+    """Lazy per-step columns of a store, keyed by layout array name (plus ``"done"``).
+
+    Episode id, terminated, truncated and done come from the per-episode table in
+    the attributes when its lengths add up to the number of rows; otherwise from
+    the arrays. Every column supports ``column[rows] -> numpy.ndarray`` and ``len``.
+
+    Parameters
+    ----------
+    group : zarr.Group
+        An open store.
+    meta : mapping
+        Its ``atari_zarr`` attributes.
+    where : str
+        Path or URL of the store, for error messages.
+    n : int, optional
+        Rows in use (default: all; an unfinished recording uses a prefix).
+    remedy : str, optional
+        What to do about a damaged chunk (:class:`~atari_zarr.read.chunks.ChunkReader`).
+
+    Examples
+    --------
+    >>> import zarr
+    >>> from atari_zarr.layout import read_metadata
+    >>> # store_url: a converted Pong/1 fixture store (shared by the examples)
+    >>> group = zarr.open_group(store_url, mode="r")
+    >>> cols = open_step_columns(group, read_metadata(group, store_url), store_url)
+    >>> sorted(cols)
+    ['action', 'done', 'episode', 'next/reward', 'next/terminated', 'next/truncated']
+    >>> cols["action"][np.array([0, 5])].dtype.name
+    'int32'
+    >>> len(cols["episode"]) == group["action"].shape[0]
+    True
+    """
+    if n is None:
+        n = int(get_array(group, OBSERVATION, where).shape[0])
+    cols: dict[str, Any] = {
+        ACTION: StepColumn(get_array(group, ACTION, where), where=where, remedy=remedy),
+        REWARD: StepColumn(get_array(group, REWARD, where), where=where, remedy=remedy),
+    }
+    table = episode_table(meta, n)
+    if table is not None:
+        cols.update(_episode_columns(table, n))
+    else:
+        term = StepColumn(get_array(group, TERMINATED, where), where=where, remedy=remedy)
+        trunc = StepColumn(get_array(group, TRUNCATED, where), where=where, remedy=remedy)
+        cols[EPISODE] = StepColumn(get_array(group, EPISODE, where), where=where, remedy=remedy)
+        cols[TERMINATED] = term
+        cols[TRUNCATED] = trunc
+        cols["done"] = _Derived(n, lambda rows: term[rows] | trunc[rows])
+    return cols

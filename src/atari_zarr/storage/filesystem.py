@@ -1,0 +1,491 @@
+"""File system calls that honour the deadline: :class:`FileSystem` and :func:`get_fs`.
+
+The package never calls an fsspec file system directly: :func:`get_fs` returns a
+:class:`FileSystem`, which has the methods the package uses (``exists``, ``ls``,
+``find``, ``glob``, ``du``, ``info``, ``cat_file``, ``pipe_file``, ``rm``,
+``open``, ...) and sends every call of a remote file system through
+:func:`~atari_zarr.storage.deadline.bounded`:
+
+* **deadline.** For an async file system (gcsfs, s3fs, http, adlfs) the call's
+  coroutine runs on fsspec's I/O loop inside ``asyncio.wait_for``: the whole
+  call, the file system's retries and a listing's pages included, gets
+  ``timeout`` seconds, then it is cancelled and
+  :class:`~atari_zarr.errors.RemoteTimeoutError` is raised. Listings and
+  existence checks are bounded as much as reads. A recursive ``rm`` is one
+  bounded listing, then bounded batches of deletions, so that emptying a large
+  store is not one call.
+* **errors.** Failures become :class:`~atari_zarr.errors.RemoteAccessError`
+  naming the redacted URL of the object; ``FileNotFoundError`` (and the other
+  errors about the path itself) pass through for the caller to interpret.
+  ``exists``/``isdir``/``isfile`` answer ``False`` only for a missing path: a
+  server that fails raises, it is never mistaken for an empty place.
+* **bounded reads of files.** ``open(path, "rb")`` returns a buffered reader
+  whose reads are ranged ``cat_file`` calls of ``block_size`` bytes, each
+  bounded (fsspec's own file objects call the file system without a deadline).
+  ``open(path, "wb")`` collects the bytes and writes them with one bounded
+  ``pipe_file`` when closed (object stores publish whole objects only).
+* **fork safety.** After ``os.fork`` (a DataLoader or dask worker) the file
+  system is built afresh instead of sharing the parent's HTTP session.
+
+Local paths use fsspec's ``LocalFileSystem`` directly (no network, no deadline).
+File systems without an async implementation (``memory://``, sftp, ...) are
+called directly with the same error translation; only async ones can be
+cancelled, so only they get the deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Awaitable, Iterator
+from typing import Any, TypeVar, cast
+
+import fsspec
+import fsspec.asyn
+from fsspec.implementations.local import LocalFileSystem
+from fsspec.registry import known_implementations
+
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    MissingDependencyError,
+    StoreWriteError,
+    install_hint,
+)
+from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
+from atari_zarr.storage.paths import is_url, local_path, redact
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "FileSystem", "backend_errors", "get_fs", "local_write_error"]
+
+T = TypeVar("T")
+
+#: Bytes per request of a file opened for reading (a whole buffer is read at once).
+DEFAULT_BLOCK_SIZE = 5 << 20
+#: Objects deleted per bounded call of a recursive ``rm``.
+_RM_BATCH = 1000
+#: Calls that change a local file system: an OSError there means DEST cannot be written.
+_LOCAL_WRITES = frozenset({"makedirs", "pipe_file", "rm"})
+#: Protocols whose fsspec back end comes with one of our extras.
+_EXTRA_OF_PROTOCOL = {"gs": "cloud", "gcs": "cloud"}
+
+
+@contextlib.contextmanager
+def backend_errors(location: str, storage_options: dict[str, Any] | None = None) -> Iterator[None]:
+    """Turn fsspec's failures to *find* a file system for ``location`` into our errors.
+
+    fsspec raises ``ValueError`` for an unknown protocol and ``ImportError`` when the
+    protocol's back end (gcsfs, s3fs, ...) is not installed.
+
+    Examples
+    --------
+    >>> with backend_errors("nosuchproto://bucket/x"):
+    ...     fsspec.core.url_to_fs("nosuchproto://bucket/x")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: nosuchproto://bucket/x: the protocol ...
+    """
+    protocol = str(location).split("://", 1)[0]
+    where = redact(str(location), storage_options)
+    try:
+        yield
+    except ImportError as exc:
+        extra = _EXTRA_OF_PROTOCOL.get(protocol)
+        known = known_implementations.get(protocol, {})
+        package = str(known.get("class", protocol)).split(".", 1)[0]
+        hint = install_hint(extra) if extra else f"pip install {package}"
+        raise MissingDependencyError(
+            f"{where}: reading {protocol}:// needs the fsspec back end {package}, which is not "
+            f"installed ({exc}); install it with: {hint}"
+        ) from None
+    except ValueError as exc:
+        if "protocol" not in str(exc).lower():
+            raise
+        raise InvalidArgumentError(
+            f"{where}: the protocol {protocol!r} is not known to fsspec ({exc}); expected a "
+            f"local path or a URL such as gs://, s3://, https://, memory:// or file://. Check "
+            f"the spelling of the URL."
+        ) from None
+
+
+async def _boxed(awaitable: Awaitable[T]) -> tuple[bool, Any]:
+    # fsspec's sync() turns any TimeoutError (ours included) into its own
+    # FSTimeoutError; carrying the outcome back as a value keeps our error as it is.
+    try:
+        return True, await awaitable
+    except Exception as exc:
+        return False, exc
+
+
+class FileSystem:
+    """An fsspec file system whose every remote call honours a deadline.
+
+    Parameters
+    ----------
+    location : str
+        Local path or fsspec URL this file system serves (for messages and to
+        choose the protocol).
+    storage_options : dict, optional
+        fsspec options for URLs.
+    timeout : float, None or "default"
+        Seconds each call may take, retries included; ``None`` for no limit;
+        ``"default"``: :func:`~atari_zarr.storage.deadline.default_timeout`.
+
+    Attributes
+    ----------
+    path : str
+        ``location`` as a path of this file system.
+    fs : fsspec.AbstractFileSystem
+        The underlying file system. Its calls are *not* bounded: use this
+        object's methods.
+
+    Examples
+    --------
+    >>> fs, path = get_fs("memory://doc-fs/a")
+    >>> fs.pipe_file(f"{path}/b.bin", b"0123456789")
+    >>> fs.exists(f"{path}/b.bin"), fs.cat_file(f"{path}/b.bin", 2, 5)
+    (True, b'234')
+    >>> with fs.open(f"{path}/b.bin", "rb") as f:
+    ...     f.seek(8), f.read()
+    (8, b'89')
+    >>> fs.ls(path)
+    ['/doc-fs/a/b.bin']
+    """
+
+    def __init__(
+        self,
+        location: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        timeout: float | str | None = "default",
+    ) -> None:
+        self.location = str(location)
+        self.storage_options = dict(storage_options or {})
+        self.timeout = resolve_timeout(timeout)
+        self.remote = is_url(self.location)
+        self._connect()
+
+    def _connect(self) -> None:
+        self._pid = os.getpid()
+        if self.remote:
+            with backend_errors(self.location, self.storage_options):
+                fs, path = fsspec.core.url_to_fs(self.location, **self.storage_options)
+            self._fs: fsspec.AbstractFileSystem = fs
+            self.path = str(path)
+        else:
+            self._fs = LocalFileSystem()
+            self.path = os.path.abspath(local_path(self.location))
+
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        if self._pid != os.getpid():
+            self._connect()  # the parent's session, sockets and event loop are not ours
+        return self._fs
+
+    @property
+    def bounded(self) -> bool:
+        """True when calls get the deadline (a remote async file system)."""
+        fs = self.fs
+        return self.remote and bool(getattr(fs, "async_impl", False))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "location": self.location,
+            "storage_options": self.storage_options,
+            "timeout": self.timeout,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(  # type: ignore[misc]
+            state["location"], state["storage_options"], timeout=state["timeout"]
+        )
+
+    def __repr__(self) -> str:
+        return f"FileSystem({redact(self.location, self.storage_options)!r})"
+
+    def url(self, path: str) -> str:
+        """The URL of ``path`` for messages, credentials removed.
+
+        Examples
+        --------
+        >>> fs, path = get_fs("memory://doc-fs/a")
+        >>> fs.url(path + "/zarr.json")
+        'memory://doc-fs/a/zarr.json'
+        """
+        path = str(path)
+        if not self.remote:
+            return path
+        base = self.path.rstrip("/")
+        if path == base or path.startswith(base + "/"):
+            # spelled the way the user spelled the location
+            url = self.location.rstrip("/") + path[len(base) :]
+        else:
+            url = self.fs.unstrip_protocol(path)
+        return redact(url, self.storage_options)
+
+    # -- the one way a call is made ------------------------------------------------------
+    def _call(self, what: str, name: str, where: str, *args: Any, **kwargs: Any) -> Any:
+        fs = self.fs
+        if not self.remote:
+            if name not in _LOCAL_WRITES:
+                return getattr(fs, name)(*args, **kwargs)
+            try:
+                return getattr(fs, name)(*args, **kwargs)
+            except OSError as exc:
+                if name == "rm" and isinstance(exc, FileNotFoundError):
+                    raise  # nothing to delete: the caller decides
+                raise local_write_error(what, where, exc) from None
+        if self.bounded:
+            coroutine = getattr(fs, f"_{name}")(*args, **kwargs)
+            ok, value = fsspec.asyn.sync(
+                fs.loop,
+                _boxed,
+                bounded(
+                    what,
+                    where,
+                    coroutine,
+                    timeout=self.timeout,
+                    storage_options=self.storage_options,
+                ),
+            )
+            if ok:
+                return value
+            raise value
+        try:
+            return getattr(fs, name)(*args, **kwargs)
+        except Exception as exc:
+            error = remote_error(exc, what, where, self.timeout, self.storage_options)
+            if error is None:
+                raise
+            raise error from None
+
+    # -- queries -------------------------------------------------------------------------
+    def info(self, path: str) -> dict[str, Any]:
+        """Details of one path (``name``, ``size``, ``type``); FileNotFoundError if absent."""
+        return cast(dict[str, Any], self._call("checking", "info", self.url(path), path))
+
+    def exists(self, path: str) -> bool:
+        """True if ``path`` exists; a failing server raises instead of answering False."""
+        if not self.remote:
+            return bool(self.fs.exists(path))
+        try:
+            self.info(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def isdir(self, path: str) -> bool:
+        """True if ``path`` is a directory (a prefix, on object stores)."""
+        if not self.remote:
+            return bool(self.fs.isdir(path))
+        try:
+            return self.info(path).get("type") == "directory"
+        except FileNotFoundError:
+            return False
+
+    def isfile(self, path: str) -> bool:
+        """True if ``path`` is a file (an object)."""
+        if not self.remote:
+            return bool(self.fs.isfile(path))
+        try:
+            return self.info(path).get("type") == "file"
+        except FileNotFoundError:
+            return False
+
+    def ls(self, path: str, detail: bool = False) -> list[Any]:
+        """Entries directly under ``path`` (names, or dicts with ``detail=True``)."""
+        return cast(list[Any], self._call("listing", "ls", self.url(path), path, detail=detail))
+
+    def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False) -> list[str]:
+        """Every file below ``path`` (and directories with ``withdirs``), sorted."""
+        found = self._call(
+            "listing", "find", self.url(path), path, maxdepth=maxdepth, withdirs=withdirs
+        )
+        return sorted(found)
+
+    def glob(self, pattern: str, maxdepth: int | None = None) -> list[str]:
+        """Paths matching ``pattern`` (``*``, ``**``, ``?``, ``[..]``)."""
+        kwargs = {} if maxdepth is None else {"maxdepth": maxdepth}
+        return sorted(self._call("listing", "glob", self.url(pattern), pattern, **kwargs))
+
+    def du(self, path: str) -> int:
+        """Total bytes of the files below ``path`` (one listing)."""
+        return int(self._call("listing", "du", self.url(path), path, total=True))
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Bytes ``start:end`` of a file (all of it by default)."""
+        where = self.url(path)
+        if start is not None or end is not None:
+            where += f" (bytes {start or 0}-{'' if end is None else end})"
+        return cast(bytes, self._call("reading", "cat_file", where, path, start=start, end=end))
+
+    # -- changes -------------------------------------------------------------------------
+    def pipe_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` as the whole content of ``path``."""
+        self._call("writing", "pipe_file", self.url(path), path, bytes(data))
+
+    def makedirs(self, path: str, exist_ok: bool = False) -> None:
+        """Create a directory and its parents (nothing to do on object stores)."""
+        self._call("creating", "makedirs", self.url(path), path, exist_ok=exist_ok)
+
+    def rm(self, path: str, recursive: bool = False) -> None:
+        """Delete ``path`` (and everything below it with ``recursive``)."""
+        if not (self.bounded and recursive):
+            self._call("deleting", "rm", self.url(path), path, recursive=recursive)
+            return
+        # one bounded listing, then bounded batches: emptying a large prefix is many calls
+        paths = self.find(path, withdirs=True)
+        if not paths:
+            raise FileNotFoundError(self.url(path))
+        for i in range(0, len(paths), _RM_BATCH):
+            batch = paths[i : i + _RM_BATCH]
+            where = f"{self.url(path)} ({len(batch)} objects)"
+            try:
+                self._call("deleting", "rm", where, batch)
+            except FileNotFoundError:
+                pass  # listed, then gone: already deleted (directory markers, races)
+        self.invalidate_cache(path)
+
+    def invalidate_cache(self, path: str | None = None) -> None:
+        """Forget cached listings (no I/O)."""
+        self.fs.invalidate_cache(path)
+
+    # -- files ---------------------------------------------------------------------------
+    def open(self, path: str, mode: str = "rb", block_size: int | None = None) -> Any:
+        """A file object; for remote file systems, every request of it honours the deadline.
+
+        Parameters
+        ----------
+        path : str
+            Path within this file system.
+        mode : {"rb", "wb"}
+            Read, or write the whole file (written when closed).
+        block_size : int, optional
+            Bytes fetched per request when reading (default
+            :data:`DEFAULT_BLOCK_SIZE`).
+        """
+        if mode not in ("rb", "wb"):
+            raise InvalidArgumentError(
+                f"open({path!r}, {mode!r}): only 'rb' and 'wb' are supported"
+            )
+        if not self.bounded:
+            kwargs = {} if block_size is None else {"block_size": block_size}
+            if not self.remote:
+                return self.fs.open(path, mode, **kwargs)
+            return self._open_direct(path, mode, **kwargs)
+        if mode == "wb":
+            return _PipeWriter(self, path)
+        details = self.info(path)
+        if details.get("type") == "directory":
+            raise IsADirectoryError(f"{self.url(path)} is a directory, not a file")
+        raw = _RangeReader(self, path, int(details["size"]))
+        return io.BufferedReader(raw, buffer_size=block_size or DEFAULT_BLOCK_SIZE)
+
+    def _open_direct(self, path: str, mode: str, **kwargs: Any) -> Any:
+        try:
+            return self.fs.open(path, mode, **kwargs)
+        except Exception as exc:
+            error = remote_error(exc, "opening", self.url(path), self.timeout, self.storage_options)
+            if error is None:
+                raise
+            raise error from None
+
+
+def local_write_error(what: str, where: str, exc: BaseException | None) -> StoreWriteError:
+    """The error for a local path that cannot be written (missing parent, permissions, space).
+
+    Examples
+    --------
+    >>> err = local_write_error("creating", "/proc/x", PermissionError(13, "Permission denied"))
+    >>> str(err).split(":")[0]
+    'creating /proc/x failed (Permission denied)'
+    """
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return StoreWriteError(
+        f"{what} {where} failed ({reason}): expected a writable directory. Choose another "
+        f"destination, or fix its permissions or free space."
+    )
+
+
+class _RangeReader(io.RawIOBase):
+    """A read-only remote file: each read is one bounded ranged ``cat_file``."""
+
+    def __init__(self, fs: FileSystem, path: str, size: int) -> None:
+        self._fs = fs
+        self.name = path
+        self.size = size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def _fetch(self, n: int) -> bytes:
+        end = min(self._pos + n, self.size)
+        if end <= self._pos:
+            return b""
+        data = self._fs.cat_file(self.name, self._pos, end)
+        self._pos += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self._fetch(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def readall(self) -> bytes:
+        return self._fetch(self.size - self._pos)  # one request, not one per 8 KB
+
+
+class _PipeWriter(io.BytesIO):
+    """Collects the bytes of a file; one bounded ``pipe_file`` publishes them on close."""
+
+    def __init__(self, fs: FileSystem, path: str) -> None:
+        super().__init__()
+        self._fs = fs
+        self.name = path
+
+    def close(self) -> None:
+        if not self.closed:
+            data = self.getvalue()
+            super().close()
+            self._fs.pipe_file(self.name, data)
+
+
+def get_fs(
+    location: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: float | str | None = "default",
+) -> tuple[FileSystem, str]:
+    """Return ``(file system, path)`` for a local path or fsspec URL.
+
+    Parameters
+    ----------
+    location : str
+        Local path or fsspec URL.
+    storage_options : dict, optional
+        fsspec options for URLs.
+    timeout : float, None or "default"
+        Seconds each remote call may take, retries included (see :class:`FileSystem`).
+
+    Examples
+    --------
+    >>> fs, path = get_fs("memory://atari/Pong")
+    >>> type(fs.fs).__name__, path
+    ('MemoryFileSystem', '/atari/Pong')
+    >>> get_fs("/data/atari")[1]
+    '/data/atari'
+    """
+    fs = FileSystem(str(location), storage_options, timeout=timeout)
+    return fs, fs.path

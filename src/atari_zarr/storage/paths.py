@@ -1,0 +1,134 @@
+"""Locations: local paths and fsspec URLs, joined, spelled and redacted one way.
+
+Every public function of the package that takes a location accepts a local path or
+any fsspec URL (``gs://``, ``s3://``, ``https://``, ``memory://``, ``file://``) plus
+a ``storage_options`` dict for the file system (``{"token": "anon"}`` for a public
+bucket). Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+from atari_zarr.errors import InvalidArgumentError
+
+__all__ = ["is_url", "join", "local_path", "parse_storage_options", "redact"]
+
+_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]+@")
+_QUERY_SECRET_RE = re.compile(
+    r"(?i)((?:access_token|token|signature|sig|key|secret|password|credential|"
+    r"x-goog-signature|x-goog-credential|x-amz-signature|x-amz-credential|"
+    r"x-amz-security-token)=)[^&\s'\"]+"
+)
+_BEARER_RE = re.compile(r"(?i)(bearer\s+)[^\s'\",]+")
+_SECRET_KEY_RE = re.compile(r"(?i)token|secret|password|passwd|credential|auth|key|session")
+
+
+def _secret_values(options: Any, key: str = "") -> list[str]:
+    """String values of storage options whose key sounds secret (nested dicts too)."""
+    if isinstance(options, dict):
+        out: list[str] = []
+        for k, v in options.items():
+            out += _secret_values(v, str(k))
+        return out
+    if isinstance(options, str) and len(options) >= 4 and _SECRET_KEY_RE.search(key):
+        return [] if options in ("anon", "google_default", "cloud", "browser") else [options]
+    return []
+
+
+def redact(text: str, storage_options: dict[str, Any] | None = None) -> str:
+    """Remove credentials from ``text``: URL user info, secret query parameters, bearer
+    tokens, and the values of secret-looking storage options.
+
+    Examples
+    --------
+    >>> redact("https://me:hunter2@host/x?X-Goog-Signature=abc&a=1")
+    'https://***@host/x?X-Goog-Signature=***&a=1'
+    >>> redact("token s3cr3t-value refused", {"token": "s3cr3t-value"})
+    'token *** refused'
+    """
+    text = _USERINFO_RE.sub("***@", str(text))
+    text = _QUERY_SECRET_RE.sub(r"\1***", text)
+    text = _BEARER_RE.sub(r"\1***", text)
+    for secret in sorted(_secret_values(storage_options or {}), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def is_url(location: str) -> bool:
+    """True when ``location`` names a protocol other than the local file system.
+
+    Examples
+    --------
+    >>> is_url("gs://bucket/x"), is_url("/data/x"), is_url("file:///data/x")
+    (True, False, False)
+    """
+    location = str(location)
+    if "://" not in location:
+        return False
+    return not location.startswith("file://")
+
+
+def local_path(location: str) -> str:
+    """Strip a ``file://`` prefix.
+
+    Examples
+    --------
+    >>> local_path("file:///data/x"), local_path("data/x")
+    ('/data/x', 'data/x')
+    """
+    location = str(location)
+    return location[len("file://") :] if location.startswith("file://") else location
+
+
+def join(location: str, *parts: str) -> str:
+    """Join path components with ``/`` (URLs) or the OS separator (local paths).
+
+    Examples
+    --------
+    >>> join("gs://bucket/atari/", "Pong", "1.zarr")
+    'gs://bucket/atari/Pong/1.zarr'
+    """
+    location = str(location)
+    if is_url(location):
+        return "/".join([location.rstrip("/"), *parts])
+    return os.path.join(local_path(location), *parts)
+
+
+def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
+    """Turn CLI ``KEY=VALUE`` strings into a storage-options dict.
+
+    Values ``true``/``false``/``none`` and numbers are converted; anything
+    else stays a string.
+
+    Examples
+    --------
+    >>> parse_storage_options(["token=anon", "timeout=5", "anon=true"])
+    {'token': 'anon', 'timeout': 5, 'anon': True}
+    """
+    options: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InvalidArgumentError(
+                f"--storage-option {pair!r} is not KEY=VALUE; "
+                f"write it as e.g. --storage-option token=anon"
+            )
+        lowered = value.lower()
+        parsed: Any
+        if lowered in ("true", "false"):
+            parsed = lowered == "true"
+        elif lowered in ("none", "null"):
+            parsed = None
+        else:
+            try:
+                parsed = int(value)
+            except ValueError:
+                try:
+                    parsed = float(value)
+                except ValueError:
+                    parsed = value
+        options[key] = parsed
+    return options

@@ -1,0 +1,307 @@
+"""The one catalog of stores: states, listings, the stores datasets offer, and remote
+failures that are never mistaken for "not a store".
+
+Remote cases talk to fake-gcs-server on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from atari_zarr import convert
+from atari_zarr.cli import main as cli_main
+from atari_zarr.errors import (
+    RemoteAccessError,
+    RemoteTimeoutError,
+    StoreFormatError,
+    StoreNotFoundError,
+)
+from atari_zarr.layout import create_store
+from atari_zarr.read.dataset import AtariZarrDataset
+from atari_zarr.read.mixing import MultiGameDataset
+from atari_zarr.storage.catalog import complete_stores, list_stores, name_to_url, store_state
+from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.testing import FixtureRun, write_fixture_run
+from atari_zarr.testing.gcs import FakeGCSServer
+
+BUCKET = "atari-catalog"
+UNFINISHED_COMMAND = "atari-zarr convert SRC DEST --runs 2"
+
+
+def _unfinished_store(url: str, rows: int = 10, **options: Any) -> None:
+    """A conversion that created its arrays and stopped: never marked complete."""
+    store = open_zarr_store(url, options or None, read_only=False)
+    attrs = {"kind": "dqn-replay", "game": "Pong", "run": "2", "command": UNFINISHED_COMMAND}
+    create_store(store, rows, attrs)
+
+
+@pytest.fixture
+def mixed_root(pong_run: FixtureRun, source_root: Path, dest_root: Path) -> Path:
+    """One complete store, one unfinished one, and things that are not stores."""
+    convert(str(source_root), str(dest_root), progress=False, scheduler="synchronous")
+    _unfinished_store(str(dest_root / "Pong" / "2.zarr"))
+    (dest_root / "Pong" / "3.zarr").mkdir()  # a crash before anything was written
+    (dest_root / "Pong" / "4.zarr").mkdir()
+    (dest_root / "Pong" / "4.zarr" / "notes.txt").write_text("someone else's")
+    return dest_root
+
+
+# --------------------------------------------------------------------------- #
+# states
+# --------------------------------------------------------------------------- #
+
+
+def test_store_states(mixed_root: Path, tmp_path: Path) -> None:
+    pong = mixed_root / "Pong"
+    assert store_state(str(pong / "1.zarr")) == "complete"
+    assert store_state(str(pong / "2.zarr")) == "incomplete"
+    assert store_state(str(pong / "3.zarr")) == "absent"  # empty directory
+    assert store_state(str(pong / "4.zarr")) == "foreign"
+    assert store_state(str(pong / "9.zarr")) == "absent"
+    (tmp_path / "plain.zarr").mkdir()
+    (tmp_path / "plain.zarr" / "zarr.json").write_text(
+        json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}})
+    )
+    assert store_state(str(tmp_path / "plain.zarr")) == "foreign"  # Zarr, but not ours
+    (tmp_path / "junk.zarr").mkdir()
+    (tmp_path / "junk.zarr" / "zarr.json").write_bytes(b"\x00not json")
+    assert store_state(str(tmp_path / "junk.zarr")) == "foreign"
+    (tmp_path / "file.zarr").write_text("a file")
+    assert store_state(str(tmp_path / "file.zarr")) == "foreign"
+
+
+def test_list_stores_gives_each_a_status(mixed_root: Path, pong_run: FixtureRun) -> None:
+    rows = list_stores(str(mixed_root), sizes=False)
+    assert [(r["run"], r["status"], r["transitions"]) for r in rows] == [
+        ("1", "complete", len(pong_run.truth())),
+        ("2", "incomplete", 10),
+        ("3", "not a store", None),
+        ("4", "not a store", None),
+    ]
+    assert rows[0]["url"] == str(mixed_root / "Pong" / "1.zarr")
+    with pytest.raises(StoreNotFoundError, match="missing does not exist"):
+        list_stores(str(mixed_root / "missing"))
+
+
+def test_ls_shows_complete_and_unfinished_stores(
+    mixed_root: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli_main(["ls", str(mixed_root)]) == 0
+    _, *lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith(str(mixed_root / "Pong" / "1.zarr"))
+    assert lines[0].endswith("complete") and lines[1].endswith("incomplete")
+
+
+# --------------------------------------------------------------------------- #
+# datasets offer complete stores only (defect 5)
+# --------------------------------------------------------------------------- #
+
+
+def test_datasets_offer_only_complete_stores(mixed_root: Path, pong_run: FixtureRun) -> None:
+    root = str(mixed_root)
+    assert complete_stores(root) == ["Pong/1"]
+    mix = MultiGameDataset.from_root(root)
+    assert mix.games == ["Pong/1"] and len(mix) == len(pong_run.truth())
+    with pytest.raises(StoreFormatError, match=r"\['Pong/2'\] are unfinished"):
+        MultiGameDataset.from_root(root, ["Pong/2"])
+    with pytest.raises(StoreNotFoundError, match="atari-zarr convert"):
+        complete_stores(str(mixed_root / "missing"))
+
+
+def test_torchrl_lists_only_complete_stores(mixed_root: Path) -> None:
+    pytest.importorskip("torchrl")
+    from atari_zarr.read.torchrl import AtariZarrExperienceReplay
+
+    root = str(mixed_root)
+    assert AtariZarrExperienceReplay.list_datasets(root) == ["Pong/1"]
+    replay = AtariZarrExperienceReplay("Pong/1", batch_size=4, root=root)
+    assert replay.available_datasets == ["Pong/1"]
+    with pytest.raises(StoreFormatError, match="'Pong/2' is not a store"):
+        AtariZarrExperienceReplay("Pong/2", batch_size=4, root=root)
+
+
+def test_name_to_url() -> None:
+    assert name_to_url("gs://b/atari/", "Breakout/12") == "gs://b/atari/Breakout/12.zarr"
+
+
+# --------------------------------------------------------------------------- #
+# remote failures are remote errors, never "foreign" (defect 3)
+# --------------------------------------------------------------------------- #
+
+
+class _FaultyProxy(ThreadingHTTPServer):
+    """Forwards requests to a server, answering ``status`` to those ``fails(method, path)``.
+
+    Unlike ``CountingProxy.fail_next``, which fails the next requests whatever they
+    are, this fails exactly the requests named, so the test does not depend on how
+    many requests come first.
+    """
+
+    daemon_threads = True
+
+    def __init__(self, target: str, fails: Callable[[str, str], bool], status: int) -> None:
+        parts = urllib.parse.urlsplit(target)
+        self.target = (parts.hostname or "127.0.0.1", parts.port or 80)
+        self.fails = fails
+        self.status = status
+        self.failed: list[str] = []
+        super().__init__(("127.0.0.1", 0), _FaultyHandler)
+        self._thread = threading.Thread(target=self.serve_forever, daemon=True)
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # a client that gave up on a connection is not the test's concern
+
+    def __enter__(self) -> _FaultyProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+        self.server_close()
+        self._thread.join()
+
+
+class _FaultyHandler(BaseHTTPRequestHandler):
+    server: _FaultyProxy
+    _SKIP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "host"})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        if self.server.fails(self.command, urllib.parse.unquote(self.path)):
+            self.server.failed.append(self.path)
+            message = b"injected failure"
+            self.send_response(self.server.status)
+            self.send_header("Content-Length", str(len(message)))
+            self.end_headers()
+            self.wfile.write(message)
+            return
+        conn = http.client.HTTPConnection(*self.server.target, timeout=30)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in self._SKIP}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        finally:
+            conn.close()
+        self.send_response(resp.status)
+        for key, value in resp.getheaders():
+            if key.lower() not in self._SKIP:
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _handle
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeGCSServer]:
+    with FakeGCSServer() as srv:
+        srv.create_bucket(BUCKET)
+        yield srv
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("status", [403, 505])
+def test_converting_over_a_store_whose_metadata_fails_is_a_remote_error(
+    server: FakeGCSServer, tmp_path: Path, status: int
+) -> None:
+    """403 and 505 are final for gcsfs (no retries), so the failure comes at once."""
+    source = tmp_path / "src"
+    write_fixture_run(str(source), "Pong", "1", capacity=64, steps=300, seed=4)
+    opts = server.storage_options()
+    dest = f"gs://{BUCKET}/blip-{status}"
+    [done] = convert(
+        str(source),
+        dest,
+        progress=False,
+        storage_options=opts,
+        source_storage_options={},
+        scheduler="synchronous",
+    )
+    root_meta = f"/{BUCKET}/o/blip-{status}/Pong/1.zarr/zarr.json?alt=media"
+
+    def reads_root_metadata(method: str, path: str) -> bool:
+        return method == "GET" and path.endswith(root_meta)
+
+    with _FaultyProxy(server.endpoint_url, reads_root_metadata, status) as proxy:
+        faulty = server.storage_options(endpoint_url=proxy.endpoint_url)
+        with pytest.raises(RemoteAccessError) as info:
+            convert(
+                str(source),
+                dest,
+                progress=False,
+                storage_options=faulty,
+                source_storage_options={},
+                scheduler="synchronous",
+            )
+        assert proxy.failed  # the metadata read was the one that failed
+    message = str(info.value)
+    assert f"{dest}/Pong/1.zarr/zarr.json" in message
+    assert "--overwrite" not in message and "not an atari_zarr store" not in message
+    # the complete store is untouched and still reads
+    assert store_state(done.url, opts) == "complete"
+    assert len(AtariZarrDataset(done.url, storage_options=opts)) == done.transitions
+
+
+@pytest.mark.timeout(120)
+def test_cli_convert_into_a_stalled_bucket_ends_at_the_deadline(
+    source_root: Path,
+    pong_run: FixtureRun,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # main() sets ATARI_ZARR_TIMEOUT from --timeout; monkeypatch restores it afterwards
+    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "60")
+    with FakeGCSServer() as private:
+        private.create_bucket(BUCKET)
+        flags = [f"-s{k}={v}" for k, v in private.storage_options().items()]
+        private.pause()
+        try:
+            code = cli_main(
+                ["convert", str(source_root), f"gs://{BUCKET}/x", "--timeout", "3", "-q", *flags]
+            )
+        finally:
+            private.resume()
+    assert code == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("atari-zarr convert: error: ")
+    assert f"gs://{BUCKET}/x/Pong/1.zarr" in line and "within 3 s" in line
+
+
+@pytest.mark.timeout(120)
+def test_a_stalled_server_has_no_state(monkeypatch: pytest.MonkeyPatch) -> None:
+    with FakeGCSServer() as private:
+        private.create_bucket(BUCKET)
+        opts = private.storage_options()
+        _unfinished_store(f"gs://{BUCKET}/s/Pong/2.zarr", **opts)
+        assert store_state(f"gs://{BUCKET}/s/Pong/2.zarr", opts) == "incomplete"
+        # the short deadline only once the server is stalled: a loaded machine must
+        # not make the calls above, to a healthy server, miss it
+        monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "2")
+        private.pause()
+        try:
+            with pytest.raises(RemoteTimeoutError, match="within 2 s"):
+                store_state(f"gs://{BUCKET}/s/Pong/2.zarr", opts)
+            with pytest.raises(RemoteTimeoutError):
+                complete_stores(f"gs://{BUCKET}/s", opts)
+        finally:
+            private.resume()

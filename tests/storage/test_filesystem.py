@@ -1,0 +1,267 @@
+"""The deadline-bound file system: every remote call, listings included, honours the deadline;
+remote failures surface as remote errors, a missing object stays FileNotFoundError.
+
+Remote cases talk to fake-gcs-server on 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import gzip
+import pickle
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from zarr.core.sync import sync
+
+from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
+from atari_zarr.storage.catalog import list_stores, store_state
+from atari_zarr.storage.filesystem import FileSystem, get_fs
+from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+
+BUCKET = "atari-fs"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeGCSServer]:
+    with FakeGCSServer() as srv:
+        srv.create_bucket(BUCKET)
+        yield srv
+
+
+@pytest.fixture
+def private_server() -> Iterator[FakeGCSServer]:
+    """A server of this test alone: it may be paused."""
+    with FakeGCSServer() as srv:
+        srv.create_bucket(BUCKET)
+        yield srv
+
+
+# --------------------------------------------------------------------------- #
+# local and in-memory file systems
+# --------------------------------------------------------------------------- #
+
+
+def test_local_paths_use_the_local_file_system(tmp_path: Path) -> None:
+    fs, path = get_fs(str(tmp_path / "a"))
+    assert type(fs.fs).__name__ == "LocalFileSystem" and not fs.bounded
+    assert path == str(tmp_path / "a")
+    fs.makedirs(path, exist_ok=True)
+    fs.pipe_file(f"{path}/x.bin", b"abc")
+    with fs.open(f"{path}/x.bin", "rb") as f:
+        assert f.read() == b"abc"
+    assert fs.exists(f"{path}/x.bin") and not fs.exists(f"{path}/y.bin")
+    assert fs.ls(path) == [f"{path}/x.bin"]
+    fs.rm(path, recursive=True)
+    assert not fs.exists(path)
+
+
+def test_memory_file_system_round_trip() -> None:
+    fs, path = get_fs("memory://fs-test/round")
+    with fs.open(f"{path}/a/b.bin", "wb") as f:
+        f.write(b"0123456789")
+    assert fs.cat_file(f"{path}/a/b.bin", 3, 6) == b"345"
+    assert fs.find(path) == [f"{path}/a/b.bin"]
+    assert fs.glob(f"{path}/*/*.bin") == [f"{path}/a/b.bin"]
+    assert fs.du(path) == 10
+    assert fs.isdir(f"{path}/a") and fs.isfile(f"{path}/a/b.bin")
+    with pytest.raises(FileNotFoundError):
+        fs.cat_file(f"{path}/missing")
+    copy = pickle.loads(pickle.dumps(fs))
+    assert isinstance(copy, FileSystem) and copy.timeout == fs.timeout
+    assert copy.cat_file(f"{path}/a/b.bin") == b"0123456789"
+    fs.rm(path, recursive=True)
+    assert not fs.exists(path)
+
+
+# --------------------------------------------------------------------------- #
+# remote: answers, errors, request counts
+# --------------------------------------------------------------------------- #
+
+
+def test_remote_calls_and_missing_objects(server: FakeGCSServer) -> None:
+    fs, path = get_fs(f"gs://{BUCKET}/calls", server.storage_options(), timeout=30)
+    assert fs.bounded
+    fs.pipe_file(f"{path}/g/1.bin", b"x" * 10)
+    fs.pipe_file(f"{path}/g/2.bin", b"y" * 5)
+    assert fs.ls(f"{path}/g") == [f"{path}/g/1.bin", f"{path}/g/2.bin"]
+    assert fs.find(path) == [f"{path}/g/1.bin", f"{path}/g/2.bin"]
+    assert fs.glob(f"{path}/*/2.bin") == [f"{path}/g/2.bin"]
+    assert fs.du(path) == 15
+    assert fs.exists(f"{path}/g") and fs.isdir(f"{path}/g") and fs.isfile(f"{path}/g/1.bin")
+    assert not fs.exists(f"{path}/nothing") and not fs.isdir(f"{path}/nothing")
+    with pytest.raises(FileNotFoundError):
+        fs.cat_file(f"{path}/nothing")
+    with pytest.raises(FileNotFoundError):
+        fs.open(f"{path}/nothing", "rb")
+    fs.rm(path, recursive=True)
+    assert not fs.exists(f"{path}/g/1.bin")
+
+
+def test_a_failing_server_is_never_an_absent_path(server: FakeGCSServer) -> None:
+    """A refused request raises a remote error naming the URL; exists() never says False."""
+    with CountingProxy(server.endpoint_url) as proxy:
+        fs, path = get_fs(
+            f"gs://{BUCKET}/refused", server.storage_options(endpoint_url=proxy.endpoint_url)
+        )
+        # (status, call): 505 is a 5xx that gcsfs does not retry, so the error comes at
+        # once; a 403 on an object gcsfs itself answers by listing, so only where it is final
+        calls: list[tuple[int, Callable[[], Any]]] = [
+            (505, lambda: fs.exists(f"{path}/x")),
+            (505, lambda: fs.isdir(f"{path}/x")),
+            (505, lambda: fs.ls(f"{path}/x")),
+            (403, lambda: fs.ls(f"{path}/x")),
+            (505, lambda: fs.cat_file(f"{path}/x")),
+            (403, lambda: fs.cat_file(f"{path}/x")),
+        ]
+        for status, call in calls:
+            fs.invalidate_cache()  # gcsfs keeps listings: each call must ask the server
+            proxy.fail_next(100, status)  # every request of the call, whatever their order
+            with pytest.raises(RemoteAccessError, match=f"gs://{BUCKET}/refused/x") as info:
+                call()
+            proxy.reset()
+            assert not isinstance(info.value, RemoteTimeoutError)
+            assert "failed after the file system's retries" in str(info.value)
+            assert f"{status}" in str(info.value) or "Forbidden" in str(info.value)
+
+
+def test_reading_a_file_costs_one_request_per_block(server: FakeGCSServer) -> None:
+    # under 1 MiB: gcsfs uploads a larger body as raw bytes, which aiohttp warns about
+    data = np.random.default_rng(0).integers(0, 255, 900_000, dtype=np.uint8).tobytes()
+    packed = gzip.compress(data, compresslevel=1)
+    setup, path = get_fs(f"gs://{BUCKET}/blocks", server.storage_options())
+    setup.pipe_file(f"{path}/f.gz", packed)
+    block = 1 << 17
+    with CountingProxy(server.endpoint_url) as proxy:
+        fs, path = get_fs(
+            f"gs://{BUCKET}/blocks", server.storage_options(endpoint_url=proxy.endpoint_url)
+        )
+        with fs.open(f"{path}/f.gz", "rb", block_size=block) as raw:
+            with gzip.GzipFile(fileobj=raw) as f:  # reads of 8 KB..128 KB, as the sources do
+                assert f.read() == data
+        ranged = [e for e in proxy.log if e[0] == "GET" and "alt=media" in e[1]]
+        assert len(ranged) == -(-len(packed) // block), proxy.log
+        assert sum(e[3] for e in ranged) == len(packed)
+
+        proxy.reset()
+        with fs.open(f"{path}/f.gz", "rb") as f:
+            f.seek(len(packed) - 10)
+            assert f.read() == packed[-10:]
+            f.seek(0)
+            assert f.read() == packed  # the rest at once: one request
+        assert len([e for e in proxy.log if "alt=media" in e[1]]) == 2, proxy.log
+
+
+def test_write_mode_publishes_on_close(server: FakeGCSServer) -> None:
+    fs, path = get_fs(f"gs://{BUCKET}/written", server.storage_options())
+    with fs.open(f"{path}/a.bin", "wb") as f:
+        f.write(b"abc")
+        f.write(b"def")
+        assert not fs.exists(f"{path}/a.bin")  # nothing half-written is ever visible
+    assert fs.cat_file(f"{path}/a.bin") == b"abcdef"
+
+
+# --------------------------------------------------------------------------- #
+# a server that stops answering: every call ends at the deadline
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.timeout(180)
+def test_every_call_honours_the_deadline_on_a_stalled_server(
+    private_server: FakeGCSServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    opts = private_server.storage_options()
+    root = f"gs://{BUCKET}/stalled"
+    # Set up under the default deadline: 1 s applies only once the server is stalled,
+    # so a loaded machine cannot make a call to the healthy server miss it.
+    fs, path = get_fs(root, opts)
+    fs.pipe_file(f"{path}/Pong/1.zarr/zarr.json", b"{}")
+    fs.pipe_file(f"{path}/f.bin", b"0123456789")
+    reader = fs.open(f"{path}/f.bin", "rb", block_size=4)
+    assert reader.read(2) == b"01"
+    group = zarr.open_group(open_zarr_store(f"{root}/g.zarr", opts, read_only=False), mode="w")
+    group.create_array("a", shape=(4,), dtype="int8")
+    store = open_zarr_store(f"{root}/g.zarr", opts, read_only=True)
+    fs.invalidate_cache()  # every answer below must come from the server
+    store._store.fs.invalidate_cache()  # type: ignore[attr-defined]
+
+    async def keys(listing: Any) -> list[str]:
+        return [key async for key in listing]
+
+    calls: dict[str, Callable[[], Any]] = {
+        "ls": lambda: fs.ls(path),
+        "find": lambda: fs.find(path),
+        "glob": lambda: fs.glob(f"{path}/*/*.zarr"),
+        "du": lambda: fs.du(path),
+        "exists": lambda: fs.exists(f"{path}/f.bin"),
+        "isdir": lambda: fs.isdir(f"{path}/Pong"),
+        "info": lambda: fs.info(f"{path}/f.bin"),
+        "cat_file": lambda: fs.cat_file(f"{path}/f.bin"),
+        "read": lambda: reader.read(),
+        "open": lambda: fs.open(f"{path}/f.bin", "rb"),
+        "pipe_file": lambda: fs.pipe_file(f"{path}/new.bin", b"x"),
+        "rm": lambda: fs.rm(f"{path}/Pong", recursive=True),
+        "store_state": lambda: store_state(f"{root}/Pong/1.zarr", opts),
+        "list_stores": lambda: list_stores(root, opts),
+        "store.list_dir": lambda: sync(keys(store.list_dir(""))),
+        "store.list_prefix": lambda: sync(keys(store.list_prefix("a"))),
+        "store.list": lambda: sync(keys(store.list())),
+        "store.getsize": lambda: sync(store.getsize("zarr.json")),
+        "store.exists": lambda: sync(store.exists("a/zarr.json")),
+    }
+    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "1")  # for the catalog, which takes no timeout=
+    fs.timeout = store.timeout = 1
+    private_server.pause()
+    try:
+        for name, call in calls.items():
+            with pytest.raises(RemoteTimeoutError, match="within 1 s") as info:
+                call()
+            assert f"gs://{BUCKET}/stalled" in str(info.value), name
+    finally:
+        private_server.resume()
+    assert fs.cat_file(f"{path}/f.bin") == b"0123456789"  # the same objects work again
+
+
+@pytest.mark.timeout(120)
+def test_the_deadline_comes_from_the_environment(
+    private_server: FakeGCSServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "2")
+    fs, path = get_fs(f"gs://{BUCKET}/env", private_server.storage_options())
+    assert fs.timeout == 2
+    private_server.pause()
+    try:
+        with pytest.raises(RemoteTimeoutError, match=rf"listing gs://{BUCKET}/env .*within 2 s"):
+            fs.ls(path)
+    finally:
+        private_server.resume()
+
+
+def test_a_destination_that_cannot_be_written_is_a_store_write_error(tmp_path: Path) -> None:
+    from atari_zarr.errors import StoreWriteError
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    fs, path = get_fs(str(blocker / "store.zarr"))
+    with pytest.raises(StoreWriteError, match=r"creating .*a-file/store\.zarr failed"):
+        fs.makedirs(path, exist_ok=True)
+    with pytest.raises(StoreWriteError, match=r"writing .*a-file/store\.zarr/x failed"):
+        fs.pipe_file(f"{path}/x", b"1")
+    with pytest.raises(FileNotFoundError):  # deleting what is not there is not a write failure
+        fs.rm(str(tmp_path / "absent"))
+
+
+def test_an_unknown_protocol_or_missing_backend_names_the_fix(monkeypatch) -> None:
+    from atari_zarr.errors import InvalidArgumentError, MissingDependencyError
+
+    with pytest.raises(InvalidArgumentError, match="the protocol 'nosuchproto' is not known"):
+        get_fs("nosuchproto://bucket/x")
+    with pytest.raises(InvalidArgumentError, match="not known"):
+        open_zarr_store("nosuchproto://bucket/x.zarr", read_only=True)
+    monkeypatch.setitem(__import__("sys").modules, "adlfs", None)
+    with pytest.raises(MissingDependencyError, match=r"back end adlfs.*pip install adlfs"):
+        get_fs("abfs://container/x")

@@ -1,0 +1,40 @@
+"""The shared fixtures of ``tests/conftest.py``: shared where read, private where changed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from atari_zarr import AtariZarrDataset, ConvertedStore
+from atari_zarr.layout import REWARD
+from atari_zarr.testing import FixtureRun
+
+
+def test_pong_run_is_a_private_copy_of_the_shared_run(
+    pong_run: FixtureRun, pong_source: FixtureRun, source_root: Path
+) -> None:
+    assert pong_run.url == str(source_root / "Pong" / "1") != pong_source.url
+    ours = sorted(p.relative_to(pong_run.url) for p in Path(pong_run.url).rglob("*"))
+    shared = sorted(p.relative_to(pong_source.url) for p in Path(pong_source.url).rglob("*"))
+    assert ours == shared and ours
+    for name in ours:
+        if (Path(pong_run.url) / name).is_file():
+            (Path(pong_run.url) / name).write_bytes(b"changed")  # the shared run is untouched
+    assert all(
+        (Path(pong_source.url) / name).read_bytes() != b"changed"
+        for name in shared
+        if (Path(pong_source.url) / name).is_file()
+    )
+
+
+def test_pong_store_copy_is_a_private_copy_of_the_shared_store(
+    pong_store_copy: ConvertedStore, pong_store: ConvertedStore, dest_root: Path
+) -> None:
+    assert pong_store_copy.url == str(dest_root / "Pong" / "1.zarr") != pong_store.url
+    ours, shared = Path(pong_store_copy.url), Path(pong_store.url)
+    files = sorted(p.relative_to(shared) for p in shared.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(ours) for p in ours.rglob("*") if p.is_file())
+    assert all((ours / name).read_bytes() == (shared / name).read_bytes() for name in files)
+    AtariZarrDataset(pong_store_copy.url)  # complete and readable where it is
+    shutil.rmtree(ours / REWARD)
+    assert (shared / REWARD).is_dir()  # the shared store is untouched
