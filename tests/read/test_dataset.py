@@ -32,7 +32,14 @@ from atari_zarr.layout import (
 
 
 @pytest.fixture
-def converted(pong_run, source_root, dest_root):
+def converted(pong_store_copy, pong_truth):
+    """This test's own copy of the session's Pong/1 store (free to damage), and its truth."""
+    return pong_store_copy, pong_truth
+
+
+@pytest.fixture
+def converted_here(pong_run, source_root, dest_root):
+    """A conversion of this test's own: its recorded command converts ``source_root`` again."""
     [store] = convert(str(source_root), str(dest_root), progress=False)
     return store, pong_run.truth()
 
@@ -167,9 +174,11 @@ def test_newer_format_is_refused(converted):
         AtariZarrDataset(store.url)
 
 
-def test_conversion_killed_while_creating_arrays_is_unfinished(converted, source_root, dest_root):
-    """Issue 11, defect 2: such a store names the command that finishes it, never "damaged"."""
-    store, truth = converted
+def test_conversion_killed_while_creating_arrays_is_unfinished(
+    converted_here, source_root, dest_root
+):
+    """Such a store names the command that finishes it, never "damaged"."""
+    store, truth = converted_here
     attrs = dict(zarr.open_group(store.url, mode="r").attrs[ATTRS_KEY])
     command = attrs["command"]
     assert command.startswith("atari-zarr convert ")
