@@ -16,13 +16,7 @@ Examples
 True
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("atari-zarr")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
-    __version__ = "0+unknown"
-
+from atari_zarr._version import __version__
 from atari_zarr.conversion.converter import ConvertedStore, convert
 from atari_zarr.errors import (
     AtariZarrError,

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from atari_zarr import __version__
+from atari_zarr._version import __version__
 from atari_zarr.commands import command_line
 from atari_zarr.errors import AtariZarrError
 from atari_zarr.storage.paths import parse_storage_options

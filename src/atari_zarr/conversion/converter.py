@@ -32,7 +32,7 @@ from typing import Any
 
 import zarr
 
-from atari_zarr import __version__
+from atari_zarr._version import __version__
 from atari_zarr.commands import command_line
 from atari_zarr.conversion.derived import write_derived
 from atari_zarr.conversion.graph import LAP_PREFIX, Job, build_graph, expected_keys

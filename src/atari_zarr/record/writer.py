@@ -29,7 +29,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from atari_zarr import __version__
+from atari_zarr._version import __version__
 from atari_zarr.episodes import EpisodeLedger
 from atari_zarr.errors import InvalidArgumentError, StoreExistsError
 from atari_zarr.layout import (
