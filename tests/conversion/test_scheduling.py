@@ -61,7 +61,13 @@ def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp
     root, _ = big_run
     with (
         distributed.LocalCluster(
-            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            # the scheduler's HTTP server (metrics) on a free port: 8787, its default, may
+            # be taken on the machine, and distributed's fallback warning fails the test
+            scheduler_kwargs={"dashboard_address": ":0"},
         ) as cluster,
         distributed.Client(cluster) as client,
     ):
