@@ -12,7 +12,7 @@ import zarr
 
 from atari_zarr import AtariZarrDataset
 from atari_zarr.cli import main
-from atari_zarr.layout import create_store
+from atari_zarr.layout import FINAL_OBSERVATION, UNCLIPPED_REWARD, create_store
 from atari_zarr.storage.remote import open_zarr_store
 from atari_zarr.testing.gcs import FakeGCSServer
 
@@ -213,6 +213,34 @@ def test_demo_end_to_end(tmp_path):
     info = json.loads(run_cli("info", str(store), "--json").stdout)
     assert info["episodes"] == len(ds.metadata["episodes"]["length"]) >= 2
     assert sum(ds.metadata["episodes"]["length"]) == 1500
+
+
+@pytest.mark.slow
+def test_demo_of_rl_unplugged_end_to_end(tmp_path):
+    from matplotlib.image import imread
+
+    dest = tmp_path / "demo"
+    res = run_cli("demo", str(dest), "--source-kind", "rl-unplugged", "--shards", "3")
+    assert res.returncode == 0, res.stderr
+    assert "into RL Unplugged shards run_1-xxxxx-of-00003" in res.stdout
+    assert "shard 1 left out as a gap" in res.stdout and "(rl-unplugged, format v1)" in res.stdout
+    for name in ("frames.png", "returns.png"):
+        assert str(dest / name) in res.stdout
+        picture = imread(dest / name)
+        assert picture.ndim == 3 and picture.shape[0] > 300 and picture.std() > 0.05
+    shards = sorted(p.name for p in (dest / "source" / "Asterix").iterdir())
+    assert shards == ["run_1-00000-of-00003", "run_1-00002-of-00003"]
+    ds = AtariZarrDataset(str(dest / "stores" / "Asterix" / "1.zarr"))
+    meta = ds.metadata
+    assert meta["kind"] == "rl-unplugged" and meta["source"]["shards_missing"] == [1]
+    assert len(ds) == sum(meta["episodes"]["length"]) > 100
+    assert ds.read_frames(np.arange(0, len(ds), 50)).std() > 10  # real screens
+    group = zarr.open_group(str(dest / "stores" / "Asterix" / "1.zarr"), mode="r")
+    final = np.asarray(group[FINAL_OBSERVATION][:])
+    ended = np.asarray(meta["episodes"]["terminated"], bool)
+    assert len(final) == len(ended) and ended.any() and final[ended].std() > 10
+    unclipped = np.asarray(group[UNCLIPPED_REWARD][:])
+    assert unclipped.max() == 50.0 and float(ds[:]["next", "reward"].max()) == 1.0  # Asterix
 
 
 def test_demo_quiet_prints_nothing(tmp_path):

@@ -70,18 +70,25 @@ def test_notebook_runs(path, demo_store, this_python_kernel, tmp_path, monkeypat
     ).execute()
     outputs = [out for cell in nb.cells if cell.cell_type == "code" for out in cell.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
-    warnings = [o.text for o in outputs if o.output_type == "stream" and o.name == "stderr"
-                and "Warning" in o.text]
+    warnings = [
+        o.text
+        for o in outputs
+        if o.output_type == "stream" and o.name == "stderr" and "Warning" in o.text
+    ]
     assert not warnings, warnings
     pictures = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(pictures) == 5  # grid, strip, histograms, actions, brightness
+    assert len(pictures) == 6  # grid, strip, histograms, actions, stream throughput, brightness
     text = "\n".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "stream, one epoch:" in text
     assert f"store        {demo_store}" in text
     # the remote cell: opening and 8 frames cost far less than the store
     lines = {line.split(":")[0].strip(): line for line in text.splitlines() if "bytes" in line}
     store_bytes, opened, frames = (
         int(lines[key].split(":")[1].split("bytes")[0].replace(",", ""))
-        for key in ("store in the bucket", "open (metadata, step arrays)",
-                    "8 consecutive transitions")
+        for key in (
+            "store in the bucket",
+            "open (metadata, step arrays)",
+            "8 consecutive transitions",
+        )
     )
     assert 0 < frames < store_bytes / 5 and 0 < opened < store_bytes

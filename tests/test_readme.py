@@ -35,7 +35,7 @@ def test_scripts_do_what_the_readme_says():
 
 
 def test_scripts_are_valid_bash():
-    for script in sorted((ROOT / "scripts").glob("*.sh")) + [ROOT / ".ci" / "run"]:
+    for script in [*sorted((ROOT / "scripts").glob("*.sh")), ROOT / ".ci" / "run"]:
         res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
         assert res.returncode == 0, (script, res.stderr)
 

@@ -60,6 +60,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         max_episodes=args.max_episodes,
         full_action_space=args.full_action_space,
         return_to_go=args.return_to_go,
+        source_kind=args.source_kind,
     )
     if not args.quiet:
         for store in done:
@@ -139,6 +140,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.quiet and not args.no_progress,
         echo=not args.quiet,
+        source_kind=args.source_kind,
+        shards=args.shards,
     )
     return 0
 
@@ -180,18 +183,31 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "convert",
-        help="convert DQN Replay runs into stores",
-        description="Convert {Game}/{run}/replay_logs under SOURCE into DEST/{Game}/{run}.zarr.",
+        help="convert DQN Replay or RL Unplugged runs into stores",
+        description="Convert {Game}/{run}/replay_logs (DQN Replay) or {Game}/run_{r}-*-of-* "
+        "shards (RL Unplugged) under SOURCE into DEST/{Game}/{run}.zarr.",
     )
-    p.add_argument("source", metavar="SOURCE", help="dataset root or run directory (path or URL)")
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="dataset root, run directory (DQN Replay) or game directory (RL Unplugged); "
+        "path or URL",
+    )
     p.add_argument("dest", metavar="DEST", help="destination root (path or URL)")
     p.add_argument("--games", nargs="+", metavar="G", help="only these games (default: all)")
-    p.add_argument("--runs", nargs="+", metavar="R", help="only these runs (default: all)")
+    p.add_argument(
+        "--runs", nargs="+", metavar="R", help="only these runs, e.g. 1 for run_1-* (default: all)"
+    )
+    p.add_argument(
+        "--source-kind",
+        choices=("dqn-replay", "rl-unplugged"),
+        help="the source's kind (default: recognised by its layout)",
+    )
     p.add_argument(
         "--checkpoints",
         metavar="SPEC",
-        help="checkpoint suffixes, e.g. '0-9,50', or a preset: mixed (1), medium (10), "
-        "expert (50) (default: all)",
+        help="checkpoint suffixes (RL Unplugged: shard indices), e.g. '0-9,50', or a preset: "
+        "mixed (1), medium (10), expert (50; RL Unplugged: the last shard) (default: all)",
     )
     p.add_argument("--max-transitions", type=int, metavar="N", help="keep at most N transitions")
     p.add_argument("--max-episodes", type=int, metavar="N", help="keep at most N episodes")
@@ -237,7 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
         "Exit status 0 when sound, 1 with a report otherwise.",
     )
     p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
-    p.add_argument("--source", metavar="RUN_DIR", help="the run directory it was converted from")
+    p.add_argument(
+        "--source",
+        metavar="SOURCE",
+        help="what it was converted from: the dataset root, a game or a run directory",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
     _add_storage_option(p)
@@ -283,9 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "demo",
-        help="play Atari into a small DQN Replay run, convert, read back, plot",
-        description="Play a real Atari game (random policy) into DQN Replay checkpoint files, "
-        "convert them to a store, read it back, and write frames.png and returns.png to DEST.",
+        help="play Atari into a small DQN Replay (or RL Unplugged) run, convert, read back, plot",
+        description="Play a real Atari game (random policy) into DQN Replay checkpoint files "
+        "(or RL Unplugged shards, --source-kind rl-unplugged), convert them to a store, read it "
+        "back, and write frames.png and returns.png to DEST.",
     )
     p.add_argument(
         "dest",
@@ -294,9 +315,24 @@ def build_parser() -> argparse.ArgumentParser:
         default="atari-zarr-demo",
         help="output directory (default: atari-zarr-demo)",
     )
-    p.add_argument("--game", default="Breakout", help="ALE game to play (default: Breakout)")
-    p.add_argument("--steps", type=int, default=3000, help="transitions to record")
-    p.add_argument("--capacity", type=int, default=1000, help="replay capacity of the recording")
+    p.add_argument(
+        "--source-kind",
+        choices=("dqn-replay", "rl-unplugged"),
+        default="dqn-replay",
+        help="the format to record into: DQN Replay checkpoints, or RL Unplugged's GZIP "
+        "TFRecord shards of PNG frames (default: dqn-replay)",
+    )
+    p.add_argument("--game", help="ALE game to play (default: Breakout; Asterix for rl-unplugged)")
+    p.add_argument("--steps", type=int, default=3000, help="transitions to record (dqn-replay)")
+    p.add_argument(
+        "--capacity", type=int, default=1000, help="replay capacity of the recording (dqn-replay)"
+    )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=5,
+        help="shards of the run, the middle one left out as a gap (rl-unplugged; default 5)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the play and the samples")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")

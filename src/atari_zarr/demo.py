@@ -8,6 +8,11 @@
 3. :class:`AtariZarrDataset` reads it back; ``frames.png`` shows sampled frames with
    their action and reward, ``returns.png`` the episode returns and lengths.
 
+With ``source_kind="rl-unplugged"`` step 1 writes RL Unplugged shards instead
+(:func:`record_rlu_run`: GZIP TFRecords of ``tf.train.Example`` episodes with one
+PNG per step, a shard missing in the middle), and step 2 converts them with the
+same :func:`atari_zarr.convert`: a scan task and a write task per shard.
+
 Needs the ``collect`` extra (ale-py, gymnasium, opencv) for the recording and the
 ``plot`` extra (matplotlib) for the pictures; ``pip install 'atari-zarr[all]'``.
 """
@@ -34,15 +39,27 @@ from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.record.envs import quiet_ale
 from atari_zarr.sources.dqn_replay.emulator import DopamineLoggedBuffer
 from atari_zarr.sources.dqn_replay.files import LOGS_DIR
+from atari_zarr.sources.registry import DQN_REPLAY, RL_UNPLUGGED, get_kind
 from atari_zarr.storage.remote import open_zarr_store
 
-__all__ = ["DemoResult", "RecordedRun", "plot_frames", "plot_returns", "record_run", "run_demo"]
+__all__ = [
+    "DemoResult",
+    "RecordedRun",
+    "plot_frames",
+    "plot_returns",
+    "record_rlu_run",
+    "record_run",
+    "run_demo",
+]
 
 log = logging.getLogger("atari_zarr")
 
 #: The game the demo plays by default: short random-policy episodes, so even a
 #: few thousand steps hold a dozen of them.
 DEFAULT_GAME = "Breakout"
+#: The game of the RL Unplugged demo: its random play scores 50 a time, so the
+#: clipped rewards (1) and the source's unclipped ones (50) differ.
+DEFAULT_RLU_GAME = "Asterix"
 
 
 @dataclass
@@ -55,6 +72,10 @@ class RecordedRun:
     checkpoints: int
     action_names: list[str]
     scores: list[float] = field(default_factory=list)  # unclipped game scores per finished episode
+    #: RL Unplugged: the run's shard indices written, and its number of shards.
+    shards: list[int] = field(default_factory=list)
+    num_shards: int = 0
+    terminated: int = 0  # episodes that ended in a terminal state (the rest were cut)
 
 
 def record_run(
@@ -139,6 +160,86 @@ def record_run(
         action_names=names,
         scores=scores,
     )
+
+
+def record_rlu_run(
+    root: str,
+    game: str = DEFAULT_RLU_GAME,
+    *,
+    shards: int = 5,
+    episodes_per_shard: int = 2,
+    seed: int = 0,
+) -> RecordedRun:
+    """Play ``game`` with a seeded random policy into RL Unplugged shards.
+
+    The files land in ``{root}/{game}/run_1-{i:05d}-of-{shards:05d}``, written by
+    :func:`atari_zarr.testing.rl_unplugged.write_fixture_rlu`: one GZIP TFRecord per
+    present shard, one ``tf.train.Example`` per episode, one PNG per step. In each
+    shard every episode but the last plays until the game ends (a terminal
+    episode); the last is cut after about 30 steps. The shard in the middle is left
+    out, as a gap in the source.
+
+    Parameters
+    ----------
+    root : str
+        Dataset root (a local directory).
+    game : str
+        ALE game name.
+    shards : int
+        The run's number of shards (``-of-N``); at least 2.
+    episodes_per_shard : int
+        Episodes (Examples) per shard.
+    seed : int
+        Seeds the environment and the policy.
+
+    Returns
+    -------
+    RecordedRun
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> rec = record_rlu_run(tempfile.mkdtemp(), shards=3, episodes_per_shard=1)
+    >>> rec.shards, rec.num_shards, rec.episodes, rec.url.rsplit("/", 1)[-1]
+    ([0, 2], 3, 2, 'Asterix')
+    """
+    from atari_zarr.testing.rl_unplugged import write_fixture_rlu
+
+    if shards < 2:
+        raise ValueError(f"shards must be at least 2 (one is left out as a gap), not {shards}")
+    names = _action_names(game)  # first: fails fast, before writing anything, without ale-py
+    present = [i for i in range(shards) if i != shards // 2]
+    fixture = write_fixture_rlu(
+        root,
+        game,
+        num_shards=shards,
+        present=present,
+        episodes_per_shard=episodes_per_shard,
+        seed=seed,
+    )
+    episodes = fixture.episodes
+    return RecordedRun(
+        url=fixture.game_dir,
+        steps=sum(e.real_steps for e in episodes),
+        episodes=len(episodes),
+        checkpoints=len(present),
+        action_names=names,
+        scores=[float(e.unclipped_rewards[: e.real_steps].sum()) for e in episodes],
+        shards=present,
+        num_shards=shards,
+        terminated=sum(bool(e.terminal) for e in episodes),
+    )
+
+
+def _action_names(game: str) -> list[str]:
+    """Names of ``game``'s minimal action set, as DQN's actions index it."""
+    from atari_zarr.record.envs import make_dqn_env
+
+    env = make_dqn_env(game)
+    try:
+        return list(env.unwrapped.get_action_meanings())
+    finally:
+        env.close()
 
 
 def _pyplot() -> Any:
@@ -269,27 +370,29 @@ class DemoResult:
 def run_demo(
     dest: str = "atari-zarr-demo",
     *,
-    game: str = DEFAULT_GAME,
+    game: str | None = None,
     steps: int = 3000,
     capacity: int = 1000,
     seed: int = 0,
     scheduler: str | None = None,
     progress: bool = True,
     echo: bool = True,
+    source_kind: str = DQN_REPLAY,
+    shards: int = 5,
 ) -> DemoResult:
-    """Record real play in the DQN Replay format, convert it, read it back, plot it.
+    """Record real play in a source's format, convert it, read it back, plot it.
 
     Parameters
     ----------
     dest : str
-        Output directory: ``source/`` receives the checkpoint files, ``stores/`` the
+        Output directory: ``source/`` receives the source files, ``stores/`` the
         converted store, and the two PNGs go to the directory itself.
-    game : str
-        ALE game to play.
+    game : str, optional
+        ALE game to play (default: Breakout for DQN Replay, Asterix for RL Unplugged).
     steps : int
-        Transitions to record.
+        Transitions to record (DQN Replay).
     capacity : int
-        Replay capacity of the emulated buffer (the dataset used 1,000,000).
+        Replay capacity of the emulated buffer (DQN Replay; the dataset used 1,000,000).
     seed : int
         Seeds the play and the sampled frames.
     scheduler : str or None
@@ -299,6 +402,11 @@ def run_demo(
         Show progress bars.
     echo : bool
         Print what happens (the CLI does; tests do not).
+    source_kind : str
+        ``"dqn-replay"`` (checkpoint files of dopamine's logged replay buffer) or
+        ``"rl-unplugged"`` (GZIP TFRecord shards of PNG frames, :func:`record_rlu_run`).
+    shards : int
+        The RL Unplugged run's number of shards; the one in the middle is left out.
 
     Returns
     -------
@@ -311,6 +419,7 @@ def run_demo(
     >>> result.info["transitions"], result.frames_png.name, result.returns_png.exists()
     (200, 'frames.png', True)
     """
+    kind = get_kind(source_kind).name  # an unknown kind fails before anything is written
     _pyplot()  # fail before the work, not after it, when matplotlib is missing
     if not echo:
         quiet_ale()
@@ -324,20 +433,42 @@ def run_demo(
             print(text, flush=True)
 
     t0 = time.perf_counter()
-    say(
-        f"1/4 playing {game} ({steps:,} steps, random policy, seed {seed}) into DQN Replay "
-        f"checkpoints (capacity {capacity:,}) under {source}"
-    )
-    rec = record_run(
-        str(source), game, steps=steps, capacity=capacity, seed=seed, progress=progress
-    )
-    say(
-        f"    {rec.episodes} episodes, {rec.checkpoints} checkpoints "
-        f"written as dopamine's logged replay buffer writes them"
-    )
-    say(f"2/4 converting to {stores} (a Dask graph: one task per checkpoint)")
+    if kind == RL_UNPLUGGED:
+        game = game or DEFAULT_RLU_GAME
+        missing = shards // 2
+        say(
+            f"1/4 playing {game} (random policy, seed {seed}) into RL Unplugged shards "
+            f"run_1-xxxxx-of-{shards:05d} under {source}: GZIP TFRecords, one tf.train.Example "
+            f"per episode, one PNG per step; shard {missing} left out as a gap"
+        )
+        rec = record_rlu_run(str(source), game, shards=shards, seed=seed)
+        say(
+            f"    {rec.episodes} episodes ({rec.terminated} terminal, "
+            f"{rec.episodes - rec.terminated} cut), {rec.steps:,} steps in "
+            f"{len(rec.shards)} shards, written without TensorFlow"
+        )
+        say(f"2/4 converting to {stores} (a Dask graph: a scan and a write task per shard)")
+    else:
+        game = game or DEFAULT_GAME
+        say(
+            f"1/4 playing {game} ({steps:,} steps, random policy, seed {seed}) into DQN Replay "
+            f"checkpoints (capacity {capacity:,}) under {source}"
+        )
+        rec = record_run(
+            str(source), game, steps=steps, capacity=capacity, seed=seed, progress=progress
+        )
+        say(
+            f"    {rec.episodes} episodes, {rec.checkpoints} checkpoints "
+            f"written as dopamine's logged replay buffer writes them"
+        )
+        say(f"2/4 converting to {stores} (a Dask graph: one task per checkpoint)")
     [done] = convert(
-        str(source), str(stores), overwrite=True, progress=progress, scheduler=scheduler
+        str(source),
+        str(stores),
+        overwrite=True,
+        progress=progress,
+        scheduler=scheduler,
+        source_kind=kind if kind == RL_UNPLUGGED else None,
     )
     info = store_info(done.url)
     say("    " + format_info(info).replace("\n", "\n    "))
@@ -349,6 +480,11 @@ def run_demo(
         f"    a batch of 32 TED transitions: observation {tuple(batch['observation'].shape)}, "
         f"next/reward {tuple(batch['next', 'reward'].shape)}"
     )
+    if kind == RL_UNPLUGGED:
+        say(
+            f"    final_observation keeps the terminal frame of the {rec.terminated} terminal "
+            f"episodes, next/unclipped_reward the source's rewards before clipping"
+        )
     say("4/4 plotting")
     frames_png = plot_frames(ds, out / "frames.png", action_names=rec.action_names, seed=seed)
     returns_png = plot_returns(ds, out / "returns.png")

@@ -15,6 +15,8 @@ import zarr
 from atari_zarr.episodes import episode_table
 from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import ARRAYS, FLUSHED_KEY, OPTIONAL_ARRAYS, get_array, read_metadata
+from atari_zarr.sources.registry import RL_UNPLUGGED
+from atari_zarr.sources.rl_unplugged.planner import return_disagreements
 from atari_zarr.storage.catalog import StoreRow
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
@@ -62,6 +64,13 @@ def open_store_group(url: str, storage_options: dict[str, Any] | None = None) ->
 def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Facts about one store: size, compression, counts, returns, source.
 
+    ``checkpoints`` lists the parts converted: DQN Replay checkpoint suffixes, or
+    RL Unplugged shard indices. For RL Unplugged stores, ``source_shards`` says
+    how many shards the run has and which are missing, and
+    ``return_disagreements`` lists, one line per column, the source returns that
+    differ from the sum of their step rewards (a property of the source, which
+    the store copies faithfully).
+
     Parameters
     ----------
     url : str
@@ -93,6 +102,13 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
     returns = np.zeros(0) if table is None or table.returns is None else table.returns
     conversion = meta.get("conversion", {})
     flushed = meta.get(FLUSHED_KEY) if not meta.get("complete") else None
+    rlu = meta.get("kind") == RL_UNPLUGGED
+    parts = (
+        [s["shard"] for s in conversion.get("shards", [])]
+        if rlu
+        else [c["suffix"] for c in conversion.get("checkpoints", [])]
+    )
+    source = meta.get("source") or {}
     return {
         "url": url,
         "game": meta.get("game"),
@@ -121,8 +137,19 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         "optional_arrays": [name for name in OPTIONAL_ARRAYS if name in group],
         "flushed": flushed,
         "env_id": (meta.get("env") or {}).get("env_id"),
-        "checkpoints": [c["suffix"] for c in conversion.get("checkpoints", [])],
+        "checkpoints": parts,
+        "source_shards": (
+            {
+                "num_shards": source.get("num_shards"),
+                "present": source.get("shards_present"),
+                "missing": source.get("shards_missing"),
+                "selected": source.get("shards_selected"),
+            }
+            if rlu
+            else None
+        ),
         "gaps": conversion.get("gaps", []),
+        "return_disagreements": return_disagreements(meta),
         "command": meta.get("command"),
     }
 
@@ -133,6 +160,42 @@ def _size(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1000
     return f"{n:.1f} TB"  # pragma: no cover
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """Integers as compact ranges.
+
+    Examples
+    --------
+    >>> _ranges([0, 1, 2, 5, 7, 8])
+    '0-2, 5, 7-8'
+    """
+    out: list[tuple[int, int]] = []
+    for v in values:
+        if out and out[-1][1] + 1 == v:
+            out[-1] = (out[-1][0], v)
+        else:
+            out.append((v, v))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def _shard_gap(gap: dict[str, Any]) -> str:
+    """One gap of an RL Unplugged store: its shards, and which were absent from the source.
+
+    Examples
+    --------
+    >>> _shard_gap({"from_shard": 1, "to_shard": 4, "shards": 3, "absent": [2]})
+    '1-3 (2 absent)'
+    """
+    shards = list(range(int(gap["from_shard"]), int(gap["to_shard"])))
+    absent = [int(i) for i in gap.get("absent") or []]
+    if absent == shards:
+        note = "absent"
+    elif absent:
+        note = f"{_ranges(absent)} absent"
+    else:
+        note = "not selected"
+    return f"{_ranges(shards)} ({note})"
 
 
 def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
@@ -177,16 +240,33 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
         lines.append(f"env          {info['env_id']}")
     if info.get("optional_arrays"):
         lines.append(f"optional     {', '.join(info['optional_arrays'])}")
+    shards = info.get("source_shards")
+    if shards:
+        missing = shards.get("missing") or []
+        lines.append(
+            f"source       {shards.get('num_shards')} shards, "
+            f"{len(shards.get('present') or [])} present"
+            + (f", missing {_ranges(missing)}" if missing else "")
+        )
     if info["checkpoints"]:
         ck = info["checkpoints"]
-        lines.append(f"checkpoints  {len(ck)} ({ck[0]}..{ck[-1]})")
+        if shards:
+            lines.append(f"shards       {len(ck)} converted ({_ranges(ck)})")
+        else:
+            lines.append(f"checkpoints  {len(ck)} ({ck[0]}..{ck[-1]})")
     gaps = info["gaps"]
-    lost = sum(g["rows"] for g in gaps)
-    lines.append(
-        f"gaps         {len(gaps)} missed logs, {lost:,} source rows lost"
-        if gaps
-        else "gaps         none"
-    )
+    if not gaps:
+        lines.append("gaps         none")
+    elif all("shards" in g for g in gaps):  # RL Unplugged: a gap is shards never read
+        lines.append(
+            f"gaps         {len(gaps)}: shards {'; '.join(_shard_gap(g) for g in gaps)} "
+            f"not converted (their rows are unknown)"
+        )
+    else:
+        lost = sum(int(g.get("rows", 0)) for g in gaps)
+        lines.append(f"gaps         {len(gaps)} missed logs, {lost:,} source rows lost")
+    for line in info.get("return_disagreements") or []:
+        lines.append(f"WARNING      source returns: {line}")
     if episodes and info.get("episode_list"):
         lines.append("episode      length     return  end")
         for i, ep in enumerate(info["episode_list"]):

@@ -13,15 +13,20 @@ One Zarr v3 group per game/run, at ``DEST/{Game}/{run}.zarr``::
       next/truncated         (N,) bool    the episode was cut after row i (gap or end of data)
 
     optional arrays (:data:`OPTIONAL_ARRAYS`), present only where written:
-      final_observation      (E, 84, 84) uint8  frame after the last row of episode e (collected)
+      final_observation      (E, 84, 84) uint8  frame after the last row of episode e
+                                          (collected; rl-unplugged: zeros where unknown)
+      next/unclipped_reward  (N,) float32 the source's reward before clipping (rl-unplugged)
       action_full            (N,) int32   the action as one of ALE's 18 actions
       return_to_go           (N,) float32 sum of the rewards from row i to its episode's end
 
 Row ``i`` of every array is transition ``i``; there are no holes. The frame that
 follows row ``i`` is ``observation[i + 1]`` unless row ``i`` is terminated or
 truncated; then it is ``final_observation[episode[i]]`` where that array exists
-(stores recorded by the collector), and unknown otherwise (DQN Replay). See
-``docs/format.md`` for the attributes.
+(stores recorded by the collector, stores converted from RL Unplugged), and unknown
+otherwise (DQN Replay). In RL Unplugged stores the frame after a truncated episode
+was never recorded either: its ``final_observation`` row is zeros, the same
+"unknown" a reader returns for DQN Replay stores. See ``docs/format.md`` for the
+attributes.
 
 Converter, collector and reader all import the names below; nothing else spells
 an array name.
@@ -63,6 +68,7 @@ __all__ = [
     "SOURCE_ROW",
     "TERMINATED",
     "TRUNCATED",
+    "UNCLIPPED_REWARD",
     "ArraySpec",
     "create_array",
     "create_store",
@@ -70,6 +76,7 @@ __all__ = [
     "get_array",
     "mark_complete",
     "read_metadata",
+    "spec",
     "store_path",
     "validate_name",
 ]
@@ -94,6 +101,7 @@ TRUNCATED = "next/truncated"
 FINAL_OBSERVATION = "final_observation"
 ACTION_FULL = "action_full"
 RETURN_TO_GO = "return_to_go"
+UNCLIPPED_REWARD = "next/unclipped_reward"
 
 # Frames are uint8: byte shuffle is a no-op and bitshuffle makes zstd 2-3x worse
 # (docs/codec-choice.md). Per-step arrays are multi-byte: byte shuffle helps.
@@ -181,10 +189,24 @@ OPTIONAL_ARRAYS: dict[str, ArraySpec] = {
         ArraySpec(
             FINAL_OBSERVATION, np.dtype("uint8"), FRAME_SHAPE, ("episode", "y", "x"), chunk_rows=16
         ),
+        # The reward as the source gave it before DQN's clipping to [-1, 1] (RL Unplugged).
+        ArraySpec(UNCLIPPED_REWARD, np.dtype("float32"), (), ("transition",), _STEP_CHUNK),
         ArraySpec(ACTION_FULL, np.dtype("int32"), (), ("transition",), _STEP_CHUNK),
         ArraySpec(RETURN_TO_GO, np.dtype("float32"), (), ("transition",), _STEP_CHUNK),
     )
 }
+
+
+def spec(name: str) -> ArraySpec:
+    """The layout of array ``name``, one of :data:`ARRAYS` or :data:`OPTIONAL_ARRAYS`.
+
+    Examples
+    --------
+    >>> spec(OBSERVATION).shard_rows, spec(FINAL_OBSERVATION).dims[0]
+    (4096, 'episode')
+    """
+    return ARRAYS.get(name) or OPTIONAL_ARRAYS[name]
+
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 
@@ -278,23 +300,23 @@ def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
     >>> create_array(g, RETURN_TO_GO, 0).shape
     (0,)
     """
-    spec = ARRAYS.get(name) or OPTIONAL_ARRAYS[name]
+    array_spec = spec(name)
     kwargs: dict[str, Any] = {}
-    if spec.shard_rows is not None:
+    if array_spec.shard_rows is not None:
         kwargs["shards"] = {
-            "shape": (spec.shard_rows, *spec.row_shape),
+            "shape": (array_spec.shard_rows, *array_spec.row_shape),
             # A start index is fetched with a plain range at offset 0: no size
             # probe and no suffix range, which some object-store emulators mishandle.
             "index_location": "start",
         }
     array = group.create_array(
         name,
-        shape=(n_rows, *spec.row_shape),
-        dtype=spec.dtype,
-        chunks=(spec.chunk_rows, *spec.row_shape),
-        compressors=spec.compressors(),
+        shape=(n_rows, *array_spec.row_shape),
+        dtype=array_spec.dtype,
+        chunks=(array_spec.chunk_rows, *array_spec.row_shape),
+        compressors=array_spec.compressors(),
         fill_value=0,
-        dimension_names=spec.dims,
+        dimension_names=array_spec.dims,
         **kwargs,
     )
     return for_writing(array)

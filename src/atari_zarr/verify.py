@@ -1,13 +1,15 @@
 """Check a store: completeness, counts, checksums, and optionally the source.
 
-:func:`verify_store` (``atari-zarr verify STORE [--source RUN_DIR]``) reads the
+:func:`verify_store` (``atari-zarr verify STORE [--source SOURCE]``) reads the
 whole store once, in write units (a 4096-frame shard, a 65,536-row chunk), so
 memory stays bounded whatever the store's size, and reports every problem it
 finds instead of stopping at the first:
 
 * **completion**: the completion marker and the format version;
-* **layout**: every array of :data:`atari_zarr.layout.ARRAYS`, with the shape,
-  dtype, chunks and shards of the layout and the length in ``counts``;
+* **layout**: every array of :data:`atari_zarr.layout.ARRAYS`, and the optional
+  arrays every store of its kind has (RL Unplugged: ``final_observation``, one row
+  per episode, and ``next/unclipped_reward``), with the shape, dtype, chunks and
+  shards of the layout and the length in ``counts``;
 * **presence**: every chunk or shard object exists (converters write all-zero
   chunks too, so a missing object means a deleted one, which zarr would
   silently read as zeros);
@@ -15,22 +17,33 @@ finds instead of stopping at the first:
   shard index) is checked: any flipped byte is caught and located to a chunk;
 * **consistency**: episode ids, ``terminated``/``truncated`` flags, increasing
   source rows, and the per-episode lengths, returns and counts in the attributes;
-* with ``source``: the run is planned again from its files, with the selection
-  the store records (checkpoints, ``max_transitions``, ``max_episodes``), through
-  the converter's own :func:`~atari_zarr.sources.dqn_replay.selection.build_plan`,
-  and every transition (frame, action, reward, flags, episode, source row) is
-  compared, streaming the observation files as the converter does.
+* with ``source``: the run is found and planned again through the source registry
+  (:mod:`atari_zarr.sources.registry`: the kind's ``find_runs``, then ``scan`` and
+  ``scans_needed`` for kinds that scan, then ``plan``) with the selection the store
+  records, and every row of every part is compared with the rows the kind's
+  ``rows`` gives, as the converter's write tasks ask for them: frames, final
+  frames, and every per-step array. Kinds that scan (RL Unplugged) have each
+  selected shard read twice, as in the conversion: the scan (records, no frame
+  decoded; spooled to a temporary directory at 17 bytes per step), then the frames.
+
+What a store's attributes say about its source without failing it (RL Unplugged
+returns that differ from the sum of their step rewards, ``conversion.returns_check``)
+is reported as warnings: the store copies the source faithfully.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import logging
 import math
+import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import zarr
@@ -41,18 +54,20 @@ from atari_zarr.layout import (
     ACTION,
     ARRAYS,
     EPISODE,
+    FINAL_OBSERVATION,
     OBSERVATION,
+    OPTIONAL_ARRAYS,
     REWARD,
     SOURCE_ROW,
     TERMINATED,
     TRUNCATED,
+    ArraySpec,
     get_array,
     read_metadata,
 )
+from atari_zarr.layout import spec as layout_spec
 from atari_zarr.progress import progress_bar
-from atari_zarr.sources.dqn_replay.files import RunSource
-from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_destinations, lap_step_arrays
-from atari_zarr.sources.dqn_replay.selection import Selection, build_plan
+from atari_zarr.sources.registry import DQN_REPLAY, KINDS, Part, Plan, Selection, SourceKind
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -78,6 +93,10 @@ class VerifyReport:
     rows_to_check : int
         The total of the progress bar: the rows whose frames are read, plus the
         transitions compared with the source.
+    warnings : list of str
+        Findings that do not fail the store: properties of the source it copies
+        faithfully, such as RL Unplugged returns that differ from the sum of their
+        step rewards.
     """
 
     url: str
@@ -85,6 +104,7 @@ class VerifyReport:
     omitted: dict[str, int] = field(default_factory=dict)
     checked: dict[str, int] = field(default_factory=dict)
     rows_to_check: int = 0
+    warnings: list[str] = field(default_factory=list)
     #: What to do about chunks that do not decode: depends on whether the store is finished.
     remedy: str = "The store is damaged; convert it again with --overwrite."
     _kinds: dict[str, int] = field(default_factory=lambda: defaultdict(int), repr=False)
@@ -104,13 +124,14 @@ class VerifyReport:
     def format(self) -> str:
         """The report as text: one summary line, then one line per problem."""
         done = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
+        warned = [f"  warning: {w}" for w in self.warnings]
         if self.ok:
-            return f"{self.url}: OK ({done})"
+            return "\n".join([f"{self.url}: OK ({done})", *warned])
         total = len(self.problems) + sum(self.omitted.values())
         lines = [f"{self.url}: {total} problem(s) found ({done})"]
         lines += [f"  - {p}" for p in self.problems]
         lines += [f"  - ... and {n} more of kind {k!r}" for k, n in self.omitted.items()]
-        return "\n".join(lines)
+        return "\n".join([*lines, *warned])
 
 
 def _units(n_rows: int, rows: int) -> Iterator[tuple[int, int, int]]:
@@ -118,12 +139,19 @@ def _units(n_rows: int, rows: int) -> Iterator[tuple[int, int, int]]:
         yield unit, unit * rows, min((unit + 1) * rows, n_rows)
 
 
-def _check_layout(group: zarr.Group, url: str, n_rows: int, report: VerifyReport) -> bool:
+def _check_layout(
+    group: zarr.Group, url: str, specs: dict[str, tuple[ArraySpec, int]], report: VerifyReport
+) -> bool:
+    """Shapes, dtypes, chunks and shards of ``specs``: arrays with their expected rows."""
     ok = True
-    for name, spec in ARRAYS.items():
+    for name, (spec, rows) in specs.items():
+        if name not in group:
+            report.add("layout", f"{name} is missing; stores of this kind have it")
+            ok = False
+            continue
         arr = get_array(group, name, url)
         expected: dict[str, Any] = {
-            "shape": (n_rows, *spec.row_shape),
+            "shape": (rows, *spec.row_shape),
             "dtype": spec.dtype,
             "chunks": (spec.chunk_rows, *spec.row_shape),
             "shards": (spec.shard_rows, *spec.row_shape) if spec.shard_rows else None,
@@ -133,18 +161,22 @@ def _check_layout(group: zarr.Group, url: str, n_rows: int, report: VerifyReport
             if got != want:
                 report.add(
                     "layout",
-                    f"{name}: {what} is {got}, expected {want} (layout and counts.transitions)",
+                    f"{name}: {what} is {got}, expected {want} (layout and "
+                    f"{'counts.episodes' if name == FINAL_OBSERVATION else 'counts.transitions'})",
                 )
                 ok = False
     return ok
 
 
 def _check_presence(
-    url: str, options: dict[str, Any] | None, n_rows: int, report: VerifyReport
+    url: str,
+    options: dict[str, Any] | None,
+    specs: dict[str, tuple[ArraySpec, int]],
+    report: VerifyReport,
 ) -> None:
     fs, path = get_fs(url, options)
     root = path.rstrip("/")
-    for name, spec in ARRAYS.items():
+    for name, (spec, rows) in specs.items():
         prefix = f"{root}/{name}/c"
         try:
             found = {p[len(prefix) + 1 :] for p in fs.find(prefix)}
@@ -152,7 +184,7 @@ def _check_presence(
             found = set()
         tail = "/0" * len(spec.row_shape)
         missing = [
-            (u, a, b) for u, a, b in _units(n_rows, spec.write_rows) if f"{u}{tail}" not in found
+            (u, a, b) for u, a, b in _units(rows, spec.write_rows) if f"{u}{tail}" not in found
         ]
         for u, a, b in missing:
             report.add(
@@ -169,7 +201,7 @@ def _read_unit(
     try:
         return np.asarray(arr[a:b])
     except (ValueError, RuntimeError, OSError) as exc:
-        spec = ARRAYS[name]
+        spec = layout_spec(name)
         bad = []
         if spec.shard_rows:
             for c in range(a, b, spec.chunk_rows):
@@ -298,7 +330,9 @@ def verify_store(
     url : str
         Store path or URL (``.../Pong/1.zarr``).
     source : str, optional
-        The run directory it was converted from; every transition is compared.
+        Where it was converted from, as ``convert`` takes it: the dataset root, or
+        the run directory (DQN Replay) or game directory (RL Unplugged); every row
+        is compared.
     storage_options, source_storage_options : dict, optional
         fsspec options for the store and the source (default: the store's).
     progress : bool
@@ -341,29 +375,38 @@ def verify_store(
         if meta.get("complete"):
             report.add("counts", "attribute counts.transitions is missing")
     report.checked["transitions"] = n_rows
-    if not _check_layout(group, url, n_rows, report):
+    # stores written before kinds were recorded are DQN Replay stores
+    kind = KINDS.get(str(meta.get("kind", DQN_REPLAY)))
+    specs = {name: (spec, n_rows) for name, spec in ARRAYS.items()}
+    if kind is not None:
+        specs.update(_kind_arrays(kind, group, url, meta, n_rows))
+    if not _check_layout(group, url, specs, report):
         return report
-    _check_presence(url, storage_options, n_rows, report)
+    _check_presence(url, storage_options, specs, report)
+    if kind is not None:  # properties of the source, which the store copies faithfully
+        report.warnings.extend(kind.warnings(meta))
 
-    planned: tuple[RunSource, RunPlan] | None = None
-    if source is not None:
-        opts = storage_options if source_storage_options is None else source_storage_options
-        planned = _plan_source(meta, source, opts, n_rows, report)
-    report.rows_to_check = n_rows + (planned[1].n_rows if planned else 0)
-    name = "/".join(url.rsplit("/", 2)[-2:])
-    bar = progress_bar(report.rows_to_check, f"verify {name}", unit="row", enabled=progress)
-    try:
+    with contextlib.ExitStack() as stack:
+        planned: _Planned | None = None
+        if source is not None:
+            opts = storage_options if source_storage_options is None else source_storage_options
+            spool = stack.enter_context(tempfile.TemporaryDirectory(prefix="atari-zarr-verify-"))
+            planned = _plan_source(kind, meta, source, opts, n_rows, report, Path(spool))
+        report.rows_to_check = n_rows + (planned.plan.n_rows if planned else 0)
+        name = "/".join(url.rsplit("/", 2)[-2:])
+        bar = stack.enter_context(
+            contextlib.closing(
+                progress_bar(report.rows_to_check, f"verify {name}", unit="row", enabled=progress)
+            )
+        )
         chunks = _check_steps(group, url, meta, n_rows, report)
-        chunks += _check_frames(group, url, n_rows, report, bar)
+        # the rest, in write units: frames, and the kind's optional arrays
+        units = {n: v for n, v in specs.items() if n == OBSERVATION or n not in ARRAYS}
+        chunks += _check_units(group, url, units, report, bar)
         report.checked["chunks"] = chunks
         if source is not None:  # nothing is compared when the plan does not fit
-            report.checked["compared"] = (
-                _compare_with_source(group, url, meta, planned, source, report, bar)
-                if planned is not None
-                else 0
-            )
-    finally:
-        bar.close()
+            compared = _compare(group, url, meta, planned, source, report, bar) if planned else 0
+            report.checked["compared"] = compared
     return report
 
 
@@ -390,15 +433,124 @@ def _check_steps(
     return count
 
 
-def _check_frames(group: zarr.Group, url: str, n_rows: int, report: VerifyReport, bar: Any) -> int:
-    spec = ARRAYS[OBSERVATION]
-    arr = get_array(group, OBSERVATION, url)
+def _kind_arrays(
+    kind: SourceKind, group: zarr.Group, url: str, meta: dict[str, Any], n_rows: int
+) -> dict[str, tuple[ArraySpec, int]]:
+    """The optional arrays every store of ``kind`` has, with their expected rows."""
+    episodes = meta.get("counts", {}).get("episodes")
+    out: dict[str, tuple[ArraySpec, int]] = {}
+    for name in kind.optional_arrays:
+        spec = OPTIONAL_ARRAYS[name]
+        rows = n_rows
+        if name == FINAL_OBSERVATION:  # one row per episode
+            if isinstance(episodes, int):
+                rows = episodes
+            elif name in group:  # counts.episodes missing: the consistency pass says so
+                rows = int(get_array(group, name, url).shape[0])
+        out[name] = (spec, rows)
+    return out
+
+
+def _check_units(
+    group: zarr.Group,
+    url: str,
+    specs: dict[str, tuple[ArraySpec, int]],
+    report: VerifyReport,
+    bar: Any,
+) -> int:
+    """Decode every write unit of ``specs`` (their checksums); return the chunks read."""
     count = 0
-    for unit, a, b in _units(n_rows, spec.write_rows):
-        _read_unit(arr, OBSERVATION, unit, a, b, report)
-        count += math.ceil((b - a) / spec.chunk_rows)
-        bar.update(b - a)
+    for name, (spec, rows) in specs.items():
+        arr = get_array(group, name, url)
+        for unit, a, b in _units(rows, spec.write_rows):
+            _read_unit(arr, name, unit, a, b, report)
+            count += math.ceil((b - a) / spec.chunk_rows)
+            if name == OBSERVATION:  # the rows whose frames are read
+                bar.update(b - a)
     return count
+
+
+# -- against the source, through the registry -----------------------------------------
+def _load_scan(spool: Path, unit: int) -> dict[str, np.ndarray]:
+    with np.load(spool / f"{unit}.npz") as arrays:  # allow_pickle stays False
+        return {name: arrays[name] for name in arrays.files}
+
+
+@dataclass
+class _Planned:
+    """A run planned again as the converter planned it; scans wait in ``spool``."""
+
+    kind: SourceKind
+    run: Any
+    plan: Plan
+    spool: Path
+
+    def rows(self, part: Part) -> tuple[dict[str, np.ndarray], Any]:
+        """The part's per-step arrays and frames, as the converter's write task asks."""
+        scan = _load_scan(self.spool, part.unit) if self.kind.scans else None
+        return self.kind.rows(self.run, part, scan)
+
+
+def _plan_source(
+    kind: SourceKind | None,
+    meta: dict[str, Any],
+    source: str,
+    options: dict[str, Any] | None,
+    n_rows: int,
+    report: VerifyReport,
+    spool: Path,
+) -> _Planned | None:
+    """Find, scan and plan ``source`` as the converter did; None (reported) when that fails
+    or gives other rows. Scans (no frame decoded) wait in ``spool`` for the comparison."""
+    if kind is None:
+        report.add(
+            "source",
+            f"cannot plan {source}: the store's kind {meta.get('kind')!r} is not a source "
+            f"kind ({', '.join(KINDS)}); verify it without --source",
+        )
+        return None
+    noun = kind.part_name
+    recorded = (meta.get("source") or {}).get(f"{noun}s_selected") or []
+    stored = meta.get("selection")
+    # the selection the store records, as convert took it; stores that record none took
+    # every part they name
+    selection = (
+        Selection.from_attributes(stored)
+        if isinstance(stored, dict)
+        else Selection(recorded or None)
+    )
+    try:
+        game, run_name = str(meta.get("game", "")), str(meta.get("run", ""))
+        [run] = kind.find_runs(source, [game], [run_name], options)
+        absent = sorted(set(recorded) - set(run.suffixes))
+        if absent:
+            report.add(
+                "source",
+                f"{source} lacks {noun}s {absent} that the store was converted from "
+                f"(source.{noun}s_selected); pass the directory of the run it came from",
+            )
+            return None
+        records: dict[int, dict[str, np.ndarray]] = {}
+        scan, needed = kind.scan, kind.scans_needed  # None for kinds planned without scans
+        while scan and needed and (todo := needed(run, selection, records, 1)):
+            for unit in todo:
+                arrays = scan(run, unit)
+                np.savez(spool / f"{unit}.npz", **cast("dict[str, Any]", arrays))
+                records[unit] = {name: arrays[name] for name in kind.scan_fields}
+                del arrays
+        plan = kind.plan(run, selection, records, functools.partial(_load_scan, spool), None)
+    except AtariZarrError as exc:
+        report.add("source", f"cannot plan {source}: {exc}")
+        return None
+    if plan.n_rows != n_rows:
+        report.add(
+            "source",
+            f"{source} gives {plan.n_rows} transitions with the store's selection "
+            f"{selection.attributes()}, the store holds {n_rows}: not the same conversion "
+            f"(other source, or other {noun}s)",
+        )
+        return None
+    return _Planned(kind, run, plan, spool)
 
 
 def _read(arr: zarr.Array, a: int, b: int) -> np.ndarray | None:
@@ -408,104 +560,81 @@ def _read(arr: zarr.Array, a: int, b: int) -> np.ndarray | None:
         return None  # already reported by the checksum pass
 
 
-def _plan_source(
-    meta: dict[str, Any],
-    source: str,
-    options: dict[str, Any] | None,
-    n_rows: int,
+def _compare_rows(
+    arr: zarr.Array,
+    name: str,
+    rows: np.ndarray,
+    values: np.ndarray,
+    where: str,
     report: VerifyReport,
-) -> tuple[RunSource, RunPlan] | None:
-    """Plan ``source`` as the store was planned; None (reported) when that fails or differs."""
-    recorded = meta.get("source", {}).get("checkpoints_selected")
-    try:
-        src = RunSource(source, meta.get("game", ""), meta.get("run", ""), options)
-        absent = sorted(set(recorded or []) - set(src.suffixes))
-        if absent:
+) -> None:
+    """Compare frames ``values`` with rows ``rows`` of ``arr`` (runs of consecutive rows)."""
+    for run in np.split(np.arange(len(rows)), np.flatnonzero(np.diff(rows) != 1) + 1):
+        if not run.size:
+            continue
+        a, b = int(rows[run[0]]), int(rows[run[-1]]) + 1
+        got = _read(arr, a, b)
+        if got is None:
+            continue
+        diff = np.flatnonzero((got != values[run]).reshape(len(run), -1).any(axis=1))
+        if diff.size:
+            what = "frames at rows" if name == OBSERVATION else "final frames of episodes"
             report.add(
-                "source",
-                f"{source} lacks checkpoints {absent} that the store was converted from "
-                f"(checkpoints_selected); pass the run directory it came from",
+                "data",
+                f"{name}: {what} {(a + diff[:8]).tolist()}{' ...' if diff.size > 8 else ''} "
+                f"differ from {where}",
             )
-            return None
-        # The selection the store records, as convert took it; stores that record none
-        # took every checkpoint they name.
-        stored = meta.get("selection")
-        selection = (
-            Selection.from_attributes(stored) if isinstance(stored, dict) else Selection(recorded)
-        )
-        plan = build_plan(src, selection)
-    except AtariZarrError as exc:
-        report.add("source", f"cannot plan {source}: {exc}")
-        return None
-    if plan.n_rows != n_rows:
-        report.add(
-            "source",
-            f"{source} gives {plan.n_rows} transitions with the store's selection "
-            f"{selection.attributes()}, the store holds {n_rows}: not the same conversion "
-            f"(other source, or other checkpoints)",
-        )
-        return None
-    return src, plan
 
 
-def _compare_with_source(
+def _compare(
     group: zarr.Group,
     url: str,
     meta: dict[str, Any],
-    planned: tuple[RunSource, RunPlan],
+    planned: _Planned,
     source: str,
     report: VerifyReport,
     bar: Any,
 ) -> int:
-    """Compare every transition of the store with the planned ``source``; return how many."""
-    src, plan = planned
-    planned_attrs = json.loads(json.dumps(plan.attributes()))
-    stored = meta.get("conversion", {})
-    for key in sorted(set(planned_attrs) | set(stored)):
-        if planned_attrs.get(key) != stored.get(key):
-            report.add("source", f"attribute conversion.{key} differs from the plan of {source}")
-    arrays = {name: get_array(group, name, url) for name in ARRAYS}
+    """Compare every row of the store with the rows the converter takes from ``source``;
+    return the transitions compared."""
+    plan = planned.plan
+    for attr, want, stored in (
+        ("conversion", plan.conversion, meta.get("conversion", {})),
+        ("episodes", plan.episode_columns, meta.get("episodes", {})),
+    ):
+        want = json.loads(json.dumps(want))
+        for key in sorted(set(want) | set(stored)):
+            if want.get(key) != stored.get(key):
+                report.add("source", f"attribute {attr}.{key} differs from the plan of {source}")
+    names = [n for n in (*ARRAYS, *planned.kind.optional_arrays) if n in group]
+    arrays = {name: get_array(group, name, url) for name in names}
     compared = 0
-    for lap in plan.laps:
-        if not lap.n_out:
+    for part in plan.parts:
+        if not part.rows:  # the converter has no task for it
             continue
-        lo, hi = lap.out_start, lap.out_start + lap.n_out
-        steps = lap_step_arrays(lap, src.read_small(lap.suffix))
-        for name, values in steps.items():
-            got = _read(arrays[name], lo, hi)
-            if got is None:
-                continue
-            bad = np.flatnonzero(got != values)
-            if bad.size:
-                i = int(bad[0])
-                report.add(
-                    "data",
-                    f"{name}: {bad.size} of rows {lo}..{hi - 1} (checkpoint {lap.suffix}) differ "
-                    f"from the source; first at row {lo + i}: {got[i]!r} stored, "
-                    f"{values[i]!r} in the source",
-                )
-        del steps
-        dest = lap_destinations(lap)
-        for start, block in src.iter_observations(lap.suffix, lap.capacity):
-            d = dest[start : start + len(block)]
-            sel = np.flatnonzero(d >= 0)
-            if not sel.size:
-                continue
-            out = d[sel]
-            # output rows are consecutive except where the buffer wraps
-            for run in np.split(np.arange(len(out)), np.flatnonzero(np.diff(out) != 1) + 1):
-                a, b = int(out[run[0]]), int(out[run[-1]]) + 1
-                got = _read(arrays[OBSERVATION], a, b)
+        where = f"{planned.kind.part_name} {part.unit} of {source}"
+        try:
+            steps, stream = planned.rows(part)
+            for name, values in steps.items():
+                lo, hi = part.span(name)
+                got = _read(arrays[name], lo, hi) if name in arrays else None
                 if got is None:
-                    continue
-                diff = np.flatnonzero((got != block[sel[run]]).reshape(len(run), -1).any(axis=1))
-                if diff.size:
+                    continue  # already reported: a missing array or a bad chunk
+                bad = np.flatnonzero(got != values)
+                if bad.size:
+                    i = int(bad[0])
                     report.add(
                         "data",
-                        f"{OBSERVATION}: frames at rows {(a + diff[:8]).tolist()}"
-                        f"{' ...' if diff.size > 8 else ''} differ from buffer rows of checkpoint "
-                        f"{lap.suffix} in {source}",
+                        f"{name}: {bad.size} of rows {lo}..{hi - 1} differ from {where}; first "
+                        f"at row {lo + i}: {got[i]!r} stored, {values[i]!r} in the source",
                     )
-            compared += len(sel)
-            bar.update(len(sel))
+            del steps
+            for name, rows, values in stream:
+                if name in arrays:
+                    _compare_rows(arrays[name], name, rows, values, where, report)
+                if name == OBSERVATION:
+                    compared += len(rows)
+                    bar.update(len(rows))
+        except AtariZarrError as exc:
+            report.add("source", f"cannot read {where}: {exc}")
     return compared

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
+import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
 import zarr
+from hypothesis import given
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
 
 from atari_zarr import AtariZarrDataset
@@ -20,7 +23,7 @@ from atari_zarr.layout import (
     TRUNCATED,
     create_store,
 )
-from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.chunks import ChunkReader, coalesce_ranges
 from atari_zarr.testing import fixture_frame
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -280,3 +283,72 @@ def test_remote_store_reads_only_needed_ranges(pong_store):
         proxy.reset()
         remote[rows]  # every chunk is cached now
         assert not [e for e in proxy.log if "observation" in e[1]]
+
+
+# --------------------------------------------------------------------------- #
+# merged requests (coalescing)
+# --------------------------------------------------------------------------- #
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 500), st.integers(1, 60)),
+        max_size=30,
+    ),
+    st.integers(-1, 100),
+)
+def test_coalesced_ranges_cover_every_request(spans, gap):
+    requests = [(key, start, start + length) for key, start, length in spans]
+    merged, parts = coalesce_ranges(requests, gap, max_bytes=200)
+    data = {"a": np.arange(1000) % 251, "b": np.arange(1000) % 241}
+    fetched = [data[k][a:b] for k, a, b in merged]
+    for (key, start, stop), (m, off, length) in zip(requests, parts, strict=True):
+        assert merged[m][0] == key
+        np.testing.assert_array_equal(fetched[m][off : off + length], data[key][start:stop])
+    # two merged ranges of one object are further apart than the gap, or one is full
+    for (k1, s1, e1), (k2, s2, e2) in itertools.pairwise(merged):
+        assert k1 != k2 or gap < 0 or s2 - e1 > gap or max(e1, e2) - s1 > 200
+    assert len(merged) <= len(requests)
+    if gap >= 0 and requests:
+        assert len({k for k, _, _ in merged}) == len({k for k, _, _ in requests})
+
+
+def test_adjacent_chunks_of_a_shard_are_one_request(tmp_path):
+    """Over http: chunks of one shard become one ranged GET; the bytes are the same."""
+    import fsspec
+
+    from atari_zarr.storage.remote import RemoteStore
+    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+
+    local = _array(zarr.storage.LocalStore(tmp_path / "a.zarr"), 256, chunk=8, shard=64)
+    local[:] = _frames(256)[:, :6, :5]
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket("coalesce")
+        fs = fsspec.filesystem("gs", **server.storage_options())
+        fs.put(str(tmp_path / "a.zarr"), "coalesce/a.zarr", recursive=True)
+        url = f"{proxy.endpoint_url}/coalesce/a.zarr"
+        remote = zarr.open_array(RemoteStore(url, read_only=True), mode="r", zarr_format=3)
+        rows = np.array([3, 12, 20, 30, 70, 100])  # chunks 0-3 of shard 0, 8 and 12 of shard 1
+        merged = ChunkReader(remote, where=url, cache_bytes=0)
+        merged.read(rows[:1])  # shard indexes of shard 0
+        merged.read(rows[4:5])  # and shard 1
+        proxy.reset()
+        _check_rows(merged, local, rows)
+        assert proxy.requests == 2, proxy.log  # one per shard
+        assert merged.stats["requests"] == 2 + 2 + 2  # two shard indexes, two chunks, two merged
+        single = ChunkReader(remote, where=url, cache_bytes=0, coalesce_gap=-1)
+        single.read(rows[:1])
+        single.read(rows[4:5])
+        proxy.reset()
+        _check_rows(single, local, rows)
+        assert proxy.requests == 6, proxy.log  # one per chunk
+        # a gap larger than the tolerance splits the shard's ranges
+        small_gap = ChunkReader(remote, where=url, cache_bytes=0, coalesce_gap=0)
+        small_gap.read(rows[:1])
+        small_gap.read(rows[4:5])
+        proxy.reset()
+        _check_rows(small_gap, local, np.array([3, 12, 20, 30]))  # touching chunks
+        assert proxy.requests == 1, proxy.log
+        proxy.reset()
+        _check_rows(small_gap, local, np.array([3, 30]))  # chunks 0 and 3: a gap
+        assert proxy.requests == 2, proxy.log

@@ -11,6 +11,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -341,6 +342,45 @@ def test_fail_next_and_reset(upstream: str) -> None:
             resp = conn.getresponse()
             assert (resp.status, resp.read()) == (200, b"zzzzz")
         assert [e[2] for e in proxy.log] == [200]
+
+
+def test_delay_holds_every_request_and_can_change_while_running(upstream: str) -> None:
+    """Each request, failures included, takes at least the delay current when it arrives."""
+    with CountingProxy(upstream, delay=0.05) as proxy, _connect(proxy) as conn:
+
+        def timed_get(path: str) -> tuple[float, int, bytes]:
+            t0 = time.perf_counter()
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            return time.perf_counter() - t0, resp.status, body
+
+        for _ in range(4):  # one keep-alive connection: one round trip per request
+            elapsed, status, body = timed_get("/100")
+            assert (status, len(body)) == (200, 100)
+            assert elapsed >= 0.05
+        proxy.delay = 0.12
+        elapsed, status, _ = timed_get("/10")
+        assert status == 200 and elapsed >= 0.12
+        proxy.fail_next(1)
+        elapsed, status, _ = timed_get("/10")
+        assert status == 503 and elapsed >= 0.12
+        proxy.delay = 0
+        assert timed_get("/10")[1] == 200
+        assert proxy.requests == 7
+        durations = proxy.durations
+        assert len(durations) == len(proxy.log) == 7
+        assert min(durations[:4]) >= 0.05 and min(durations[4:6]) >= 0.12
+
+
+@pytest.mark.parametrize("delay", [-0.01, float("nan"), float("inf")])
+def test_bad_delays_are_refused(delay: float) -> None:
+    with pytest.raises(InvalidArgumentError, match="delay"):
+        CountingProxy("http://127.0.0.1:1", delay=delay)
+    proxy = CountingProxy("http://127.0.0.1:1")
+    with pytest.raises(InvalidArgumentError, match="delay"):
+        proxy.delay = delay
+    assert proxy.delay == 0.0
 
 
 def test_bad_targets_are_refused() -> None:

@@ -1,21 +1,38 @@
-"""Convert DQN Replay runs into atari_zarr stores, as a Dask graph.
+"""Convert source runs (DQN Replay, RL Unplugged) into atari_zarr stores, as Dask graphs.
 
-The conversion of one run happens in two passes:
+The conversion of one run happens in passes; every source kind
+(:mod:`atari_zarr.sources.registry`) goes through the same machinery:
 
-1. **Plan** (:func:`atari_zarr.sources.dqn_replay.selection.build_plan`), in the
-   calling process: read the small per-step arrays of every checkpoint and decide,
-   for each buffer row, whether it is a real new transition and which output row it
-   becomes. This fixes the store's length, so row ``i`` of every array is transition
-   ``i``.
-2. **Write**, as a Dask graph (:mod:`atari_zarr.conversion.graph`) that runs on any
+1. **Scan** (RL Unplugged only), as a Dask graph with one task per shard: stream
+   the shard once, parse every Example without keeping its PNGs, and save the
+   small per-step arrays and per-episode rows in the work area. A shard's row
+   offsets depend on every earlier shard, and a shard (0.5 to 2 GB) is never held
+   whole, so the frames wait for pass 3. With ``max_episodes`` or
+   ``max_transitions``, shards are scanned in index order only until the limit is
+   reached.
+2. **Plan**, in the calling process: DQN Replay reads the small per-step arrays of
+   every checkpoint (:func:`atari_zarr.sources.dqn_replay.selection.build_plan`);
+   RL Unplugged reads the scans' per-episode rows
+   (:func:`atari_zarr.sources.rl_unplugged.planner.plan_shards`). This fixes the
+   store's length, so row ``i`` of every array is transition ``i``.
+3. **Write**, as a Dask graph (:mod:`atari_zarr.conversion.graph`) that runs on any
    scheduler (:mod:`atari_zarr.conversion.scheduling`) and writes the same bytes
-   whichever runs it.
+   whichever runs it: one task per checkpoint or shard, plus one per unit two of
+   them share.
+
+Cost for RL Unplugged: every source byte is read and inflated twice (pass 1 and
+pass 3) and every PNG is decoded once (pass 3). The work area holds about 17
+bytes per step of scans (17 MB for a 1M-step shard), plus the pieces of shared
+units until they are written. Memory per worker: one record's bytes (an
+episode's PNGs, a few MB), one block of 1024 decoded frames (7 MB) and the write
+units open at a time (one 4096-frame shard, 29 MB, and a chunk of final frames).
 
 Every task records a marker after its data (:mod:`atari_zarr.conversion.workdir`); a
-conversion killed at any point and run again redoes only the work without a marker,
-after checking that the plan is the same (``plan_digest`` attribute). The work area
-also holds the lock that refuses a second, concurrent conversion of the same
-store. The completion marker is written last (:func:`atari_zarr.layout.mark_complete`).
+conversion killed at any point and run again redoes only the work without a marker
+(scans included), after checking that the plan is the same (``plan_digest``
+attribute). The work area also holds the lock that refuses a second, concurrent
+conversion of the same store. The completion marker is written last
+(:func:`atari_zarr.layout.mark_complete`).
 
 How to convert is one frozen :class:`ConvertOptions`, made once by :func:`convert`.
 """
@@ -25,6 +42,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,22 +53,35 @@ import zarr
 from atari_zarr._version import __version__
 from atari_zarr.commands import command_line
 from atari_zarr.conversion.derived import write_derived
-from atari_zarr.conversion.graph import LAP_PREFIX, Job, build_graph, expected_keys
-from atari_zarr.conversion.scheduling import check_scheduler, describe_scheduler, run_graph
+from atari_zarr.conversion.graph import Job, build_graph, build_scan_graph, expected_keys
+from atari_zarr.conversion.scheduling import (
+    check_scheduler,
+    describe_scheduler,
+    process_pool,
+    run_graph,
+)
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import StoreExistsError, StoreFormatError, StoreIncompleteError
 from atari_zarr.layout import (
     ARRAYS,
     ATTRS_KEY,
     FORMAT_VERSION,
+    OPTIONAL_ARRAYS,
+    create_array,
     create_store,
     mark_complete,
     store_path,
 )
 from atari_zarr.progress import progress_bar
-from atari_zarr.sources.dqn_replay.files import RunSource, find_runs
-from atari_zarr.sources.dqn_replay.planner import RunPlan
-from atari_zarr.sources.dqn_replay.selection import Selection, build_plan
+from atari_zarr.sources.registry import (
+    DQN_REPLAY,
+    Plan,
+    ScanArrays,
+    Selection,
+    SourceKind,
+    detect_kind,
+    get_kind,
+)
 from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -99,9 +130,11 @@ class ConvertOptions:
         return {"full_action_space": self.full_action_space, "return_to_go": self.return_to_go}
 
 
-def _command(source: RunSource, dest: str, options: ConvertOptions) -> str:
+def _command(kind: SourceKind, source: Any, dest: str, options: ConvertOptions) -> str:
     """The command that makes (or finishes) this store, recorded in its attributes."""
-    is_run_dir = source.url.rstrip("/").endswith(f"{source.game}/{source.run}")
+    url = source.url.rstrip("/")
+    is_run_dir = url.endswith(f"{source.game}/{source.run}")
+    is_game_dir = not is_run_dir and url.endswith(f"/{source.game}")  # RL Unplugged's
     spec = options.selection.checkpoints
     if spec is not None and not isinstance(spec, str):
         spec = ",".join(map(str, spec))
@@ -109,21 +142,27 @@ def _command(source: RunSource, dest: str, options: ConvertOptions) -> str:
         "convert",
         source.url,
         dest,
-        games=None if is_run_dir else [source.game],
+        games=None if is_run_dir or is_game_dir else [source.game],
         runs=None if is_run_dir else [source.run],
         checkpoints=spec,  # as asked for (a preset stays a preset), like `selection`
         max_transitions=options.selection.max_transitions,
         max_episodes=options.selection.max_episodes,
         full_action_space=options.full_action_space,
         return_to_go=options.return_to_go,
+        source_kind=kind.name if kind.command_names_kind else None,
     )
 
 
 def _plan_digest(
-    source: RunSource, selected: list[int] | None, plan: RunPlan, derived: dict[str, Any]
+    kind: SourceKind,
+    source: Any,
+    selected: list[int] | None,
+    plan: Plan,
+    derived: dict[str, Any],
+    scans: str | None,
 ) -> str:
     """Fingerprint of the work: resuming is allowed only into a store with the same one."""
-    doc = {
+    doc: dict[str, Any] = {
         "derived": derived,
         "format_version": FORMAT_VERSION,
         "source": source.url,
@@ -131,24 +170,44 @@ def _plan_digest(
         "run": source.run,
         "selected": selected,
         "n_rows": plan.n_rows,
-        "conversion": plan.attributes(),
+        "conversion": plan.conversion,
     }
+    if kind.scans:  # kinds planned without scans (DQN Replay) keep the digest they had
+        doc.update(kind=kind.name, n_final=plan.n_final, scans=scans)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def _scan_digest(source: Any) -> str:
+    """Fingerprint of the shards a scan reads: scans are reused only for the same files."""
+    doc = {
+        "scan_format": 1,
+        "source": source.url,
+        "game": source.game,
+        "run": source.run,
+        "shards": source.names(),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
 def convert_run(
-    source: RunSource, dest: str, options: ConvertOptions | None = None
+    source: Any,
+    dest: str,
+    options: ConvertOptions | None = None,
+    *,
+    kind: str | SourceKind = DQN_REPLAY,
 ) -> ConvertedStore:
     """Convert one game/run into ``{dest}/{game}/{run}.zarr``.
 
     Parameters
     ----------
-    source : RunSource
-        The run.
+    source : RunSource or RluRun
+        The run (from the kind's ``find_runs``).
     dest : str
         Destination root (path or fsspec URL).
     options : ConvertOptions, optional
         How (default: everything, with progress bars); see :func:`convert`.
+    kind : str or SourceKind
+        The run's source kind (default ``"dqn-replay"``).
 
     Returns
     -------
@@ -157,6 +216,7 @@ def convert_run(
     Examples
     --------
     >>> import tempfile
+    >>> from atari_zarr.sources.dqn_replay.files import RunSource
     >>> # source_root: a DQN Replay root holding the fixture run Pong/1
     >>> source = RunSource(f"{source_root}/Pong/1", "Pong", "1")
     >>> options = ConvertOptions(Selection(max_episodes=2), progress=False)
@@ -164,14 +224,15 @@ def convert_run(
     2
     """
     options = options or ConvertOptions()
+    kind = get_kind(kind) if isinstance(kind, str) else kind
     url = store_path(dest, source.game, source.run)
-    selected = options.selection.suffixes(source.suffixes)
-    command = _command(source, str(dest), options)
+    kind.select(source, options.selection)  # a bad selection fails before anything is locked
+    command = _command(kind, source, str(dest), options)
     work = WorkDir(url, dict(options.storage_options))
     work.acquire(command)
     finished = False
     try:
-        result = _convert_locked(source, url, work, selected, command, options)
+        result = _convert_locked(kind, source, url, work, command, options)
         finished = True
         return result
     except StoreExistsError:
@@ -181,16 +242,8 @@ def convert_run(
         work.release(remove_all=finished)
 
 
-def _convert_locked(
-    source: RunSource,
-    url: str,
-    work: WorkDir,
-    selected: list[int] | None,
-    command: str,
-    options: ConvertOptions,
-) -> ConvertedStore:
-    storage_options = dict(options.storage_options)
-    state = store_state(url, storage_options)  # remote errors propagate, never 'foreign'
+def _check_state(source: Any, url: str, options: ConvertOptions) -> str:
+    state = store_state(url, dict(options.storage_options))  # remote errors propagate
     if state == "complete" and not options.overwrite:
         raise StoreExistsError(
             f"{url} already holds a complete store of {source.game}/{source.run}; expected an "
@@ -202,14 +255,104 @@ def _convert_locked(
             f"{url} exists and is not an atari_zarr store; refusing to write over it. Remove "
             f"it, choose another DEST, or pass --overwrite."
         )
+    return state
 
+
+def _job(kind: SourceKind, source: Any, url: str, options: ConvertOptions, plan: Plan) -> Job:
+    sizes = [(name, plan.n_rows) for name in ARRAYS]
+    for name in kind.optional_arrays:
+        spec = OPTIONAL_ARRAYS[name]
+        sizes.append(
+            (name, plan.n_final or 0) if spec.dims[0] == "episode" else (name, plan.n_rows)
+        )
+    return Job(
+        kind.name,
+        source.url,
+        source.game,
+        source.run,
+        dict(source.storage_options),
+        url,
+        dict(options.storage_options),
+        tuple(sizes),
+    )
+
+
+def _scan_and_plan(
+    kind: SourceKind, source: Any, url: str, work: WorkDir, options: ConvertOptions
+) -> tuple[Plan, str]:
+    """Pass 1 (the shards not scanned yet, up to the limits), then the plan."""
     label = f"{source.game}/{source.run}"
-    bar = progress_bar(len(source.suffixes), f"plan {label}", unit="ckpt", enabled=options.progress)
+    digest = _scan_digest(source)
+    if options.overwrite or work.scan_digest() != digest:
+        work.reset_scans(digest)
+    job = _job(kind, source, url, options, Plan([], 0, 0, None, [], {}, {}, None))
+    selection = options.selection
+    batch = options.workers or os.cpu_count() or 1
+    records: dict[int, ScanArrays] = {}
+    selected = kind.select(source, selection)
+    done = work.scans_done()
+    bar = progress_bar(
+        len(selected),
+        f"scan {label}",
+        unit="shard",
+        enabled=options.progress,
+        initial=len(done & set(selected)),
+    )
+    scans_needed = kind.scans_needed
+    if scans_needed is None:  # pragma: no cover - every kind that scans says what to scan
+        raise ValueError(f"source kind {kind.name} scans but has no scans_needed")
     try:
-        plan = build_plan(source, options.selection, progress=bar.update)
+        while True:
+            for index in sorted(done - set(records)):
+                records[index] = work.load_scan(index, list(kind.scan_fields))
+            needed = scans_needed(source, selection, records, batch)
+            if not needed:
+                break
+            tag = f"atari-zarr-scan-{uuid.uuid4().hex[:8]}-"
+            graph = build_scan_graph(job, needed, tag)
+            log.info("scanning %d shards of %s", len(graph), label)
+            run_graph(
+                graph,
+                list(graph),
+                scheduler=options.scheduler,
+                workers=options.workers,
+                on_done=lambda key: bar.update(1),
+            )
+            done = work.scans_done()
     finally:
         bar.close()
-    digest = _plan_digest(source, selected, plan, options.derived())
+    return kind.plan(source, selection, records, work.load_scan, None), digest
+
+
+def _convert_locked(
+    kind: SourceKind,
+    source: Any,
+    url: str,
+    work: WorkDir,
+    command: str,
+    options: ConvertOptions,
+) -> ConvertedStore:
+    storage_options = dict(options.storage_options)
+    state = _check_state(source, url, options)
+    label = f"{source.game}/{source.run}"
+    scans: str | None = None
+    if kind.scans:
+        plan, scans = _scan_and_plan(kind, source, url, work, options)
+        selected: list[int] | None = kind.select(source, options.selection)
+        unit = "shard"
+    else:
+        selected = options.selection.suffixes(source.suffixes)
+        bar = progress_bar(
+            len(source.suffixes), f"plan {label}", unit="ckpt", enabled=options.progress
+        )
+        try:
+            plan = kind.plan(source, options.selection, {}, None, bar.update)
+        finally:
+            bar.close()
+        unit = "ckpt"
+    digest = _plan_digest(kind, source, selected, plan, options.derived(), scans)
+    job = _job(kind, source, url, options, plan)
+    sizes = dict(job.sizes)
 
     done: set[str] = set()
     fresh = state != "incomplete" or options.overwrite
@@ -224,10 +367,11 @@ def _convert_locked(
                 f"the one of `{meta.get('command')}`. Run that command to finish it, or pass "
                 f"--overwrite to start over."
             )
-        shapes = {name: (plan.n_rows, *spec.row_shape) for name, spec in ARRAYS.items()}
+        specs = {**ARRAYS, **OPTIONAL_ARRAYS}
         if any(
-            name not in group or getattr(group[name], "shape", None) != shape
-            for name, shape in shapes.items()
+            name not in group
+            or getattr(group[name], "shape", None) != (rows, *specs[name].row_shape)
+            for name, rows in sizes.items()
         ):
             fresh = True  # killed while creating the arrays: nothing was written yet
         elif work.plan_digest() == digest:
@@ -236,38 +380,35 @@ def _convert_locked(
             work.reset(digest)
         if not fresh:
             log.info(
-                "%s: resuming, %d of %d checkpoints already written",
+                "%s: resuming, %d of %d %s already written",
                 url,
-                len([k for k in done if k.startswith(LAP_PREFIX)]),
-                len(plan.laps),
+                len([p for p in plan.parts if p.key in done]),
+                len(plan.parts),
+                "checkpoints" if unit == "ckpt" else "shards",
             )
     if fresh:
         work.reset(digest)
         attrs = {
-            "kind": "dqn-replay",
+            "kind": kind.name,
             "game": source.game,
             "run": source.run,
-            "source": {"url": source.url, "checkpoints_selected": selected or source.suffixes},
+            "source": kind.source_attributes(source, selected or []),
             "command": command,
             "selection": options.selection.attributes(),
             "plan_digest": digest,
             "atari_zarr_version": __version__,
         }
-        create_store(open_zarr_store(url, storage_options, read_only=False), plan.n_rows, attrs)
+        group = create_store(
+            open_zarr_store(url, storage_options, read_only=False), plan.n_rows, attrs
+        )
+        for name in kind.optional_arrays:
+            create_array(group, name, sizes[name])
 
-    job = Job(
-        source.url,
-        source.game,
-        source.run,
-        dict(source.storage_options),
-        url,
-        storage_options,
-        plan.n_rows,
-    )
     tag = f"atari-zarr-{digest[:12]}-{uuid.uuid4().hex[:8]}-"
-    graph = build_graph(job, plan, work, done, tag)
-    n_laps = sum(1 for lap in plan.laps if lap.n_out)
-    n_done = n_laps - sum(1 for k in graph if k.startswith(tag + LAP_PREFIX))
+    graph = build_graph(job, plan.parts, work, done, tag)
+    part_keys = {tag + p.key for p in plan.parts}
+    n_parts = len(plan.parts)
+    n_done = n_parts - sum(1 for k in graph if k in part_keys)
     log.info(
         "writing %s with %s: %d tasks",
         url,
@@ -275,11 +416,11 @@ def _convert_locked(
         len(graph),
     )
     bar = progress_bar(
-        n_laps, f"write {label}", unit="ckpt", enabled=options.progress, initial=n_done
+        n_parts, f"write {label}", unit=unit, enabled=options.progress, initial=n_done
     )
 
     def on_done(key: Any) -> None:
-        if str(key).startswith(tag + LAP_PREFIX):
+        if str(key) in part_keys:
             bar.update(1)
 
     try:
@@ -294,7 +435,7 @@ def _convert_locked(
         bar.close()
 
     # Nothing is marked complete unless every marker is in.
-    missing = expected_keys(plan, work) - work.done()
+    missing = expected_keys(plan.parts, sizes, work) - work.done()
     if missing:  # pragma: no cover - a task returned without writing its marker
         raise RuntimeError(f"{url}: work never recorded as done: {sorted(missing)[:10]}")
 
@@ -311,9 +452,9 @@ def _convert_locked(
     mark_complete(
         group,
         {
-            "conversion": plan.attributes(),
+            "conversion": plan.conversion,
             "counts": {"transitions": plan.n_rows, **plan.episodes.counts()},
-            "episodes": plan.episodes.as_attributes(),
+            "episodes": plan.episode_columns,
             **({"derived": derived} if derived else {}),
         },
     )
@@ -338,21 +479,26 @@ def convert(
     max_episodes: int | None = None,
     full_action_space: bool = False,
     return_to_go: bool = False,
+    source_kind: str | None = None,
 ) -> list[ConvertedStore]:
-    """Convert DQN Replay runs under ``source`` into stores under ``dest``.
+    """Convert the runs under ``source`` (DQN Replay or RL Unplugged) into stores under ``dest``.
 
     Parameters
     ----------
     source : str
-        Dataset root holding ``{Game}/{run}/replay_logs/``, or one run directory.
-        Local path or fsspec URL.
+        DQN Replay: the dataset root holding ``{Game}/{run}/replay_logs/``, or one run
+        directory. RL Unplugged: the root holding ``{Game}/run_{r}-xxxxx-of-yyyyy``
+        (``gs://rl_unplugged/atari_episodes_ordered`` with ``token="anon"``), or one
+        game directory. Local path or fsspec URL.
     dest : str
         Destination root; each run goes to ``{dest}/{Game}/{run}.zarr``.
     games, runs : sequence of str, optional
-        Convert only these (default: everything found).
+        Convert only these (default: everything found); RL Unplugged's ``run_1-*``
+        is run ``"1"``.
     checkpoints : str or iterable of int, optional
-        Checkpoint suffixes to convert, e.g. ``"0-9,50"`` (default: all), or
-        d4rl-atari's presets ``"mixed"`` (1), ``"medium"`` (10), ``"expert"`` (50).
+        Checkpoint suffixes (RL Unplugged: shard indices) to convert, e.g.
+        ``"0-9,50"`` (default: all), or d4rl-atari's presets ``"mixed"`` (1),
+        ``"medium"`` (10), ``"expert"`` (50; RL Unplugged: its last shard).
     overwrite : bool
         Start over: replace complete stores and discard unfinished ones. Without
         it, an unfinished store of the same plan is resumed (only the missing work
@@ -379,11 +525,18 @@ def convert(
         Remote workers must reach ``source`` and ``dest`` under the same names.
     workers : int, optional
         Workers of a local scheduler (default: one per core).
+    source_kind : str, optional
+        ``"dqn-replay"`` or ``"rl-unplugged"``; None: recognised by the layout.
 
     Raises
     ------
     InvalidArgumentError
         A limit is not positive, or the scheduler is unknown.
+    SourceNotFoundError
+        ``source`` holds neither layout (or a game, run or checkpoint asked for).
+    SourceFormatError
+        A source file is damaged or not what its writer writes; the message names
+        the file (and the record).
     StoreLockedError
         Another conversion is writing the same store.
     StoreIncompleteError
@@ -413,5 +566,10 @@ def convert(
         return_to_go=return_to_go,
     )
     src_options = storage_options if source_storage_options is None else source_storage_options
-    sources = find_runs(source, list(games or []) or None, list(runs or []) or None, src_options)
-    return [convert_run(src, dest, options) for src in sources]
+    names = list(games or []) or None
+    kind = get_kind(source_kind) if source_kind else detect_kind(source, src_options, names)
+    sources = kind.find_runs(
+        source, list(games or []) or None, list(runs or []) or None, src_options
+    )
+    with process_pool(scheduler, workers):  # one pool of workers for every run and pass
+        return [convert_run(src, dest, options, kind=kind) for src in sources]

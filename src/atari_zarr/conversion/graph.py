@@ -1,11 +1,14 @@
-"""The Dask graph that writes one store from its plan.
+"""The Dask graphs that write one store from its plan, for every source kind.
 
-* one task per checkpoint streams its observation file once and writes every
-  output unit (a shard of frames, a chunk of per-step data) lying entirely
-  within the checkpoint's output rows; the rows of units it shares with a
-  neighbouring checkpoint are saved as *pieces* in the work area;
-* one task per shared unit, depending on the checkpoints that feed it,
-  assembles the pieces and writes the unit.
+Write graph (:func:`build_graph`):
+
+* one task per *part* (a DQN Replay checkpoint, an RL Unplugged shard) streams the
+  part's source once and writes every output unit (a shard of frames, a chunk of
+  per-step data, a chunk of final frames) lying entirely within the part's rows;
+  the rows of units it shares with a neighbouring part are saved as *pieces* in the
+  work area;
+* one task per shared unit, depending on the parts that feed it, assembles the
+  pieces and writes the unit.
 
 So every unit has exactly one writer (concurrent writes to one shard corrupt it:
 zarr-python#3682), and the bytes written do not depend on the scheduler, the
@@ -13,13 +16,21 @@ number of workers or the order tasks run in. Pieces travel through the work
 area, never through the client. Every task records a marker after its data
 (:mod:`atari_zarr.conversion.workdir`), so a conversion run again skips the tasks
 whose marker is there.
+
+Scan graph (:func:`build_scan_graph`, for kinds that scan: RL Unplugged): one task per
+part reads it once without its frames (pass 1) and saves the scan in the work area,
+with a marker, before planning.
+
+Arrays live in two row spaces: transitions (``N`` rows: ``observation``, the
+per-step arrays) and episodes (``final_observation``, one row per episode). A part
+covers a range of each; units are cut the same way in both.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,25 +40,34 @@ import zarr
 from atari_zarr.conversion.shards import shard_encoder, write_shard
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import StoreFormatError
-from atari_zarr.layout import ARRAYS, OBSERVATION, for_writing, get_array
-from atari_zarr.sources.dqn_replay.files import RunSource
-from atari_zarr.sources.dqn_replay.planner import (
-    Lap,
-    RunPlan,
-    lap_destinations,
-    lap_step_arrays,
+from atari_zarr.layout import (
+    OBSERVATION,
+    for_writing,
+    get_array,
+    spec,
 )
+from atari_zarr.sources.registry import Part, get_kind
 from atari_zarr.storage.remote import open_zarr_store
 
-__all__ = ["Job", "build_graph", "expected_keys", "lap_key", "write_lap"]
+__all__ = [
+    "LAP_PREFIX",
+    "SCAN_PREFIX",
+    "Job",
+    "build_graph",
+    "build_scan_graph",
+    "expected_keys",
+    "write_part",
+]
 
-#: Graph keys of checkpoint tasks start with this (after the conversion's tag).
+#: Graph keys of DQN Replay checkpoint tasks start with this (after the conversion's tag).
 LAP_PREFIX = "lap-"
+#: Graph keys of scan tasks start with this (after the conversion's tag).
+SCAN_PREFIX = "scan-"
 
 
 @dataclass
 class _Piece:
-    """Rows of one write unit produced by one checkpoint."""
+    """Rows of one write unit produced by one part."""
 
     array: str
     unit: int
@@ -63,32 +83,35 @@ def _unit_bounds(unit: int, rows: int, n_rows: int) -> tuple[int, int]:
     return unit * rows, min((unit + 1) * rows, n_rows)
 
 
-def write_lap(
-    source: RunSource, arrays: Mapping[str, zarr.Array], lap: Lap, n_rows: int
+def write_part(
+    arrays: Mapping[str, zarr.Array],
+    sizes: Mapping[str, int],
+    part: Part,
+    steps: Mapping[str, np.ndarray],
+    stream: Iterable[tuple[str, np.ndarray, np.ndarray]],
 ) -> list[_Piece]:
-    """Write one checkpoint's transitions; return pieces of units it shares.
+    """Write one part's rows; return pieces of the units it shares with other parts.
 
     Parameters
     ----------
-    source : RunSource
-        Where the checkpoint's files are.
     arrays : mapping of str to zarr.Array
         The store's arrays, opened for writing.
-    lap : Lap
-        The planned part of this checkpoint.
-    n_rows : int
-        Length of the store.
+    sizes : mapping of str to int
+        Rows of every array written (``N``, or the number of episodes).
+    part : Part
+        The part.
+    steps : mapping of str to numpy.ndarray
+        Per-step arrays of the part's rows, in order.
+    stream : iterable of (str, numpy.ndarray, numpy.ndarray)
+        ``(array, rows, values)`` blocks of the streamed arrays (frames), rows in
+        any order; every row of the part's span must come once.
     """
-    if lap.n_out == 0:
-        return []
-    lo, hi = lap.out_start, lap.out_start + lap.n_out
     pieces: list[_Piece] = []
-
     fast = shard_encoder(arrays[OBSERVATION])
 
     def emit(name: str, unit: int, start: int, data: np.ndarray) -> None:
-        rows = ARRAYS[name].write_rows
-        u_lo, u_hi = _unit_bounds(unit, rows, n_rows)
+        rows = spec(name).write_rows
+        u_lo, u_hi = _unit_bounds(unit, rows, sizes[name])
         if start == u_lo and start + len(data) == u_hi:
             if name == OBSERVATION and fast is not None and len(data) == rows:
                 write_shard(arrays[name], unit, fast(data))  # same bytes, twice as fast
@@ -97,107 +120,134 @@ def write_lap(
         else:
             pieces.append(_Piece(name, unit, start, data.copy()))
 
-    steps = lap_step_arrays(lap, source.read_small(lap.suffix))
     for name, values in steps.items():
-        rows = ARRAYS[name].write_rows
+        if name not in sizes:
+            continue
+        lo, hi = part.span(name)
+        rows = spec(name).write_rows
         for unit in _units(rows, lo, hi):
-            u_lo, u_hi = _unit_bounds(unit, rows, n_rows)
+            u_lo, u_hi = _unit_bounds(unit, rows, sizes[name])
             a, b = max(u_lo, lo), min(u_hi, hi)
             emit(name, unit, a, values[a - lo : b - lo])
 
-    # Frames: stream the file once, in buffer order. The chronological order is a
-    # rotation of it, so a few units are open at a time (the first one waits for
-    # the buffer's last rows).
-    rows = ARRAYS[OBSERVATION].write_rows
-    dest = lap_destinations(lap)
-    open_units: dict[int, list[Any]] = {}
-    for start, block in source.iter_observations(lap.suffix, lap.capacity):
-        d = dest[start : start + len(block)]
-        sel = np.flatnonzero(d >= 0)
-        if not sel.size:
+    # Streamed arrays: a few units are open at a time (DQN Replay streams a rotation
+    # of the output order, so its first unit waits for the buffer's last rows).
+    open_units: dict[tuple[str, int], list[Any]] = {}
+    for name, out_rows, block in stream:
+        array_spec = spec(name)
+        rows = array_spec.write_rows
+        lo, hi = part.span(name)
+        if not len(out_rows):
             continue
-        out_rows = d[sel]
+        first, last = int(out_rows[0]), int(out_rows[-1])
+        # rows in order, without holes (RL Unplugged always, DQN Replay mostly): slices
+        contiguous = last - first + 1 == len(out_rows) and bool(np.all(np.diff(out_rows) == 1))
         units = out_rows // rows
-        for unit in np.unique(units):
+        chosen = range(first // rows, last // rows + 1) if contiguous else np.unique(units)
+        for unit in chosen:
             unit = int(unit)
-            mask = units == unit
-            if unit not in open_units:
-                u_lo, u_hi = _unit_bounds(unit, rows, n_rows)
+            key = (name, unit)
+            if key not in open_units:
+                u_lo, u_hi = _unit_bounds(unit, rows, sizes[name])
+                if contiguous and first <= u_lo and u_hi <= last + 1:
+                    # the block holds the whole unit (RL Unplugged decodes into blocks cut
+                    # at the units): written from the block, without a copy
+                    emit(name, unit, u_lo, block[u_lo - first : u_hi - first])
+                    continue
                 a, b = max(u_lo, lo), min(u_hi, hi)
-                open_units[unit] = [
+                open_units[key] = [
                     a,
-                    np.zeros((b - a, *ARRAYS[OBSERVATION].row_shape), dtype=np.uint8),
+                    np.zeros((b - a, *array_spec.row_shape), dtype=array_spec.dtype),
                     0,
                 ]
-            entry = open_units[unit]
-            entry[1][out_rows[mask] - entry[0]] = block[sel[mask]]
-            entry[2] += int(mask.sum())
+            entry = open_units[key]
+            if contiguous:
+                a, b = max(first, unit * rows), min(last + 1, (unit + 1) * rows)
+                entry[1][a - entry[0] : b - entry[0]] = block[a - first : b - first]
+                entry[2] += b - a
+            else:
+                mask = np.asarray(units == unit)
+                entry[1][out_rows[mask] - entry[0]] = block[mask]
+                entry[2] += int(np.count_nonzero(mask))
             if entry[2] == len(entry[1]):
-                emit(OBSERVATION, unit, entry[0], entry[1])
-                del open_units[unit]
+                emit(name, unit, entry[0], entry[1])
+                del open_units[key]
     if open_units:  # pragma: no cover - the plan and the file disagree
-        raise RuntimeError(f"checkpoint {lap.suffix}: units {sorted(open_units)} left unfilled")
+        raise RuntimeError(f"{part.key}: units {sorted(open_units)} left unfilled")
     return pieces
 
 
-_SOURCES: dict[tuple[str, ...], RunSource] = {}
+_SOURCES: dict[tuple[str, ...], Any] = {}
 
 
 @dataclass(frozen=True)
 class Job:
     """Everything a task needs, by value: picklable, reopened inside the task."""
 
+    kind: str
     source_url: str
     game: str
     run: str
     source_options: dict[str, Any]
     store_url: str
     store_options: dict[str, Any]
-    n_rows: int
+    #: Rows of every array written: ``(name, rows)``.
+    sizes: tuple[tuple[str, int], ...]
 
-    def source(self) -> RunSource:
+    def source(self) -> Any:
         options = json.dumps(self.source_options, sort_keys=True, default=str)
-        key = (self.source_url, self.game, self.run, options)
+        key = (self.kind, self.source_url, self.game, self.run, options)
         if key not in _SOURCES:  # one directory listing per worker process, not per task
-            _SOURCES[key] = RunSource(self.source_url, self.game, self.run, self.source_options)
+            _SOURCES[key] = get_kind(self.kind).open_run(
+                self.source_url, self.game, self.run, self.source_options
+            )
         return _SOURCES[key]
 
     def arrays(self) -> dict[str, zarr.Array]:
         store = open_zarr_store(self.store_url, self.store_options, read_only=False)
         group = zarr.open_group(store, mode="r+")
-        return {name: for_writing(get_array(group, name, self.store_url)) for name in ARRAYS}
+        return {name: for_writing(get_array(group, name, self.store_url)) for name, _ in self.sizes}
 
     def work(self) -> WorkDir:
         return WorkDir(self.store_url, self.store_options)
 
 
-def lap_key(lap: Lap) -> str:
-    """Graph key and done marker of a checkpoint's task."""
-    return f"{LAP_PREFIX}{lap.suffix}"
-
-
-def _lap_task(job: Job, lap: Lap) -> None:
-    """Write one checkpoint's own units, store its shared pieces, mark it done."""
-    pieces = write_lap(job.source(), job.arrays(), lap, job.n_rows)
+def _scan_task(job: Job, unit: int) -> None:
+    """Pass 1 over one part (an RL Unplugged shard): save its scan, mark it done."""
+    scan = get_kind(job.kind).scan
+    if scan is None:  # pragma: no cover - scan graphs are built for kinds that scan
+        raise ValueError(f"source kind {job.kind} has no scan pass")
+    arrays = scan(job.source(), unit)
     work = job.work()
+    work.save_scan(unit, arrays)
+    work.mark_scan(unit)
+
+
+def _part_task(job: Job, part: Part) -> None:
+    """Write one part's own units, store its shared pieces, mark it done."""
+    kind = get_kind(job.kind)
+    work = job.work()
+    scan = work.load_scan(part.unit) if kind.scans else None
+    steps, stream = kind.rows(job.source(), part, scan)
+    pieces = write_part(job.arrays(), dict(job.sizes), part, steps, stream)
     for piece in pieces:
         work.save_piece(piece.array, piece.unit, piece.start, piece.data)
-    work.mark(lap_key(lap))
+    work.mark(part.key)
 
 
 def _unit_task(job: Job, name: str, unit: int, parts: list[tuple[int, int]], *_deps: Any) -> None:
-    """Assemble a unit shared by several checkpoints from their pieces, write it once."""
-    spec = ARRAYS[name]
-    u_lo, u_hi = _unit_bounds(unit, spec.write_rows, job.n_rows)
-    data = np.zeros((u_hi - u_lo, *spec.row_shape), dtype=spec.dtype)
+    """Assemble a unit shared by several parts from their pieces, write it once."""
+    array_spec = spec(name)
+    u_lo, u_hi = _unit_bounds(unit, array_spec.write_rows, dict(job.sizes)[name])
+    data = np.zeros((u_hi - u_lo, *array_spec.row_shape), dtype=array_spec.dtype)
     work = job.work()
     for start, length in parts:
         piece = work.load_piece(name, unit, start)
-        if piece.shape != (length, *spec.row_shape) or piece.dtype != spec.dtype:
+        if piece.shape != (length, *array_spec.row_shape) or piece.dtype != array_spec.dtype:
             raise StoreFormatError(  # pragma: no cover - the work area was tampered with
                 f"{work.url}: piece {name}[{start}:{start + length}] has shape {piece.shape} "
-                f"{piece.dtype}; expected {(length, *spec.row_shape)} {spec.dtype}. Start over "
-                f"with --overwrite."
+                f"{piece.dtype}; expected {(length, *array_spec.row_shape)} "
+                f"{array_spec.dtype}. Start over with --overwrite."
             )
         data[start - u_lo : start - u_lo + length] = piece
     job.arrays()[name][u_lo:u_hi] = data
@@ -205,43 +255,54 @@ def _unit_task(job: Job, name: str, unit: int, parts: list[tuple[int, int]], *_d
     work.drop_pieces(name, unit)
 
 
-def _shared_units(plan: RunPlan) -> dict[tuple[str, int], list[tuple[Lap, int, int]]]:
-    """Units written by more than one checkpoint: ``(array, unit) -> [(lap, start, length)]``."""
-    feeds: dict[tuple[str, int], list[tuple[Lap, int, int]]] = defaultdict(list)
-    for lap in plan.laps:
-        lo, hi = lap.out_start, lap.out_start + lap.n_out
-        for name, spec in ARRAYS.items():
-            for unit in _units(spec.write_rows, lo, hi):
-                u_lo, u_hi = _unit_bounds(unit, spec.write_rows, plan.n_rows)
+def _shared_units(
+    parts: list[Part], sizes: Mapping[str, int]
+) -> dict[tuple[str, int], list[tuple[Part, int, int]]]:
+    """Units written by more than one part: ``(array, unit) -> [(part, start, length)]``."""
+    feeds: dict[tuple[str, int], list[tuple[Part, int, int]]] = defaultdict(list)
+    for part in parts:
+        for name, n in sizes.items():
+            array_spec = spec(name)
+            lo, hi = part.span(name)
+            for unit in _units(array_spec.write_rows, lo, hi):
+                u_lo, u_hi = _unit_bounds(unit, array_spec.write_rows, n)
                 a, b = max(u_lo, lo), min(u_hi, hi)
                 if (a, b) != (u_lo, u_hi):
-                    feeds[(name, unit)].append((lap, a, b - a))
+                    feeds[(name, unit)].append((part, a, b - a))
     return dict(feeds)
 
 
-def expected_keys(plan: RunPlan, work: WorkDir) -> set[str]:
-    """The done markers of every task of ``plan``: all are in once the store is written."""
-    laps = {lap_key(lap) for lap in plan.laps if lap.n_out}
-    return laps | {work.unit_key(name, unit) for name, unit in _shared_units(plan)}
+def expected_keys(parts: list[Part], sizes: Mapping[str, int], work: WorkDir) -> set[str]:
+    """The done markers of every write task: all are in once the store is written."""
+    keys = {part.key for part in parts if part.rows}
+    return keys | {work.unit_key(name, unit) for name, unit in _shared_units(parts, sizes)}
 
 
-def build_graph(job: Job, plan: RunPlan, work: WorkDir, done: set[str], tag: str) -> dict[str, Any]:
-    """The tasks of ``plan`` whose marker is not in ``done``, keys prefixed by ``tag``.
+def build_graph(
+    job: Job, parts: list[Part], work: WorkDir, done: set[str], tag: str
+) -> dict[str, Any]:
+    """The write tasks whose marker is not in ``done``, keys prefixed by ``tag``.
 
     ``tag`` makes the keys of one conversion unique (``dask.distributed`` keeps
-    results by key); checkpoint tasks have keys ``{tag}lap-{suffix}``.
+    results by key); part tasks have keys ``{tag}{part.key}`` (``lap-3``, ``shard-3``).
     """
+    sizes = dict(job.sizes)
     graph: dict[str, Any] = {}
-    for lap in plan.laps:
-        if lap.n_out and lap_key(lap) not in done:
-            graph[lap_key(lap)] = (_lap_task, job, lap)
-    for (name, unit), parts in _shared_units(plan).items():
+    for part in parts:
+        if part.rows and part.key not in done:
+            graph[part.key] = (_part_task, job, part)
+    for (name, unit), feeds in _shared_units(parts, sizes).items():
         key = work.unit_key(name, unit)
         if key in done:
             continue
-        deps = [lap_key(lap) for lap, _, _ in parts if lap_key(lap) in graph]
-        graph[key] = (_unit_task, job, name, unit, [(a, n) for _, a, n in parts], *deps)
+        deps = [part.key for part, _, _ in feeds if part.key in graph]
+        graph[key] = (_unit_task, job, name, unit, [(a, n) for _, a, n in feeds], *deps)
     return {tag + k: _retag(v, tag, graph) for k, v in graph.items()}
+
+
+def build_scan_graph(job: Job, indices: Iterable[int], tag: str) -> dict[str, Any]:
+    """One scan task per shard in ``indices``, keys ``{tag}scan-{index}``."""
+    return {f"{tag}{SCAN_PREFIX}{i}": (_scan_task, job, i) for i in indices}
 
 
 def _retag(task: tuple[Any, ...], tag: str, graph: dict[str, Any]) -> tuple[Any, ...]:

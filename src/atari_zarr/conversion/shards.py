@@ -20,7 +20,9 @@ real frames.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,31 @@ import zarr
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 
 __all__ = ["shard_encoder", "write_shard"]
+
+# numcodecs.blosc.use_threads is global: encoders running in several threads at once
+# switch it off together, and the last one out puts back what was there before.
+_BLOSC_SWITCH = threading.Lock()
+_encoders = 0
+_saved_use_threads: Any = None
+
+
+@contextmanager
+def _single_threaded_blosc() -> Iterator[None]:
+    global _encoders, _saved_use_threads
+    import numcodecs.blosc
+
+    with _BLOSC_SWITCH:
+        if _encoders == 0:
+            _saved_use_threads = numcodecs.blosc.use_threads
+            numcodecs.blosc.use_threads = False
+        _encoders += 1
+    try:
+        yield
+    finally:
+        with _BLOSC_SWITCH:
+            _encoders -= 1
+            if _encoders == 0:
+                numcodecs.blosc.use_threads = _saved_use_threads
 
 
 def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
@@ -50,7 +77,6 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
     True
     """
     import google_crc32c
-    import numcodecs.blosc
     from numcodecs import Blosc
 
     try:
@@ -92,14 +118,10 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
         # One Blosc thread, as zarr does (it encodes off the main thread): each worker
         # then uses one core, and Blosc's thread pool would only contend with the
         # other workers (measured slower on 2 cores). Output bytes do not depend on it.
-        previous = numcodecs.blosc.use_threads
-        numcodecs.blosc.use_threads = False
-        try:
+        with _single_threaded_blosc():
             for c in range(n_chunks):
                 data = blosc.encode(rows[c * chunk_rows : (c + 1) * chunk_rows].reshape(-1))
                 chunks.append(data + crc(data))
-        finally:
-            numcodecs.blosc.use_threads = previous
         index = np.empty((n_chunks, 2), dtype="<u8")
         index[:, 1] = [len(c) for c in chunks]
         index_len = n_chunks * 16 + 4

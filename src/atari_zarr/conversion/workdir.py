@@ -11,6 +11,13 @@ Zarr hierarchy (zarr warns about foreign objects inside a group) and
       done/lap-{suffix}     a checkpoint's whole units and pieces are written
       done/unit-{a}-{u}     a shared unit (array a, unit u) is written
       pieces/{a}/{u}/{start}.npy   rows of a shared unit written by one checkpoint
+      scans/inputs.json     fingerprint of the shards the scans below were read from
+      scans/done/{i}        shard i is scanned (pass 1 of RL Unplugged)
+      scans/{i}/{name}.npy  its per-record and per-step columns
+
+Scans are kept when the plan's markers are reset (they depend on the source's
+files only, and planning needs them), and dropped when the shards they were read
+from change (``scans/inputs.json``) or the conversion starts over.
 
 Markers are written after the data they vouch for, so a conversion killed at
 any point redoes exactly the work whose marker is missing. The whole area is
@@ -177,6 +184,57 @@ class WorkDir:
                 self.fs.rm(path, recursive=True)
         except FileNotFoundError:
             pass  # already gone; release(remove_all=True) removes the work area anyway
+
+    # -- scans (pass 1) ------------------------------------------------------------------
+    def scan_digest(self) -> str | None:
+        """Fingerprint of the shards the kept scans were read from (None: no scans)."""
+        try:
+            with self.fs.open(self._p("scans", "inputs.json"), "rb") as f:
+                return json.loads(f.read()).get("digest")
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def reset_scans(self, digest: str) -> None:
+        """Forget every scan; record the fingerprint of the shards the next ones read."""
+        if self.fs.exists(self._p("scans")):
+            self.fs.rm(self._p("scans"), recursive=True)
+        self._write(self._p("scans", "inputs.json"), json.dumps({"digest": digest}).encode())
+
+    def save_scan(self, index: int, arrays: dict[str, np.ndarray]) -> None:
+        """Keep the scan of shard ``index``: one Blosc-compressed ``.npy`` per column."""
+        for name, data in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.ascontiguousarray(data), allow_pickle=False)
+            path = self._p("scans", str(index), f"{name}.npy.blosc")
+            self._write(path, _PIECE_CODEC.encode(buf.getvalue()))
+
+    def load_scan(self, index: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        """The columns ``names`` (default: all) of the scan of shard ``index``."""
+        if names is None:
+            found = self.fs.ls(self._p("scans", str(index)), detail=False)
+            names = [
+                str(p).rstrip("/").rsplit("/", 1)[-1].removesuffix(".npy.blosc") for p in found
+            ]
+            names = [n for n in names if not n.endswith(".tmp")]
+        out = {}
+        for name in names:
+            with self.fs.open(self._p("scans", str(index), f"{name}.npy.blosc"), "rb") as f:
+                raw = bytes(_PIECE_CODEC.decode(f.read()))
+            out[name] = np.load(io.BytesIO(raw), allow_pickle=False)
+        return out
+
+    def mark_scan(self, index: int) -> None:
+        """Record that the scan of shard ``index`` is kept."""
+        self._write(self._p("scans", "done", str(index)), b"")
+
+    def scans_done(self) -> set[int]:
+        """Shards whose scan is kept."""
+        try:
+            entries = self.fs.ls(self._p("scans", "done"), detail=False)
+        except FileNotFoundError:
+            return set()
+        names = (str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        return {int(n) for n in names if n.isdigit()}
 
     # -- plan ---------------------------------------------------------------------------
     def plan_digest(self) -> str | None:

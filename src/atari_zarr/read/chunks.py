@@ -8,6 +8,11 @@ module reads the same bytes a zarr client would, without the generic machinery:
 * only the byte ranges of the needed chunks are fetched: from a memory map for a
   :class:`zarr.storage.LocalStore`, otherwise through the store's own asynchronous
   ``get`` with a byte range, all ranges of a batch gathered concurrently;
+* over a network, ranges of one shard less than ``coalesce_gap`` bytes apart are
+  merged into one request (a request costs far more than the few KB between two
+  chunks), and :meth:`ChunkReader.prefetch` fetches the encoded chunks of rows
+  that will be read next in the background, so their requests overlap with the
+  decoding of the current batch;
 * every chunk's crc32c is checked, then Blosc decodes it (with the GIL released)
   straight into its destination: a cache slot, or the output array when a
   request covers whole chunks in order;
@@ -46,7 +51,14 @@ import zarr
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 
-__all__ = ["ChunkReader"]
+__all__ = [
+    "DEFAULT_COALESCE_GAP",
+    "ChunkReader",
+    "coalesce_ranges",
+    "corrupt_chunk",
+    "decode_chunk",
+    "parse_shard_index",
+]
 
 log = logging.getLogger("atari_zarr")
 
@@ -56,6 +68,16 @@ _MISSING = np.uint64(2**64 - 1)
 _SPLIT_MIN_CHUNKS = 16
 # Read-ahead never runs further than this many chunks ahead of the reader.
 _MAX_READAHEAD = 64
+#: Ranges of one object at most this many bytes apart are fetched with one request.
+DEFAULT_COALESCE_GAP = 64 << 10
+# A merged request never grows beyond this many bytes (unless one chunk is larger).
+_MAX_COALESCED = 16 << 20
+# Encoded chunks fetched ahead by prefetch() are kept (least recently used dropped
+# first) up to this many bytes: chunks wanted by several batches of a prefetched group
+# are fetched once, whatever the decoded-chunk cache evicts meanwhile.
+_MAX_PREFETCHED = 64 << 20
+# Threads that wait for prefetch requests (the requests themselves run concurrently).
+_IO_THREADS = 4
 #: What a damaged-chunk error tells the user to do, unless the caller knows better.
 DEFAULT_REMEDY = "write it again, or copy the object again if it was transferred."
 
@@ -71,6 +93,83 @@ def _crc32c(data: Any) -> int:
     import google_crc32c
 
     return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+
+
+def parse_shard_index(raw: Any, size: int, *, where: str, name: str, key: str, remedy: str) -> Any:
+    """The ``(chunks, 2)`` offset/length table of a shard from its index bytes, checked.
+
+    Raises
+    ------
+    StoreCorruptError
+        The index has the wrong size or fails its crc32c check.
+    """
+    raw = bytes(raw)
+    if len(raw) != size:
+        raise StoreCorruptError(
+            f"{where}: shard {key!r} of array {name!r} is {len(raw)} bytes at its index, "
+            f"expected a {size}-byte shard index. The store is damaged; {remedy}"
+        )
+    if _crc32c(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+        raise StoreCorruptError(
+            f"{where}: the index of shard {key!r} of array {name!r} fails its crc32c check. "
+            f"The store is damaged; {remedy}"
+        )
+    return np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
+
+
+def decode_chunk(src: Any, dest: np.ndarray, *, checksum: bool, chunk_nbytes: int) -> str | None:
+    """Check one stored chunk (crc32c, Blosc header, size) and decode it into ``dest``.
+
+    Returns None when it decoded, else what is wrong with it, for the caller's
+    :func:`corrupt_chunk` message.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numcodecs import Blosc
+    >>> data = Blosc(cname="zstd").encode(np.arange(16, dtype=np.uint8))
+    >>> out = np.empty(16, dtype=np.uint8)
+    >>> decode_chunk(data, out, checksum=False, chunk_nbytes=16), int(out[-1])
+    (None, 15)
+    >>> decode_chunk(data, out, checksum=True, chunk_nbytes=16)
+    'fails its crc32c check'
+    """
+    from numcodecs import blosc
+
+    if checksum:
+        if len(src) < 4 or _crc32c(src[:-4]) != int.from_bytes(bytes(src[-4:]), "little"):
+            return "fails its crc32c check"
+        src = src[:-4]
+    # Blosc header: nbytes (decoded) at bytes 4-8, cbytes (encoded) at 12-16.
+    head = bytes(src[:16])
+    if len(head) < 16 or int.from_bytes(head[12:16], "little") != len(src):
+        return "is not a whole Blosc buffer"
+    nbytes = int.from_bytes(head[4:8], "little")
+    if nbytes != chunk_nbytes:
+        return f"decodes to {nbytes} bytes, expected {chunk_nbytes}"
+    try:
+        blosc.decompress(src, dest)
+    except Exception as exc:
+        return f"does not decode ({exc})"
+    return None
+
+
+def corrupt_chunk(
+    where: str,
+    name: str,
+    chunk: int,
+    rows: tuple[int, int],
+    key: str,
+    span: tuple[int, int] | None,
+    what: str,
+    remedy: str,
+) -> StoreCorruptError:
+    """The one message of a damaged chunk: store, array, chunk, rows, object, bytes, problem."""
+    where_bytes = f" (bytes {span[0]}-{span[0] + span[1] - 1})" if span is not None else ""
+    return StoreCorruptError(
+        f"{where}: chunk {chunk} of array {name!r} (rows {rows[0]}-{rows[1]}), stored in "
+        f"{key!r}{where_bytes}, {what}. The store is damaged; {remedy}"
+    )
 
 
 class _Plan:
@@ -158,6 +257,59 @@ class _LocalBytes:
         return out
 
 
+def coalesce_ranges(
+    requests: Sequence[tuple[str, int, int]], gap: int, max_bytes: int = _MAX_COALESCED
+) -> tuple[list[tuple[str, int, int]], list[tuple[int, int, int]]]:
+    """Merge byte ranges of one object that are at most ``gap`` bytes apart.
+
+    Parameters
+    ----------
+    requests : sequence of (key, start, stop)
+        Byte ranges, in any order; overlapping and repeated ranges are allowed.
+    gap : int
+        Largest number of unrequested bytes a merged range may span between two
+        requested ones (0: merge only touching or overlapping ranges; negative:
+        merge nothing).
+    max_bytes : int
+        A merged range stops growing at this size (a single larger range is kept).
+
+    Returns
+    -------
+    merged : list of (key, start, stop)
+        The ranges to fetch, sorted by key and offset.
+    parts : list of (merged index, offset, length)
+        Where each of ``requests`` lies in the merged ranges, in the order given.
+
+    Examples
+    --------
+    >>> merged, parts = coalesce_ranges(
+    ...     [("s/0", 100, 200), ("s/0", 0, 90), ("s/1", 0, 10), ("s/0", 5000, 5100)], gap=64)
+    >>> merged
+    [('s/0', 0, 200), ('s/0', 5000, 5100), ('s/1', 0, 10)]
+    >>> parts
+    [(0, 100, 100), (0, 0, 90), (2, 0, 10), (1, 0, 100)]
+    """
+    order = sorted(range(len(requests)), key=lambda i: (requests[i][0], requests[i][1]))
+    merged: list[tuple[str, int, int]] = []
+    parts: list[tuple[int, int, int]] = [(0, 0, 0)] * len(requests)
+    for i in order:
+        key, start, stop = requests[i]
+        if merged:
+            mkey, mstart, mstop = merged[-1]
+            if (
+                gap >= 0
+                and mkey == key
+                and start - mstop <= gap
+                and max(stop, mstop) - mstart <= max_bytes
+            ):
+                merged[-1] = (mkey, mstart, max(stop, mstop))
+                parts[i] = (len(merged) - 1, start - mstart, stop - start)
+                continue
+        merged.append((key, start, stop))
+        parts[i] = (len(merged) - 1, 0, stop - start)
+    return merged, parts
+
+
 class _StoreBytes:
     """Byte ranges through any zarr store's asynchronous API, gathered concurrently."""
 
@@ -201,6 +353,18 @@ class ChunkReader:
     remedy : str, optional
         What to do about a damaged chunk, ending the error message (default: write
         the store again, or copy it again if it was transferred).
+    coalesce_gap : int
+        Byte ranges of one shard at most this many bytes apart are fetched with one
+        request (remote stores only, not through the local range cache; a negative
+        value turns merging off). Default :data:`DEFAULT_COALESCE_GAP` (64 KiB).
+
+    Attributes
+    ----------
+    stats : dict
+        Counters: ``hits`` (chunks served by the cache), ``decoded``,
+        ``fetched_bytes`` (encoded chunk bytes used), ``requests`` (byte ranges
+        asked of a remote store, after merging), ``prefetched`` (chunks fetched
+        ahead by :meth:`prefetch`) and ``readahead``.
 
     Examples
     --------
@@ -225,6 +389,7 @@ class ChunkReader:
         threads: int | None = None,
         readahead: bool = True,
         remedy: str | None = None,
+        coalesce_gap: int = DEFAULT_COALESCE_GAP,
     ) -> None:
         self.array = array
         self.where = where
@@ -233,7 +398,15 @@ class ChunkReader:
         self.cache_bytes = int(cache_bytes)
         self.threads = max(1, threads or _cpu_count())
         self.readahead = readahead
-        self.stats = {"hits": 0, "decoded": 0, "fetched_bytes": 0, "readahead": 0}
+        self.coalesce_gap = int(coalesce_gap)
+        self.stats = {
+            "hits": 0,
+            "decoded": 0,
+            "fetched_bytes": 0,
+            "readahead": 0,
+            "requests": 0,
+            "prefetched": 0,
+        }
         try:
             self.plan: _Plan | None = _Plan(array)
         except UnsupportedChunks as exc:
@@ -241,10 +414,16 @@ class ChunkReader:
             self.plan = None
         from zarr.storage import LocalStore
 
+        from atari_zarr.storage.cache import RangeCacheStore
+
         store = array.store_path.store
         self._bytes = (
             _LocalBytes(Path(store.root)) if isinstance(store, LocalStore) else _StoreBytes(store)
         )
+        # The range cache keeps each range asked for as one file: merged ranges differ
+        # from batch to batch, so the next epoch would find none of them. Per-chunk
+        # ranges there, which it serves again whatever the rows.
+        self._merge = not isinstance(store, LocalStore | RangeCacheStore)
         self._shard_index: dict[int, np.ndarray | None] = {}
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
@@ -256,6 +435,14 @@ class ChunkReader:
         # Guards _ahead and _pending only: the read-ahead thread never takes _lock,
         # so a read holding _lock can wait for it.
         self._ahead_lock = threading.Lock()
+        # Encoded chunks fetched by prefetch(), kept up to _MAX_PREFETCHED bytes, least
+        # recently used dropped first (guarded by _ahead_lock):
+        # chunk -> (bytes or None, object key, offset).
+        self._raw: OrderedDict[int, tuple[Any, str, int | None]] = OrderedDict()
+        self._raw_bytes = 0
+        self._raw_pending: dict[int, Future] = {}
+        self._io_pool: ThreadPoolExecutor | None = None
+        self._io_pool_pid = -1
         self._init_cache()
 
     def _init_cache(self) -> None:
@@ -353,15 +540,71 @@ class ChunkReader:
         self._decode_into([int(c) for c in cids], dests)
         return dests
 
+    def prefetch(self, rows: np.ndarray) -> Future | None:
+        """Start fetching the encoded chunks of ``rows`` in the background.
+
+        A later :meth:`read` of these rows takes the fetched bytes instead of asking
+        the store again (waiting for a fetch still under way), so the requests of the
+        next batches overlap with the work on the current one. Only remote stores are
+        fetched ahead (a local store is a memory map); chunks already under way are
+        skipped. Fetched chunks are kept up to a bound (64 MB of encoded bytes,
+        least recently used dropped first), so a chunk that several of the next
+        batches need is fetched once. A failed fetch is dropped silently: the read
+        asks again and reports the error itself.
+
+        Parameters
+        ----------
+        rows : array-like of int
+            Rows that will be read soon.
+
+        Returns
+        -------
+        concurrent.futures.Future or None
+            Done when the bytes are in; None when there is nothing to fetch.
+
+        Examples
+        --------
+        >>> import numpy as np, zarr
+        >>> from zarr.codecs import BloscCodec, Crc32cCodec
+        >>> from atari_zarr.storage.remote import RemoteStore
+        >>> store = RemoteStore("memory://doc/prefetch.zarr", read_only=False)
+        >>> a = zarr.create_array(store, shape=(64, 2), chunks=(8, 2), shards=(32, 2),
+        ...                       dtype="int16", compressors=[BloscCodec(), Crc32cCodec()])
+        >>> a[:] = np.arange(128).reshape(64, 2)
+        >>> r = ChunkReader(a, where="memory://doc/prefetch.zarr")
+        >>> r.prefetch(np.array([1, 40])).result()
+        >>> r.read(np.array([40, 1]))[:, 0].tolist(), r.stats["prefetched"]
+        ([80, 2], 2)
+        """
+        p = self.plan
+        if p is None or isinstance(self._bytes, _LocalBytes):
+            return None
+        # Cached chunks are fetched too: they may be evicted before their read, and
+        # their bytes mostly come with a merged range of the same shard anyway.
+        cids = np.unique(np.asarray(rows, dtype=np.int64).ravel() // p.chunk_rows)
+        with self._ahead_lock:
+            todo = [c for c in cids.tolist() if c not in self._raw and c not in self._raw_pending]
+            if not todo:
+                return None
+            fut = self._io_executor().submit(self._fetch_ahead, todo)
+            for c in todo:
+                self._raw_pending[c] = fut
+        return fut
+
     def close(self) -> None:
         """Stop background read-ahead and drop cached chunks."""
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            io_pool, self._io_pool = self._io_pool, None
+        for p in (pool, io_pool):
+            if p is not None:
+                p.shutdown(wait=True)
         with self._lock, self._ahead_lock:
             self._ahead.clear()
             self._pending.clear()
+            self._raw.clear()
+            self._raw_bytes = 0
+            self._raw_pending.clear()
             self._init_cache()
 
     # -- internals --------------------------------------------------------------------
@@ -381,6 +624,58 @@ class ChunkReader:
             self._pool_pid = os.getpid()
             self._pending = {}
         return self._pool
+
+    def _io_executor(self) -> ThreadPoolExecutor:
+        if self._io_pool is None or self._io_pool_pid != os.getpid():
+            self._io_pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="atari_zarr-fetch")
+            self._io_pool_pid = os.getpid()
+            self._raw_pending = {}
+        return self._io_pool
+
+    def _fetch_ahead(self, cids: list[int]) -> None:
+        try:
+            sources = self._fetch(cids)
+        except Exception:  # the read fetches these again and reports the error itself
+            log.debug("prefetch of %s chunks %s failed", self.name, cids, exc_info=True)
+            sources = None
+        with self._ahead_lock:
+            if sources is not None:
+                for c, src in zip(cids, sources, strict=True):
+                    old = self._raw.pop(c, None)
+                    if old is not None:
+                        self._raw_bytes -= 0 if old[0] is None else len(old[0])
+                    if src[0] is not None:
+                        # a copy: a slice would keep its whole merged range alive
+                        src = (np.array(src[0], dtype=np.uint8, copy=True), src[1], src[2])
+                    self._raw[c] = src
+                    self._raw_bytes += 0 if src[0] is None else len(src[0])
+                self.stats["prefetched"] += len(cids)
+                while self._raw_bytes > _MAX_PREFETCHED and self._raw:
+                    _, (old, _, _) = self._raw.popitem(last=False)
+                    self._raw_bytes -= 0 if old is None else len(old)
+            for c in cids:
+                if self._raw_pending.get(c) is not None:
+                    del self._raw_pending[c]
+
+    def _take_prefetched(self, cids: list[int]) -> list[tuple[Any, str, int | None] | None]:
+        """The prefetched sources of ``cids`` (waiting for fetches under way), or None each."""
+        if not self._raw and not self._raw_pending:
+            return [None] * len(cids)
+        with self._ahead_lock:
+            futs = {id(f): f for c in cids if (f := self._raw_pending.get(c)) is not None}
+        for fut in futs.values():
+            try:
+                fut.result()
+            except Exception:  # pragma: no cover - _fetch_ahead catches its errors
+                pass
+        out: list[tuple[Any, str, int | None] | None] = []
+        with self._ahead_lock:
+            for c in cids:
+                src = self._raw.get(c)
+                if src is not None:
+                    self._raw.move_to_end(c)
+                out.append(src)
+        return out
 
     def _cached_slots(self, uniq: np.ndarray) -> np.ndarray:
         """Cache slots of chunks ``uniq`` (sorted, unique), decoding the missing ones."""
@@ -499,11 +794,41 @@ class ChunkReader:
     # -- bytes -> arrays ----------------------------------------------------------------
     def _sources(self, cids: list[int]) -> list[tuple[Any, str, int | None]]:
         """``(encoded bytes or None, object key, offset)`` of every chunk in ``cids``."""
+        ahead = self._take_prefetched(cids)
+        missing = [i for i, src in enumerate(ahead) if src is None]
+        if len(missing) == len(cids):
+            return self._fetch(cids)
+        fetched = self._fetch([cids[i] for i in missing]) if missing else []
+        for i, src in zip(missing, fetched, strict=True):
+            ahead[i] = src
+        return ahead  # type: ignore[return-value]
+
+    def _get(self, requests: list[tuple[str, int | None, int | None]]) -> list[Any]:
+        """Byte ranges, ranges of one object close together fetched with one request."""
+        if not self._merge or len(requests) < 2 or self.coalesce_gap < 0:
+            self.stats["requests"] += 0 if isinstance(self._bytes, _LocalBytes) else len(requests)
+            return self._bytes.get(requests)
+        whole = [i for i, (_, start, stop) in enumerate(requests) if start is None or stop is None]
+        if whole:  # whole objects: nothing to merge
+            self.stats["requests"] += len(requests)
+            return self._bytes.get(requests)
+        ranged = [(k, int(a), int(b)) for k, a, b in requests]  # type: ignore[arg-type]
+        merged, parts = coalesce_ranges(ranged, self.coalesce_gap)
+        self.stats["requests"] += len(merged)
+        data = self._bytes.get(list(merged))
+        out: list[Any] = []
+        for m, off, length in parts:
+            d = data[m]
+            out.append(None if d is None else d[off : off + length])
+        return out
+
+    def _fetch(self, cids: list[int]) -> list[tuple[Any, str, int | None]]:
+        """Fetch the encoded bytes of ``cids`` from the store (see :meth:`_sources`)."""
         p = self.plan
         assert p is not None
         if not p.sharded:
             keys = [p.object_key(c) for c in cids]
-            data = self._bytes.get([(k, None, None) for k in keys])
+            data = self._get([(k, None, None) for k in keys])
             return [(d, k, None) for d, k in zip(data, keys, strict=True)]
         cps = p.chunks_per_shard
         shards = sorted({c // cps for c in cids} - self._shard_index.keys())
@@ -520,7 +845,7 @@ class ChunkReader:
                 off, nb = int(index[c % cps, 0]), int(index[c % cps, 1])
                 where.append((len(requests), key, off))
                 requests.append((key, off, off + nb))
-        data = self._bytes.get(requests)
+        data = self._get(requests)
         return [(None if i is None else data[i], key, off) for i, key, off in where]
 
     def _load_shard_indexes(self, shards: list[int]) -> None:
@@ -529,28 +854,17 @@ class ChunkReader:
         size = 16 * p.chunks_per_shard + 4
         keys = [p.object_key(s) for s in shards]
         if p.index_at_start:
-            data = self._bytes.get([(k, 0, size) for k in keys])
+            data = self._get([(k, 0, size) for k in keys])
         else:
-            whole = self._bytes.get([(k, None, None) for k in keys])
+            whole = self._get([(k, None, None) for k in keys])
             data = [None if w is None else w[len(w) - size :] for w in whole]
         for s, k, raw in zip(shards, keys, data, strict=True):
             if raw is None:
                 self._shard_index[s] = None  # the whole shard is absent: fill value
                 continue
-            raw = bytes(raw)
-            if len(raw) != size:
-                raise StoreCorruptError(
-                    f"{self.where}: shard {k!r} of array {self.name!r} is {len(raw)} bytes at its "
-                    f"index, expected a {size}-byte shard index. The store is damaged; "
-                    f"{self.remedy}"
-                )
-            stored = int.from_bytes(raw[-4:], "little")
-            if _crc32c(raw[:-4]) != stored:
-                raise StoreCorruptError(
-                    f"{self.where}: the index of shard {k!r} of array {self.name!r} fails its "
-                    f"crc32c check. The store is damaged; {self.remedy}"
-                )
-            self._shard_index[s] = np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
+            self._shard_index[s] = parse_shard_index(
+                raw, size, where=self.where, name=self.name, key=k, remedy=self.remedy
+            )
 
     def _decode_into(self, cids: list[int], dests: list[np.ndarray], *, split: bool = True) -> None:
         sources = self._sources(cids)
@@ -577,8 +891,6 @@ class ChunkReader:
     def _decode_some(
         self, cids: list[int], sources: list[tuple[Any, str, int | None]], dests: list[np.ndarray]
     ) -> None:
-        from numcodecs import blosc
-
         p = self.plan
         assert p is not None
         fetched = 0
@@ -587,23 +899,9 @@ class ChunkReader:
                 dest[...] = p.fill_value
                 continue
             fetched += len(src)
-            if p.checksum:
-                if len(src) < 4 or _crc32c(src[:-4]) != int.from_bytes(bytes(src[-4:]), "little"):
-                    raise self._corrupt(c, key, off, len(src), "fails its crc32c check")
-                src = src[:-4]
-            # Blosc header: nbytes (decoded) at bytes 4-8, cbytes (encoded) at 12-16.
-            head = bytes(src[:16])
-            if len(head) < 16 or int.from_bytes(head[12:16], "little") != len(src):
-                raise self._corrupt(c, key, off, len(src), "is not a whole Blosc buffer")
-            nbytes = int.from_bytes(head[4:8], "little")
-            if nbytes != p.chunk_nbytes:
-                raise self._corrupt(
-                    c, key, off, len(src), f"decodes to {nbytes} bytes, expected {p.chunk_nbytes}"
-                )
-            try:
-                blosc.decompress(src, dest)
-            except Exception as exc:
-                raise self._corrupt(c, key, off, len(src), f"does not decode ({exc})") from exc
+            problem = decode_chunk(src, dest, checksum=p.checksum, chunk_nbytes=p.chunk_nbytes)
+            if problem is not None:
+                raise self._corrupt(c, key, off, len(src), problem)
         self.stats["fetched_bytes"] += fetched
 
     def _corrupt(
@@ -611,9 +909,6 @@ class ChunkReader:
     ) -> StoreCorruptError:
         p = self.plan
         assert p is not None
-        rows = f"rows {c * p.chunk_rows}-{min((c + 1) * p.chunk_rows, p.shape[0]) - 1}"
-        span = f" (bytes {off}-{off + size - 1})" if off is not None else ""
-        return StoreCorruptError(
-            f"{self.where}: chunk {c} of array {self.name!r} ({rows}), stored in {key!r}{span}, "
-            f"{what}. The store is damaged; {self.remedy}"
-        )
+        rows = (c * p.chunk_rows, min((c + 1) * p.chunk_rows, p.shape[0]) - 1)
+        span = (off, size) if off is not None else None
+        return corrupt_chunk(self.where, self.name, c, rows, key, span, what, self.remedy)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -31,6 +33,9 @@ from atari_zarr.read.indexing import normalize_index
 from atari_zarr.storage.deadline import default_timeout
 from atari_zarr.storage.paths import is_url, redact
 from atari_zarr.storage.remote import open_zarr_store
+
+if TYPE_CHECKING:
+    from atari_zarr.read.stream import AtariZarrStream
 
 __all__ = ["AtariZarrDataset", "collate_batch", "stacked_rows"]
 
@@ -327,6 +332,165 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             raise IndexError(f"{self.url} holds no transitions; there is nothing to sample")
         rows = torch.randint(0, len(self), (int(batch_size),), generator=generator)
         return self[rows]
+
+    def sample_iter(
+        self,
+        batch_size: int,
+        *,
+        batches: int | None = None,
+        prefetch: int = 4,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[TensorDict]:
+        """Batches of :meth:`sample`, with the next ``prefetch`` batches fetched ahead.
+
+        The rows of each batch are drawn from ``generator`` in order, exactly as
+        repeated ``sample(batch_size, generator=generator)`` calls draw them, so the
+        batches are the same with any ``prefetch``. While one batch is decoded, the
+        encoded frame chunks of the next ``prefetch`` batches are on their way
+        (:meth:`~atari_zarr.read.chunks.ChunkReader.prefetch`, requests of one
+        shard merged), which hides a remote store's latency. A local store reads
+        as with :meth:`sample`.
+
+        Parameters
+        ----------
+        batch_size : int
+            Transitions per batch.
+        batches : int, optional
+            Number of batches (default: without end).
+        prefetch : int
+            Batches whose frames are fetched ahead (0: none). They are drawn and
+            fetched in groups of ``prefetch`` batches, a new group when half of the
+            previous one is read, so between ``prefetch / 2`` and ``1.5 * prefetch``
+            batches are ahead. Memory: the encoded bytes of their shards' ranges.
+        generator : torch.Generator, optional
+            For reproducible batches; drawn ``prefetch`` batches ahead of the one
+            returned.
+
+        Examples
+        --------
+        >>> ds = AtariZarrDataset(store_url)
+        >>> g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        >>> ahead = list(ds.sample_iter(16, batches=3, prefetch=2, generator=g1))
+        >>> plain = [ds.sample(16, generator=g2) for _ in range(3)]
+        >>> all((a["index"] == b["index"]).all() for a, b in zip(ahead, plain))
+        True
+        """
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise InvalidArgumentError(
+                f"prefetch must be a non-negative number of batches; got {prefetch!r} for "
+                f"{self.where}"
+            )
+        if len(self) == 0:
+            raise IndexError(f"{self.where} holds no transitions; there is nothing to sample")
+        batch_size = int(batch_size)
+        queue: deque[np.ndarray] = deque()
+        drawn = 0
+        while True:
+            # Batches are drawn (and fetched) in groups of `prefetch`, so that the chunks
+            # of a whole group that lie close together in a shard share one request.
+            if len(queue) <= prefetch // 2 and (batches is None or drawn < batches):
+                count = max(1, prefetch)
+                if batches is not None:
+                    count = min(count, batches - drawn)
+                group = [
+                    torch.randint(0, len(self), (batch_size,), generator=generator).numpy()
+                    for _ in range(count)
+                ]
+                drawn += count
+                if prefetch:
+                    self._frames.prefetch(np.concatenate([self._frame_rows(r) for r in group]))
+                queue.extend(group)
+            if not queue:
+                return
+            yield self[queue.popleft()]
+
+    def _frame_rows(self, rows: np.ndarray) -> np.ndarray:
+        """The frame rows :meth:`_observations` reads for ``rows`` (for prefetching)."""
+        done = self._done[rows]
+        if self.frame_stack == 1:
+            return np.concatenate([rows, rows[~done] + 1])
+        window, valid = stacked_rows(rows + 1, self._episode_first_row(rows), self.frame_stack + 1)
+        valid[:, -1] &= ~done & (window[:, -1] < len(self))
+        return window[valid]
+
+    # -- epoch stream (read/stream.py) ------------------------------------------------
+    def stream(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        prefetch: int | None = None,
+        unit_rows: int | None = None,
+    ) -> AtariZarrStream:
+        """One epoch as TED batches, each transition exactly once, read unit by unit.
+
+        Whole frame shards are fetched with one request each, ``prefetch`` in flight,
+        in an order drawn from ``(seed, epoch)``; transitions leave through a shuffle
+        buffer of decoded units. Batches have the keys, shapes and ``frame_stack`` of
+        ``ds[idx]``. See ``docs/streaming.md``.
+
+        Parameters
+        ----------
+        batch_size : int
+            Transitions per batch (the last batch of each consumer may be smaller).
+        seed, epoch : int
+            The order of units and of transitions is drawn from these.
+        shuffle : bool
+            False: the stored order (each consumer's units in order).
+        shuffle_buffer : int, optional
+            Transitions held decoded for mixing (default
+            :data:`~atari_zarr.read.stream.DEFAULT_SHUFFLE_BUFFER`, 4 shards):
+            batches mix ``shuffle_buffer // unit_rows`` units. More is more random
+            and costs ``84 * 84`` bytes per transition.
+        rank, world_size : int, optional
+            This process's part (default: from ``torch.distributed`` when
+            initialised, else the whole store). DataLoader workers split it further.
+        drop_last : bool
+            Every consumer yields the same number of whole batches (what DDP
+            needs); the few transitions beyond are left out of the epoch.
+        prefetch : int, optional
+            Units fetched ahead (default 4).
+        unit_rows : int, optional
+            Rows per read unit (default: a shard), a multiple of the chunk rows.
+
+        Returns
+        -------
+        AtariZarrStream
+            Iterable of batches, and a ``torch.utils.data.IterableDataset`` with
+            ``state_dict()``/``load_state_dict()``.
+
+        Examples
+        --------
+        >>> ds = AtariZarrDataset(store_url, frame_stack=4)
+        >>> batch = next(iter(ds.stream(32, seed=0)))
+        >>> batch["observation"].shape, batch["next", "observation"].shape
+        (torch.Size([32, 4, 84, 84]), torch.Size([32, 4, 84, 84]))
+        """
+        from atari_zarr.read.stream import (
+            DEFAULT_PREFETCH,
+            DEFAULT_SHUFFLE_BUFFER,
+            AtariZarrStream,
+        )
+
+        return AtariZarrStream(
+            self,
+            batch_size,
+            seed=seed,
+            epoch=epoch,
+            shuffle=shuffle,
+            shuffle_buffer=DEFAULT_SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            prefetch=DEFAULT_PREFETCH if prefetch is None else prefetch,
+            unit_rows=unit_rows,
+        )
 
     # -- convenience ------------------------------------------------------------------
     @property

@@ -10,8 +10,9 @@ stores, never with the number of transitions.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -21,6 +22,9 @@ from atari_zarr.errors import InvalidArgumentError, StoreFormatError
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.storage.catalog import complete_stores, name_to_url, store_state
+
+if TYPE_CHECKING:
+    from atari_zarr.read.stream import MultiGameStream
 
 __all__ = ["MixtureSampler", "MultiGameDataset", "draw_mixture", "store_probabilities"]
 
@@ -193,6 +197,74 @@ class MultiGameDataset(torch.utils.data.Dataset):
     def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
         """A batch: each item's store drawn with the weights, then a uniform row of it."""
         return self[draw_mixture(self.offsets, self.weights, int(batch_size), generator)]
+
+    def sample_iter(
+        self,
+        batch_size: int,
+        *,
+        batches: int | None = None,
+        prefetch: int = 4,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[TensorDict]:
+        """Batches of :meth:`sample`, the next ones fetched ahead from every store.
+
+        The batches (and the generator's state after them) are those of repeated
+        ``sample(batch_size, generator=generator)`` calls; see
+        :meth:`AtariZarrDataset.sample_iter` for ``batches`` and ``prefetch``.
+
+        Examples
+        --------
+        >>> mix = MultiGameDataset([store_url, store_url])
+        >>> g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+        >>> got = list(mix.sample_iter(8, batches=2, prefetch=2, generator=g1))
+        >>> all((a["index"] == mix.sample(8, generator=g2)["index"]).all() for a in got)
+        True
+        """
+        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+            raise InvalidArgumentError(
+                f"prefetch must be a non-negative number of batches; got {prefetch!r}"
+            )
+        queue: deque[np.ndarray] = deque()
+        drawn = 0
+        while True:
+            # groups of `prefetch` batches, as AtariZarrDataset.sample_iter draws them
+            if len(queue) <= prefetch // 2 and (batches is None or drawn < batches):
+                count = max(1, prefetch)
+                if batches is not None:
+                    count = min(count, batches - drawn)
+                group = [
+                    draw_mixture(self.offsets, self.weights, int(batch_size), generator).numpy()
+                    for _ in range(count)
+                ]
+                drawn += count
+                if prefetch:
+                    game, row = self._split(np.concatenate(group))
+                    for g in np.unique(game).tolist():
+                        ds = self.datasets[g]
+                        ds._frames.prefetch(ds._frame_rows(row[game == g]))
+                queue.extend(group)
+            if not queue:
+                return
+            yield self[queue.popleft()]
+
+    def stream(self, batch_size: int, **kwargs: Any) -> MultiGameStream:
+        """One epoch of every store, interleaved by the weights, as TED batches.
+
+        Every transition of every store once per epoch; each batch takes from each
+        store a multinomial share by weight (stores that ran out leave the mix), and
+        carries ``game_id``, ``row`` and ``index`` as ``self[idx]`` does. Options
+        are those of :meth:`AtariZarrDataset.stream
+        <atari_zarr.AtariZarrDataset.stream>`. See ``docs/streaming.md``.
+
+        Returns
+        -------
+        MultiGameStream
+            Iterable of batches and a ``torch.utils.data.IterableDataset`` with
+            ``state_dict()``/``load_state_dict()``.
+        """
+        from atari_zarr.read.stream import MultiGameStream
+
+        return MultiGameStream(self, batch_size, **kwargs)
 
 
 def store_probabilities(

@@ -41,7 +41,6 @@ from atari_zarr.layout import (
     FLUSHED_KEY,
     FRAME_SHAPE,
     OBSERVATION,
-    OPTIONAL_ARRAYS,
     REWARD,
     SOURCE_ROW,
     TERMINATED,
@@ -51,6 +50,7 @@ from atari_zarr.layout import (
     for_writing,
     get_array,
     mark_complete,
+    spec,
 )
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
@@ -349,7 +349,7 @@ class StoreWriter:
             # unit come from memory, so nothing is read back.
             arr[start:end] = data
             self._written[name] = end
-            unit = (ARRAYS.get(name) or OPTIONAL_ARRAYS[name]).write_rows
+            unit = spec(name).write_rows
             keep_from = (end // unit) * unit
             self._unit_start[name] = keep_from
             self._pending[name] = [data[keep_from - start :]] if keep_from < end else []

@@ -26,6 +26,10 @@ The package never calls an fsspec file system directly: :func:`get_fs` returns a
   ``pipe_file`` when closed (object stores publish whole objects only).
 * **fork safety.** After ``os.fork`` (a DataLoader or dask worker) the file
   system is built afresh instead of sharing the parent's HTTP session.
+* **read-only web servers.** ``http://`` and ``https://`` locations are read;
+  any change there (``pipe_file``, ``makedirs``, ``rm``, ``open(..., "wb")``)
+  raises :class:`~atari_zarr.errors.StoreWriteError` before a request is made
+  (:func:`~atari_zarr.storage.paths.refuse_write`).
 
 Local paths use fsspec's ``LocalFileSystem`` directly (no network, no deadline).
 File systems without an async implementation (``memory://``, sftp, ...) are
@@ -53,7 +57,7 @@ from atari_zarr.errors import (
     install_hint,
 )
 from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
-from atari_zarr.storage.paths import is_url, local_path, redact
+from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "FileSystem", "backend_errors", "get_fs", "local_write_error"]
 
@@ -63,10 +67,18 @@ T = TypeVar("T")
 DEFAULT_BLOCK_SIZE = 5 << 20
 #: Objects deleted per bounded call of a recursive ``rm``.
 _RM_BATCH = 1000
-#: Calls that change a local file system: an OSError there means DEST cannot be written.
+#: Calls that change a file system: refused on http(s); locally, an OSError there means DEST
+#: cannot be written.
 _LOCAL_WRITES = frozenset({"makedirs", "pipe_file", "rm"})
 #: Protocols whose fsspec back end comes with one of our extras.
-_EXTRA_OF_PROTOCOL = {"gs": "cloud", "gcs": "cloud"}
+_EXTRA_OF_PROTOCOL = {
+    "gs": "cloud",
+    "gcs": "cloud",
+    "s3": "s3",
+    "s3a": "s3",
+    "http": "cloud",
+    "https": "cloud",
+}
 
 
 @contextlib.contextmanager
@@ -162,6 +174,8 @@ class FileSystem:
         self.storage_options = dict(storage_options or {})
         self.timeout = resolve_timeout(timeout)
         self.remote = is_url(self.location)
+        #: True for http(s):// locations, which are never written.
+        self.read_only = is_read_only_url(self.location)
         self._connect()
 
     def _connect(self) -> None:
@@ -224,6 +238,8 @@ class FileSystem:
 
     # -- the one way a call is made ------------------------------------------------------
     def _call(self, what: str, name: str, where: str, *args: Any, **kwargs: Any) -> Any:
+        if self.read_only and name in _LOCAL_WRITES:
+            raise refuse_write(what, where)
         fs = self.fs
         if not self.remote:
             if name not in _LOCAL_WRITES:
@@ -367,6 +383,8 @@ class FileSystem:
             raise InvalidArgumentError(
                 f"open({path!r}, {mode!r}): only 'rb' and 'wb' are supported"
             )
+        if mode == "wb" and self.read_only:
+            raise refuse_write("writing", self.url(path))
         if not self.bounded:
             kwargs = {} if block_size is None else {"block_size": block_size}
             if not self.remote:

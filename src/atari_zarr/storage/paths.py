@@ -3,7 +3,9 @@
 Every public function of the package that takes a location accepts a local path or
 any fsspec URL (``gs://``, ``s3://``, ``https://``, ``memory://``, ``file://``) plus
 a ``storage_options`` dict for the file system (``{"token": "anon"}`` for a public
-bucket). Nothing here does I/O.
+bucket). ``http://`` and ``https://`` locations are read-only (a web server, such as
+a public bucket's object URLs, takes no writes): :func:`refuse_write` is the one
+error for a write there. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -12,9 +14,21 @@ import os
 import re
 from typing import Any
 
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.errors import InvalidArgumentError, StoreWriteError
 
-__all__ = ["is_url", "join", "local_path", "parse_storage_options", "redact"]
+__all__ = [
+    "READ_ONLY_PROTOCOLS",
+    "is_read_only_url",
+    "is_url",
+    "join",
+    "local_path",
+    "parse_storage_options",
+    "redact",
+    "refuse_write",
+]
+
+#: Protocols that are read, never written: plain web servers.
+READ_ONLY_PROTOCOLS = frozenset({"http", "https"})
 
 _USERINFO_RE = re.compile(r"(?<=://)[^/@\s]+@")
 _QUERY_SECRET_RE = re.compile(
@@ -69,6 +83,39 @@ def is_url(location: str) -> bool:
     if "://" not in location:
         return False
     return not location.startswith("file://")
+
+
+def is_read_only_url(location: str) -> bool:
+    """True for ``http://`` and ``https://`` URLs, which are only ever read.
+
+    Examples
+    --------
+    >>> is_read_only_url("https://host/b/Pong/1.zarr"), is_read_only_url("http://h/x")
+    (True, True)
+    >>> is_read_only_url("s3://b/x"), is_read_only_url("/data/x")
+    (False, False)
+    """
+    location = str(location)
+    return "://" in location and location.split("://", 1)[0].lower() in READ_ONLY_PROTOCOLS
+
+
+def refuse_write(
+    what: str, location: str, storage_options: dict[str, Any] | None = None
+) -> StoreWriteError:
+    """The error for a write to a read-only (``http(s)://``) location.
+
+    Examples
+    --------
+    >>> err = refuse_write("writing", "https://host/bucket/out/Pong/1.zarr/zarr.json")
+    >>> str(err).split(" (")[0]
+    'writing https://host/bucket/out/Pong/1.zarr/zarr.json: https:// is read-only'
+    """
+    protocol = str(location).split("://", 1)[0].lower()
+    return StoreWriteError(
+        f"{what} {redact(location, storage_options)}: {protocol}:// is read-only (a web server "
+        f"takes no writes); expected a writable destination (a local path, gs://, s3:// or "
+        f"another fsspec URL). Write the store there, then read it over {protocol}://."
+    )
 
 
 def local_path(location: str) -> str:

@@ -15,6 +15,15 @@ to zarr's ``FsspecStore``:
 * **fork safety.** A file system instance holds an event loop's HTTP session
   and open sockets. After ``os.fork`` (a torch DataLoader worker) the store
   builds a fresh file system in the child instead of sharing the parent's.
+* **plain web servers.** ``http://`` and ``https://`` stores (a public bucket's
+  object URLs) are read-only: opening one for writing raises
+  :class:`~atari_zarr.errors.StoreWriteError`. fsspec's HTTP file system does not
+  retry, so reads there retry transient failures (``5xx``, ``408``, ``429``,
+  dropped connections) themselves, within the same deadline.
+
+Backends: any fsspec URL; tested on loopback against real servers are ``gs://``
+(fake-gcs-server), ``s3://`` (moto's S3 server, with s3fs) and ``http://`` (the
+emulator's public object URLs), see ``docs/remote.md``.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
@@ -31,13 +40,43 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
 from atari_zarr.storage.filesystem import backend_errors
-from atari_zarr.storage.paths import is_url, local_path, redact
+from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
 __all__ = ["RemoteStore", "open_zarr_store"]
 
 log = logging.getLogger("atari_zarr")
 
 T = TypeVar("T")
+
+#: Attempts of a read from an http(s):// store (its file system does not retry).
+HTTP_ATTEMPTS = 5
+# Seconds before the second attempt; doubled for each next one.
+_HTTP_BACKOFF = 0.1
+_HTTP_TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})
+
+
+def _transient_http(exc: BaseException) -> bool:
+    """True for an aiohttp failure worth another attempt: a 5xx/408/429, a lost connection."""
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - http:// needs aiohttp anyway
+        return False
+    if isinstance(exc, aiohttp.ClientResponseError):
+        return exc.status in _HTTP_TRANSIENT
+    return isinstance(exc, aiohttp.ClientConnectionError | ConnectionError)
+
+
+async def _with_retries(call: Callable[[], Awaitable[T]], attempts: int) -> T:
+    """``await call()``, again after a transient failure, at most ``attempts`` times."""
+    for attempt in range(attempts):
+        try:
+            return await call()
+        except Exception as exc:
+            if attempt + 1 >= attempts or not _transient_http(exc):
+                raise
+            log.debug("transient failure, attempt %d of %d: %r", attempt + 1, attempts, exc)
+            await asyncio.sleep(_HTTP_BACKOFF * 2**attempt)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def open_zarr_store(
@@ -141,6 +180,10 @@ class RemoteStore(WrapperStore[Store]):
         self.url = str(url).rstrip("/")
         self.storage_options = dict(storage_options or {})
         self.timeout = timeout
+        # a web server's objects are read with retries (and never written)
+        self._http = is_read_only_url(self.url)
+        if self._http and not read_only:
+            raise refuse_write("opening for writing", self.url, self.storage_options)
         self._read_only_flag = read_only
         self._pid = os.getpid()
         super().__init__(self._connect())
@@ -237,6 +280,11 @@ class RemoteStore(WrapperStore[Store]):
             yield item
 
     async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
+        if self._http:
+            call = lambda: self._store.get(key, prototype, byte_range)  # noqa: E731
+            return await self._guard(
+                "reading", _describe(key, byte_range), _with_retries(call, HTTP_ATTEMPTS)
+            )
         return await self._guard(
             "reading", _describe(key, byte_range), self._store.get(key, prototype, byte_range)
         )

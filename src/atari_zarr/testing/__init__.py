@@ -11,12 +11,18 @@ from atari_zarr.testing.dqn_replay import (
     store_files,
     write_fixture_run,
 )
+from atari_zarr.testing.rl_unplugged import RluFixture, RluTruth, write_fixture_rlu
+from atari_zarr.testing.s3 import MotoS3Server
 
 __all__ = [
     "DopamineLoggedBuffer",
     "FixtureRun",
+    "MotoS3Server",
+    "RluFixture",
+    "RluTruth",
     "Truth",
     "fixture_frame",
     "store_files",
+    "write_fixture_rlu",
     "write_fixture_run",
 ]

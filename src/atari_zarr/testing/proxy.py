@@ -4,7 +4,9 @@
 :mod:`atari_zarr.testing.gcs`, or any ``http://`` server) and counts what flows:
 requests, request body bytes, response body bytes, one log entry per request. It can
 also answer the next requests with an error instead of forwarding them
-(:meth:`CountingProxy.fail_next`), to test retries.
+(:meth:`CountingProxy.fail_next`), to test retries, and hold every request for a fixed
+time before forwarding it (:attr:`CountingProxy.delay`), to emulate a network's round
+trip on loopback.
 
 Every count of a request is complete before its client has the last byte of the
 response, so a test may read the counters right after a call returns. What the proxy
@@ -18,6 +20,7 @@ import http.client
 import logging
 import socket
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -51,6 +54,9 @@ class _ProxyHTTPServer(ThreadingHTTPServer):
     """ThreadingHTTPServer that remembers its proxy and open connections."""
 
     daemon_threads = True
+    # Clients open dozens of connections at once (many requests in flight): a short
+    # listen backlog drops SYNs, and each drop costs a 1-3 s retry.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], proxy: CountingProxy) -> None:
         self.proxy = proxy
@@ -196,7 +202,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _answer_locally(self, status: int, message: bytes, *, close: bool) -> None:
         """Answer without the target (injected failure, target down): log, then write."""
-        self.server.proxy._record(self.command, self.path, status, 0)
+        self.server.proxy._record(self.command, self.path, status, 0, self._arrived)
         if close:
             self.close_connection = True
         with contextlib.suppress(OSError):
@@ -210,9 +216,14 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
     def _forward(self) -> None:
         proxy = self.server.proxy
+        self._arrived = time.perf_counter()
         proxy._count_request()
         body = self._read_request_body()
         proxy._count_sent(len(body or b""))
+        delay = proxy.delay
+        if delay > 0:
+            # One round trip per request, held before anything is answered.
+            time.sleep(delay)
         injected = proxy._take_failure()
         if injected is not None:
             # A transient server error, answered without asking the target.
@@ -241,7 +252,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         def record() -> None:
             nonlocal recorded
             if not recorded:
-                proxy._record(self.command, self.path, resp.status, received)
+                proxy._record(self.command, self.path, resp.status, received, self._arrived)
                 recorded = True
 
         try:
@@ -326,6 +337,12 @@ class CountingProxy:
         Socket timeout for connections to ``target``.
     buffer_size : int, default 65536
         Read size used when streaming response bodies.
+    delay : float, default 0.0
+        Seconds each request is held, once its body is read, before it is forwarded
+        (or answered with an injected failure): one network round trip per HTTP
+        request. Requests on different connections wait concurrently, as they do on a
+        network. Can be changed while the proxy runs (``proxy.delay = 0.02``); a
+        request uses the value current when it arrived.
 
     Attributes
     ----------
@@ -338,6 +355,8 @@ class CountingProxy:
         Number of requests received.
     log : list of tuple
         ``(method, path, status, response_body_bytes)`` per answered request.
+    durations : list of float
+        Seconds each answered request spent in the proxy, in the order of ``log``.
 
     Notes
     -----
@@ -372,6 +391,7 @@ class CountingProxy:
         port: int = 0,
         upstream_timeout: float = 30.0,
         buffer_size: int = 65536,
+        delay: float = 0.0,
     ) -> None:
         parsed = urllib.parse.urlsplit(target)
         if parsed.scheme != "http" or not parsed.hostname:
@@ -389,15 +409,33 @@ class CountingProxy:
         self.target_netloc: str = parsed.netloc
         self.upstream_timeout = float(upstream_timeout)
         self.buffer_size = int(buffer_size)
+        self._delay = 0.0
+        self.delay = delay
         self._requested_port = port
         self._lock = threading.Lock()
         self._bytes_received = 0
         self._bytes_sent = 0
         self._requests = 0
         self._log: list[tuple[str, str, int, int]] = []
+        self._durations: list[float] = []
         self._failures: list[int] = []
         self._server: _ProxyHTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def delay(self) -> float:
+        """Seconds each request is held before it is forwarded (one round trip)."""
+        return self._delay
+
+    @delay.setter
+    def delay(self, seconds: float) -> None:
+        value = float(seconds)
+        if not value >= 0.0 or value == float("inf"):
+            raise InvalidArgumentError(
+                f"CountingProxy delay {seconds!r} is not a finite number of seconds >= 0; "
+                "pass e.g. 0.02 for 20 ms per request"
+            )
+        self._delay = value
 
     # -- counters ------------------------------------------------------------ #
 
@@ -425,13 +463,25 @@ class CountingProxy:
         with self._lock:
             return list(self._log)
 
+    @property
+    def durations(self) -> list[float]:
+        """Seconds each answered request took in the proxy, in the order of :attr:`log`.
+
+        From the moment its headers were read to the moment it was logged, right
+        before the last byte of its response is written: the :attr:`delay` included,
+        the client's own time before and after not.
+        """
+        with self._lock:
+            return list(self._durations)
+
     def reset(self) -> None:
-        """Zero all counters, clear :attr:`log` and drop pending :meth:`fail_next` failures."""
+        """Zero all counters, clear :attr:`log` and :attr:`durations`, drop pending failures."""
         with self._lock:
             self._bytes_received = 0
             self._bytes_sent = 0
             self._requests = 0
             self._log = []
+            self._durations = []
             self._failures = []
 
     def fail_next(self, count: int, status: int = 503) -> None:
@@ -458,9 +508,11 @@ class CountingProxy:
         with self._lock:
             self._bytes_received += n
 
-    def _record(self, method: str, path: str, status: int, nbytes: int) -> None:
+    def _record(self, method: str, path: str, status: int, nbytes: int, arrived: float) -> None:
+        elapsed = time.perf_counter() - arrived
         with self._lock:
             self._log.append((method, path, status, nbytes))
+            self._durations.append(elapsed)
 
     def _rewrite_location(self, value: str) -> str:
         if value.startswith(self.target):

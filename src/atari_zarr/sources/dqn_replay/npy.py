@@ -2,54 +2,24 @@
 
 A DQN Replay observation file is 7 GB once inflated, so it is read as a stream in
 blocks of rows rather than loaded. The header is parsed with numpy's literal parser
-and object dtypes are refused, so a pickled file is never loaded. ``isal`` inflates
-when it is installed (the ``fast`` extra), about twice as fast as zlib.
+and object dtypes are refused, so a pickled file is never loaded. The stream is
+inflated by :func:`atari_zarr.sources.gzip_stream.open_gzip` (isal when installed).
 """
 
 from __future__ import annotations
 
-import gzip
-import zlib
-from types import ModuleType
-from typing import IO, Any, cast
+from typing import IO, Any
 
 import numpy as np
 from numpy.lib import format as npformat
 
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.sources.gzip_stream import GZIP_ERRORS as _GZIP_ERRORS
+from atari_zarr.sources.gzip_stream import gzip_backend, open_gzip
 
 __all__ = ["NpyStream", "gzip_backend"]
 
-_gzip_impl: ModuleType
-_GZIP_ERRORS: tuple[type[BaseException], ...]
-try:  # isal inflates about twice as fast as zlib
-    from isal import igzip as _isal_gzip
-    from isal import isal_zlib as _isal_zlib
-
-    _gzip_impl = _isal_gzip
-    _GZIP_ERRORS = (
-        gzip.BadGzipFile,
-        _isal_gzip.BadGzipFile,
-        cast("type[BaseException]", _isal_zlib.error),  # typed as an instance in its stubs
-        zlib.error,
-        EOFError,
-    )
-except ImportError:  # pragma: no cover - exercised only without the extra
-    _gzip_impl = gzip
-    _GZIP_ERRORS = (gzip.BadGzipFile, zlib.error, EOFError)
-
 READ_BLOCK = 8 << 20  # bytes per remote read request while streaming
-
-
-def gzip_backend() -> str:
-    """Name of the gzip implementation in use (``"isal"`` or ``"gzip"``).
-
-    Examples
-    --------
-    >>> gzip_backend() in ("isal", "gzip")
-    True
-    """
-    return "isal" if _gzip_impl is not gzip else "gzip"
 
 
 class NpyStream:
@@ -94,7 +64,7 @@ class NpyStream:
                 f"{where} does not exist: expected a gzip'd .npy file there. "
                 f"Check the source path and that the copy of the run is complete."
             ) from exc
-        self._fh = _gzip_impl.GzipFile(fileobj=self._raw, mode="rb")
+        self._fh = open_gzip(self._raw)
         try:
             version = npformat.read_magic(self._fh)
         except ValueError as exc:

@@ -1,0 +1,184 @@
+"""The order of one epoch of a stream: read units, their permutation, the split, the window.
+
+Everything here is arithmetic on row numbers; nothing reads a store. The stream
+(:mod:`atari_zarr.read.stream`) asks an :class:`EpochPlan` which units one
+consumer (a rank's DataLoader worker) reads, in which order, and in which order
+their transitions leave.
+
+* **Units.** A store's rows are cut into read units: whole frame shards by
+  default, or runs of ``unit_rows`` rows inside a shard (:func:`unit_bounds`). A
+  unit is fetched with one request.
+* **Permutation and split.** The units are permuted by a generator seeded with
+  ``(seed, epoch)`` and dealt round-robin to the ``consumers = world_size *
+  num_workers`` consumers: consumer ``c`` reads ``order[c::consumers]``.
+* **Window.** A consumer's transitions leave in *segments*. Each row of the unit
+  at position ``j`` of its list is assigned, at random, to one of the segments
+  ``j .. j + window - 1``; a segment's rows leave in a random order. So at any
+  time the rows come from ``window`` units at most, each contributing about
+  ``1/window`` of a batch, and exactly ``window`` units are held decoded: the
+  shuffle buffer is ``window`` units, a hard bound. (The first segment takes the
+  rows that would fall before it, the last those after it, so no segment is
+  nearly empty.)
+* **Position.** Everything is a function of ``(seed, epoch, consumers, window,
+  units)``, so the progress of a consumer is one number, the rows it has
+  emitted; :meth:`EpochPlan.locate` turns it back into a segment and an offset.
+
+Examples
+--------
+>>> bounds = unit_bounds(10_000, shard_rows=4096, unit_rows=4096)
+>>> bounds.tolist()
+[[0, 4096], [4096, 8192], [8192, 10000]]
+>>> plan = EpochPlan(bounds, seed=0, epoch=0, shuffle=True, window=2, consumer=0, consumers=1)
+>>> parts = [plan.segment(s) for s in plan.segments]  # (unit position, row in unit)
+>>> rows = np.concatenate([bounds[plan.units[p], 0] + r for p, r in parts])
+>>> sorted(rows.tolist()) == list(range(10_000)), rows[:3].tolist() != [0, 1, 2]
+(True, True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EpochPlan", "unit_bounds"]
+
+# Streams of random numbers: one per purpose, so no two draws share a stream.
+_SEGMENT_OF_ROW = 1
+_ORDER_IN_SEGMENT = 2
+
+
+def unit_bounds(n_rows: int, *, shard_rows: int, unit_rows: int) -> np.ndarray:
+    """Read units of a store: ``(n_units, 2)`` int64 ``[start, stop)`` row ranges.
+
+    Units never cross a shard boundary; a shard of ``shard_rows`` rows is cut into
+    units of ``unit_rows`` rows (the last one of a shard, and of the store, may be
+    shorter).
+
+    Examples
+    --------
+    >>> unit_bounds(100, shard_rows=64, unit_rows=48).tolist()
+    [[0, 48], [48, 64], [64, 100]]
+    """
+    if n_rows <= 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    shard_starts = np.arange(0, n_rows, shard_rows, dtype=np.int64)
+    within = np.arange(0, shard_rows, unit_rows, dtype=np.int64)
+    starts = (shard_starts[:, None] + within[None, :]).ravel()
+    starts = starts[starts < n_rows]
+    shard_end = (starts // shard_rows + 1) * shard_rows
+    stops = np.minimum(np.minimum(starts + unit_rows, shard_end), n_rows)
+    return np.stack([starts, stops], axis=1)
+
+
+def _rng(*key: int) -> np.random.Generator:
+    return np.random.default_rng([int(k) & 0xFFFFFFFF for k in key])
+
+
+class EpochPlan:
+    """One consumer's part of one epoch: its units, their segments, the order of rows.
+
+    Parameters
+    ----------
+    bounds : numpy.ndarray
+        ``(n_units, 2)`` row ranges of every unit of the store (:func:`unit_bounds`).
+    seed, epoch : int
+        The permutation of units and of rows is drawn from these.
+    shuffle : bool
+        False: units and rows in stored order (``window`` is then 1).
+    window : int
+        Units whose rows are mixed at any time (the shuffle buffer, in units).
+    consumer, consumers : int
+        This consumer (``rank * num_workers + worker``) and how many there are.
+    """
+
+    def __init__(
+        self,
+        bounds: np.ndarray,
+        *,
+        seed: int,
+        epoch: int,
+        shuffle: bool,
+        window: int,
+        consumer: int,
+        consumers: int,
+    ) -> None:
+        self.bounds = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
+        self.seed, self.epoch, self.shuffle = int(seed), int(epoch), bool(shuffle)
+        self.consumer, self.consumers = int(consumer), int(consumers)
+        n = len(self.bounds)
+        self.order = _rng(self.seed, self.epoch).permutation(n) if shuffle else np.arange(n)
+        #: Units this consumer reads, in order (ids into ``bounds``).
+        self.units = self.order[self.consumer :: self.consumers]
+        m = len(self.units)
+        self.window = max(1, min(int(window), m)) if shuffle else 1
+        sizes = self.bounds[self.units, 1] - self.bounds[self.units, 0]
+        #: Rows this consumer emits in the whole epoch.
+        self.rows = int(sizes.sum())
+        self._sizes = sizes
+        self._segment_sizes: np.ndarray | None = None
+
+    @property
+    def segments(self) -> range:
+        """Segment numbers, in the order they leave (positions in :attr:`units`)."""
+        return range(self.window - 1, len(self.units))
+
+    def needed(self, s: int) -> range:
+        """Positions (in :attr:`units`) of the units whose rows segment ``s`` holds."""
+        return range(max(0, s - self.window + 1), s + 1)
+
+    def row_segments(self, j: int) -> np.ndarray:
+        """The segment of each row of the unit at position ``j``."""
+        n = int(self._sizes[j])
+        if not self.shuffle or self.window == 1:
+            return np.full(n, j, dtype=np.int64)
+        unit = int(self.units[j])
+        off = _rng(self.seed, self.epoch, unit, _SEGMENT_OF_ROW).integers(0, self.window, n)
+        return np.clip(j + off, self.window - 1, len(self.units) - 1)
+
+    def segment(self, s: int, row_segments: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of segment ``s`` in the order they leave.
+
+        Returns ``(position, row)``: the unit's position in :attr:`units` and the row
+        within the unit (0-based), each ``(len,)`` int64. ``row_segments`` maps a
+        position to :meth:`row_segments` already computed (a cache).
+        """
+        pos, rows = [], []
+        for j in self.needed(s):
+            segs = row_segments(j) if row_segments is not None else self.row_segments(j)
+            r = np.flatnonzero(segs == s)
+            pos.append(np.full(len(r), j, dtype=np.int64))
+            rows.append(r.astype(np.int64))
+        p, r = np.concatenate(pos), np.concatenate(rows)
+        if self.shuffle:
+            perm = _rng(
+                self.seed, self.epoch, self.consumers, self.consumer, s, _ORDER_IN_SEGMENT
+            ).permutation(len(p))
+            p, r = p[perm], r[perm]
+        return p, r
+
+    def segment_sizes(self) -> np.ndarray:
+        """Rows of every segment (indexed like :attr:`segments`)."""
+        if self._segment_sizes is None:
+            m = len(self.units)
+            counts = np.zeros(m, dtype=np.int64)
+            for j in range(m):
+                counts += np.bincount(self.row_segments(j), minlength=m)
+            self._segment_sizes = counts[self.window - 1 :] if m else counts
+        return self._segment_sizes
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """Segment holding the row emitted at ``position``, and the offset in it.
+
+        ``position == rows`` (the epoch is done) gives ``(len(units), 0)``.
+        """
+        if position >= self.rows:
+            return len(self.units), 0
+        ends = np.cumsum(self.segment_sizes())
+        k = int(np.searchsorted(ends, position, side="right"))
+        start = int(ends[k - 1]) if k else 0
+        return self.window - 1 + k, int(position - start)
+
+    def position_of_unit(self, unit: int) -> int:
+        """Position in the epoch order of unit id ``unit`` (for any consumer)."""
+        return int(np.flatnonzero(self.order == unit)[0])

@@ -1,0 +1,1 @@
+"""The RL Unplugged source: GZIP TFRecord shards of ``tf.train.Example`` episodes, PNG frames."""

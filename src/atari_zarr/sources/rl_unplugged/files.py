@@ -1,0 +1,345 @@
+"""Find RL Unplugged runs and their shards: ``{root}/{Game}/run_{r}-{i:05d}-of-{N:05d}``.
+
+A run of RL Unplugged's ordered Atari episodes (TFDS ``rlu_atari_checkpoints_ordered``)
+is ``N`` shard files beside the other runs of its game, one per DQN checkpoint in
+time order (``N`` is 50, or 49 for Carnival, Gravitar and StarGunner)::
+
+    gs://rl_unplugged/atari_episodes_ordered/Pong/run_1-00000-of-00050
+    gs://rl_unplugged/atari_episodes_ordered/Pong/run_1-00001-of-00050
+    ...
+
+Shard ``i`` holds checkpoint ``i``. A shard absent from the listing is a gap in the
+run; every shard of a run must agree on ``N``. The store of ``run_1`` is
+``{Game}/1.zarr``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.layout import validate_name
+from atari_zarr.sources.rl_unplugged.tfrecord import open_shard
+from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.paths import join
+
+__all__ = [
+    "RluRun",
+    "Shard",
+    "find_runs",
+    "holds_shards",
+    "is_shard_name",
+    "presets",
+    "shard_name",
+]
+
+log = logging.getLogger("atari_zarr")
+
+_SHARD_RE = re.compile(r"^run_(?P<run>\d+)-(?P<index>\d{5})-of-(?P<total>\d{5})$")
+
+
+def shard_name(run: str | int, index: int, total: int) -> str:
+    """File name of shard ``index`` of ``total`` of run ``run``.
+
+    Examples
+    --------
+    >>> shard_name(1, 3, 50)
+    'run_1-00003-of-00050'
+    """
+    return f"run_{run}-{index:05d}-of-{total:05d}"
+
+
+def is_shard_name(name: str) -> bool:
+    """Whether ``name`` (a file name, no directory) is named like an RL Unplugged shard.
+
+    Examples
+    --------
+    >>> is_shard_name("run_2-00049-of-00050"), is_shard_name("replay_logs")
+    (True, False)
+    """
+    return _SHARD_RE.match(name) is not None
+
+
+def presets(num_shards: int) -> dict[str, list[int]]:
+    """d4rl-atari's presets as shard indices of a run of ``num_shards`` shards.
+
+    ``mixed`` is checkpoint 1, ``medium`` checkpoint 10, as for DQN Replay; ``expert``
+    is the last checkpoint of the run (50 in DQN Replay, whose final partial
+    checkpoint RL Unplugged does not have: shard ``num_shards - 1`` here).
+
+    Examples
+    --------
+    >>> presets(50)
+    {'mixed': [1], 'medium': [10], 'expert': [49]}
+    """
+    return {"mixed": [1], "medium": [10], "expert": [num_shards - 1]}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard file of a run."""
+
+    index: int
+    total: int
+    name: str
+    #: Path within the file system (no protocol).
+    path: str
+    #: Size in bytes as listed (part of the scan's fingerprint), None when unknown.
+    size: int | None = None
+
+
+class RluRun:
+    """One game/run of RL Unplugged: its shard files.
+
+    Parameters
+    ----------
+    url : str
+        The game directory holding the ``run_{r}-*`` files (local path or fsspec URL).
+    game : str
+        Game name (the directory's name, e.g. ``"Pong"``).
+    run : str
+        Run number as a string (``"1"`` for ``run_1-*``).
+    storage_options : dict, optional
+        Passed to fsspec.
+    shards : list of Shard, optional
+        The run's shards, when already listed (else the directory is listed).
+
+    Raises
+    ------
+    SourceNotFoundError
+        The directory holds no shard of this run.
+    SourceFormatError
+        Shards of the run disagree on the number of shards ``N``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from atari_zarr.testing.rl_unplugged import write_fixture_rlu
+    >>> fixture = write_fixture_rlu(tempfile.mkdtemp(), num_shards=3, present=(0, 2))
+    >>> run = RluRun(fixture.game_dir, fixture.game, "1")
+    >>> run.suffixes, run.num_shards, run.missing
+    ([0, 2], 3, [1])
+    """
+
+    kind = "rl-unplugged"
+
+    def __init__(
+        self,
+        url: str,
+        game: str,
+        run: str,
+        storage_options: dict[str, Any] | None = None,
+        shards: list[Shard] | None = None,
+    ) -> None:
+        self.url = str(url).rstrip("/")
+        self.game = validate_name(game, "game")
+        self.run = validate_name(run, "run")
+        self.storage_options = dict(storage_options or {})
+        self.fs, self._path = get_fs(self.url, self.storage_options)
+        if shards is None:
+            shards = _list_shards(self.fs, self._path.rstrip("/"), self.url).get(self.run, [])
+        if not shards:
+            raise SourceNotFoundError(
+                f"{self.url} holds no shard of run {self.run}: expected files named like "
+                f"{shard_name(self.run, 0, 50)}. Check the run number and the path."
+            )
+        shards = sorted(shards, key=lambda s: (s.index, s.total))
+        _check_totals(shards, self.url)
+        self.shards = {s.index: s for s in shards}
+        self.num_shards = shards[0].total
+        #: Shard indices present, in order (the checkpoints a selection chooses from).
+        self.suffixes = sorted(self.shards)
+        #: Shard indices below ``num_shards`` that are not there.
+        self.missing = [i for i in range(self.num_shards) if i not in self.shards]
+
+    def where(self, index: int) -> str:
+        """URL of shard ``index``, for messages (listed or not)."""
+        shard = self.shards.get(index)
+        name = shard.name if shard else shard_name(self.run, index, self.num_shards)
+        return join(self.url, name)
+
+    def names(self) -> list[tuple[str, int | None]]:
+        """``(file name, size)`` of every shard, in index order (the scan's fingerprint)."""
+        return [(s.name, s.size) for s in self.shards.values()]
+
+    @contextmanager
+    def open(self, index: int) -> Iterator[BinaryIO]:
+        """Shard ``index`` as its decompressed stream (:func:`~.tfrecord.open_shard`)."""
+        shard = self.shards.get(index)
+        if shard is None:
+            raise SourceNotFoundError(
+                f"{self.where(index)} is not in the run; shards present: {self.suffixes}."
+            )
+        with open_shard(self.fs, shard.path) as stream:
+            yield stream
+
+
+def _check_totals(shards: list[Shard], where: str) -> None:
+    first = shards[0]
+    for shard in shards[1:]:
+        if shard.total != first.total:
+            raise SourceFormatError(
+                f"{where}: shards {first.name} and {shard.name} of one run disagree on the "
+                f"number of shards ({first.total} and {shard.total}); expected one N for every "
+                f"run_{{r}}-xxxxx-of-N file. The directory mixes copies of different releases: "
+                f"keep the files of one."
+            )
+        if shard.index >= shard.total:
+            raise SourceFormatError(
+                f"{join(where, shard.name)}: shard index {shard.index} is not below the number "
+                f"of shards {shard.total}; expected run_{{r}}-{{i}}-of-{{N}} with i < N. Rename "
+                f"or remove the file."
+            )
+
+
+def _list_shards(fs: Any, path: str, url: str) -> dict[str, list[Shard]]:
+    """Shards in one directory, by run (runs as strings, ``"1"`` for ``run_1-*``)."""
+    try:
+        entries = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return {}
+    runs: dict[str, list[Shard]] = {}
+    for entry in entries:
+        if entry.get("type") == "directory":
+            continue
+        full = str(entry["name"]).rstrip("/")
+        name = full.rsplit("/", 1)[-1]
+        match = _SHARD_RE.match(name)
+        if not match:
+            continue
+        size = entry.get("size")
+        shard = Shard(
+            int(match["index"]),
+            int(match["total"]),
+            name,
+            f"{path}/{name}",
+            int(size) if size is not None else None,
+        )
+        runs.setdefault(str(int(match["run"])), []).append(shard)
+    return runs
+
+
+def holds_shards(fs: Any, path: str) -> bool:
+    """Whether the directory ``path`` holds shard files directly (a game directory)."""
+    try:
+        names = fs.ls(path, detail=False)
+    except FileNotFoundError:
+        return False
+    return any(is_shard_name(str(n).rstrip("/").rsplit("/", 1)[-1]) for n in names)
+
+
+def _sort_runs(runs: list[str]) -> list[str]:
+    return sorted(runs, key=lambda r: (len(r), r))
+
+
+def find_runs(
+    source: str,
+    games: list[str] | None = None,
+    runs: list[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+) -> list[RluRun]:
+    """Find the game/runs under ``source``.
+
+    ``source`` is the dataset root (``.../atari_episodes_ordered``, holding
+    ``{Game}/run_*``) or one game directory (holding ``run_*`` files; the game is its
+    last path component).
+
+    Parameters
+    ----------
+    source : str
+        Local path or fsspec URL.
+    games, runs : list of str, optional
+        Restrict to these games and runs (``"1"`` for ``run_1-*``); every one named
+        must exist.
+    storage_options : dict, optional
+        Passed to fsspec.
+
+    Raises
+    ------
+    SourceNotFoundError
+        ``source``, or a game or run named, does not exist; or nothing is found.
+    SourceFormatError
+        Shards of one run disagree on ``N``.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from atari_zarr.testing.rl_unplugged import write_fixture_rlu
+    >>> fixture = write_fixture_rlu(tempfile.mkdtemp(), num_shards=3, present=(0, 2))
+    >>> [(r.game, r.run, r.suffixes) for r in find_runs(fixture.root)]
+    [('Asterix', '1', [0, 2])]
+    """
+    for name in games or []:
+        validate_name(name, "game")
+    runs = [str(int(r)) if str(r).isdigit() else str(r) for r in runs or []] or None
+    for name in runs or []:
+        validate_name(name, "run")
+    fs, root = get_fs(source, storage_options)
+    root = root.rstrip("/")
+    source = str(source).rstrip("/")
+    if not fs.exists(root):
+        raise SourceNotFoundError(
+            f"{source} does not exist: expected the RL Unplugged root (holding "
+            f"{{Game}}/run_{{r}}-xxxxx-of-yyyyy files) or a game directory. Check the path or "
+            f"URL and the storage options."
+        )
+    direct = _list_shards(fs, root, source)
+    if direct:
+        game = source.split("://", 1)[-1].rsplit("/", 1)[-1]
+        if games and game not in games:
+            raise SourceNotFoundError(
+                f"{source} is the game {game}, which --games {games} excludes. Drop the filter "
+                f"or point SOURCE at the dataset root."
+            )
+        return _runs_of(source, game, direct, runs, storage_options)
+
+    found_games = sorted(
+        str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
+        for e in fs.ls(root, detail=True)
+        if e.get("type") == "directory"
+    )
+    selected = list(games) if games else found_games
+    missing = [g for g in selected if g not in found_games]
+    if missing:
+        raise SourceNotFoundError(
+            f"games {missing} not found in {source}; found {found_games or 'no game folders'}. "
+            f"Check the names (they are case-sensitive, e.g. 'Pong')."
+        )
+    out: list[RluRun] = []
+    for game in selected:
+        listed = _list_shards(fs, f"{root}/{game}", join(source, game))
+        if not listed and not games:
+            continue  # another folder beside the games
+        out.extend(_runs_of(join(source, game), game, listed, runs, storage_options))
+    if not out:
+        raise SourceNotFoundError(
+            f"no runs found in {source}: expected {{Game}}/run_{{r}}-xxxxx-of-yyyyy files. Point "
+            f"SOURCE at the dataset root or at one game directory."
+        )
+    return out
+
+
+def _runs_of(
+    url: str,
+    game: str,
+    listed: dict[str, list[Shard]],
+    runs: list[str] | None,
+    storage_options: dict[str, Any] | None,
+) -> list[RluRun]:
+    found = _sort_runs(list(listed))
+    if runs:
+        absent = [r for r in runs if r not in listed]
+        if absent:
+            raise SourceNotFoundError(
+                f"runs {absent} of {game} not found in {url}; found runs {found or 'none'} "
+                f"(files run_{{r}}-xxxxx-of-yyyyy). Check the run numbers."
+            )
+        chosen = list(runs)
+    else:
+        chosen = found
+    return [RluRun(url, game, r, storage_options, listed[r]) for r in chosen]

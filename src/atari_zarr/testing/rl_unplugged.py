@@ -1,0 +1,632 @@
+"""Fixture data: RL Unplugged Atari shards, written as TensorFlow writes them, without it.
+
+:func:`write_fixture_rlu` plays real ALE episodes with a seeded random policy and
+writes them as ``{root}/{game}/run_{run}-{i:05d}-of-{num_shards:05d}``: GZIP files
+of TFRecords (framing and masked CRC-32C written here, not by the reader), one
+``tf.train.Example`` per episode, one PNG per step. The returned
+:class:`RluFixture` keeps the played episodes in memory, and
+:meth:`RluFixture.truth` derives from them the transitions a perfect converter
+returns, without reading the files.
+
+The functions after it make bad input for tests: a flipped byte inside a record,
+a truncated shard, an Example spoiled in one way (:data:`SPOILS`), a shard renamed.
+
+Examples
+--------
+>>> import gzip, io, tempfile
+>>> from atari_zarr.sources.rl_unplugged.tfrecord import iter_records
+>>> fixture = write_fixture_rlu(tempfile.mkdtemp())
+>>> sorted(p.rsplit("/", 1)[1] for p in fixture.paths.values())
+['run_1-00000-of-00003', 'run_1-00002-of-00003']
+>>> with gzip.open(fixture.paths[0]) as stream:
+...     len(list(iter_records(stream, fixture.paths[0])))
+2
+>>> truth = fixture.truth()
+>>> len(truth) == sum(e.real_steps for e in fixture.episodes), truth.observation.shape[1:]
+(True, (84, 84))
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import re
+import struct
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+
+from atari_zarr.layout import FRAME_SHAPE
+from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode, example_class
+from atari_zarr.sources.rl_unplugged.png import encode_frame
+
+__all__ = [
+    "SPOILS",
+    "FixtureEpisode",
+    "RluFixture",
+    "RluTruth",
+    "corrupt_record_byte",
+    "frame_records",
+    "make_png",
+    "played_episodes",
+    "read_shard_records",
+    "rename_shard",
+    "replace_record",
+    "shard_name",
+    "spoil_example",
+    "spoil_record",
+    "truncate_shard",
+    "write_fixture_rlu",
+    "write_shard",
+]
+
+#: The terminal step's action and reward are not real; these stand-ins are
+#: recognisable, so a converter that keeps them fails the comparison with the truth.
+TERMINAL_STEP_REWARD = -9.0
+
+
+# -- the files, written without the reader ---------------------------------------------
+def _masked(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame_records(records: Sequence[bytes]) -> bytes:
+    """``records`` framed as an uncompressed TFRecord stream (length, CRCs, data).
+
+    Examples
+    --------
+    >>> frame_records([b"abc"]).hex()  # the bytes tf.io.TFRecordWriter writes
+    '0300000000000000b099490e6162636e57f121'
+    """
+    parts = []
+    for data in records:
+        length = struct.pack("<Q", len(data))
+        parts += [length, struct.pack("<I", _masked(length)), data]
+        parts.append(struct.pack("<I", _masked(bytes(data))))
+    return b"".join(parts)
+
+
+def write_shard(path: str | os.PathLike[str], records: Sequence[bytes]) -> None:
+    """Write ``records`` as one GZIP TFRecord file, as ``TFRecordWriter(options="GZIP")`` does."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_bytes(gzip.compress(frame_records(records), compresslevel=6, mtime=0))
+
+
+def read_shard_records(path: str | os.PathLike[str]) -> list[bytes]:
+    """The records of a shard, unframed without checking CRCs (to rewrite a shard in tests)."""
+    raw = gzip.decompress(Path(path).read_bytes())
+    records, pos = [], 0
+    while pos < len(raw):
+        (length,) = struct.unpack_from("<Q", raw, pos)
+        records.append(raw[pos + 12 : pos + 12 + length])
+        pos += 12 + length + 4
+    return records
+
+
+def shard_name(run: int | str, index: int, num_shards: int) -> str:
+    """``run_{run}-{index:05d}-of-{num_shards:05d}``, the name of a shard.
+
+    Examples
+    --------
+    >>> shard_name(1, 3, 50)
+    'run_1-00003-of-00050'
+    """
+    return f"run_{run}-{index:05d}-of-{num_shards:05d}"
+
+
+def make_png(pixels: np.ndarray, *, bit_depth: int = 8) -> bytes:
+    """A PNG of any size: 2-D ``pixels`` as grayscale, ``(h, w, 3)`` as RGB (uint8 or uint16).
+
+    For bad frames in tests (:func:`spoil_example`); the good ones come from
+    :func:`~atari_zarr.sources.rl_unplugged.png.encode_frame`.
+
+    Examples
+    --------
+    >>> make_png(np.zeros((10, 20), np.uint8))[16:26].hex()
+    '000000140000000a0800'
+    """
+    pixels = np.asarray(pixels)
+    color = 0 if pixels.ndim == 2 else 2
+    dtype = ">u2" if bit_depth == 16 else np.uint8
+    height, width = pixels.shape[:2]
+    rows = pixels.astype(dtype).reshape(height, -1).view(np.uint8).reshape(height, -1)
+    raw = np.concatenate([np.zeros((height, 1), np.uint8), rows], axis=1)  # filter "None"
+    header = struct.pack(">IIBBBBB", width, height, bit_depth, color, 0, 0, 0)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw.tobytes()))
+        + chunk(b"IEND", b"")
+    )
+
+
+# -- playing -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Played:
+    """One episode of ALE play: ``frames`` has one more frame than there are actions."""
+
+    frames: np.ndarray  # (n + 1, 84, 84): the observation before each action, then the last
+    actions: np.ndarray  # (n,) int64, index into the game's minimal action set
+    rewards: np.ndarray  # (n,) float32, ALE's reward over the 4 skipped frames
+    terminated: bool  # the game ended after the last action (not the cap, not a cut)
+
+
+@functools.lru_cache(maxsize=8)
+def played_episodes(
+    game: str, seed: int, lengths: tuple[int | None, ...], cap: int = 400
+) -> tuple[Played, ...]:
+    """Play one episode per entry of ``lengths`` with a seeded random policy (cached).
+
+    ``None`` plays until the game ends (or ``cap`` steps); a number plays that many
+    steps (fewer if the game ends first). DQN's preprocessing applies
+    (:func:`~atari_zarr.record.envs.make_dqn_env`).
+    """
+    from atari_zarr.record.envs import make_dqn_env, quiet_ale
+
+    quiet_ale()
+    env = make_dqn_env(game, max_episode_steps=None)
+    rng = np.random.default_rng(seed)
+    episodes = []
+    try:
+        obs, _ = env.reset(seed=seed)
+        for length in lengths:
+            frames: list[np.ndarray] = [obs]
+            actions: list[int] = []
+            rewards: list[float] = []
+            terminated = False
+            limit = cap if length is None else length
+            while len(actions) < limit and not terminated:
+                action = int(rng.integers(env.action_space.n))
+                obs, reward, terminated, _, _ = env.step(action)
+                frames.append(obs)
+                actions.append(action)
+                rewards.append(reward)
+            episodes.append(
+                Played(
+                    frames=np.stack(frames).astype(np.uint8),
+                    actions=np.array(actions, np.int64),
+                    rewards=np.array(rewards, np.float32),
+                    terminated=bool(terminated),
+                )
+            )
+            obs, _ = env.reset()
+    finally:
+        env.close()
+    return tuple(episodes)
+
+
+# -- the fixture -------------------------------------------------------------------------
+@dataclass
+class FixtureEpisode:
+    """One Example as written, and what it means.
+
+    ``observations``, ``actions``, ``unclipped_rewards``, ``clipped_rewards`` and
+    ``discounts`` are the Example's lists (terminal step included);
+    ``observations`` are frames, not PNGs.
+    """
+
+    shard: int
+    checkpoint_idx: int
+    episode_idx: int
+    observations: np.ndarray
+    actions: np.ndarray
+    unclipped_rewards: np.ndarray
+    clipped_rewards: np.ndarray
+    discounts: np.ndarray
+    terminal: bool
+    write_clipped: bool = True
+    write_returns: bool = True
+
+    @property
+    def real_steps(self) -> int:
+        """Steps with a real action and reward."""
+        return len(self.actions) - 1 if self.terminal else len(self.actions)
+
+    @property
+    def episode_return(self) -> float:
+        """Sum of the unclipped rewards of the real steps (float32)."""
+        return float(np.float32(self.unclipped_rewards[: self.real_steps].sum(dtype=np.float32)))
+
+    @property
+    def clipped_episode_return(self) -> float:
+        """Sum of the clipped rewards of the real steps (float32)."""
+        return float(np.float32(self.clipped_rewards[: self.real_steps].sum(dtype=np.float32)))
+
+    def example(self) -> Episode:
+        """The Example's contents, PNG-encoded."""
+        return Episode(
+            checkpoint_idx=self.checkpoint_idx,
+            episode_idx=self.episode_idx,
+            episode_return=self.episode_return if self.write_returns else None,
+            clipped_episode_return=(
+                self.clipped_episode_return if self.write_returns and self.write_clipped else None
+            ),
+            observations=[encode_frame(f) for f in self.observations],
+            actions=self.actions,
+            unclipped_rewards=self.unclipped_rewards,
+            clipped_rewards=self.clipped_rewards if self.write_clipped else None,
+            discounts=self.discounts,
+        )
+
+
+@dataclass
+class RluTruth:
+    """The transitions a converter must produce, in row order, and the episodes' table.
+
+    Row arrays have one entry per real step (shards in index order, episodes in
+    file order). ``next_observation`` is the following frame: the next row's within
+    an episode, the terminal frame after a terminal episode's last row, zeros
+    after a cut episode's last row (unknown). Episode arrays have one entry per
+    episode; ``final_observation`` is the terminal frame, or zeros for a cut
+    episode. Returns absent from the files are NaN.
+    """
+
+    observation: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    unclipped_reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    episode: np.ndarray
+    next_observation: np.ndarray
+    final_observation: np.ndarray
+    checkpoint_idx: np.ndarray
+    episode_idx: np.ndarray
+    episode_return: np.ndarray
+    clipped_episode_return: np.ndarray
+    length: np.ndarray
+    episode_terminated: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.action)
+
+
+@dataclass
+class RluFixture:
+    """A written fixture run: where its shards are, and the episodes they hold."""
+
+    root: str
+    game: str
+    run: int
+    num_shards: int
+    present: tuple[int, ...]
+    paths: dict[int, str]
+    episodes: list[FixtureEpisode] = field(default_factory=list)
+
+    @property
+    def game_dir(self) -> str:
+        """``{root}/{game}``, the directory holding the shards."""
+        return f"{self.root}/{self.game}"
+
+    def episodes_of(self, shard: int) -> list[FixtureEpisode]:
+        """The episodes of shard ``shard``, in file order."""
+        return [e for e in self.episodes if e.shard == shard]
+
+    def truth(self, shards: Sequence[int] | None = None) -> RluTruth:
+        """Transitions a perfect converter returns for ``shards`` (default: all present).
+
+        Computed from the played episodes in memory, not from the files.
+        """
+        chosen = sorted(self.present if shards is None else set(shards) & set(self.present))
+        episodes = [e for s in chosen for e in self.episodes_of(s)]
+        obs, nxt, act, rew, unc, term, trunc, ep, final = [], [], [], [], [], [], [], [], []
+        for e_id, e in enumerate(episodes):
+            n = e.real_steps
+            frames = e.observations
+            obs.append(frames[:n])
+            follow = np.zeros((n, *FRAME_SHAPE), np.uint8)
+            follow[: n - 1] = frames[1:n]
+            last = frames[n] if e.terminal else np.zeros(FRAME_SHAPE, np.uint8)
+            follow[n - 1] = last
+            nxt.append(follow)
+            final.append(last)
+            act.append(e.actions[:n])
+            rew.append(np.clip(e.unclipped_rewards[:n], -1, 1).astype(np.float32))
+            unc.append(e.unclipped_rewards[:n])
+            flags = np.zeros(n, bool)
+            t, c = flags.copy(), flags.copy()
+            (t if e.terminal else c)[n - 1] = True
+            term.append(t)
+            trunc.append(c)
+            ep.append(np.full(n, e_id, np.int64))
+
+        def cat(parts: list[np.ndarray], dtype: type, shape: tuple[int, ...] = ()) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype) if parts else np.zeros((0, *shape), dtype)
+
+        nan = float("nan")
+        return RluTruth(
+            observation=cat(obs, np.uint8, FRAME_SHAPE),
+            action=cat(act, np.int64),
+            reward=cat(rew, np.float32),
+            unclipped_reward=cat(unc, np.float32),
+            terminated=cat(term, bool),
+            truncated=cat(trunc, bool),
+            episode=cat(ep, np.int64),
+            next_observation=cat(nxt, np.uint8, FRAME_SHAPE),
+            final_observation=(np.stack(final) if final else np.zeros((0, *FRAME_SHAPE), np.uint8)),
+            checkpoint_idx=np.array([e.checkpoint_idx for e in episodes], np.int64),
+            episode_idx=np.array([e.episode_idx for e in episodes], np.int64),
+            episode_return=np.array(
+                [e.episode_return if e.write_returns else nan for e in episodes], np.float32
+            ),
+            clipped_episode_return=np.array(
+                [
+                    e.clipped_episode_return if e.write_returns and e.write_clipped else nan
+                    for e in episodes
+                ],
+                np.float32,
+            ),
+            length=np.array([e.real_steps for e in episodes], np.int64),
+            episode_terminated=np.array([e.terminal for e in episodes], bool),
+        )
+
+
+def write_fixture_rlu(
+    root: str | os.PathLike[str],
+    game: str = "Asterix",
+    run: int = 1,
+    *,
+    num_shards: int = 3,
+    present: Sequence[int] = (0, 2),
+    episodes_per_shard: int = 2,
+    seed: int = 0,
+    clipped: bool = True,
+    returns: bool = True,
+    reward_scale: float = 1.0,
+    cut_length: int = 30,
+) -> RluFixture:
+    """Write shards of real ALE play under ``{root}/{game}`` as RL Unplugged has them.
+
+    In each present shard, every episode but the last is played until the game
+    ends (a terminal episode: ``discounts[-1] == 0``, and the last step holds only
+    the terminal frame, with a stand-in action and reward of
+    :data:`TERMINAL_STEP_REWARD`); the last is cut after about ``cut_length``
+    steps (every step real). The played episodes are cached per process.
+
+    Parameters
+    ----------
+    root : str or path
+        Local directory; shards go to ``{root}/{game}/run_{run}-{i:05d}-of-{num_shards:05d}``.
+    game : str
+        ALE game. Asterix's random play ends in 200 to 320 steps and scores 50 a
+        time, outside the clipping range.
+    run : int
+        Run number in the file names.
+    num_shards : int
+        The ``-of-N`` of the names.
+    present : sequence of int
+        Shards written; the others are missing, as a gap in the source.
+    episodes_per_shard : int
+        Examples per shard (the last of each is cut).
+    seed : int
+        Seeds the policy and the environment.
+    clipped : bool
+        Write ``clipped_rewards`` and ``clipped_episode_return`` (older releases);
+        ``False`` leaves them out, as newer releases do.
+    returns : bool
+        Write ``episode_return`` (and the clipped return when ``clipped``).
+    reward_scale : float
+        ALE's rewards are multiplied by this in ``unclipped_rewards`` (for games
+        whose rewards are within [-1, 1], so that clipping matters).
+    cut_length : int
+        Steps of a cut episode (each shard's own length varies by a few steps).
+
+    Returns
+    -------
+    RluFixture
+    """
+    root = str(root).rstrip("/") or "/"
+    present = tuple(sorted(set(int(i) for i in present)))
+    plan: list[int | None] = []
+    for k, _ in enumerate(present):
+        plan += [None] * (episodes_per_shard - 1) + [cut_length + 3 * k]
+    played = played_episodes(game, seed, tuple(plan))
+    rng = np.random.default_rng(seed)
+    fixture = RluFixture(
+        root=root, game=game, run=run, num_shards=num_shards, present=present, paths={}
+    )
+    episode_idx = 0
+    for k, shard in enumerate(present):
+        records = []
+        for p in played[k * episodes_per_shard : (k + 1) * episodes_per_shard]:
+            n = len(p.actions)
+            unclipped = p.rewards * np.float32(reward_scale)
+            if p.terminated:
+                # the file's last step is the terminal frame alone
+                observations = p.frames
+                actions = np.append(p.actions, rng.integers(0, 4)).astype(np.int64)
+                unclipped = np.append(unclipped, TERMINAL_STEP_REWARD)
+                discounts = np.append(np.ones(n, np.float32), 0.0)
+            else:
+                observations = p.frames[:n]
+                actions = p.actions
+                discounts = np.ones(n, np.float32)
+            unclipped = unclipped.astype(np.float32)
+            episode = FixtureEpisode(
+                shard=shard,
+                checkpoint_idx=shard,
+                episode_idx=episode_idx,
+                observations=observations,
+                actions=actions,
+                unclipped_rewards=unclipped,
+                clipped_rewards=np.clip(unclipped, -1, 1).astype(np.float32),
+                discounts=discounts.astype(np.float32),
+                terminal=p.terminated,
+                write_clipped=clipped,
+                write_returns=returns,
+            )
+            fixture.episodes.append(episode)
+            records.append(encode_episode(episode.example()))
+            episode_idx += 1
+        path = f"{root}/{game}/{shard_name(run, shard, num_shards)}"
+        write_shard(path, records)
+        fixture.paths[shard] = path
+    return fixture
+
+
+# -- bad input -------------------------------------------------------------------------
+def replace_record(path: str | os.PathLike[str], record: int, data: bytes) -> None:
+    """Rewrite the shard at ``path`` with record ``record`` replaced by ``data`` (CRCs correct)."""
+    records = read_shard_records(path)
+    records[record] = data
+    write_shard(path, records)
+
+
+def corrupt_record_byte(
+    path: str | os.PathLike[str], record: int, offset: int | None = None
+) -> None:
+    """Flip one byte inside record ``record``'s data; the GZIP stays valid, the data CRC does not.
+
+    ``offset`` is the byte within the record's data (default: its middle).
+    """
+    raw = bytearray(gzip.decompress(Path(path).read_bytes()))
+    pos = 0
+    for _ in range(record):
+        (length,) = struct.unpack_from("<Q", raw, pos)
+        pos += 12 + length + 4
+    (length,) = struct.unpack_from("<Q", raw, pos)
+    raw[pos + 12 + (length // 2 if offset is None else offset)] ^= 0xFF
+    Path(path).write_bytes(gzip.compress(bytes(raw), mtime=0))
+
+
+def truncate_shard(
+    path: str | os.PathLike[str], keep: float = 0.5, *, compressed: bool = True
+) -> None:
+    """Cut the shard short, keeping the fraction ``keep`` of its bytes.
+
+    ``compressed=True`` cuts the GZIP file (as an interrupted download does);
+    ``False`` cuts the TFRecord stream and compresses it again, so the GZIP is
+    valid and a record ends early.
+    """
+    data = Path(path).read_bytes()
+    if compressed:
+        Path(path).write_bytes(data[: int(len(data) * keep)])
+        return
+    raw = gzip.decompress(data)
+    Path(path).write_bytes(gzip.compress(raw[: int(len(raw) * keep)], mtime=0))
+
+
+def rename_shard(
+    path: str | os.PathLike[str], *, index: int | None = None, num_shards: int | None = None
+) -> str:
+    """Rename a shard to another index or ``-of-N``; return the new path."""
+    parent, name = os.path.split(os.fspath(path))
+    match = re.fullmatch(r"run_(\w+?)-(\d{5})-of-(\d{5})", name)
+    if not match:
+        raise ValueError(f"{name!r} is not a shard name run_R-IIIII-of-NNNNN")
+    run, old_index, old_total = match.group(1), int(match.group(2)), int(match.group(3))
+    new = os.path.join(
+        parent,
+        shard_name(
+            run,
+            old_index if index is None else index,
+            old_total if num_shards is None else num_shards,
+        ),
+    )
+    os.replace(path, new)
+    return new
+
+
+#: The ways :func:`spoil_example` spoils an Example.
+SPOILS = (
+    "missing_feature",  # drop ``feature``
+    "wrong_kind",  # ``feature`` written as another kind of list
+    "lengths",  # ``feature`` loses its last value: per-step lists differ in length
+    "empty",  # every per-step list empty
+    "not_example",  # bytes that are not a protobuf message
+    "checkpoint_idx",  # checkpoint_idx set to ``value`` (default: one more)
+    "png_size",  # the PNG of ``step`` is 64x64
+    "png_rgb",  # the PNG of ``step`` is 84x84 RGB
+    "png_16bit",  # the PNG of ``step`` is 84x84 gray, 16 bits
+    "png_corrupt",  # the PNG of ``step`` has a valid header and damaged image data
+    "png_garbage",  # the PNG of ``step`` is not a PNG
+)
+
+
+def spoil_example(
+    data: bytes,
+    how: str,
+    *,
+    feature: str = "actions",
+    step: int = 0,
+    value: int | None = None,
+) -> bytes:
+    """A serialized Example spoiled in one way (:data:`SPOILS`), for bad-input tests.
+
+    Examples
+    --------
+    >>> ep = Episode(0, 0, None, None, [make_png(np.zeros((84, 84), np.uint8))],
+    ...              np.array([1]), np.array([0.0]), None, np.array([1.0]))
+    >>> spoiled = spoil_example(encode_episode(ep), "missing_feature", feature="discounts")
+    >>> "discounts" in example_class().FromString(spoiled).features.feature
+    False
+    """
+    if how not in SPOILS:
+        raise ValueError(f"unknown spoil {how!r}; expected one of {SPOILS}")
+    if how == "not_example":
+        return b"\xff\xff\xff\xff" + data[:16]
+    example = example_class().FromString(data)
+    features = example.features.feature
+    if how == "missing_feature":
+        del features[feature]
+    elif how == "wrong_kind":
+        old = features[feature]
+        kind = old.WhichOneof("kind")
+        count = len(getattr(old, kind).value)
+        replacement = example_class("Feature")()
+        if kind == "float_list":
+            replacement.int64_list.value.extend([0] * count)
+        else:
+            replacement.float_list.value.extend([0.0] * count)
+        features[feature].CopyFrom(replacement)
+    elif how == "lengths":
+        values = getattr(features[feature], features[feature].WhichOneof("kind")).value
+        del values[-1]
+    elif how == "empty":
+        for name in (
+            "observations",
+            "actions",
+            "unclipped_rewards",
+            "clipped_rewards",
+            "discounts",
+        ):
+            if name in features:
+                kind = features[name].WhichOneof("kind")
+                del getattr(features[name], kind).value[:]
+    elif how == "checkpoint_idx":
+        ints = features["checkpoint_idx"].int64_list.value
+        ints[0] = ints[0] + 1 if value is None else value
+    else:
+        pngs = features["observations"].bytes_list.value
+        frame = np.full(FRAME_SHAPE, 100, np.uint8)
+        if how == "png_size":
+            pngs[step] = make_png(np.zeros((64, 64), np.uint8))
+        elif how == "png_rgb":
+            pngs[step] = make_png(np.zeros((*FRAME_SHAPE, 3), np.uint8))
+        elif how == "png_16bit":
+            pngs[step] = make_png(frame.astype(np.uint16), bit_depth=16)
+        elif how == "png_corrupt":
+            good = bytearray(make_png(frame))
+            start = good.index(b"IDAT") + 4
+            good[start : start + 12] = b"\x00" * 12  # damages the zlib stream, not the header
+            pngs[step] = bytes(good)
+        else:
+            pngs[step] = b"GIF89a not a png at all"
+    return bytes(example.SerializeToString(deterministic=True))
+
+
+def spoil_record(path: str | os.PathLike[str], record: int, how: str, **kwargs: object) -> None:
+    """Rewrite record ``record`` of the shard at ``path`` spoiled by :func:`spoil_example`."""
+    data = read_shard_records(path)[record]
+    replace_record(path, record, spoil_example(data, how, **kwargs))  # type: ignore[arg-type]

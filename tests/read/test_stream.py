@@ -1,0 +1,432 @@
+"""The epoch stream: exactly once across ranks and workers, determinism, exact frames, resume."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from tensordict import TensorDict
+
+from atari_zarr import AtariZarrDataset
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.layout import (
+    ACTION,
+    EPISODE,
+    FINAL_OBSERVATION,
+    OBSERVATION,
+    REWARD,
+    SOURCE_ROW,
+    TERMINATED,
+    TRUNCATED,
+    create_array,
+    create_store,
+    mark_complete,
+)
+from atari_zarr.read.dataset import collate_batch
+from atari_zarr.read.epoch import EpochPlan, unit_bounds
+from atari_zarr.read.mixing import MultiGameDataset
+from atari_zarr.read.stream import AtariZarrStream, stream_memory_bound
+
+
+def frame_of(rows: np.ndarray) -> np.ndarray:
+    """Frames that name their row: a constant row-dependent value, the row in the first bytes."""
+    rows = np.asarray(rows, dtype=np.int64)
+    frames = np.empty((len(rows), 84, 84), dtype=np.uint8)
+    frames[:] = (rows % 251).astype(np.uint8)[:, None, None]
+    frames[:, 0, :8] = rows.astype("<i8").view(np.uint8).reshape(-1, 8)
+    return frames
+
+
+def write_store(
+    path: str,
+    n: int,
+    *,
+    seed: int = 0,
+    max_len: int = 300,
+    final: bool = True,
+    frames: int | None = None,
+) -> str:
+    """A complete store of ``n`` transitions written with zarr directly (fast), episodes random.
+
+    With ``final``, ``final_observation`` holds ``frame_of(10**6 + episode)``. With
+    ``frames``, only the first ``frames`` frames are written (the caller fills the rest).
+    """
+    rng = np.random.default_rng(seed)
+    lengths = []
+    while sum(lengths) < n:
+        lengths.append(int(rng.integers(1, max_len)))
+    lengths[-1] -= sum(lengths) - n
+    lengths = [x for x in lengths if x > 0]
+    term = rng.random(len(lengths)) < 0.5
+    episode = np.repeat(np.arange(len(lengths)), lengths)
+    ends = np.cumsum(lengths) - 1
+    t = np.zeros(n, dtype=bool)
+    u = np.zeros(n, dtype=bool)
+    t[ends[term]] = True
+    u[ends[~term]] = True
+    group = create_store(zarr.storage.LocalStore(path), n, {"game": "Pong", "run": "1"})
+    for start in range(0, n if frames is None else frames, 8192):
+        stop = min(n if frames is None else frames, start + 8192)
+        group[OBSERVATION][start:stop] = frame_of(np.arange(start, stop))
+    group[ACTION][:] = rng.integers(0, 6, n).astype(np.int32)
+    group[REWARD][:] = rng.integers(-1, 2, n).astype(np.float32)
+    group[EPISODE][:] = episode
+    group[SOURCE_ROW][:] = np.arange(n)
+    group[TERMINATED][:] = t
+    group[TRUNCATED][:] = u
+    if final:
+        arr = create_array(group, FINAL_OBSERVATION, len(lengths))
+        arr[:] = frame_of(10**6 + np.arange(len(lengths)))
+    mark_complete(group, {})
+    return path
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """6,000 transitions (2 shards), episodes up to 300 steps, final observations kept."""
+    return write_store(str(tmp_path_factory.mktemp("stream") / "s.zarr"), 6000)
+
+
+def assert_same(ds, batches) -> None:
+    """Every batch equals random access to its rows, key by key."""
+    for batch in batches:
+        want = ds[batch["index"].numpy()]
+        for key in want.keys(include_nested=True, leaves_only=True):
+            np.testing.assert_array_equal(batch[key].numpy(), want[key].numpy(), err_msg=str(key))
+
+
+def rows_of(batches: list[TensorDict]) -> np.ndarray:
+    return np.concatenate([b["index"].numpy() for b in batches]) if batches else np.zeros(0, int)
+
+
+def expected(truth, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Stacks from the ground truth, the slow obvious way (zero padding, zero after an end)."""
+    done = truth.terminated | truth.truncated
+    zero = np.zeros_like(truth.observation[0])
+    obs, nxt = [], []
+    for r in rows.tolist():
+        same = lambda j, r=r: 0 <= j < len(truth) and truth.episode[j] == truth.episode[r]  # noqa: E731
+        obs.append([truth.observation[j] if same(j) else zero for j in range(r - k + 1, r + 1)])
+        stack = [truth.observation[j] if same(j) else zero for j in range(r - k + 2, r + 1)]
+        stack.append(zero if done[r] else truth.observation[r + 1])
+        nxt.append(stack)
+    obs_a, nxt_a = np.array(obs), np.array(nxt)
+    return (obs_a[:, 0], nxt_a[:, 0]) if k == 1 else (obs_a, nxt_a)
+
+
+# --------------------------------------------------------------------------- #
+# the plan
+# --------------------------------------------------------------------------- #
+
+
+def test_unit_bounds_stay_inside_shards() -> None:
+    b = unit_bounds(10_000, shard_rows=4096, unit_rows=1024)
+    assert b[0].tolist() == [0, 1024] and b[-1].tolist() == [9216, 10_000]
+    assert ((b[:, 0] // 4096) == ((b[:, 1] - 1) // 4096)).all()
+    assert unit_bounds(0, shard_rows=4096, unit_rows=4096).shape == (0, 2)
+
+
+@pytest.mark.parametrize("window", [1, 3, 50])
+@pytest.mark.parametrize("consumers", [1, 4])
+def test_plan_covers_every_row_once(window: int, consumers: int) -> None:
+    bounds = unit_bounds(5000, shard_rows=1024, unit_rows=256)
+    rows = []
+    for c in range(consumers):
+        plan = EpochPlan(
+            bounds, seed=3, epoch=1, shuffle=True, window=window, consumer=c, consumers=consumers
+        )
+        sizes = plan.segment_sizes()
+        for i, s in enumerate(plan.segments):
+            pos, r = plan.segment(s)
+            assert len(pos) == sizes[i]
+            assert set(pos.tolist()) <= set(plan.needed(s))  # only units held at segment s
+            rows.append(bounds[plan.units[pos], 0] + r)
+    assert sorted(np.concatenate(rows).tolist()) == list(range(5000))
+
+
+def test_plan_locate_inverts_positions() -> None:
+    bounds = unit_bounds(3000, shard_rows=512, unit_rows=512)
+    plan = EpochPlan(bounds, seed=0, epoch=0, shuffle=True, window=3, consumer=0, consumers=1)
+    ends = np.cumsum(plan.segment_sizes())
+    assert plan.locate(0) == (2, 0)
+    assert plan.locate(int(ends[0])) == (3, 0)
+    assert plan.locate(int(ends[0]) + 5) == (3, 5)
+    assert plan.locate(3000) == (len(plan.units), 0)
+
+
+# --------------------------------------------------------------------------- #
+# exact batches
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_stream_equals_random_access_on_pong(pong_store, pong_truth, k: int) -> None:
+    """Units of 64 rows inside Pong/1's one shard: boundaries everywhere, frames exact."""
+    ds = AtariZarrDataset(pong_store.url, frame_stack=k)
+    batches = list(ds.stream(40, seed=5, unit_rows=64, shuffle_buffer=128))
+    rows = rows_of(batches)
+    assert sorted(rows.tolist()) == list(range(len(ds)))
+    batch = torch.cat(batches)  # small: Pong/1 has about 700 transitions
+    exp_obs, exp_next = expected(pong_truth, rows, k)
+    np.testing.assert_array_equal(batch["observation"].numpy(), exp_obs)
+    np.testing.assert_array_equal(batch["next", "observation"].numpy(), exp_next)
+    np.testing.assert_array_equal(batch["action"].numpy(), pong_truth.action[rows])
+    np.testing.assert_array_equal(batch["next", "reward"].numpy()[:, 0], pong_truth.reward[rows])
+    np.testing.assert_array_equal(batch["episode"].numpy(), pong_truth.episode[rows])
+    assert_same(ds, batches)
+    # the unit boundaries were crossed by stacks and next observations
+    assert set(range(63, len(ds) - 1, 64)) <= set(rows.tolist())
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_stream_keeps_final_observations(small_store: str, k: int) -> None:
+    ds = AtariZarrDataset(small_store, frame_stack=k)
+    batches = list(ds.stream(512, seed=1, unit_rows=1024, shuffle_buffer=3000))
+    assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))
+    assert_same(ds, batches[:2])
+    for batch in batches:
+        done = batch["next", "done"][:, 0]
+        last = batch["next", "observation"][done]
+        if k > 1:
+            last = last[:, -1]
+        eps = batch["episode"][done].numpy()
+        np.testing.assert_array_equal(last.numpy(), frame_of(10**6 + eps))
+
+
+def test_same_seed_same_order_and_shuffle_false_is_stored_order(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store)
+    a = rows_of(list(ds.stream(256, seed=4, unit_rows=1024)))
+    b = rows_of(list(ds.stream(256, seed=4, unit_rows=1024)))
+    c = rows_of(list(ds.stream(256, seed=5, unit_rows=1024)))
+    e = rows_of(list(ds.stream(256, seed=4, epoch=1, unit_rows=1024)))
+    assert a.tolist() == b.tolist() and a.tolist() != c.tolist() and a.tolist() != e.tolist()
+    assert rows_of(list(ds.stream(256, shuffle=False))).tolist() == list(range(len(ds)))
+
+
+def test_batches_mix_the_units_of_the_buffer(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(256, seed=0, unit_rows=512, shuffle_buffer=2048)
+    assert stream.window == 4
+    units = [np.unique(b["index"].numpy() // 512).size for b in stream][2:-2]
+    assert np.mean(units) >= 3.5  # about the window of 4 units in every batch
+
+
+# --------------------------------------------------------------------------- #
+# ranks and workers
+# --------------------------------------------------------------------------- #
+
+
+def test_two_ranks_times_two_workers_cover_the_epoch_once(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store, frame_stack=2)
+    seen = []
+    for rank in range(2):
+        stream = ds.stream(300, seed=9, rank=rank, world_size=2, unit_rows=512)
+        loader = torch.utils.data.DataLoader(
+            stream,
+            batch_size=None,
+            num_workers=2,
+            multiprocessing_context="fork",
+            collate_fn=collate_batch,
+        )
+        for batch in loader:
+            seen.append(batch["index"].numpy())
+            assert batch["observation"].shape[1:] == (2, 84, 84)
+    rows = np.concatenate(seen)
+    assert len(rows) == len(ds) and np.unique(rows).size == len(ds)
+
+
+def test_batches_larger_than_units(small_store: str, caplog) -> None:
+    """A batch spanning many segments holds more units than the window: the slab grows."""
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(1500, seed=1, unit_rows=256, shuffle_buffer=512, prefetch=1)
+    with caplog.at_level("DEBUG", logger="atari_zarr"):
+        batches = list(stream)
+    assert "growing the slab" in caplog.text
+    assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))
+    assert_same(ds, batches[:1])
+
+
+def test_drop_last_gives_every_consumer_the_same_batches(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store)
+    counts, rows = [], []
+    for rank in range(3):
+        batches = list(
+            ds.stream(256, seed=2, rank=rank, world_size=3, drop_last=True, unit_rows=512)
+        )
+        counts.append(len(batches))
+        assert all(len(b) == 256 for b in batches)
+        rows.append(rows_of(batches))
+    assert len(set(counts)) == 1 and counts[0] > 0
+    all_rows = np.concatenate(rows)
+    assert np.unique(all_rows).size == len(all_rows) >= len(ds) - 3 * (512 + 256)
+
+
+def test_rank_from_torch_distributed(small_store: str, monkeypatch) -> None:
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    ds = AtariZarrDataset(small_store)
+    mine = rows_of(list(ds.stream(512, seed=0, unit_rows=512)))
+    explicit = rows_of(list(ds.stream(512, seed=0, rank=1, world_size=2, unit_rows=512)))
+    assert mine.tolist() == explicit.tolist() and 0 < len(mine) < len(ds)
+
+
+# --------------------------------------------------------------------------- #
+# resume
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("stop_after", [1, 19])
+def test_resume_yields_exactly_what_was_not_seen(small_store: str, stop_after: int) -> None:
+    ds = AtariZarrDataset(small_store, frame_stack=2)
+    stream = ds.stream(200, seed=6, unit_rows=1024, shuffle_buffer=3072)
+    first = []
+    for i, batch in enumerate(stream):
+        first.append(batch)
+        if i + 1 == stop_after:
+            break
+    state = stream.state_dict()
+    assert state["positions"] == {0: 200 * stop_after}
+    again = ds.stream(200, seed=0, unit_rows=1024, shuffle_buffer=3072)
+    again.load_state_dict(state)
+    rest = list(again)
+    rows = np.concatenate([rows_of(first), rows_of(rest)])
+    assert sorted(rows.tolist()) == list(range(len(ds)))
+    # and the rest is exactly the tail of the uninterrupted epoch
+    whole = rows_of(list(ds.stream(200, seed=6, unit_rows=1024, shuffle_buffer=3072)))
+    assert rows.tolist() == whole.tolist()
+    assert_same(ds, rest[:3])
+
+
+def test_resume_through_a_dataloader_with_workers(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(256, seed=1, unit_rows=512)
+    loader = stream.loader(num_workers=2, multiprocessing_context="fork")
+    first = []
+    for batch in loader:
+        first.append(batch["index"].numpy())
+        if len(first) == 9:
+            break
+    state = stream.state_dict()
+    assert state["consumers"] == 2 and sum(state["positions"].values()) == 9 * 256
+    resumed = ds.stream(256, seed=1, unit_rows=512)
+    resumed.load_state_dict(state)
+    rest = [b["index"].numpy() for b in resumed.loader(num_workers=2)]
+    rows = np.concatenate(first + rest)
+    assert len(rows) == len(ds) and np.unique(rows).size == len(ds)
+    with pytest.raises(InvalidArgumentError, match="resume with the same number of ranks"):
+        stopped = ds.stream(256, seed=1, unit_rows=512)
+        stopped.load_state_dict(state)
+        next(iter(stopped))  # one consumer, saved with two
+
+
+def test_state_of_another_stream_is_refused(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store)
+    state = ds.stream(64, unit_rows=512).state_dict()
+    with pytest.raises(InvalidArgumentError, match="does not belong to this stream"):
+        ds.stream(64, unit_rows=1024).load_state_dict(state)
+
+
+def test_epochs_and_bad_arguments(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(4096, seed=0)
+    assert isinstance(stream, AtariZarrStream) and isinstance(
+        stream, torch.utils.data.IterableDataset
+    )
+    assert len(list(stream)) == 2
+    assert list(stream) == []  # the epoch is done until set_epoch
+    stream.set_epoch(1)
+    assert len(list(stream)) == 2
+    # pickles (spawn workers): the store is opened again, the progress kept
+    stream.set_epoch(2)
+    copy = pickle.loads(pickle.dumps(stream))
+    assert rows_of(list(copy)).tolist() == rows_of(list(stream)).tolist()
+    for kwargs, match in [
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"batch_size": 8, "unit_rows": 100}, "unit_rows must be a multiple"),
+        ({"batch_size": 8, "prefetch": 0}, "prefetch must be a positive integer"),
+        ({"batch_size": 8, "rank": 2, "world_size": 2}, r"rank must be in \[0, world_size\)"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=match):
+            ds.stream(**kwargs)
+    assert (
+        stream_memory_bound(shuffle_buffer=0, prefetch=1, unit_rows=16)
+        == 3 * 17 * 84 * 84 + 17 * 84 * 84
+    )
+
+
+def test_unsharded_layout_reads_through_zarr(tmp_path, small_store: str) -> None:
+    """A store whose frames are not sharded: same batches through zarr's own reads."""
+    src = zarr.open_group(small_store, mode="r")
+    attrs = dict(src.attrs)
+    n = 2000  # a prefix: the per-episode table no longer adds up, the arrays are used
+    dst = zarr.open_group(str(tmp_path / "u.zarr"), mode="w", attributes=attrs)
+    for name in src.array_keys():
+        a = src[name]
+        rows = a.shape[0] if name == FINAL_OBSERVATION else n
+        b = dst.create_array(
+            name, shape=(rows, *a.shape[1:]), dtype=a.dtype, chunks=(512, *a.shape[1:])
+        )
+        b[:] = a[:rows]
+    for name in src.group_keys():
+        for sub in src[name].array_keys():
+            a = src[name][sub]
+            b = dst.create_array(f"{name}/{sub}", shape=(n,), dtype=a.dtype, chunks=(512,))
+            b[:] = a[:n]
+    ds = AtariZarrDataset(str(tmp_path / "u.zarr"), frame_stack=2)
+    stream = ds.stream(512, seed=3)
+    assert not stream._frames.fast
+    batches = list(stream)
+    assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))
+    assert_same(ds, batches)
+
+
+# --------------------------------------------------------------------------- #
+# several stores
+# --------------------------------------------------------------------------- #
+
+
+def test_multi_game_stream_interleaves_by_weight(small_store: str, pong_store) -> None:
+    mix = MultiGameDataset([small_store, pong_store.url], weights=[0.5, 0.5])
+    stream = mix.stream(100, seed=0, unit_rows=512)
+    batches = list(stream)
+    assert sorted(rows_of(batches).tolist()) == list(range(len(mix)))
+    assert_same(mix, batches[:3])
+    # while both stores have rows, every batch is about half and half
+    first = batches[0]["game_id"]
+    assert 30 <= int((first == 1).sum()) <= 70
+    assert set(batches[0].keys()) >= {"game_id", "row", "index", "observation"}
+
+
+# --------------------------------------------------------------------------- #
+# TorchRL
+# --------------------------------------------------------------------------- #
+
+
+def test_dqn_loss_runs_on_stream_batches_as_they_are(small_store: str) -> None:
+    """TorchRL's DQNLoss takes a stream batch as is: keys, shapes and dtypes match."""
+    pytest.importorskip("torchrl")
+    from torch import nn
+    from torchrl.data import Categorical
+    from torchrl.modules import QValueActor
+    from torchrl.objectives import DQNLoss
+
+    class Scale(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x.float() / 255
+
+    net = nn.Sequential(
+        Scale(), nn.Conv2d(4, 8, 8, stride=4), nn.ReLU(), nn.Flatten(-3), nn.Linear(3200, 6)
+    )
+    actor = QValueActor(net, in_keys=["observation"], spec=Categorical(6))
+    loss_fn = DQNLoss(actor, action_space="categorical", delay_value=False)
+    ds = AtariZarrDataset(small_store, frame_stack=4)
+    for i, batch in enumerate(ds.stream(64, seed=0, unit_rows=1024)):
+        loss = loss_fn(batch)["loss"]
+        loss.backward()
+        if i == 1:
+            break
+    assert torch.isfinite(loss) and net[1].weight.grad is not None

@@ -1,0 +1,62 @@
+"""Finding RL Unplugged runs and shards."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.sources.rl_unplugged.files import RluRun, find_runs, presets, shard_name
+from atari_zarr.testing.rl_unplugged import rename_shard, write_fixture_rlu
+
+
+@pytest.fixture(scope="module")
+def rlu(tmp_path_factory):
+    return write_fixture_rlu(str(tmp_path_factory.mktemp("rlu")), num_shards=3, present=(0, 2))
+
+
+def test_runs_from_the_root_or_a_game_directory(rlu, tmp_path):
+    [run] = find_runs(rlu.root)
+    assert (run.game, run.run, run.suffixes, run.missing, run.num_shards) == (
+        rlu.game,
+        "1",
+        [0, 2],
+        [1],
+        3,
+    )
+    assert run.where(1).endswith(f"{rlu.game}/run_1-00001-of-00003")
+    [same] = find_runs(rlu.game_dir, runs=["1"])
+    assert same.url == run.url and same.names() == run.names()
+    # a second run beside it, and filters
+    game = tmp_path / rlu.game
+    shutil.copytree(rlu.game_dir, game)
+    for path in sorted(game.iterdir()):
+        shutil.copy(path, game / path.name.replace("run_1-", "run_2-"))
+    assert [r.run for r in find_runs(str(tmp_path))] == ["1", "2"]
+    assert [r.run for r in find_runs(str(tmp_path), runs=["2"])] == ["2"]
+    with pytest.raises(SourceNotFoundError, match=r"runs \['3'\] of Asterix not found"):
+        find_runs(str(tmp_path), runs=["3"])
+    with pytest.raises(SourceNotFoundError, match=r"games \['Pong'\] not found"):
+        find_runs(str(tmp_path), games=["Pong"])
+    with pytest.raises(SourceNotFoundError, match="does not exist"):
+        find_runs(str(tmp_path / "nope"))
+    with pytest.raises(SourceNotFoundError, match="holds no shard of run 7"):
+        RluRun(str(game), rlu.game, "7")
+
+
+def test_shards_with_different_counts_name_both(rlu, tmp_path):
+    game = tmp_path / rlu.game
+    shutil.copytree(rlu.game_dir, game)
+    rename_shard(game / shard_name(1, 2, 3), num_shards=4)
+    with pytest.raises(
+        SourceFormatError, match=r"run_1-00000-of-00003 and run_1-00002-of-00004 .* disagree"
+    ):
+        find_runs(str(tmp_path))
+    rename_shard(game / shard_name(1, 2, 4), index=5, num_shards=3)
+    with pytest.raises(SourceFormatError, match="shard index 5 is not below"):
+        find_runs(str(tmp_path))
+
+
+def test_presets():
+    assert presets(49) == {"mixed": [1], "medium": [10], "expert": [48]}
