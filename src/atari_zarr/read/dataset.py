@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-from collections import deque
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +26,7 @@ from atari_zarr.layout import (
     get_array,
     read_metadata,
 )
+from atari_zarr.read.ahead import batches_ahead, check_prefetch
 from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.read.columns import open_step_columns
 from atari_zarr.read.indexing import normalize_index
@@ -375,34 +375,17 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         >>> all((a["index"] == b["index"]).all() for a, b in zip(ahead, plain))
         True
         """
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise InvalidArgumentError(
-                f"prefetch must be a non-negative number of batches; got {prefetch!r} for "
-                f"{self.where}"
-            )
+        prefetch = check_prefetch(prefetch, self.where)
         if len(self) == 0:
             raise IndexError(f"{self.where} holds no transitions; there is nothing to sample")
-        batch_size = int(batch_size)
-        queue: deque[np.ndarray] = deque()
-        drawn = 0
-        while True:
-            # Batches are drawn (and fetched) in groups of `prefetch`, so that the chunks
-            # of a whole group that lie close together in a shard share one request.
-            if len(queue) <= prefetch // 2 and (batches is None or drawn < batches):
-                count = max(1, prefetch)
-                if batches is not None:
-                    count = min(count, batches - drawn)
-                group = [
-                    torch.randint(0, len(self), (batch_size,), generator=generator).numpy()
-                    for _ in range(count)
-                ]
-                drawn += count
-                if prefetch:
-                    self._frames.prefetch(np.concatenate([self._frame_rows(r) for r in group]))
-                queue.extend(group)
-            if not queue:
-                return
-            yield self[queue.popleft()]
+        n, size = len(self), int(batch_size)
+        yield from batches_ahead(
+            lambda: torch.randint(0, n, (size,), generator=generator).numpy(),
+            self.__getitem__,
+            lambda rows: self._frames.prefetch(self._frame_rows(rows)),
+            prefetch=prefetch,
+            batches=batches,
+        )
 
     def _frame_rows(self, rows: np.ndarray) -> np.ndarray:
         """The frame rows :meth:`_observations` reads for ``rows`` (for prefetching)."""

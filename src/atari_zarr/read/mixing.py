@@ -10,7 +10,6 @@ stores, never with the number of transitions.
 from __future__ import annotations
 
 import logging
-from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError
+from atari_zarr.read.ahead import batches_ahead, check_prefetch
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.storage.catalog import complete_stores, name_to_url, store_state
@@ -220,32 +220,22 @@ class MultiGameDataset(torch.utils.data.Dataset):
         >>> all((a["index"] == mix.sample(8, generator=g2)["index"]).all() for a in got)
         True
         """
-        if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-            raise InvalidArgumentError(
-                f"prefetch must be a non-negative number of batches; got {prefetch!r}"
-            )
-        queue: deque[np.ndarray] = deque()
-        drawn = 0
-        while True:
-            # groups of `prefetch` batches, as AtariZarrDataset.sample_iter draws them
-            if len(queue) <= prefetch // 2 and (batches is None or drawn < batches):
-                count = max(1, prefetch)
-                if batches is not None:
-                    count = min(count, batches - drawn)
-                group = [
-                    draw_mixture(self.offsets, self.weights, int(batch_size), generator).numpy()
-                    for _ in range(count)
-                ]
-                drawn += count
-                if prefetch:
-                    game, row = self._split(np.concatenate(group))
-                    for g in np.unique(game).tolist():
-                        ds = self.datasets[g]
-                        ds._frames.prefetch(ds._frame_rows(row[game == g]))
-                queue.extend(group)
-            if not queue:
-                return
-            yield self[queue.popleft()]
+        prefetch = check_prefetch(prefetch, f"MultiGameDataset of {len(self.datasets)} stores")
+        size = int(batch_size)
+
+        def fetch_ahead(rows: np.ndarray) -> None:
+            game, row = self._split(rows)
+            for g in np.unique(game).tolist():
+                ds = self.datasets[g]
+                ds._frames.prefetch(ds._frame_rows(row[game == g]))
+
+        yield from batches_ahead(
+            lambda: draw_mixture(self.offsets, self.weights, size, generator).numpy(),
+            self.__getitem__,
+            fetch_ahead,
+            prefetch=prefetch,
+            batches=batches,
+        )
 
     def stream(self, batch_size: int, **kwargs: Any) -> MultiGameStream:
         """One epoch of every store, interleaved by the weights, as TED batches.

@@ -19,26 +19,20 @@ traps) are in ``docs/gcs-emulator.md``.
 from __future__ import annotations
 
 import contextlib
-import http.client
 import importlib.util
 import json
 import logging
 import os
 import platform
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
-import time
 import urllib.parse
-import weakref
 from pathlib import Path
-from types import TracebackType
-from typing import IO, Any
+from typing import Any
 
 from atari_zarr.errors import InvalidArgumentError, MissingDependencyError, install_hint
-from atari_zarr.testing.ports import LOOPBACK, fresh_port
+from atari_zarr.testing.process import LoopbackServer
 from atari_zarr.testing.proxy import CountingProxy
 
 __all__ = [
@@ -173,29 +167,7 @@ def find_fake_gcs_binary() -> str:
 # --------------------------------------------------------------------------- #
 
 
-def _stop_process(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """Terminate ``proc``, escalating to SIGKILL after ``grace`` seconds.
-
-    Parameters
-    ----------
-    proc : subprocess.Popen
-        The process to stop; nothing happens if it already exited.
-    grace : float
-        Seconds to wait after SIGTERM before SIGKILL.
-    """
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        proc.terminate()
-    try:
-        proc.wait(timeout=grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        proc.wait(timeout=10)
-
-
-class FakeGCSServer:
+class FakeGCSServer(LoopbackServer):
     """A ``fake-gcs-server`` subprocess on ``127.0.0.1`` for tests.
 
     Parameters
@@ -225,6 +197,15 @@ class FakeGCSServer:
     endpoint_url : str
         ``http://127.0.0.1:<port>``; pass as gcsfs ``endpoint_url``.
 
+    Notes
+    -----
+    Start, stop, :meth:`kill`, :meth:`pause`, :meth:`resume` and :meth:`read_log` are
+    those of :class:`~atari_zarr.testing.process.LoopbackServer`. :meth:`start` logs a
+    warning when gcsfs was imported with its bucket-probing file system class
+    (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` not false); the environment is never
+    changed here. It raises :class:`~atari_zarr.errors.MissingDependencyError` if
+    there is no ``fake-gcs-server`` binary.
+
     Examples
     --------
     >>> import fsspec
@@ -236,7 +217,9 @@ class FakeGCSServer:
     b'data'
     """
 
-    host: str = LOOPBACK
+    label = "fake-gcs-server"
+    log_prefix = "fake-gcs-log-"
+    ready_path = "/storage/v1/b"
 
     def __init__(
         self,
@@ -252,94 +235,30 @@ class FakeGCSServer:
             raise InvalidArgumentError(
                 f"FakeGCSServer backend {backend!r} is not known: expected 'memory' or 'filesystem'"
             )
+        super().__init__(port=port, startup_timeout=startup_timeout)
         self.backend = backend
-        self.startup_timeout = float(startup_timeout)
         self.log_level = log_level
         self.project = project
-        self._requested_port = port
         self._binary = binary
-        self.port: int = port or 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._log: IO[bytes] | None = None
+        self._resolved_binary: str | None = None
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        self._finalizer: weakref.finalize | None = None
-        self._paused = False
 
-    # -- properties -------------------------------------------------------- #
+    # -- what LoopbackServer asks for ---------------------------------------------------
 
-    @property
-    def endpoint_url(self) -> str:
-        """Base URL of the emulator, ``http://127.0.0.1:<port>``."""
-        return f"http://{self.host}:{self.port}"
-
-    @property
-    def running(self) -> bool:
-        """Whether the server process is alive."""
-        return self._proc is not None and self._proc.poll() is None
-
-    @property
-    def pid(self) -> int | None:
-        """Process id of the server, or ``None`` if not started."""
-        return None if self._proc is None else self._proc.pid
-
-    # -- lifecycle --------------------------------------------------------- #
-
-    def start(self) -> FakeGCSServer:
-        """Start the server and wait until it answers.
-
-        Returns
-        -------
-        FakeGCSServer
-            ``self``.
-
-        Raises
-        ------
-        RuntimeError
-            If the server exits or does not become ready within
-            ``startup_timeout``; the message includes its stderr.
-        MissingDependencyError
-            If there is no ``fake-gcs-server`` binary.
-
-        Notes
-        -----
-        Logs a warning when gcsfs was imported with its bucket-probing file system
-        class (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` not false); the environment is
-        never changed here.
-        """
-        if self._proc is not None:
-            raise RuntimeError("FakeGCSServer already started")
+    def _prepare_start(self) -> None:
         _warn_if_gcsfs_probes_buckets()
-        binary = self._binary or find_fake_gcs_binary()
-        attempts = 1 if self._requested_port else 3
-        last_error: RuntimeError | None = None
-        for _ in range(attempts):
-            self.port = self._requested_port or fresh_port(self.host)
-            try:
-                try:
-                    self._spawn(binary)
-                except OSError as exc:
-                    raise RuntimeError(f"cannot execute {binary}: {exc}") from exc
-                self._wait_ready()
-            except RuntimeError as exc:
-                last_error = exc
-                address_in_use = "address already in use" in str(exc).lower()
-                self._cleanup(kill=True)
-                if address_in_use and not self._requested_port:
-                    logger.debug("port %d was taken, retrying", self.port)
-                    continue
-                raise
-            except BaseException:
-                self._cleanup(kill=True)
-                raise
-            logger.debug("fake-gcs-server pid %s ready at %s", self.pid, self.endpoint_url)
-            return self
-        assert last_error is not None
-        raise last_error
+        self._resolved_binary = self._binary or find_fake_gcs_binary()
 
-    def _spawn(self, binary: str) -> None:
-        """Launch the subprocess (no readiness check)."""
+    def _workdir(self) -> str | None:
+        if self.backend != "filesystem":
+            return None
+        self._tmpdir = tempfile.TemporaryDirectory(prefix="fake-gcs-")
+        return self._tmpdir.name
+
+    def _command(self) -> list[str]:
+        assert self._resolved_binary is not None
         cmd = [
-            binary,
+            self._resolved_binary,
             "-scheme",
             "http",
             "-host",
@@ -355,162 +274,20 @@ class FakeGCSServer:
             "-backend",
             self.backend,
         ]
-        if self.backend == "filesystem":
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="fake-gcs-")
+        if self._tmpdir is not None:
             cmd += ["-filesystem-root", self._tmpdir.name]
-        # A real file, not a pipe: an undrained pipe blocks the server once
-        # its per-request log lines fill the pipe buffer.
-        self._log = tempfile.TemporaryFile(prefix="fake-gcs-log-")
-        logger.debug("starting %s", " ".join(cmd))
-        self._proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=self._tmpdir.name if self._tmpdir is not None else None,
-        )
-        self._finalizer = weakref.finalize(self, _stop_process, self._proc, 1.0)
+        return cmd
 
-    def _wait_ready(self) -> None:
-        """Poll ``GET /storage/v1/b`` until 200 or timeout."""
-        assert self._proc is not None
-        deadline = time.monotonic() + self.startup_timeout
-        last_exc: BaseException | None = None
-        delay = 0.02
-        while time.monotonic() < deadline:
-            rc = self._proc.poll()
-            if rc is not None:
-                raise RuntimeError(
-                    f"fake-gcs-server exited with code {rc} during start-up "
-                    f"(port {self.port}). Output:\n{self.read_log()}"
-                )
-            try:
-                status, _ = self._http("GET", "/storage/v1/b", timeout=2.0)
-                if status == 200:
-                    return
-                last_exc = RuntimeError(f"HTTP {status}")
-            except OSError as exc:
-                last_exc = exc
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
-        raise RuntimeError(
-            f"fake-gcs-server did not become ready on {self.endpoint_url} within "
-            f"{self.startup_timeout:.1f} s (last error: {last_exc!r}). "
-            f"Output:\n{self.read_log()}"
-        )
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop the server gracefully (SIGTERM, then SIGKILL) and clean up.
-
-        Parameters
-        ----------
-        timeout : float, default 5.0
-            Seconds to wait after SIGTERM before escalating to SIGKILL.
-
-        Notes
-        -----
-        Idempotent; also removes the temporary log file and, for the
-        filesystem backend, the data directory.
-        """
-        if self._proc is not None:
-            if self._paused:
-                self.resume()
-            _stop_process(self._proc, timeout)
-        self._cleanup(kill=False)
-
-    def kill(self) -> None:
-        """Kill the server abruptly with SIGKILL (for fault-injection tests).
-
-        The log file is kept so :meth:`read_log` still works; call
-        :meth:`stop` (or leave the ``with`` block) to release it.
-        """
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=10)
-        logger.debug("fake-gcs-server pid %d killed", proc.pid)
-
-    def pause(self) -> None:
-        """Freeze the server with SIGSTOP (fault injection: a hung server).
-
-        Returns once the server has stopped, not merely been signalled: a request
-        sent after ``pause()`` is never answered (a signalled process can still
-        answer a request or two before all its threads stop). The listening socket
-        stays open, so clients connect but never get an answer; only
-        ``requests_timeout`` or a call-level timeout ends such a read. Undo with
-        :meth:`resume`; :meth:`stop` resumes first.
-        """
-        if not self.running:
-            raise RuntimeError("FakeGCSServer is not running")
-        assert self._proc is not None
-        self._proc.send_signal(signal.SIGSTOP)
-        self._paused = True
-        # The parent learns of the stop once every thread of the server has stopped.
-        _, status = os.waitpid(self._proc.pid, os.WUNTRACED)
-        if not os.WIFSTOPPED(status):  # it died instead; this reaped it: tell Popen
-            self._proc.returncode = os.waitstatus_to_exitcode(status)
-            raise RuntimeError(
-                f"fake-gcs-server exited while being paused (status {status}). "
-                f"Output:\n{self.read_log()}"
-            )
-
-    def resume(self) -> None:
-        """Continue a server frozen by :meth:`pause` (SIGCONT)."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGCONT)
-        self._paused = False
-
-    def _cleanup(self, *, kill: bool) -> None:
-        """Release process handle, log file and temporary directory."""
-        if kill and self._proc is not None and self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
-            self._proc.wait(timeout=10)
-        if self._finalizer is not None:
-            self._finalizer.detach()
-            self._finalizer = None
-        self._proc = None
-        self._paused = False
-        if self._log is not None:
-            with contextlib.suppress(OSError):
-                self._log.close()
-            self._log = None
+    def _release(self) -> None:
         if self._tmpdir is not None:
             with contextlib.suppress(OSError):
                 self._tmpdir.cleanup()
             self._tmpdir = None
 
-    def __enter__(self) -> FakeGCSServer:
-        return self.start()
+    def _repr_details(self) -> str:
+        return self.backend
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
-    # -- helpers ----------------------------------------------------------- #
-
-    def read_log(self) -> str:
-        """Return everything the server wrote to stdout/stderr so far.
-
-        Returns
-        -------
-        str
-            Decoded log text (empty if the server was never started).
-        """
-        if self._log is None or self._log.closed:
-            return ""
-        try:
-            self._log.flush()
-            self._log.seek(0)
-            return self._log.read().decode("utf-8", errors="replace")
-        finally:
-            self._log.seek(0, os.SEEK_END)
+    # -- client side ------------------------------------------------------------------
 
     def storage_options(self, **overrides: Any) -> dict[str, Any]:
         """Return gcsfs options that point at this emulator.
@@ -551,8 +328,7 @@ class FakeGCSServer:
         RuntimeError
             If the server is not running or rejects the request.
         """
-        if not self.running:
-            raise RuntimeError("FakeGCSServer is not running")
+        self._require_running()
         query = urllib.parse.urlencode({"project": self.project})
         status, body = self._http(
             "POST",
@@ -566,29 +342,3 @@ class FakeGCSServer:
             f"creating bucket {name!r} failed: HTTP {status} "
             f"{body.decode('utf-8', errors='replace')}"
         )
-
-    def _http(
-        self,
-        method: str,
-        path: str,
-        *,
-        body: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout: float = 60.0,
-    ) -> tuple[int, bytes]:
-        """Send one request straight to the server (ignores proxy env vars).
-
-        ``timeout`` only bounds a server that hangs; a healthy one answers at once,
-        and a loaded machine must not turn a slow answer into a failure.
-        """
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        try:
-            conn.request(method, path, body=body, headers=headers or {})
-            resp = conn.getresponse()
-            return resp.status, resp.read()
-        finally:
-            conn.close()
-
-    def __repr__(self) -> str:
-        state = "running" if self.running else "stopped"
-        return f"<FakeGCSServer {self.endpoint_url} {self.backend} {state}>"

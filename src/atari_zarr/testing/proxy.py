@@ -23,11 +23,11 @@ import threading
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import TracebackType
 from typing import Any
 
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.testing.ports import LOOPBACK, claim_port
+from atari_zarr.testing.process import StartStop
 
 __all__ = ["CountingProxy"]
 
@@ -318,7 +318,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 self._close_upstream()
 
 
-class CountingProxy:
+class CountingProxy(StartStop):
     """Threaded HTTP reverse proxy on ``127.0.0.1`` that counts traffic.
 
     Every request (any method, headers, body, ``Range``) is forwarded to
@@ -581,17 +581,6 @@ class CountingProxy:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
-
-    def __enter__(self) -> CountingProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         where = self.endpoint_url if self._server is not None else "stopped"

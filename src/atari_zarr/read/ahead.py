@@ -1,0 +1,93 @@
+"""Random batches drawn ahead of use, so their fetches overlap: one loop for every reader.
+
+:meth:`AtariZarrDataset.sample_iter <atari_zarr.AtariZarrDataset.sample_iter>` and
+:meth:`MultiGameDataset.sample_iter <atari_zarr.MultiGameDataset.sample_iter>` draw
+their batches in groups of ``prefetch``, in the same order as repeated ``sample()``
+calls would, and hand each group's rows to the chunk reader's prefetch before the
+first of them is read: the chunks of a whole group that lie close together in a
+shard then share one request.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import numpy as np
+
+from atari_zarr.errors import InvalidArgumentError
+
+__all__ = ["batches_ahead", "check_prefetch"]
+
+T = TypeVar("T")
+
+
+def check_prefetch(prefetch: object, where: str) -> int:
+    """``prefetch`` as a number of batches, or a one-line error naming ``where``.
+
+    Examples
+    --------
+    >>> check_prefetch(4, "ds")
+    4
+    >>> check_prefetch(-1, "ds")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: prefetch must be a non-negative number ... got -1 for ds
+    """
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise InvalidArgumentError(
+            f"prefetch must be a non-negative number of batches; got {prefetch!r} for {where}"
+        )
+    return prefetch
+
+
+def batches_ahead(
+    draw: Callable[[], np.ndarray],
+    read: Callable[[np.ndarray], T],
+    fetch_ahead: Callable[[np.ndarray], object],
+    *,
+    prefetch: int,
+    batches: int | None = None,
+) -> Iterator[T]:
+    """Yield ``read(rows)`` for ``batches`` draws (forever when None), drawn ahead.
+
+    Parameters
+    ----------
+    draw : callable
+        Draws the rows of the next batch (the generator's state advances as it would
+        with one ``sample()`` per batch).
+    read : callable
+        Reads a batch of rows.
+    fetch_ahead : callable
+        Starts fetching what the rows of a whole group of batches need.
+    prefetch : int
+        Batches drawn ahead; a new group is drawn when half of them are used. 0:
+        one batch at a time, nothing fetched ahead.
+    batches : int, optional
+        How many batches in all.
+
+    Examples
+    --------
+    >>> rows = iter([np.array([0]), np.array([1]), np.array([2])])
+    >>> asked = []
+    >>> got = batches_ahead(lambda: next(rows), lambda r: int(r[0]), asked.append,
+    ...                     prefetch=2, batches=3)
+    >>> list(got), [a.tolist() for a in asked]
+    ([0, 1, 2], [[0, 1], [2]])
+    """
+    queue: deque[np.ndarray] = deque()
+    drawn = 0
+    while True:
+        if len(queue) <= prefetch // 2 and (batches is None or drawn < batches):
+            count = max(1, prefetch)
+            if batches is not None:
+                count = min(count, batches - drawn)
+            group = [draw() for _ in range(count)]
+            drawn += count
+            if prefetch:
+                fetch_ahead(np.concatenate(group))
+            queue.extend(group)
+        if not queue:
+            return
+        yield read(queue.popleft())
