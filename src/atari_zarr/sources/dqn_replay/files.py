@@ -28,6 +28,7 @@ import numpy as np
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.layout import FRAME_SHAPE, validate_name
 from atari_zarr.sources.dqn_replay.npy import NpyStream
+from atari_zarr.sources.roots import list_dirs, open_root, select_games
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, join
 
@@ -264,14 +265,6 @@ class RunSource:
         )
 
 
-def _list_dirs(fs: Any, path: str) -> list[str]:
-    out = []
-    for entry in fs.ls(path, detail=True):
-        if entry.get("type") == "directory":
-            out.append(str(entry["name"]).rstrip("/").rsplit("/", 1)[-1])
-    return sorted(out)
-
-
 def find_runs(
     source: str,
     games: list[str] | None = None,
@@ -300,19 +293,13 @@ def find_runs(
     InvalidNameError
         If a game or run name could escape the destination (``../x``).
     """
-    for name in games or []:
-        validate_name(name, "game")
-    for name in runs or []:
-        validate_name(name, "run")
-    fs, root = get_fs(source, storage_options)
-    root = root.rstrip("/")
-    source = str(source).rstrip("/")
-    if not fs.exists(root):
-        raise SourceNotFoundError(
-            f"{source} does not exist: expected the DQN Replay root (holding "
-            f"{{Game}}/{{run}}/{LOGS_DIR}) or a run directory. Check the path or URL "
-            f"and the storage options."
-        )
+    fs, root, source = open_root(
+        source,
+        games,
+        runs,
+        storage_options,
+        f"the DQN Replay root (holding {{Game}}/{{run}}/{LOGS_DIR}) or a run directory",
+    )
     if fs.exists(f"{root}/{LOGS_DIR}"):
         parts = source.split("://", 1)[-1].split("/")
         if len(parts) < 2:
@@ -328,20 +315,10 @@ def find_runs(
             )
         return [RunSource(source, game, run, storage_options)]
 
-    found_games = _list_dirs(fs, root)
-    selected_games = list(games) if games else found_games
-    missing = [g for g in selected_games if g not in found_games]
-    if missing:
-        raise SourceNotFoundError(
-            f"games {missing} not found in {source}; found {found_games or 'no game folders'}. "
-            f"Check the names (they are case-sensitive, e.g. 'Pong')."
-        )
     out: list[RunSource] = []
-    for game in selected_games:
+    for game in select_games(fs, root, source, games):
         found_runs = [
-            r
-            for r in _list_dirs(fs, f"{root}/{game}")
-            if fs.exists(f"{root}/{game}/{r}/{LOGS_DIR}")
+            r for r in list_dirs(fs, f"{root}/{game}") if fs.exists(f"{root}/{game}/{r}/{LOGS_DIR}")
         ]
         if runs:
             absent = [r for r in runs if r not in found_runs]

@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.layout import validate_name
 from atari_zarr.sources.rl_unplugged.tfrecord import open_shard
+from atari_zarr.sources.roots import open_root, select_games
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import join
 
@@ -274,20 +275,14 @@ def find_runs(
     >>> [(r.game, r.run, r.suffixes) for r in find_runs(fixture.root)]
     [('Asterix', '1', [0, 2])]
     """
-    for name in games or []:
-        validate_name(name, "game")
     runs = [str(int(r)) if str(r).isdigit() else str(r) for r in runs or []] or None
-    for name in runs or []:
-        validate_name(name, "run")
-    fs, root = get_fs(source, storage_options)
-    root = root.rstrip("/")
-    source = str(source).rstrip("/")
-    if not fs.exists(root):
-        raise SourceNotFoundError(
-            f"{source} does not exist: expected the RL Unplugged root (holding "
-            f"{{Game}}/run_{{r}}-xxxxx-of-yyyyy files) or a game directory. Check the path or "
-            f"URL and the storage options."
-        )
+    fs, root, source = open_root(
+        source,
+        games,
+        runs,
+        storage_options,
+        "the RL Unplugged root (holding {Game}/run_{r}-xxxxx-of-yyyyy files) or a game directory",
+    )
     direct = _list_shards(fs, root, source)
     if direct:
         game = source.split("://", 1)[-1].rsplit("/", 1)[-1]
@@ -298,20 +293,8 @@ def find_runs(
             )
         return _runs_of(source, game, direct, runs, storage_options)
 
-    found_games = sorted(
-        str(e["name"]).rstrip("/").rsplit("/", 1)[-1]
-        for e in fs.ls(root, detail=True)
-        if e.get("type") == "directory"
-    )
-    selected = list(games) if games else found_games
-    missing = [g for g in selected if g not in found_games]
-    if missing:
-        raise SourceNotFoundError(
-            f"games {missing} not found in {source}; found {found_games or 'no game folders'}. "
-            f"Check the names (they are case-sensitive, e.g. 'Pong')."
-        )
     out: list[RluRun] = []
-    for game in selected:
+    for game in select_games(fs, root, source, games):
         listed = _list_shards(fs, f"{root}/{game}", join(source, game))
         if not listed and not games:
             continue  # another folder beside the games
