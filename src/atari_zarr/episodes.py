@@ -14,6 +14,9 @@ go with it (``counts.episodes``, ``terminated_episodes``, ``truncated_episodes``
 * :func:`episode_table` is the one parser of the table a store recorded; it gives
   an :class:`EpisodeTable` (numpy columns, with the first and last row of each
   episode).
+* :func:`return_to_go` is the one definition of a row's return-to-go (the sum of
+  the rewards from the row to its episode's last stored row): the converter's
+  ``--return-to-go`` array and the readers' windows both use it.
 
 This module sits on the bottom floor: it imports numpy and :mod:`atari_zarr.errors` only.
 """
@@ -30,7 +33,16 @@ from numpy.typing import ArrayLike
 
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["EpisodeLedger", "EpisodeTable", "episode_table"]
+__all__ = [
+    "EpisodeLedger",
+    "EpisodeTable",
+    "SourcePart",
+    "episode_checkpoints",
+    "episode_columns",
+    "episode_table",
+    "return_to_go",
+    "source_parts",
+]
 
 
 @dataclass(frozen=True)
@@ -282,3 +294,147 @@ class EpisodeLedger:
         n = len(self.length)
         term = sum(self.terminated)
         return {"episodes": n, "terminated_episodes": term, "truncated_episodes": n - term}
+
+
+def return_to_go(reward: np.ndarray, done: np.ndarray, carry: float = 0.0) -> np.ndarray:
+    """Undiscounted return-to-go of consecutive rows, episodes ending where ``done``.
+
+    Parameters
+    ----------
+    reward : numpy.ndarray
+        Rewards of rows ``a .. b - 1``.
+    done : numpy.ndarray of bool
+        The episode ends after the row.
+    carry : float
+        Return-to-go of row ``b`` if row ``b - 1`` does not end its episode (the
+        rows continue an episode that goes on past the block).
+
+    Returns
+    -------
+    numpy.ndarray of float64
+
+    Examples
+    --------
+    >>> return_to_go(np.array([1.0, 0.0, 1.0, 1.0, 2.0]), np.array([0, 0, 1, 0, 0], bool), 10.0)
+    array([ 2.,  1.,  1., 13., 12.])
+    """
+    reward = np.asarray(reward, dtype=np.float64)
+    n = len(reward)
+    suffix = np.zeros(n + 1)
+    suffix[:n] = np.cumsum(reward[::-1])[::-1]  # suffix[i] = sum(reward[i:])
+    ends = np.flatnonzero(done)
+    nxt = np.searchsorted(ends, np.arange(n))  # first episode end at or after each row
+    has_end = nxt < len(ends)
+    end = ends[np.minimum(nxt, len(ends) - 1)] if len(ends) else np.zeros(n, dtype=np.int64)
+    return np.where(has_end, suffix[:n] - suffix[end + 1], suffix[:n] + carry)
+
+
+@dataclass(frozen=True)
+class SourcePart:
+    """A run of consecutive rows that came from one source checkpoint (or shard).
+
+    Attributes
+    ----------
+    checkpoint : int
+        DQN Replay checkpoint suffix, or RL Unplugged shard index (one checkpoint each).
+    first_row : int
+        First row of the store it became.
+    rows : int
+        Rows it became.
+    """
+
+    checkpoint: int
+    first_row: int
+    rows: int
+
+
+def source_parts(meta: Mapping[str, Any]) -> list[SourcePart]:
+    """The checkpoints (or shards) a converted store's rows came from, in row order.
+
+    Read from the conversion attributes (``conversion.checkpoints`` of DQN Replay
+    stores, ``conversion.shards`` of RL Unplugged stores); parts that gave no row are
+    left out. A recording has none: an empty list.
+
+    Examples
+    --------
+    >>> meta = {"conversion": {"checkpoints": [
+    ...     {"suffix": 3, "first_transition": 0, "transitions": 10},
+    ...     {"suffix": 4, "first_transition": 10, "transitions": 0}]}}
+    >>> source_parts(meta)
+    [SourcePart(checkpoint=3, first_row=0, rows=10)]
+    """
+    conversion = meta.get("conversion")
+    if not isinstance(conversion, Mapping):
+        return []
+    entries = conversion.get("checkpoints", conversion.get("shards"))
+    if not isinstance(entries, list):
+        return []
+    parts = []
+    for entry in entries:
+        if not isinstance(entry, Mapping):
+            return []
+        label = entry.get("suffix", entry.get("shard"))
+        first, rows = entry.get("first_transition"), entry.get("transitions")
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (label, first, rows)):
+            return []
+        if rows > 0:
+            parts.append(SourcePart(int(label), int(first), int(rows)))
+    return parts
+
+
+def episode_checkpoints(meta: Mapping[str, Any], table: EpisodeTable) -> np.ndarray | None:
+    """The checkpoint (or shard) holding each episode's first row; None for a recording.
+
+    RL Unplugged stores record it per episode (``checkpoint_idx``); DQN Replay stores
+    per checkpoint (:func:`source_parts`).
+
+    Examples
+    --------
+    >>> meta = {"conversion": {"checkpoints": [
+    ...     {"suffix": 0, "first_transition": 0, "transitions": 4},
+    ...     {"suffix": 1, "first_transition": 4, "transitions": 4}]}}
+    >>> table = EpisodeTable(np.array([3, 3, 2]), np.array([True, True, False]), None)
+    >>> episode_checkpoints(meta, table).tolist()
+    [0, 0, 1]
+    """
+    episodes = meta.get("episodes")
+    if isinstance(episodes, Mapping) and "checkpoint_idx" in episodes:
+        column = _column(episodes["checkpoint_idx"], "iu", "int64")
+        if column is not None and column.shape == table.length.shape:
+            return column
+    parts = source_parts(meta)
+    if not parts:
+        return None
+    firsts = np.array([p.first_row for p in parts], dtype=np.int64)
+    labels = np.array([p.checkpoint for p in parts], dtype=np.int64)
+    at = np.searchsorted(firsts, table.starts, side="right") - 1
+    return labels[np.clip(at, 0, len(labels) - 1)]
+
+
+def episode_columns(meta: Mapping[str, Any], table: EpisodeTable) -> dict[str, np.ndarray]:
+    """The columns of a store's per-episode table, as ``AtariZarrDataset.episode_table`` shows.
+
+    ``first_row``, ``length``, ``return``, ``terminated``, ``checkpoint`` (where the
+    store knows it) and the source's own returns (RL Unplugged: ``source_return``,
+    ``source_clipped_return``).
+    """
+    n = len(table)
+    out: dict[str, np.ndarray] = {
+        "first_row": table.starts,
+        "length": table.length,
+        "return": table.returns if table.returns is not None else np.full(n, np.nan),
+        "terminated": table.terminated,
+    }
+    checkpoints = episode_checkpoints(meta, table)
+    if checkpoints is not None:
+        out["checkpoint"] = checkpoints
+    episodes = meta.get("episodes")
+    if isinstance(episodes, Mapping):
+        for source, name in (
+            ("episode_return", "source_return"),
+            ("clipped_episode_return", "source_clipped_return"),
+        ):
+            raw = episodes.get(source)
+            if isinstance(raw, list) and len(raw) == n:
+                out[name] = np.array([np.nan if v is None else float(v) for v in raw])
+    return out

@@ -7,7 +7,7 @@ import pytest
 import zarr
 
 from atari_zarr import convert
-from atari_zarr.conversion.derived import return_to_go
+from atari_zarr.episodes import return_to_go
 from atari_zarr.errors import SourceFormatError
 from atari_zarr.info import format_info, store_info
 from atari_zarr.layout import ACTION, ACTION_FULL, ATTRS_KEY, RETURN_TO_GO

@@ -23,7 +23,8 @@ from atari_zarr.layout import (
     TRUNCATED,
     create_store,
 )
-from atari_zarr.read.chunks import ChunkReader, coalesce_ranges
+from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.ranges import coalesce_ranges
 from atari_zarr.testing import fixture_frame
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -200,7 +201,7 @@ def test_cache_is_bounded_and_reused(tmp_path):
     data = np.random.default_rng(0).integers(0, 4, size=a.shape, dtype=np.uint8)
     a[:] = data
     chunk_bytes = 8 * 6 * 5
-    reader = ChunkReader(a, where="b", cache_bytes=8 * chunk_bytes, readahead=False)
+    reader = ChunkReader(a, where="b", cache_bytes=8 * chunk_bytes, decode_ahead=False)
     np.testing.assert_array_equal(reader.read([1, 9, 17]), data[[1, 9, 17]])
     decoded = reader.stats["decoded"]
     np.testing.assert_array_equal(reader.read([2, 10, 18, 3]), data[[2, 10, 18, 3]])
@@ -228,13 +229,13 @@ def test_sequential_reads_prefetch(tmp_path):
     got = [reader.read(np.arange(i, min(i + 20, n))) for i in range(0, n, 20)]
     np.testing.assert_array_equal(np.concatenate(got), data)
     reader.close()
-    assert reader.stats["readahead"] > 0
+    assert reader.stats["decoded_ahead"] > 0
 
 
 def test_dataset_batches_match_zarr(pong_store):
     store = pong_store  # shared, read-only
     ds = AtariZarrDataset(store.url)
-    assert ds._frames.fast
+    assert ds._store.frames.fast
     g = zarr.open_group(store.url, mode="r")
     obs = g[OBSERVATION][:]
     done = g[TERMINATED][:] | g[TRUNCATED][:]
@@ -261,7 +262,7 @@ def test_remote_store_reads_only_needed_ranges(pong_store):
         fs = fsspec.filesystem("gs", **opts)
         fs.put(store.url, "bench/Pong/1.zarr", recursive=True)
         remote = AtariZarrDataset("gs://bench/Pong/1.zarr", storage_options=opts)
-        assert remote._frames.fast
+        assert remote._store.frames.fast
         rows = np.array([0, 5, 5, len(local) - 1, 300, 17])
         proxy.reset()
         got = remote[rows]

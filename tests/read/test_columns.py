@@ -67,9 +67,9 @@ def test_open_does_not_read_per_step_chunks(tmp_path):
     group.attrs[ATTRS_KEY] = {**group.attrs[ATTRS_KEY], "complete": True}
     ds = AtariZarrDataset(str(tmp_path / "big.zarr"))
     assert len(ds) == n
-    assert not ds._action._loaded.any()
+    assert not ds._store.action._loaded.any()
     b = ds[[0, 999, n - 1]]  # missing chunks read as the fill value
     assert b["observation"].sum() == 0
     assert b["episode"].tolist() == [0, 0, len(lengths) - 1]
     assert b["next", "terminated"][:, 0].tolist() == [False, True, True]
-    assert int(ds._action._loaded.sum()) == 2
+    assert int(ds._store.action._loaded.sum()) == 2

@@ -10,7 +10,7 @@ import torch
 
 from atari_zarr import AtariZarrDataset
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.read.dataset import collate_batch, stacked_rows
+from atari_zarr.read.dataset import collate_batch
 
 
 @pytest.fixture
@@ -63,8 +63,11 @@ def test_frame_stack_uses_one_frame_fetch(converted, monkeypatch):
     store, _ = converted
     ds = AtariZarrDataset(store.url, frame_stack=4)
     calls = []
-    original = ds.read_frames
-    monkeypatch.setattr(ds, "read_frames", lambda rows: calls.append(len(rows)) or original(rows))
+    frames = ds._store.frames
+    original = frames.read
+    monkeypatch.setattr(
+        frames, "read", lambda rows, out=None: calls.append(len(rows)) or original(rows, out)
+    )
     ds[np.arange(0, 40, 3)]
     assert len(calls) == 1
 
@@ -74,12 +77,6 @@ def test_frame_stack_must_be_a_positive_int(converted, bad):
     store, _ = converted
     with pytest.raises(InvalidArgumentError, match="frame_stack must be a positive integer"):
         AtariZarrDataset(store.url, frame_stack=bad)
-
-
-def test_stacked_rows_pads_before_the_episode_start():
-    w, v = stacked_rows(np.array([0, 10]), np.array([0, 9]), 4)
-    assert w.tolist() == [[-3, -2, -1, 0], [7, 8, 9, 10]]
-    assert v.tolist() == [[False, False, False, True], [False, False, True, True]]
 
 
 def test_getitems_is_the_batched_path(converted):

@@ -44,8 +44,8 @@ def test_prefetch_gives_the_batches_of_sample(pong_store, frame_stack):
             _same(a, b)
         # the generator is where the plain calls left it: nothing drawn beyond the 7 batches
         assert torch.equal(g1.get_state(), g2.get_state())
-        stats = remote._frames.stats
-        assert stats["prefetched"] > 0
+        stats = remote._store.frames.stats
+        assert stats["fetched_ahead"] > 0
         # fetched ahead, so the reads found their bytes: fewer requests than chunks decoded
         assert stats["requests"] < stats["decoded"]
     finally:
@@ -62,7 +62,7 @@ def test_prefetch_zero_and_local_stores(pong_store):
         want = [ds.sample(16, generator=g2) for _ in range(3)]
         for a, b in zip(got, want, strict=True):
             _same(a, b)
-    assert ds._frames.stats["prefetched"] == 0  # a local store is a memory map
+    assert ds._store.frames.stats["fetched_ahead"] == 0  # a local store is a memory map
     endless = ds.sample_iter(8, prefetch=1)
     assert [len(next(endless)) for _ in range(5)] == [8] * 5
 
@@ -81,18 +81,18 @@ def test_a_failed_prefetch_is_reported_by_the_read(pong_store, monkeypatch):
     url = _memory_copy(pong_store.url, "prefetch-fail")
     try:
         ds = AtariZarrDataset(url)
-        frames = ds._frames
+        frames = ds._store.frames
         rows = np.array([1, 200, 400])
-        real_fetch = frames._fetch
+        real_fetch = frames.engine.fetch
 
         def refuse(cids):
             raise OSError("connection reset")
 
-        monkeypatch.setattr(frames, "_fetch", refuse)
-        assert frames.prefetch(rows).result() is None  # the failure is not raised here
+        monkeypatch.setattr(frames.engine, "fetch", refuse)
+        assert frames.fetch_ahead(rows).result() is None  # the failure is not raised here
         with pytest.raises(OSError, match="connection reset"):
             ds[rows]  # the read asks again, and reports the failure itself
-        monkeypatch.setattr(frames, "_fetch", real_fetch)
+        monkeypatch.setattr(frames.engine, "fetch", real_fetch)
         _same(ds[rows], AtariZarrDataset(pong_store.url)[rows])
     finally:
         fsspec.filesystem("memory").rm("/prefetch-fail", recursive=True)
@@ -114,7 +114,7 @@ def test_mixture_prefetch_gives_the_batches_of_sample(pong_store):
             _same(a, b)
             assert torch.equal(a["game_id"], b["game_id"])
         assert torch.equal(g1.get_state(), g2.get_state())
-        assert remote.datasets[0]._frames.stats["prefetched"] > 0
+        assert remote.datasets[0]._store.frames.stats["fetched_ahead"] > 0
         with pytest.raises(InvalidArgumentError, match="prefetch must be"):
             next(remote.sample_iter(8, prefetch=-2))
     finally:
@@ -131,7 +131,7 @@ def test_the_local_range_cache_serves_other_rows_of_fetched_chunks(pong_store, t
         first = AtariZarrDataset(url, cache=tmp_path / "cache")
         first[rows]
         again = AtariZarrDataset(url, cache=tmp_path / "cache")
-        store = again._frames.array.store_path.store
+        store = again._store.frames.array.store_path.store
         before = store.misses
         _same(again[rows[::3]], AtariZarrDataset(pong_store.url)[rows[::3]])
         assert store.misses == before  # every chunk (and shard index) came from the cache

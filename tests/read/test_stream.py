@@ -241,7 +241,7 @@ def test_two_ranks_times_two_workers_cover_the_epoch_once(small_store: str) -> N
 def test_batches_larger_than_units(small_store: str, caplog) -> None:
     """A batch spanning many segments holds more units than the window: the slab grows."""
     ds = AtariZarrDataset(small_store)
-    stream = ds.stream(1500, seed=1, unit_rows=256, shuffle_buffer=512, prefetch=1)
+    stream = ds.stream(1500, seed=1, unit_rows=256, shuffle_buffer=512, units_ahead=1)
     with caplog.at_level("DEBUG", logger="atari_zarr"):
         batches = list(stream)
     assert "growing the slab" in caplog.text
@@ -347,13 +347,13 @@ def test_epochs_and_bad_arguments(small_store: str) -> None:
     for kwargs, match in [
         ({"batch_size": 0}, "batch_size must be a positive integer"),
         ({"batch_size": 8, "unit_rows": 100}, "unit_rows must be a multiple"),
-        ({"batch_size": 8, "prefetch": 0}, "prefetch must be a positive integer"),
+        ({"batch_size": 8, "units_ahead": 0}, "units_ahead must be a positive integer"),
         ({"batch_size": 8, "rank": 2, "world_size": 2}, r"rank must be in \[0, world_size\)"),
     ]:
         with pytest.raises(InvalidArgumentError, match=match):
             ds.stream(**kwargs)
     assert (
-        stream_memory_bound(shuffle_buffer=0, prefetch=1, unit_rows=16)
+        stream_memory_bound(shuffle_buffer=0, units_ahead=1, unit_rows=16)
         == 3 * 17 * 84 * 84 + 17 * 84 * 84
     )
 
@@ -378,7 +378,7 @@ def test_unsharded_layout_reads_through_zarr(tmp_path, small_store: str) -> None
             b[:] = a[:n]
     ds = AtariZarrDataset(str(tmp_path / "u.zarr"), frame_stack=2)
     stream = ds.stream(512, seed=3)
-    assert not stream._frames.fast
+    assert not stream.fast
     batches = list(stream)
     assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))
     assert_same(ds, batches)

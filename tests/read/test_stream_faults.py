@@ -90,7 +90,7 @@ def test_a_503_mid_stream_is_retried_and_the_epoch_is_exact(
     remote: dict[str, Any], local_store: str
 ) -> None:
     proxy: CountingProxy = remote["proxy"]
-    opts = {"seed": 8, "unit_rows": UNIT, "prefetch": 1, "shuffle_buffer": 2 * UNIT}
+    opts = {"seed": 8, "unit_rows": UNIT, "units_ahead": 1, "shuffle_buffer": 2 * UNIT}
     want = list(AtariZarrDataset(local_store).stream(300, **opts))
     ds = AtariZarrDataset(remote["url"], storage_options=remote["opts"])
     got = []
@@ -112,7 +112,7 @@ def test_server_gone_mid_stream_fails_clearly_within_the_deadline(local_store: s
         ds = AtariZarrDataset(
             f"gs://{BUCKET}/gone/Pong/1.zarr", storage_options=srv.storage_options(), timeout=2
         )
-        stream = iter(ds.stream(256, seed=0, unit_rows=UNIT, prefetch=1, shuffle_buffer=UNIT))
+        stream = iter(ds.stream(256, seed=0, unit_rows=UNIT, units_ahead=1, shuffle_buffer=UNIT))
         next(stream)
         srv.kill()
         started = time.monotonic()

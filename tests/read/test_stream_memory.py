@@ -44,7 +44,7 @@ def test_rss_stays_under_the_bound_over_an_epoch(large_store: str) -> None:
     Measured in this process: the baseline is taken right before the epoch, after a
     warm-up batch loaded every code path; polled after every batch.
     """
-    options = {"shuffle_buffer": 4096, "prefetch": 1}
+    options = {"shuffle_buffer": 4096, "units_ahead": 1}
     ds = AtariZarrDataset(large_store)
     next(iter(ds.stream(256, seed=1, **options)))
     gc.collect()

@@ -260,8 +260,11 @@ def test_slice_sampling_fetches_frames_once(root, monkeypatch):
     # SliceSampler reads the batch for its done flags, then the buffer reads it again
     ds = AtariZarrExperienceReplay("Pong/1", batch_size=32, slice_len=8, root=root)
     calls = []
-    original = ds.dataset.read_frames
-    monkeypatch.setattr(ds.dataset, "read_frames", lambda rows: calls.append(1) or original(rows))
+    frames = ds.dataset._store.frames
+    original = frames.read
+    monkeypatch.setattr(
+        frames, "read", lambda rows, out=None: calls.append(1) or original(rows, out)
+    )
     ds.sample()
     assert len(calls) == 1
 

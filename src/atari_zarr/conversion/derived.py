@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from atari_zarr.episodes import return_to_go
 from atari_zarr.errors import SourceFormatError
 from atari_zarr.layout import (
     ACTION,
@@ -34,42 +35,9 @@ from atari_zarr.layout import (
     get_array,
 )
 
-__all__ = ["return_to_go", "write_action_full", "write_derived", "write_return_to_go"]
+__all__ = ["write_action_full", "write_derived", "write_return_to_go"]
 
 log = logging.getLogger("atari_zarr")
-
-
-def return_to_go(reward: np.ndarray, done: np.ndarray, carry: float = 0.0) -> np.ndarray:
-    """Undiscounted return-to-go of consecutive rows, episodes ending where ``done``.
-
-    Parameters
-    ----------
-    reward : numpy.ndarray
-        Rewards of rows ``a .. b - 1``.
-    done : numpy.ndarray of bool
-        The episode ends after the row.
-    carry : float
-        Return-to-go of row ``b`` if row ``b - 1`` does not end its episode (the
-        rows continue an episode that goes on past the block).
-
-    Returns
-    -------
-    numpy.ndarray of float64
-
-    Examples
-    --------
-    >>> return_to_go(np.array([1.0, 0.0, 1.0, 1.0, 2.0]), np.array([0, 0, 1, 0, 0], bool), 10.0)
-    array([ 2.,  1.,  1., 13., 12.])
-    """
-    reward = np.asarray(reward, dtype=np.float64)
-    n = len(reward)
-    suffix = np.zeros(n + 1)
-    suffix[:n] = np.cumsum(reward[::-1])[::-1]  # suffix[i] = sum(reward[i:])
-    ends = np.flatnonzero(done)
-    nxt = np.searchsorted(ends, np.arange(n))  # first episode end at or after each row
-    has_end = nxt < len(ends)
-    end = ends[np.minimum(nxt, len(ends) - 1)] if len(ends) else np.zeros(n, dtype=np.int64)
-    return np.where(has_end, suffix[:n] - suffix[end + 1], suffix[:n] + carry)
 
 
 def _write_new(group: zarr.Group, name: str, n: int) -> zarr.Array:

@@ -58,7 +58,7 @@ class StepColumn:
 
     def __init__(self, array: zarr.Array, *, where: str, remedy: str | None = None) -> None:
         self._reader = ChunkReader(
-            array, where=where, cache_bytes=0, threads=1, readahead=False, remedy=remedy
+            array, where=where, cache_bytes=0, threads=1, decode_ahead=False, remedy=remedy
         )
         self.dtype = np.dtype(array.dtype)
         self._n = int(array.shape[0])

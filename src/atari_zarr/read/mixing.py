@@ -9,6 +9,7 @@ stores, never with the number of transitions.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,13 +19,15 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError
-from atari_zarr.read.ahead import batches_ahead, check_prefetch
 from atari_zarr.read.dataset import AtariZarrDataset
+from atari_zarr.read.draw import check_prefetch, draw_ahead
 from atari_zarr.read.indexing import normalize_index
+from atari_zarr.read.items import Items
+from atari_zarr.read.windows import WindowDataset
 from atari_zarr.storage.catalog import complete_stores, name_to_url, store_state
 
 if TYPE_CHECKING:
-    from atari_zarr.read.stream import MultiGameStream
+    from atari_zarr.read.stream import EpochStream
 
 __all__ = ["MixtureSampler", "MultiGameDataset", "draw_mixture", "store_probabilities"]
 
@@ -94,10 +97,21 @@ class MultiGameDataset(torch.utils.data.Dataset):
                 f"batches need one observation shape: open them with the same frame_stack"
             )
         self.games = [f"{d.game}/{d.run}" if d.game is not None else d.url for d in self.datasets]
-        lengths = np.array([len(d) for d in self.datasets], dtype=np.int64)
+        self._weights_given = None if weights is None else list(weights)
+        self._set_parts(list(self.datasets))
+
+    def _set_parts(self, parts: list[Any]) -> None:
+        """Items come from ``parts`` (the datasets, or their windows), one per store."""
+        self.parts = parts
+        lengths = np.array([len(p) for p in parts], dtype=np.int64)
+        #: Global item number of each store's first item.
         self.offsets = np.concatenate([[0], np.cumsum(lengths)])
+        #: Global index of each store's first row (the ``index`` of items).
+        self.row_offsets = np.concatenate([[0], np.cumsum([len(d) for d in self.datasets])]).astype(
+            np.int64
+        )
         #: Probability of drawing each store (sums to 1; 0 for empty stores).
-        self.weights = store_probabilities(lengths, weights, self.games)
+        self.weights = store_probabilities(lengths, self._weights_given, self.games)
 
     @classmethod
     def from_root(
@@ -156,23 +170,25 @@ class MultiGameDataset(torch.utils.data.Dataset):
         """``(game_id, row)`` of each global index (any index ``__getitem__`` takes)."""
         return self._split(self._rows(idx)[0])
 
+    def _tag(self, td: TensorDict, g: int) -> TensorDict:
+        """``td`` from store ``g``: its rows under ``row``, global ``index``, ``game_id``."""
+        idx = td["index"]
+        td["row"] = idx
+        # padding positions of windows keep their -1
+        td["index"] = torch.where(idx >= 0, idx + int(self.row_offsets[g]), idx)
+        td["game_id"] = torch.full(td.batch_size, int(g), dtype=torch.int64)
+        return td
+
     def __getitem__(self, idx: Any) -> TensorDict:
         rows, scalar = self._rows(idx)
         game, row = self._split(rows)
         parts, where = [], []
         for g in np.unique(game):
             sel = np.flatnonzero(game == g)
-            td = self.datasets[g][row[sel]]
-            td["row"] = td["index"]
-            td["index"] = torch.from_numpy(self.offsets[g] + row[sel])
-            td["game_id"] = torch.full((len(sel),), int(g), dtype=torch.int64)
-            parts.append(td)
+            parts.append(self._tag(self.parts[g][row[sel]], int(g)))
             where.append(sel)
         if not parts:
-            out = self.datasets[0][np.zeros(0, dtype=np.int64)]
-            out["row"] = out["index"]
-            out["game_id"] = torch.zeros(0, dtype=torch.int64)
-            return out
+            return self._tag(self.parts[0][np.zeros(0, dtype=np.int64)], 0)
         out = torch.cat(parts) if len(parts) > 1 else parts[0]
         order = np.argsort(np.concatenate(where), kind="stable")
         if len(parts) > 1:
@@ -226,10 +242,9 @@ class MultiGameDataset(torch.utils.data.Dataset):
         def fetch_ahead(rows: np.ndarray) -> None:
             game, row = self._split(rows)
             for g in np.unique(game).tolist():
-                ds = self.datasets[g]
-                ds._frames.prefetch(ds._frame_rows(row[game == g]))
+                self.parts[g].fetch_ahead(row[game == g])
 
-        yield from batches_ahead(
+        yield from draw_ahead(
             lambda: draw_mixture(self.offsets, self.weights, size, generator).numpy(),
             self.__getitem__,
             fetch_ahead,
@@ -237,24 +252,69 @@ class MultiGameDataset(torch.utils.data.Dataset):
             batches=batches,
         )
 
-    def stream(self, batch_size: int, **kwargs: Any) -> MultiGameStream:
+    def windows(self, length: int, *, pad: bool = False) -> MultiGameDataset:
+        """Windows of ``length`` steps of every store, mixed as this dataset mixes transitions.
+
+        Items are the windows of :meth:`AtariZarrDataset.windows
+        <atari_zarr.AtariZarrDataset.windows>` (``[K]`` TensorDicts) of every store,
+        numbered store after store, with ``game_id``, ``row`` and the global
+        ``index`` ``[K]``; :meth:`sample`, :meth:`sampler` and :meth:`stream` draw
+        stores with the same weights (default: proportional to their windows). With
+        ``full_action_space=True`` on the stores (:class:`AtariZarrDataset`), actions
+        are ALE's 18 actions, one space for every game (Multi-Game Decision
+        Transformer).
+
+        Examples
+        --------
+        >>> mix = MultiGameDataset([store_url, store_url]).windows(4)
+        >>> batch = mix.sample(6, generator=torch.Generator().manual_seed(0))
+        >>> batch.batch_size, batch["game_id"].shape
+        (torch.Size([6, 4]), torch.Size([6, 4]))
+        """
+        out = copy.copy(self)
+        out._set_parts([d.windows(length, pad=pad) for d in self.datasets])
+        return out
+
+    def stream(self, batch_size: int, **kwargs: Any) -> EpochStream:
         """One epoch of every store, interleaved by the weights, as TED batches.
 
-        Every transition of every store once per epoch; each batch takes from each
-        store a multinomial share by weight (stores that ran out leave the mix), and
-        carries ``game_id``, ``row`` and ``index`` as ``self[idx]`` does. Options
-        are those of :meth:`AtariZarrDataset.stream
-        <atari_zarr.AtariZarrDataset.stream>`. See ``docs/streaming.md``.
+        Every item (transition, or window after :meth:`windows`) of every store once
+        per epoch; each batch takes from each store a multinomial share by weight
+        (stores that ran out leave the mix), and carries ``game_id``, ``row`` and
+        ``index`` as ``self[idx]`` does. Options are those of
+        :meth:`AtariZarrDataset.stream <atari_zarr.AtariZarrDataset.stream>`. See
+        ``docs/streaming.md``.
 
         Returns
         -------
-        MultiGameStream
+        EpochStream
             Iterable of batches and a ``torch.utils.data.IterableDataset`` with
             ``state_dict()``/``load_state_dict()``.
-        """
-        from atari_zarr.read.stream import MultiGameStream
 
-        return MultiGameStream(self, batch_size, **kwargs)
+        Examples
+        --------
+        >>> mix = MultiGameDataset([store_url, store_url])
+        >>> batches = list(mix.stream(100, seed=0, unit_rows=64))
+        >>> sorted(torch.cat([b["index"] for b in batches]).tolist()) == list(range(len(mix)))
+        True
+        >>> sorted(set(batches[0]["game_id"].tolist()))
+        [0, 1]
+        """
+        from atari_zarr.read.stream import stream_over
+
+        items = [
+            p.items if isinstance(p, WindowDataset) else Items.transitions(len(p))
+            for p in self.parts
+        ]
+        return stream_over(
+            [d._store for d in self.datasets],
+            items,
+            batch_size,
+            frame_stack=self.datasets[0].frame_stack,
+            weights=self.weights,
+            several=True,
+            **kwargs,
+        )
 
 
 def store_probabilities(

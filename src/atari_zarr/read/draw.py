@@ -1,11 +1,17 @@
 """Random batches drawn ahead of use, so their fetches overlap: one loop for every reader.
 
-:meth:`AtariZarrDataset.sample_iter <atari_zarr.AtariZarrDataset.sample_iter>` and
-:meth:`MultiGameDataset.sample_iter <atari_zarr.MultiGameDataset.sample_iter>` draw
-their batches in groups of ``prefetch``, in the same order as repeated ``sample()``
-calls would, and hand each group's rows to the chunk reader's prefetch before the
-first of them is read: the chunks of a whole group that lie close together in a
-shard then share one request.
+"Drawn ahead" is one of four kinds of "ahead" in :mod:`atari_zarr.read`, each with
+its own name: batches *drawn* ahead (here: ``sample_iter(prefetch=k)``, as TorchRL's
+``prefetch``), encoded chunks *fetched* ahead (``ChunkReader.fetch_ahead``), chunks
+*decoded* ahead of a sequential reader (``ChunkReader(decode_ahead=True)``), and
+stream units read ahead (``stream(units_ahead=k)``).
+
+:meth:`AtariZarrDataset.sample_iter <atari_zarr.AtariZarrDataset.sample_iter>`,
+:meth:`MultiGameDataset.sample_iter <atari_zarr.MultiGameDataset.sample_iter>` and
+the windows' ``sample_iter`` draw their batches in groups of ``prefetch``, in the
+same order as repeated ``sample()`` calls would, and hand each group's items to
+the reader's ``fetch_ahead`` before the first of them is read: the chunks of a
+whole group that lie close together in a shard then share one request.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import numpy as np
 
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["batches_ahead", "check_prefetch"]
+__all__ = ["check_prefetch", "draw_ahead"]
 
 T = TypeVar("T")
 
@@ -42,7 +48,7 @@ def check_prefetch(prefetch: object, where: str) -> int:
     return prefetch
 
 
-def batches_ahead(
+def draw_ahead(
     draw: Callable[[], np.ndarray],
     read: Callable[[np.ndarray], T],
     fetch_ahead: Callable[[np.ndarray], object],
@@ -71,7 +77,7 @@ def batches_ahead(
     --------
     >>> rows = iter([np.array([0]), np.array([1]), np.array([2])])
     >>> asked = []
-    >>> got = batches_ahead(lambda: next(rows), lambda r: int(r[0]), asked.append,
+    >>> got = draw_ahead(lambda: next(rows), lambda r: int(r[0]), asked.append,
     ...                     prefetch=2, batches=3)
     >>> list(got), [a.tolist() for a in asked]
     ([0, 1, 2], [[0, 1], [2]])

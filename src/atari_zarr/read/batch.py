@@ -1,0 +1,343 @@
+"""The one TED-batch builder: which frames a batch needs, stacks as views, the TensorDict.
+
+Every reader of this package (random access, the epoch stream, windows) builds its
+batches here, so a transition looks the same whichever way it was read.
+
+**Items.** A batch holds ``B`` items; an item is ``L`` consecutive rows of one
+episode starting at row ``s`` (``L = 1``: a transition; ``L = K``: a window). With
+``frame_stack = k``, the item's observations are the ``k``-frame stacks ending at
+rows ``s .. s + L - 1`` and its next observations the stacks one step later.
+
+**Distinct frames, stacks as views.** These ``L`` stacks and ``L`` next stacks
+hold only ``L + k`` distinct frames: rows ``s - k + 1 .. s + L``, the last being
+the frame after the item's last row. :class:`FramePlan` says which rows those are
+and which of them exist: frames before the episode's first row are zeros (as
+dopamine stacks them), and so is the frame after a row that ends its episode
+(DQN Replay never stored it) unless the store keeps it in ``final_observation``.
+The reader gathers each distinct frame once into a :class:`FrameBuffer`, and the
+stacks are strided views of it (``torch.as_strided``): a ``[B, K, 4, 84, 84]``
+window batch costs the memory traffic of ``[B, K + 4, 84, 84]``. Views are not
+contiguous; call ``.contiguous()`` where a contiguous tensor is needed.
+
+**Padding.** A window of an episode shorter than ``K`` (``pad=True``) has ``valid
+< K`` real rows; the rest are zeros, with ``mask`` False and ``index`` -1.
+
+Examples
+--------
+>>> plan = FramePlan(starts=np.array([10, 20]), length=1, stack=2,
+...                  first=np.array([10, 0]), last_done=np.array([False, True]), n_rows=100)
+>>> plan.rows.tolist(), plan.valid.tolist()
+([[9, 10, 11], [19, 20, 21]], [[False, True, True], [True, True, False]])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from atari_zarr.read.pool import BufferPool
+
+__all__ = [
+    "FrameBuffer",
+    "FramePlan",
+    "collate_batch",
+    "finish_batch",
+    "item_fields",
+    "put_final_frames",
+    "ted_batch",
+]
+
+
+class FramePlan:
+    """The distinct frames of a batch of items: their rows and which of them exist.
+
+    Parameters
+    ----------
+    starts : numpy.ndarray
+        ``(B,)`` first row of each item.
+    length : int
+        ``L``, rows per item.
+    stack : int
+        ``k``, frames per observation.
+    first : numpy.ndarray
+        ``(B,)`` first row of each item's episode.
+    last_done : numpy.ndarray of bool
+        ``(B,)`` the item's last real row ends its episode.
+    n_rows : int
+        Rows of the store (no frame at or after it).
+    valid : numpy.ndarray, optional
+        ``(B,)`` real rows of each item (``<= L``; default all ``L``).
+
+    Attributes
+    ----------
+    rows : numpy.ndarray
+        ``(B, L + k)`` int64, rows ``s - k + 1 .. s + L``.
+    valid : numpy.ndarray
+        ``(B, L + k)`` bool, the frames that exist (the others are zeros).
+    next_pos : numpy.ndarray
+        ``(B,)`` position of the frame after each item's last real row.
+    """
+
+    def __init__(
+        self,
+        *,
+        starts: np.ndarray,
+        length: int,
+        stack: int,
+        first: np.ndarray,
+        last_done: np.ndarray,
+        n_rows: int,
+        valid: np.ndarray | None = None,
+    ) -> None:
+        starts = np.asarray(starts, dtype=np.int64)
+        first = np.asarray(first, dtype=np.int64)
+        self.last_done = np.asarray(last_done, dtype=bool)
+        self.length, self.stack = int(length), int(stack)
+        k, width = self.stack, self.length + self.stack
+        self.rows = starts[:, None] + np.arange(1 - k, self.length + 1, dtype=np.int64)[None, :]
+        if valid is None:
+            # every row of an item exists: frames before the episode are padding, the
+            # frame after the last row exists unless that row ends the episode
+            self.real = np.full(len(starts), self.length, dtype=np.int64)
+            self.next_pos = np.full(len(starts), width - 1, dtype=np.int64)
+            ok = np.ones(self.rows.shape, dtype=bool) if k == 1 else self.rows >= first[:, None]
+            ok[:, -1] = ~self.last_done
+            if starts.size and int(self.rows[:, -1].max()) >= n_rows:
+                ok[:, -1] &= self.rows[:, -1] < n_rows
+            self.valid = ok
+            return
+        self.real = np.asarray(valid, dtype=np.int64)
+        self.next_pos = self.real + (k - 1)
+        pos = np.arange(width, dtype=np.int64)[None, :]
+        ok = (self.rows >= first[:, None]) & (pos < self.next_pos[:, None])
+        nxt = (pos == self.next_pos[:, None]) & ~self.last_done[:, None]
+        self.valid = (ok | nxt) & (self.rows < n_rows)
+
+    @property
+    def padded(self) -> bool:
+        """True when some item has fewer real rows than ``L``."""
+        return bool((self.real < self.length).any())
+
+
+class FrameBuffer:
+    """A batch's distinct frames, gathered once, and the observation stacks as views.
+
+    Parameters
+    ----------
+    pool : BufferPool
+        Where the memory comes from.
+    batch, length, stack : int
+        ``B``, ``L`` and ``k``.
+    frame_shape : tuple of int
+        Shape of one frame (``(84, 84)``).
+
+    Notes
+    -----
+    The frames live in one array; :meth:`flat` gives, for a ``(B, L + k)`` array
+    of per-frame values, the same values in the order of that array's rows, so a
+    gather (``np.take(..., out=buffer.frames)``) fills every distinct frame in one
+    pass. Single transitions without stacking keep observations and next
+    observations in two contiguous blocks (the layout of earlier releases).
+    """
+
+    def __init__(
+        self, pool: BufferPool, batch: int, length: int, stack: int, frame_shape: tuple[int, ...]
+    ) -> None:
+        self.batch, self.length, self.stack = batch, length, stack
+        self.frame_shape = tuple(frame_shape)
+        self.width = length + stack
+        # two contiguous blocks [2, B]: observation and next observation
+        self._columns = length == 1 and stack == 1
+        shape = (2, batch) if self._columns else (batch, self.width)
+        self.array = pool.take((*shape, *self.frame_shape))
+        #: Every frame, one per row, in memory order (gather into this).
+        self.frames = self.array.reshape(-1, *self.frame_shape)
+
+    def flat(self, per_frame: np.ndarray) -> np.ndarray:
+        """``(B, L + k)`` values as one array in the order of :attr:`frames`."""
+        return per_frame.T.ravel() if self._columns else per_frame.ravel()
+
+    def views(self, window: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Observation and next observation: ``[B, (L,) (k,) *frame]`` views of the frames.
+
+        The ``L`` dimension is there for windows (``window``, default ``L > 1``).
+        """
+        t = torch.from_numpy(self.array)
+        b, length, k = self.batch, self.length, self.stack
+        window = length > 1 if window is None else window
+        if self._columns:
+            obs, nxt = t[0], t[1]
+        elif length == 1:  # a transition: [B, k, *frame]
+            obs, nxt = t[:, :k], t[:, 1:]
+        elif k == 1:  # a window of single frames: [B, L, *frame]
+            return t[:, :length], t[:, 1:]
+        else:
+            # a window of stacks: [B, L, k, *frame], stack t is frames t .. t + k - 1
+            sb, sj, *rest = t.stride()
+            shape = (b, length, k, *self.frame_shape)
+            stride = (sb, sj, sj, *rest)
+            return (
+                torch.as_strided(t, shape, stride, 0),
+                torch.as_strided(t, shape, stride, sj),
+            )
+        if window:  # a window of one step
+            return obs.unsqueeze(1), nxt.unsqueeze(1)
+        return obs, nxt
+
+
+def ted_batch(
+    observation: torch.Tensor,
+    next_observation: torch.Tensor,
+    *,
+    action: np.ndarray,
+    reward: np.ndarray,
+    terminated: np.ndarray,
+    truncated: np.ndarray,
+    episode: np.ndarray,
+    index: np.ndarray,
+    extra: dict[str, Any] | None = None,
+) -> TensorDict:
+    """The TED TensorDict of a batch; its batch size is the leading shape of ``action``.
+
+    Per-step arrays have shape ``(B,)`` (transitions) or ``(B, K)`` (windows).
+    Rewards and flags get a trailing dimension of 1, as TorchRL's losses expect;
+    ``done``, ``terminated`` and ``truncated`` at the top are False (a stored state
+    is never final). ``extra`` entries are added at the top as they are (arrays are
+    turned into tensors).
+
+    Examples
+    --------
+    >>> z = torch.zeros(2, 84, 84, dtype=torch.uint8)
+    >>> td = ted_batch(z, z, action=np.array([1, 2]), reward=np.array([0.0, 1.0], np.float32),
+    ...                terminated=np.array([False, True]), truncated=np.zeros(2, bool),
+    ...                episode=np.array([0, 0]), index=np.array([5, 6]))
+    >>> td["next", "done"].flatten().tolist(), td["done"].shape
+    ([False, True], torch.Size([2, 1]))
+    """
+    shape = tuple(np.shape(action))
+    size = torch.Size(shape)
+    col = (*shape, 1)
+    false = torch.zeros((3, *col), dtype=torch.bool)  # one allocation, three tensors
+    term = torch.from_numpy(np.ascontiguousarray(terminated, dtype=bool).reshape(col))
+    trunc = torch.from_numpy(np.ascontiguousarray(truncated, dtype=bool).reshape(col))
+    entries: dict[str, Any] = {
+        "observation": observation,
+        "action": torch.from_numpy(np.asarray(action, dtype=np.int64)),
+        "episode": torch.from_numpy(np.asarray(episode, dtype=np.int64)),
+        "index": torch.from_numpy(np.asarray(index, dtype=np.int64)),
+        "done": false[0],
+        "terminated": false[1],
+        "truncated": false[2],
+        "next": _tensordict(
+            {
+                "observation": next_observation,
+                "reward": torch.from_numpy(
+                    np.array(reward, dtype=np.float32, copy=True).reshape(col)
+                ),
+                "terminated": term,
+                "truncated": trunc,
+                "done": term | trunc,
+            },
+            size,
+        ),
+    }
+    for key, value in (extra or {}).items():
+        entries[key] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    return _tensordict(entries, size)
+
+
+def _tensordict(entries: dict[str, Any], size: torch.Size) -> TensorDict:
+    """A TensorDict of entries whose shapes are known to be right.
+
+    The shapes are ours, built above: tensordict's checks of every entry would cost
+    about a fifth of a batch's Python time, so its unchecked constructor is used
+    where this tensordict has it.
+    """
+    make = getattr(TensorDict, "_new_unsafe", None)
+    if make is not None:
+        return make(entries, batch_size=size)  # type: ignore[no-any-return]
+    return TensorDict(entries, batch_size=size)  # pragma: no cover - older tensordict
+
+
+def put_final_frames(
+    buffer: FrameBuffer, items: np.ndarray, positions: np.ndarray, frames: np.ndarray
+) -> None:
+    """Write ``frames`` (one per item of ``items``) at ``positions`` of ``buffer``."""
+    which = np.full((buffer.batch, buffer.width), -1, dtype=np.int64)
+    which[items, positions] = np.arange(len(items))
+    flat = buffer.flat(which)
+    at = np.flatnonzero(flat >= 0)
+    buffer.frames[at] = frames[flat[at]]
+
+
+def item_fields(
+    rows: np.ndarray, exists: np.ndarray | None, steps: dict[str, np.ndarray], *, window: bool
+) -> dict[str, Any]:
+    """Per-step fields of a batch of items, shaped and padded: ``ted_batch`` arguments.
+
+    ``rows`` and ``exists`` are ``(B, L)`` (``exists`` None: every position is real);
+    ``steps`` holds flat ``(B * L,)`` values per name (taken at an existing row where
+    the position is padding). Padding positions become zeros (False flags), ``index``
+    -1; with ``window``, ``mask`` says which positions are real, and the fields keep
+    their ``(B, L)`` shape (else ``(B,)``).
+    """
+    b, length = rows.shape
+    shape = (b, length) if window else (b,)
+    out: dict[str, Any] = {}
+    for name, values in steps.items():
+        arr = values.reshape(shape)
+        if exists is not None:
+            arr = np.where(exists.reshape(shape), arr, np.zeros((), dtype=arr.dtype))
+        out[name] = arr
+    index = rows if exists is None else np.where(exists, rows, -1)
+    out["index"] = index.reshape(shape)
+    if window:
+        out["mask"] = np.ones((b, length), dtype=bool) if exists is None else exists.copy()
+    return out
+
+
+def finish_batch(obs: Any, nxt: Any, plan: FramePlan, fields: dict[str, Any]) -> TensorDict:
+    """The TensorDict of a batch, padded positions of stacks zeroed."""
+    if plan.padded and plan.length > 1:
+        # observations are views of shared frames: a padded position still shows the
+        # episode's last frames (or its final one); copy and zero them, so padding is
+        # zeros everywhere
+        keep = fields["mask"]
+        obs = obs.clone()
+        nxt = nxt.clone()
+        pad = torch.from_numpy(~keep)
+        obs[pad] = 0
+        nxt[pad] = 0
+    extras = {k: fields.pop(k) for k in ("return_to_go", "timestep", "mask") if k in fields}
+    if "return_to_go" in extras:
+        extras["return_to_go"] = np.ascontiguousarray(extras["return_to_go"], dtype=np.float32)[
+            ..., None
+        ]
+    if "timestep" in extras:
+        extras["timestep"] = np.ascontiguousarray(extras["timestep"], dtype=np.int64)
+    return ted_batch(obs, nxt, extra=extras, **fields)
+
+
+def collate_batch(batch: Any) -> Any:
+    """``collate_fn`` for ``DataLoader`` over the datasets of this package.
+
+    A batch from ``__getitems__`` is already a :class:`~tensordict.TensorDict` and is
+    returned as is; a list of single items (a dataset without ``__getitems__``) is
+    stacked.
+
+    Examples
+    --------
+    >>> td = TensorDict({"a": torch.arange(3)}, batch_size=[3])
+    >>> collate_batch(td) is td
+    True
+    >>> collate_batch([td[0], td[1]])["a"].tolist()
+    [0, 1]
+    """
+    from tensordict import TensorDictBase
+
+    if isinstance(batch, TensorDictBase):
+        return batch
+    return torch.stack(list(batch))

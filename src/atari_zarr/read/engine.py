@@ -1,0 +1,635 @@
+"""The one engine every reader calls: plan the byte ranges of chunks, fetch, verify, decode.
+
+zarr-python's generic indexing costs about 1 ms per chunk it touches, while
+decoding a 16-frame Blosc chunk costs 20-50 µs (``docs/codec-choice.md``). The
+readers of this package (random access in :mod:`atari_zarr.read.chunks`, the epoch
+stream and windows in :mod:`atari_zarr.read.stream`) therefore read the bytes a
+zarr client would read, without its machinery, and all through one
+:class:`ChunkEngine` per array:
+
+* **where a chunk lies** (:class:`ChunkGrid`): the array's chunking and codecs as
+  :func:`atari_zarr.codec_chain.row_chunks` recognises them, and each shard's
+  index, read once (a range at the start of the shard object, or its last bytes
+  when the index is stored at the end), checked and kept in a bounded cache;
+* **fetching** (:meth:`ChunkEngine.fetch` for scattered chunks, with ranges of one
+  shard merged into one request over a network; :meth:`ChunkEngine.fetch_span`
+  for a run of chunks, a whole shard object with one request): at most two
+  rounds of concurrent requests, the second only for chunks whose shard index
+  was not known before;
+* **verifying and decoding** (:meth:`ChunkEngine.decode`): every chunk's length,
+  crc32c and Blosc header are checked, then Blosc decodes it (GIL released)
+  straight into its destination. A damaged chunk raises
+  :class:`~atari_zarr.errors.StoreCorruptError` naming the store, array, chunk,
+  rows, object and bytes.
+
+Layouts the engine does not recognise (other codecs, chunks that split rows,
+big-endian data) are read through zarr-python (:attr:`ChunkEngine.fast` is False):
+the same values, only slower. The module is generic (any Zarr v3 array, no Atari
+names).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+import zarr
+
+from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
+from atari_zarr.errors import StoreCorruptError
+from atari_zarr.read.fetch import byte_source
+from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
+
+__all__ = [
+    "DEFAULT_REMEDY",
+    "ChunkEngine",
+    "ChunkGrid",
+    "EncodedChunk",
+    "corrupt_chunk",
+    "cpu_count",
+    "decode_chunk",
+    "parse_shard_index",
+]
+
+log = logging.getLogger("atari_zarr")
+
+# An absent inner chunk has offset and length 2**64 - 1 in the shard index (zarr v3 spec).
+MISSING = np.uint64(2**64 - 1)
+#: What a damaged-chunk error tells the user to do, unless the caller knows better.
+DEFAULT_REMEDY = "write it again, or copy the object again if it was transferred."
+# Shard indexes kept per array (4 KB each for 4096-frame shards of 16-frame chunks).
+_INDEX_CACHE = 16384
+
+
+def cpu_count() -> int:
+    """Cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def _crc32c(data: Any) -> int:
+    import google_crc32c
+
+    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
+
+
+def parse_shard_index(raw: Any, size: int, *, where: str, name: str, key: str, remedy: str) -> Any:
+    """The ``(chunks, 2)`` offset/length table of a shard from its index bytes, checked.
+
+    Raises
+    ------
+    StoreCorruptError
+        The index has the wrong size or fails its crc32c check.
+    """
+    raw = bytes(raw)
+    if len(raw) != size:
+        raise StoreCorruptError(
+            f"{where}: shard {key!r} of array {name!r} is {len(raw)} bytes at its index, "
+            f"expected a {size}-byte shard index. The store is damaged; {remedy}"
+        )
+    if _crc32c(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
+        raise StoreCorruptError(
+            f"{where}: the index of shard {key!r} of array {name!r} fails its crc32c check. "
+            f"The store is damaged; {remedy}"
+        )
+    return np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
+
+
+def decode_chunk(src: Any, dest: np.ndarray, *, checksum: bool, chunk_nbytes: int) -> str | None:
+    """Check one stored chunk (crc32c, Blosc header, size) and decode it into ``dest``.
+
+    Returns None when it decoded, else what is wrong with it, for the caller's
+    :func:`corrupt_chunk` message.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from numcodecs import Blosc
+    >>> data = Blosc(cname="zstd").encode(np.arange(16, dtype=np.uint8))
+    >>> out = np.empty(16, dtype=np.uint8)
+    >>> decode_chunk(data, out, checksum=False, chunk_nbytes=16), int(out[-1])
+    (None, 15)
+    >>> decode_chunk(data, out, checksum=True, chunk_nbytes=16)
+    'fails its crc32c check'
+    """
+    from numcodecs import blosc
+
+    if checksum:
+        if len(src) < 4 or _crc32c(src[:-4]) != int.from_bytes(bytes(src[-4:]), "little"):
+            return "fails its crc32c check"
+        src = src[:-4]
+    # Blosc header: nbytes (decoded) at bytes 4-8, cbytes (encoded) at 12-16.
+    head = bytes(src[:16])
+    if len(head) < 16 or int.from_bytes(head[12:16], "little") != len(src):
+        return "is not a whole Blosc buffer"
+    nbytes = int.from_bytes(head[4:8], "little")
+    if nbytes != chunk_nbytes:
+        return f"decodes to {nbytes} bytes, expected {chunk_nbytes}"
+    try:
+        blosc.decompress(src, dest)
+    except Exception as exc:
+        return f"does not decode ({exc})"
+    return None
+
+
+def corrupt_chunk(
+    where: str,
+    name: str,
+    chunk: int,
+    rows: tuple[int, int],
+    key: str,
+    span: tuple[int, int] | None,
+    what: str,
+    remedy: str,
+) -> StoreCorruptError:
+    """The one message of a damaged chunk: store, array, chunk, rows, object, bytes, problem."""
+    where_bytes = f" (bytes {span[0]}-{span[0] + span[1] - 1})" if span is not None else ""
+    return StoreCorruptError(
+        f"{where}: chunk {chunk} of array {name!r} (rows {rows[0]}-{rows[1]}), stored in "
+        f"{key!r}{where_bytes}, {what}. The store is damaged; {remedy}"
+    )
+
+
+class ChunkGrid:
+    """Where the chunks of an array lie, derived from its metadata.
+
+    Raises :class:`~atari_zarr.codec_chain.UnsupportedChunks` for layouts the
+    engine does not handle (the shared check of the shard encoder too).
+    """
+
+    def __init__(self, array: zarr.Array) -> None:
+        chain = row_chunks(array)
+        meta = array.metadata
+        self.shape = tuple(array.shape)
+        self.row_shape = self.shape[1:]
+        self.dtype = np.dtype(array.dtype)
+        self.sharded = chain.shard_rows is not None
+        self.shard_rows = chain.shard_rows
+        self.index_at_start = chain.index_at_start
+        self.checksum = chain.checksum
+        self.chunk_rows = chain.chunk_rows
+        #: Chunks per shard (1 for an unsharded array: every chunk is an object).
+        self.chunks_per_shard = (
+            chain.shard_rows // chain.chunk_rows if chain.shard_rows is not None else 1
+        )
+        #: Bytes of a shard index: an offset and a length per chunk, and a crc32c.
+        self.index_size = 16 * self.chunks_per_shard + 4
+        self.n_chunks = -(-self.shape[0] // self.chunk_rows)
+        self.chunk_shape = (self.chunk_rows, *self.row_shape)
+        self.chunk_nbytes = int(np.prod(self.chunk_shape)) * self.dtype.itemsize
+        fill = meta.fill_value
+        self.fill_value = np.asarray(fill if fill is not None else 0, dtype=self.dtype)
+        self.path = array.store_path.path
+        self.encode_key = meta.encode_chunk_key
+        self._keys: dict[int, str] = {}
+
+    def object_key(self, coord: int) -> str:
+        """Key of stored object ``coord`` along the rows: a shard, or an unsharded chunk."""
+        key = self._keys.get(coord)
+        if key is None:
+            key = self.encode_key((coord, *([0] * len(self.row_shape))))
+            key = self._keys[coord] = f"{self.path}/{key}" if self.path else key
+        return key
+
+    def chunk_rows_of(self, c: int) -> tuple[int, int]:
+        """First and last row of chunk ``c``."""
+        return c * self.chunk_rows, min((c + 1) * self.chunk_rows, self.shape[0]) - 1
+
+
+class EncodedChunk(NamedTuple):
+    """The stored bytes of one chunk, as fetched, and where they came from."""
+
+    #: Chunk number along the rows.
+    cid: int
+    #: The bytes (a read-only buffer), or None when the chunk (or its shard) is absent.
+    data: Any
+    #: Object holding it.
+    key: str
+    #: Offset of the chunk in its object (None: the chunk is a whole object).
+    offset: int | None
+    #: Length the shard index gives (None: a whole object, length unknown).
+    size: int | None
+
+
+class ChunkEngine:
+    """Chunk bytes of one Zarr v3 array: located, fetched, verified and decoded.
+
+    Parameters
+    ----------
+    array : zarr.Array
+        Any array; rows are along axis 0.
+    where : str
+        URL or path of the store, for error messages (credentials removed).
+    remedy : str, optional
+        What to do about a damaged chunk, ending the error message.
+    coalesce_gap : int
+        Byte ranges of one shard at most this many bytes apart are fetched with one
+        request (remote stores only; negative: never merge).
+
+    Attributes
+    ----------
+    stats : dict
+        ``requests`` (asked of a remote store, after merging), ``fetched_bytes``
+        (encoded bytes of the chunks decoded), ``decoded`` (chunks).
+
+    Examples
+    --------
+    >>> import numpy as np, zarr
+    >>> from zarr.codecs import BloscCodec, Crc32cCodec
+    >>> a = zarr.create_array({}, shape=(100, 3), chunks=(8, 3), shards=(32, 3), dtype="int16",
+    ...                       compressors=[BloscCodec(cname="zstd"), Crc32cCodec()])
+    >>> a[:] = np.arange(300).reshape(100, 3)
+    >>> engine = ChunkEngine(a, where="memory")
+    >>> [chunk] = engine.fetch([12])
+    >>> out = np.empty((8, 3), dtype="int16")
+    >>> engine.decode(chunk, out) > 0  # encoded bytes decoded
+    True
+    >>> out[0].tolist()
+    [288, 289, 290]
+    """
+
+    def __init__(
+        self,
+        array: zarr.Array,
+        *,
+        where: str,
+        remedy: str | None = None,
+        coalesce_gap: int = DEFAULT_COALESCE_GAP,
+    ) -> None:
+        self.array = array
+        self.where = where
+        self.remedy = remedy or DEFAULT_REMEDY
+        self.name = array.path or array.name
+        self.coalesce_gap = int(coalesce_gap)
+        self.stats = {"requests": 0, "fetched_bytes": 0, "decoded": 0}
+        try:
+            self.grid: ChunkGrid | None = ChunkGrid(array)
+        except UnsupportedChunks as exc:
+            log.info("%s/%s: generic zarr reads (%s)", where, self.name, exc)
+            self.grid = None
+        from atari_zarr.storage.cache import RangeCacheStore
+
+        store = array.store_path.store
+        self.bytes = byte_source(store)
+        # The range cache keeps each range asked for as one file: merged ranges differ
+        # from batch to batch, so the next epoch would find none of them. Per-chunk
+        # ranges there, which it serves again whatever the rows.
+        self.merge = self.bytes.remote and not isinstance(store, RangeCacheStore)
+        self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
+        self._index_lock = threading.Lock()
+        self._stats_lock = threading.Lock()
+
+    @property
+    def fast(self) -> bool:
+        """True when chunks are read by the engine, False when through zarr-python."""
+        return self.grid is not None
+
+    def __len__(self) -> int:
+        return int(self.array.shape[0])
+
+    def _count(self, key: str, n: int) -> None:
+        with self._stats_lock:
+            self.stats[key] += n
+
+    def count_decoded(self, chunks: int, nbytes: int) -> None:
+        """Add to the ``decoded`` and ``fetched_bytes`` counters (once per group of chunks)."""
+        with self._stats_lock:
+            self.stats["decoded"] += chunks
+            self.stats["fetched_bytes"] += nbytes
+
+    # -- requests ---------------------------------------------------------------------
+    def get(self, ranges: Sequence[ByteRange], *, merge: bool | None = None) -> list[Any]:
+        """Bytes of ``ranges`` in one round of requests; bounded ranges of one object
+        close together are fetched with one request when ``merge`` (default: remote)."""
+        merge = self.merge if merge is None else merge
+        remote = self.bytes.remote
+        if not merge or len(ranges) < 2 or self.coalesce_gap < 0:
+            if remote:
+                self._count("requests", len(ranges))
+            return self.bytes.get(ranges)
+        bounded = [i for i, r in enumerate(ranges) if r.bounded]
+        if len(bounded) < 2:
+            self._count("requests", len(ranges))
+            return self.bytes.get(ranges)
+        others = [i for i, r in enumerate(ranges) if not r.bounded]
+        spans = [(ranges[i].key, int(ranges[i].start), int(ranges[i].stop)) for i in bounded]  # type: ignore[arg-type]
+        merged, parts = coalesce_ranges(spans, self.coalesce_gap)
+        data = self.bytes.get([*merged, *(ranges[i] for i in others)])
+        self._count("requests", len(merged) + len(others))
+        out: list[Any] = [None] * len(ranges)
+        for i, (m, off, length) in zip(bounded, parts, strict=True):
+            d = data[m]
+            out[i] = None if d is None else d[off : off + length]
+        for j, i in enumerate(others):
+            out[i] = data[len(merged) + j]
+        return out
+
+    # -- shard indexes ------------------------------------------------------------------
+    def _index_range(self, shard: int) -> ByteRange:
+        g = self.grid
+        assert g is not None
+        key = g.object_key(shard)
+        if g.index_at_start:
+            return ByteRange(key, 0, g.index_size)
+        return ByteRange.suffix(key, g.index_size)
+
+    def _cached_index(self, shard: int) -> tuple[bool, np.ndarray | None]:
+        with self._index_lock:
+            if shard in self._indexes:
+                self._indexes.move_to_end(shard)
+                return True, self._indexes[shard]
+        return False, None
+
+    def _keep_index(self, shard: int, index: np.ndarray | None) -> None:
+        with self._index_lock:
+            self._indexes[shard] = index
+            self._indexes.move_to_end(shard)
+            while len(self._indexes) > _INDEX_CACHE:
+                self._indexes.popitem(last=False)
+
+    def _parse_index(self, shard: int, raw: Any) -> np.ndarray:
+        g = self.grid
+        assert g is not None
+        return parse_shard_index(  # type: ignore[no-any-return]
+            raw,
+            g.index_size,
+            where=self.where,
+            name=self.name,
+            key=g.object_key(shard),
+            remedy=self.remedy,
+        )
+
+    def index_of_buffer(self, shard: int, buf: Any) -> np.ndarray:
+        """The index of a whole shard object ``buf``, parsed, checked and kept."""
+        g = self.grid
+        assert g is not None
+        raw = buf[: g.index_size] if g.index_at_start else buf[len(buf) - g.index_size :]
+        index = self._parse_index(shard, raw)
+        self._keep_index(shard, index)
+        return index
+
+    def indexes(self, shards: Iterable[int]) -> dict[int, np.ndarray | None]:
+        """The index of each shard (None: the shard object is absent), fetching unknown ones."""
+        out: dict[int, np.ndarray | None] = {}
+        todo = []
+        for s in sorted(set(shards)):
+            known, index = self._cached_index(s)
+            if known:
+                out[s] = index
+            else:
+                todo.append(s)
+        if todo:
+            raws = self.get([self._index_range(s) for s in todo], merge=False)
+            for s, raw in zip(todo, raws, strict=True):
+                index = None if raw is None else self._parse_index(s, raw)
+                self._keep_index(s, index)
+                out[s] = index
+        return out
+
+    def _chunk_in(self, c: int, index: np.ndarray | None) -> tuple[str, int | None, int | None]:
+        """``(key, offset, length)`` of chunk ``c`` given its shard's index (None: absent)."""
+        g = self.grid
+        assert g is not None
+        cps = g.chunks_per_shard
+        key = g.object_key(c // cps)
+        if index is None or index[c % cps, 0] == MISSING:
+            return key, None, None
+        return key, int(index[c % cps, 0]), int(index[c % cps, 1])
+
+    # -- fetching -----------------------------------------------------------------------
+    def fetch(self, cids: Sequence[int]) -> list[EncodedChunk]:
+        """The encoded bytes of chunks ``cids`` (any order), in one or two rounds of requests.
+
+        Over a network, ranges of one shard close together are one request
+        (``coalesce_gap``).
+        """
+        g = self.grid
+        assert g is not None, "the generic path reads through zarr"
+        cids = [int(c) for c in cids]
+        if not g.sharded:
+            keys = [g.object_key(c) for c in cids]
+            data = self.get([ByteRange.whole(k) for k in keys])
+            return [
+                EncodedChunk(c, d, k, None, None) for c, d, k in zip(cids, data, keys, strict=True)
+            ]
+        cps = g.chunks_per_shard
+        indexes = self.indexes(c // cps for c in cids)
+        ranges: list[ByteRange] = []
+        located = []
+        for c in cids:
+            key, off, size = self._chunk_in(c, indexes[c // cps])
+            if off is None:
+                located.append((c, key, None, None, None))
+            else:
+                assert size is not None
+                located.append((c, key, off, size, len(ranges)))
+                ranges.append(ByteRange(key, off, off + size))
+        data = self.get(ranges)
+        return [
+            EncodedChunk(c, None if i is None else data[i], key, off, size)
+            for c, key, off, size, i in located
+        ]
+
+    def fetch_span(
+        self, lo: int, hi: int, extra: Sequence[int] = ()
+    ) -> tuple[list[EncodedChunk], list[EncodedChunk]]:
+        """Chunks of rows ``[lo, hi)`` (inside one shard), and chunks ``extra``, fetched at once.
+
+        A span that is a whole shard is fetched as the whole shard object with one
+        request (its index comes with it); a shorter span as one range from its
+        first to its last chunk. ``extra`` chunks (other shards' edges, say) are
+        fetched in the same round when their shard's index is known, else in a
+        second round after it.
+
+        Returns
+        -------
+        span : list of EncodedChunk
+            The chunks covering ``[lo, hi)``, in order.
+        extra : list of EncodedChunk
+            The chunks ``extra``, in the order given.
+        """
+        g = self.grid
+        assert g is not None and g.sharded and g.shard_rows is not None
+        cr, cps = g.chunk_rows, g.chunks_per_shard
+        c0, c1 = lo // cr, -(-hi // cr)
+        shard = lo // g.shard_rows
+        if (hi - 1) // g.shard_rows != shard:
+            raise ValueError(f"rows {lo}-{hi - 1} are not inside one shard of {g.shard_rows}")
+        start = shard * g.shard_rows
+        whole = lo == start and hi == min(start + g.shard_rows, g.shape[0])
+        extra = [int(c) for c in extra]
+        known: dict[int, np.ndarray | None] = {}
+        unknown: set[int] = set()
+        for s in {c // cps for c in extra} | (set() if whole else {shard}):
+            ok, index = self._cached_index(s)
+            if ok:
+                known[s] = index
+            else:
+                unknown.add(s)
+        key = g.object_key(shard)
+
+        def span_range(index: np.ndarray | None) -> ByteRange | None:
+            if index is None:
+                return None
+            rows = index[c0 % cps : (c1 - 1) % cps + 1]
+            present = rows[rows[:, 0] != MISSING]
+            if not len(present):
+                return None
+            a, b = int(present[:, 0].min()), int((present[:, 0] + present[:, 1]).max())
+            return ByteRange(key, a, b)
+
+        # round 1: the whole shard, unknown indexes, and what known indexes locate
+        first: list[ByteRange] = []
+        if whole:
+            first.append(ByteRange.whole(key))
+        elif shard in known:
+            rng = span_range(known[shard])
+            if rng is not None:
+                first.append(rng)
+        n_span = len(first)
+        index_order = sorted(unknown)
+        first.extend(self._index_range(s) for s in index_order)
+        ready = [c for c in extra if c // cps in known]
+        first_extra = []
+        for c in ready:
+            ckey, off, size = self._chunk_in(c, known[c // cps])
+            if off is not None and size is not None:
+                first_extra.append((c, len(first)))
+                first.append(ByteRange(ckey, off, off + size))
+        got = self.get(first, merge=False) if first else []
+        span_buf, span_base = (got[0], 0) if n_span else (None, 0)
+        if n_span and not whole:
+            span_base = int(first[0].start)  # type: ignore[arg-type]
+        for s, raw in zip(index_order, got[n_span : n_span + len(index_order)], strict=True):
+            index = None if raw is None else self._parse_index(s, raw)
+            self._keep_index(s, index)
+            known[s] = index
+        if whole:
+            known[shard] = None if span_buf is None else self.index_of_buffer(shard, span_buf)
+        extra_data: dict[int, Any] = {c: got[i] for c, i in first_extra}
+        # round 2: what the indexes of round 1 located
+        second: list[ByteRange] = []
+        span_second = False
+        if not whole and n_span == 0:
+            rng = span_range(known[shard])
+            if rng is not None:
+                second.append(rng)
+                span_second = True
+        late = []
+        for c in extra:
+            if c in extra_data or c // cps not in unknown:
+                continue
+            ckey, off, size = self._chunk_in(c, known[c // cps])
+            if off is not None and size is not None:
+                late.append((c, len(second)))
+                second.append(ByteRange(ckey, off, off + size))
+        if second:
+            got2 = self.get(second, merge=False)
+            if span_second:
+                span_buf, span_base = got2[0], int(second[0].start)  # type: ignore[arg-type]
+            for c, i in late:
+                extra_data[c] = got2[i]
+        index = known[shard]
+        span = []
+        for c in range(c0, c1):
+            ckey, off, size = self._chunk_in(c, index)
+            if off is None or span_buf is None:
+                span.append(EncodedChunk(c, None, ckey, None, None))
+            else:
+                assert size is not None
+                a = off - span_base
+                span.append(EncodedChunk(c, span_buf[a : a + size], ckey, off, size))
+        out_extra = []
+        for c in extra:
+            ckey, off, size = self._chunk_in(c, known[c // cps])
+            out_extra.append(EncodedChunk(c, extra_data.get(c), ckey, off, size))
+        return span, out_extra
+
+    # -- decoding -----------------------------------------------------------------------
+    def decode(self, chunk: EncodedChunk, dest: np.ndarray, skip: int = 0) -> int:
+        """Verify chunk ``chunk`` and decode its rows ``skip ..`` into ``dest``.
+
+        An absent chunk is the array's fill value (zarr's rule for a chunk never written).
+        Returns the encoded bytes decoded (0 for an absent chunk); the caller counts
+        them with :meth:`count_decoded` (once per group: a lock per chunk would cost
+        more than its decoding's bookkeeping).
+
+        Raises
+        ------
+        StoreCorruptError
+            The bytes are cut short, fail their crc32c, or do not decode to a chunk.
+        """
+        g = self.grid
+        assert g is not None
+        if chunk.data is None:
+            dest[...] = g.fill_value
+            return 0
+        src = chunk.data
+        if chunk.size is not None and len(src) != chunk.size:
+            raise self.corrupt(chunk, "is cut short")
+        whole = skip == 0 and len(dest) == g.chunk_rows and dest.flags.c_contiguous
+        target = dest if whole else np.empty(g.chunk_shape, dtype=g.dtype)
+        problem = decode_chunk(src, target, checksum=g.checksum, chunk_nbytes=g.chunk_nbytes)
+        if problem is not None:
+            raise self.corrupt(chunk, problem)
+        if not whole:
+            dest[...] = target[skip : skip + len(dest)]
+        return len(src)
+
+    def corrupt(self, chunk: EncodedChunk, what: str) -> StoreCorruptError:
+        """The damaged-chunk error for ``chunk``."""
+        g = self.grid
+        assert g is not None
+        size = chunk.size if chunk.size is not None else len(chunk.data or b"")
+        span = (chunk.offset, size) if chunk.offset is not None else None
+        rows = g.chunk_rows_of(chunk.cid)
+        return corrupt_chunk(
+            self.where, self.name, chunk.cid, rows, chunk.key, span, what, self.remedy
+        )
+
+    def decode_span(
+        self,
+        lo: int,
+        hi: int,
+        out: np.ndarray,
+        span: Sequence[EncodedChunk],
+        rows: np.ndarray,
+        extra: Sequence[EncodedChunk],
+    ) -> np.ndarray:
+        """Decode rows ``[lo, hi)`` into ``out`` and return the rows ``rows`` from ``extra``.
+
+        ``span`` and ``extra`` as :meth:`fetch_span` returned them for these rows and
+        for the chunks of ``rows``.
+        """
+        g = self.grid
+        assert g is not None
+        cr = g.chunk_rows
+        nbytes = 0
+        for chunk in span:
+            c = chunk.cid
+            a, b = max(c * cr, lo), min((c + 1) * cr, hi)
+            nbytes += self.decode(chunk, out[a - lo : b - lo], a - c * cr)
+        frames = np.empty((len(rows), *g.row_shape), dtype=g.dtype)
+        if len(rows):
+            block = np.empty(g.chunk_shape, dtype=g.dtype)
+            for chunk in extra:
+                nbytes += self.decode(chunk, block)
+                sel = np.flatnonzero(rows // cr == chunk.cid)
+                frames[sel] = block[rows[sel] - chunk.cid * cr]
+        self.count_decoded(len(span) + (len(extra) if len(rows) else 0), nbytes)
+        return frames
+
+    # -- zarr-python, for layouts the engine does not know --------------------------------
+    def read_generic(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` through zarr-python's indexing."""
+        if rows.size == 0:
+            return np.zeros((0, *self.array.shape[1:]), dtype=self.array.dtype)
+        uniq, inverse = np.unique(rows, return_inverse=True)
+        return np.asarray(self.array.get_orthogonal_selection((uniq,)))[inverse]

@@ -1,0 +1,135 @@
+"""Where chunk bytes come from: memory maps of a local store, or a zarr store's ``get``.
+
+:func:`byte_source` gives the one object the engine (:mod:`atari_zarr.read.engine`)
+asks for bytes: ``get(ranges)`` takes a batch of :class:`~atari_zarr.read.ranges.ByteRange`
+and returns, in the same order, the bytes of each (a read-only buffer) or None where
+the object does not exist.
+
+* :class:`LocalBytes` serves a :class:`zarr.storage.LocalStore` from memory maps
+  kept open: a range costs a slice, no system call.
+* :class:`StoreBytes` serves any other zarr store (remote ones through
+  :class:`~atari_zarr.storage.remote.RemoteStore`) through the store's asynchronous
+  ``get``: a batch of ranges is one round of concurrent requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import mmap
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from atari_zarr.read.ranges import ByteRange
+
+__all__ = ["ByteSource", "LocalBytes", "StoreBytes", "byte_source"]
+
+
+class ByteSource(Protocol):
+    """What the engine needs of a store: byte ranges, a batch at a time."""
+
+    #: True when a request costs a round trip (merging ranges pays).
+    remote: bool
+
+    def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
+        """The bytes of each range (None where the object is absent), in order."""
+
+
+class LocalBytes:
+    """Byte ranges of files under a LocalStore, through memory maps kept open."""
+
+    remote = False
+
+    def __init__(self, root: str | os.PathLike[str], max_maps: int = 512) -> None:
+        self.root = Path(root)
+        self.max_maps = max_maps
+        self._maps: OrderedDict[str, mmap.mmap | bytes | None] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _map(self, key: str) -> mmap.mmap | bytes | None:
+        with self._lock:
+            if key in self._maps:
+                self._maps.move_to_end(key)
+                return self._maps[key]
+        mm: mmap.mmap | bytes | None
+        try:
+            with open(self.root / key, "rb") as f:
+                mm = (
+                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    if os.fstat(f.fileno()).st_size
+                    else b""  # empty file: reported as too short by the caller
+                )
+        except FileNotFoundError:
+            mm = None
+        with self._lock:
+            self._maps[key] = mm
+            while len(self._maps) > self.max_maps:
+                # Dropping the reference is enough: slices handed out keep their map alive.
+                self._maps.popitem(last=False)
+        return mm
+
+    def forget(self, key: str) -> None:
+        """Drop the map of ``key`` (the object was replaced): the next read opens it again."""
+        with self._lock:
+            self._maps.pop(key, None)
+
+    def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
+        out: list[Any] = []
+        for key, start, stop in ranges:
+            mm = self._map(key)
+            if mm is None:
+                out.append(None)
+            else:
+                out.append(memoryview(mm)[start:stop])
+        return out
+
+
+class StoreBytes:
+    """Byte ranges through any zarr store's asynchronous API, gathered concurrently."""
+
+    remote = True
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def forget(self, key: str) -> None:
+        """Nothing is kept per object here."""
+
+    async def aget(self, ranges: Sequence[ByteRange]) -> list[Any]:
+        """:meth:`get`, on the caller's event loop."""
+        from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+        from zarr.core.buffer import default_buffer_prototype
+
+        proto = default_buffer_prototype()
+
+        async def one(r: ByteRange) -> Any:
+            if r.start is None:
+                rng = None
+            elif r.start < 0:
+                rng = SuffixByteRequest(-r.start)
+            else:
+                assert r.stop is not None
+                rng = RangeByteRequest(r.start, r.stop)
+            buf = await self.store.get(r.key, prototype=proto, byte_range=rng)
+            return None if buf is None else buf.as_numpy_array()
+
+        return list(await asyncio.gather(*(one(r) for r in ranges)))
+
+    def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
+        from zarr.core.sync import sync
+
+        if not ranges:
+            return []
+        return sync(self.aget(ranges))
+
+
+def byte_source(store: Any) -> LocalBytes | StoreBytes:
+    """The byte source of a zarr store: memory maps for a local one, its ``get`` otherwise."""
+    from zarr.storage import LocalStore
+
+    if isinstance(store, LocalStore):
+        return LocalBytes(Path(store.root))
+    return StoreBytes(store)

@@ -1,0 +1,363 @@
+"""An opened store, as every reader sees it: :class:`StoreReader`.
+
+Random access (:class:`~atari_zarr.AtariZarrDataset`), the epoch stream and
+windows all read a store through one :class:`StoreReader`: it opens the store
+(checking format, completion and arrays), and holds
+
+* the frame engine (:class:`~atari_zarr.read.engine.ChunkEngine`) and its random
+  access with a decoded-chunk cache (:class:`~atari_zarr.read.chunks.ChunkReader`);
+* the per-step columns, loaded lazily (:mod:`atari_zarr.read.columns`);
+* the per-episode table (:class:`~atari_zarr.episodes.EpisodeTable`): first row,
+  length, end kind and return of every episode, from the attributes (rebuilt from
+  the per-step arrays for an unfinished recording);
+* the return-to-go of every row, computed per episode on first use;
+* :meth:`StoreReader.read_items`: a TED batch of items (transitions, or windows of
+  consecutive rows) read with one frame fetch, built by :mod:`atari_zarr.read.batch`.
+
+It imports nothing above it: the dataset, the stream and windows build on it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+import numpy as np
+import zarr
+from tensordict import TensorDict
+
+from atari_zarr.episodes import EpisodeTable, episode_table, return_to_go
+from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
+from atari_zarr.layout import (
+    ACTION,
+    ACTION_FULL,
+    EPISODE,
+    FINAL_OBSERVATION,
+    FLUSHED_KEY,
+    OBSERVATION,
+    REWARD,
+    TERMINATED,
+    TRUNCATED,
+    get_array,
+    read_metadata,
+)
+from atari_zarr.read.batch import (
+    FrameBuffer,
+    FramePlan,
+    finish_batch,
+    item_fields,
+    put_final_frames,
+)
+from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.columns import StepColumn, open_step_columns
+from atari_zarr.read.engine import DEFAULT_REMEDY
+from atari_zarr.read.pool import BufferPool
+from atari_zarr.storage.deadline import default_timeout
+from atari_zarr.storage.paths import is_url, redact
+from atari_zarr.storage.remote import open_zarr_store
+
+__all__ = ["StoreReader", "check_frame_stack", "store_remedy"]
+
+log = logging.getLogger("atari_zarr")
+
+
+def store_remedy(meta: dict[str, Any]) -> str | None:
+    """What to do about a damaged chunk of this store: run its command again, from scratch."""
+    command = meta.get("command")
+    if not isinstance(command, str) or not command:
+        return None
+    if "--overwrite" not in command.split():
+        command += " --overwrite"
+    return f"write it again ({command}), or copy the object again if it was transferred."
+
+
+class StoreReader:
+    """One opened store: frames, per-step columns, episodes, and TED items read from them.
+
+    Parameters
+    ----------
+    path_or_url : str
+        A store written by ``atari-zarr convert`` or ``collect``.
+    storage_options : dict, optional
+        fsspec options.
+    cache : path, optional
+        Local directory keeping every byte range fetched from a remote store.
+    timeout : float or None, optional
+        Seconds per request to a remote store (default ``$ATARI_ZARR_TIMEOUT`` or 60).
+    partial : bool
+        Open an unfinished recording: its flushed whole episodes only.
+    full_action_space : bool
+        ``action`` is ALE's 18-action id (the store's ``action_full`` array) instead of
+        the index into the game's minimal action set.
+    frame_cache_bytes : int
+        Bound on decoded frame chunks kept between batches.
+
+    Raises
+    ------
+    StoreNotFoundError, StoreIncompleteError, StoreFormatError, StoreCorruptError
+        As :class:`~atari_zarr.AtariZarrDataset` documents.
+
+    Examples
+    --------
+    >>> # store_url: a converted Pong/1 fixture store (shared by the examples)
+    >>> store = StoreReader(store_url)
+    >>> len(store), len(store.episodes) == store.metadata["counts"]["episodes"]
+    (300, True)
+    >>> td = store.read_items(np.array([0, 9]), length=3, stack=4)
+    >>> td.batch_size, td["observation"].shape
+    (torch.Size([2, 3]), torch.Size([2, 3, 4, 84, 84]))
+    """
+
+    def __init__(
+        self,
+        path_or_url: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        cache: str | os.PathLike[str] | None = None,
+        timeout: float | str | None = "default",
+        partial: bool = False,
+        full_action_space: bool = False,
+        frame_cache_bytes: int = 128 << 20,
+    ) -> None:
+        self.url = str(path_or_url)
+        self.storage_options = dict(storage_options or {})
+        self.cache = None if cache is None else os.fspath(cache)
+        self.timeout = default_timeout() if timeout == "default" else timeout
+        self.partial = bool(partial)
+        self.full_action_space = bool(full_action_space)
+        #: The store's URL for messages, credentials removed.
+        self.where = redact(self.url)
+        # A remote store rebuilds its file system after a fork (remote.RemoteStore), so
+        # a forked DataLoader worker never shares the parent's sockets or event loop.
+        store = open_zarr_store(
+            self.url, self.storage_options, read_only=True, timeout=self.timeout, cache=self.cache
+        )
+        try:
+            # zarr_format=3: no probes for v2 keys; the root zarr.json carries the
+            # consolidated metadata, so opening costs one request plus the step arrays.
+            group = zarr.open_group(store, mode="r", zarr_format=3)
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(
+                f"{self.where} is not a Zarr store: expected a directory or URL written "
+                f"by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
+            ) from None if is_url(self.url) else exc
+        meta = read_metadata(group, self.url, require_complete=not self.partial)
+        n = None  # rows to use: all of a complete store, the flushed prefix of a recording
+        if not meta.get("complete"):
+            if not isinstance(meta.get(FLUSHED_KEY), dict):
+                read_metadata(group, self.url)  # raises the usual StoreIncompleteError
+            n = int(meta[FLUSHED_KEY]["transitions"])
+        self.metadata: dict[str, Any] = meta
+        self.group = group
+        self.remedy = store_remedy(meta) or DEFAULT_REMEDY
+        self.observation = get_array(group, OBSERVATION, self.url)
+        self.n = int(self.observation.shape[0]) if n is None else n
+        #: Frame after each episode's last row, where the writer kept it.
+        self.final_observation = (
+            get_array(group, FINAL_OBSERVATION, self.url) if FINAL_OBSERVATION in group else None
+        )
+        self.frames = ChunkReader(
+            self.observation,
+            where=self.where,
+            cache_bytes=frame_cache_bytes,
+            remedy=self.remedy,
+        )
+        #: The frame array's engine, shared by every reader of this store.
+        self.engine = self.frames.engine
+        # Per-step columns load lazily (``column[rows] -> ndarray``): opening a
+        # 50M-transition store must not read ~1 GB of per-step data.
+        steps = open_step_columns(group, meta, self.url, n=self.n, remedy=self.remedy)
+        if self.full_action_space:
+            if ACTION_FULL not in group:
+                raise InvalidArgumentError(
+                    f"{self.where} has no {ACTION_FULL!r} array, so its actions cannot be given "
+                    f"as ALE's 18 actions: expected a store converted with --full-action-space. "
+                    f"Convert it again with --full-action-space, or read it without "
+                    f"full_action_space."
+                )
+            steps[ACTION] = StepColumn(
+                get_array(group, ACTION_FULL, self.url), where=self.where, remedy=self.remedy
+            )
+        self.columns = steps
+        self.action = steps[ACTION]
+        self.reward = steps[REWARD]
+        self.terminated = steps[TERMINATED]
+        self.truncated = steps[TRUNCATED]
+        self.episode = steps[EPISODE]
+        self.done = steps["done"]
+        self._episodes: EpisodeTable | None = None
+        self._rtg: np.ndarray | None = None
+        self._rtg_ready: np.ndarray | None = None
+        self._lock = threading.Lock()
+        #: Memory for the frames of batches, reused once no batch refers to it.
+        self.pool = BufferPool()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def reopen_state(self) -> dict[str, Any]:
+        """What opens this store again (in another process)."""
+        return {
+            "path_or_url": self.url,
+            "storage_options": self.storage_options,
+            "cache": self.cache,
+            "timeout": self.timeout,
+            "partial": self.partial,
+            "full_action_space": self.full_action_space,
+        }
+
+    # -- episodes ---------------------------------------------------------------------
+    @property
+    def episodes(self) -> EpisodeTable:
+        """The per-episode table (lengths, end kinds, returns; first and last rows)."""
+        if self._episodes is None:
+            table = episode_table(self.metadata, self.n)
+            if table is None:  # an unfinished recording: from the per-step arrays
+                ep = self.episode.to_numpy()
+                starts = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if ep.size else ep
+                length = np.diff(np.r_[starts, self.n]).astype(np.int64)
+                ends = starts + length - 1
+                terminated = self.terminated[ends].astype(bool)
+                returns = (
+                    np.add.reduceat(self.reward.to_numpy().astype(np.float64), starts)
+                    if (starts.size)
+                    else np.zeros(0)
+                )
+                table = EpisodeTable(length, terminated, returns)
+            self._episodes = table
+        return self._episodes
+
+    def first_row(self, rows: np.ndarray) -> np.ndarray:
+        """First row of the episode of each of ``rows``."""
+        return self.episodes.starts[self.episode[rows]]  # type: ignore[no-any-return]
+
+    def return_to_go(self, rows: np.ndarray) -> np.ndarray:
+        """``(len(rows),)`` float32: the sum of ``next/reward`` from each row to its episode's end.
+
+        Computed for a whole episode the first time one of its rows is asked for
+        (:func:`atari_zarr.episodes.return_to_go`, the definition the converter's
+        ``--return-to-go`` array uses) and kept.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        table = self.episodes
+        if self._rtg is None:
+            # untouched pages cost no memory: this grows with the episodes read
+            self._rtg = np.empty(self.n, dtype=np.float32)
+            self._rtg_ready = np.zeros(len(table), dtype=bool)
+        assert self._rtg_ready is not None
+        eps = self.episode[rows] if rows.size else np.zeros(0, dtype=np.int64)
+        todo = np.unique(eps[~self._rtg_ready[eps]])
+        if todo.size:
+            with self._lock:
+                for e in todo.tolist():
+                    if self._rtg_ready[e]:
+                        continue
+                    a, b = int(table.starts[e]), int(table.ends[e]) + 1
+                    done = np.zeros(b - a, dtype=bool)
+                    done[-1] = True
+                    rew = self.reward[np.arange(a, b)]
+                    self._rtg[a:b] = return_to_go(rew, done).astype(np.float32)
+                    self._rtg_ready[e] = True
+        return self._rtg[rows]
+
+    def final_frames(self, episodes: np.ndarray) -> np.ndarray:
+        """The frames after the last rows of ``episodes`` (``final_observation``)."""
+        assert self.final_observation is not None
+        uniq, inverse = np.unique(np.asarray(episodes, dtype=np.int64), return_inverse=True)
+        return np.asarray(self.final_observation.get_orthogonal_selection((uniq,)))[inverse]
+
+    # -- items ----------------------------------------------------------------------
+    def frame_plan(
+        self, starts: np.ndarray, length: int, stack: int, real: np.ndarray | None = None
+    ) -> FramePlan:
+        """The distinct frames of items starting at ``starts`` (see :class:`FramePlan`)."""
+        starts = np.asarray(starts, dtype=np.int64)
+        n_real = np.full(len(starts), length, dtype=np.int64) if real is None else real
+        last = starts + n_real - 1
+        return FramePlan(
+            starts=starts,
+            length=length,
+            stack=stack,
+            first=self.first_row(starts),
+            last_done=self.done[last],
+            n_rows=self.n,
+            valid=real,
+        )
+
+    def read_items(
+        self,
+        starts: np.ndarray,
+        *,
+        length: int = 1,
+        stack: int = 1,
+        real: np.ndarray | None = None,
+        windowed: bool | None = None,
+    ) -> TensorDict:
+        """A TED batch of items: ``length`` consecutive rows of one episode from each start.
+
+        Parameters
+        ----------
+        starts : numpy.ndarray
+            ``(B,)`` first row of each item.
+        length : int
+            Rows per item: 1 gives transitions (batch ``[B]``), more gives windows
+            (batch ``[B, length]``, with ``return_to_go``, ``timestep`` and ``mask``).
+        stack : int
+            Frames per observation.
+        real : numpy.ndarray, optional
+            ``(B,)`` rows of each item that exist (a padded window); default all.
+        windowed : bool, optional
+            Give the window layout even for ``length == 1`` (default: ``length > 1``).
+
+        Returns
+        -------
+        TensorDict
+        """
+        starts = np.asarray(starts, dtype=np.int64)
+        plan = self.frame_plan(starts, length, stack, real)
+        buffer = FrameBuffer(self.pool, len(starts), length, stack, self.observation.shape[1:])
+        valid = buffer.flat(plan.valid)
+        # every frame is read in one call, straight into the batch's buffer; positions
+        # that are padding read a row that exists and are zeroed after
+        rows = np.where(valid, buffer.flat(plan.rows), 0)
+        self.frames.read(rows, out=buffer.frames)
+        if not valid.all():
+            buffer.frames[~valid] = 0
+        self._put_finals(plan, buffer, starts)
+        window = length > 1 if windowed is None else windowed
+        obs, nxt = buffer.views(window)
+        rows2d = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
+        exists = None if real is None else np.arange(length)[None, :] < np.asarray(real)[:, None]
+        safe = (rows2d if exists is None else np.where(exists, rows2d, starts[:, None])).ravel()
+        steps = {
+            "action": self.action[safe],
+            "reward": self.reward[safe],
+            "terminated": self.terminated[safe],
+            "truncated": self.truncated[safe],
+            "episode": self.episode[safe],
+        }
+        if window:
+            steps["return_to_go"] = self.return_to_go(safe)
+            steps["timestep"] = safe - self.first_row(safe)
+        fields = item_fields(rows2d, exists, steps, window=window)
+        return finish_batch(obs, nxt, plan, fields)
+
+    def _put_finals(self, plan: FramePlan, buffer: FrameBuffer, starts: np.ndarray) -> None:
+        """The kept frame after an episode's end, where the item's last real row ends one."""
+        if self.final_observation is None or not plan.last_done.any():
+            return
+        items = np.flatnonzero(plan.last_done)
+        last = starts[items] + plan.real[items] - 1
+        put_final_frames(buffer, items, plan.next_pos[items], self.final_frames(self.episode[last]))
+
+
+def check_frame_stack(value: Any, where: str) -> int:
+    """``frame_stack`` as a positive int, or a one-line error naming the store."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise InvalidArgumentError(
+            f"frame_stack must be a positive integer (frames per observation); "
+            f"got {value!r} for {where}"
+        )
+    return int(value)
