@@ -13,10 +13,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from atari_zarr._version import __version__
 from atari_zarr.commands import command_line
-from atari_zarr.errors import AtariZarrError
+from atari_zarr.errors import AtariZarrError, InvalidArgumentError
 from atari_zarr.storage.paths import parse_storage_options
 
 #: dopamine's episode limit (108,000 frames), the default of ``collect --max-episode-steps``.
@@ -61,6 +62,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         full_action_space=args.full_action_space,
         return_to_go=args.return_to_go,
         source_kind=args.source_kind,
+        subset=_subset(args),
     )
     if not args.quiet:
         for store in done:
@@ -69,6 +71,28 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 f"{store.episodes:,} episodes, {store.gaps} gaps -> {store.url}"
             )
     return 0
+
+
+def _subset(args: argparse.Namespace) -> Any:
+    """The subset the options ask for (None: every episode)."""
+    from atari_zarr.subsets import Subset
+
+    dt = [args.dt_buffers, args.dt_steps, args.dt_trajectories]
+    if args.fraction is not None and any(v is not None for v in dt):
+        raise InvalidArgumentError(
+            "--fraction and --dt-buffers/--dt-steps/--dt-trajectories choose two different "
+            "subsets; pass one rule"
+        )
+    if args.fraction is not None:
+        return Subset.fraction_of(args.fraction, seed=args.subset_seed, where="--fraction")
+    if any(v is not None for v in dt):
+        defaults = (50, 500_000, 10)  # kzl/decision-transformer's run_dt_atari.py
+        return Subset.decision_transformer(
+            *(d if v is None else v for v, d in zip(dt, defaults, strict=True)),
+            seed=args.subset_seed,
+            where="--dt-*",
+        )
+    return None
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -211,6 +235,39 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-transitions", type=int, metavar="N", help="keep at most N transitions")
     p.add_argument("--max-episodes", type=int, metavar="N", help="keep at most N episodes")
+    p.add_argument(
+        "--fraction",
+        type=float,
+        metavar="F",
+        help="d3rlpy's subset: from every checkpoint (shard), episodes in a random order until "
+        "F x 1,000,000 transitions (a DQN Replay run: F x its capacity), the last one trimmed",
+    )
+    p.add_argument(
+        "--dt-buffers",
+        type=int,
+        metavar="N",
+        help="Decision Transformer sampling: draw among the last N checkpoints (default 50 "
+        "when any --dt-* is given)",
+    )
+    p.add_argument(
+        "--dt-steps",
+        type=int,
+        metavar="N",
+        help="Decision Transformer sampling: transitions to take (default 500000)",
+    )
+    p.add_argument(
+        "--dt-trajectories",
+        type=int,
+        metavar="N",
+        help="Decision Transformer sampling: whole trajectories taken per draw (default 10)",
+    )
+    p.add_argument(
+        "--subset-seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="seed of the subset's random choices (default 0)",
+    )
     p.add_argument(
         "--full-action-space",
         action="store_true",

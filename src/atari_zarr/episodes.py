@@ -373,12 +373,16 @@ def source_parts(meta: Mapping[str, Any]) -> list[SourcePart]:
     for entry in entries:
         if not isinstance(entry, Mapping):
             return []
-        label = entry.get("suffix", entry.get("shard"))
-        first, rows = entry.get("first_transition"), entry.get("transitions")
-        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (label, first, rows)):
+        values = (
+            entry.get("suffix", entry.get("shard")),
+            entry.get("first_transition"),
+            entry.get("transitions"),
+        )
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
             return []
+        label, first, rows = (int(v) for v in values)  # type: ignore[arg-type]
         if rows > 0:
-            parts.append(SourcePart(int(label), int(first), int(rows)))
+            parts.append(SourcePart(label, first, rows))
     return parts
 
 

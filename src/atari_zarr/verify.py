@@ -67,7 +67,16 @@ from atari_zarr.layout import (
 )
 from atari_zarr.layout import spec as layout_spec
 from atari_zarr.progress import progress_bar
-from atari_zarr.sources.registry import DQN_REPLAY, KINDS, Part, Plan, Selection, SourceKind
+from atari_zarr.sources.registry import (
+    DQN_REPLAY,
+    KINDS,
+    Part,
+    Plan,
+    Selection,
+    SourceKind,
+    part_rows,
+    plan_run,
+)
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -488,7 +497,7 @@ class _Planned:
     def rows(self, part: Part) -> tuple[dict[str, np.ndarray], Any]:
         """The part's per-step arrays and frames, as the converter's write task asks."""
         scan = _load_scan(self.spool, part.unit) if self.kind.scans else None
-        return self.kind.rows(self.run, part, scan)
+        return part_rows(self.kind, self.run, part, scan)
 
 
 def _plan_source(
@@ -538,7 +547,7 @@ def _plan_source(
                 np.savez(spool / f"{unit}.npz", **cast("dict[str, Any]", arrays))
                 records[unit] = {name: arrays[name] for name in kind.scan_fields}
                 del arrays
-        plan = kind.plan(run, selection, records, functools.partial(_load_scan, spool), None)
+        plan = plan_run(kind, run, selection, records, functools.partial(_load_scan, spool), None)
     except AtariZarrError as exc:
         report.add("source", f"cannot plan {source}: {exc}")
         return None

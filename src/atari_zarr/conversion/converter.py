@@ -61,7 +61,12 @@ from atari_zarr.conversion.scheduling import (
     run_graph,
 )
 from atari_zarr.conversion.workdir import WorkDir
-from atari_zarr.errors import StoreExistsError, StoreFormatError, StoreIncompleteError
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    StoreExistsError,
+    StoreFormatError,
+    StoreIncompleteError,
+)
 from atari_zarr.layout import (
     ARRAYS,
     ATTRS_KEY,
@@ -81,9 +86,11 @@ from atari_zarr.sources.registry import (
     SourceKind,
     detect_kind,
     get_kind,
+    plan_run,
 )
 from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.subsets import Subset
 
 __all__ = ["ConvertOptions", "ConvertedStore", "convert", "convert_run"]
 
@@ -147,10 +154,31 @@ def _command(kind: SourceKind, source: Any, dest: str, options: ConvertOptions) 
         checkpoints=spec,  # as asked for (a preset stays a preset), like `selection`
         max_transitions=options.selection.max_transitions,
         max_episodes=options.selection.max_episodes,
+        **_subset_options(options.selection.subset),
         full_action_space=options.full_action_space,
         return_to_go=options.return_to_go,
         source_kind=kind.name if kind.command_names_kind else None,
     )
+
+
+def _subset_options(subset: Subset | None) -> dict[str, Any]:
+    """The command-line options of ``subset`` (the CLI's ``--fraction``, ``--dt-*``)."""
+    if subset is None:
+        return {}
+    out: dict[str, Any] = {}
+    if subset.rule == "fraction":
+        out["fraction"] = subset.fraction
+        if subset.checkpoint_rows is not None:  # pragma: no cover - Python API only
+            out["fraction_rows"] = subset.checkpoint_rows
+    else:
+        out.update(
+            dt_buffers=subset.num_buffers,
+            dt_steps=subset.num_steps,
+            dt_trajectories=subset.trajectories_per_buffer,
+        )
+    if subset.seed:
+        out["subset_seed"] = subset.seed
+    return out
 
 
 def _plan_digest(
@@ -321,7 +349,7 @@ def _scan_and_plan(
             done = work.scans_done()
     finally:
         bar.close()
-    return kind.plan(source, selection, records, work.load_scan, None), digest
+    return plan_run(kind, source, selection, records, work.load_scan, None), digest
 
 
 def _convert_locked(
@@ -346,7 +374,7 @@ def _convert_locked(
             len(source.suffixes), f"plan {label}", unit="ckpt", enabled=options.progress
         )
         try:
-            plan = kind.plan(source, options.selection, {}, None, bar.update)
+            plan = plan_run(kind, source, options.selection, {}, None, bar.update)
         finally:
             bar.close()
         unit = "ckpt"
@@ -480,6 +508,8 @@ def convert(
     full_action_space: bool = False,
     return_to_go: bool = False,
     source_kind: str | None = None,
+    fraction: float | None = None,
+    subset: Subset | None = None,
 ) -> list[ConvertedStore]:
     """Convert the runs under ``source`` (DQN Replay or RL Unplugged) into stores under ``dest``.
 
@@ -527,6 +557,15 @@ def convert(
         Workers of a local scheduler (default: one per core).
     source_kind : str, optional
         ``"dqn-replay"`` or ``"rl-unplugged"``; None: recognised by the layout.
+    fraction : float, optional
+        d3rlpy's subset (``get_atari_transitions(fraction=F)``): from every checkpoint
+        (shard), episodes in a random order until ``F`` x 1,000,000 transitions (a
+        DQN Replay run: ``F`` x its capacity, 1,000,000 in the dataset), the last one
+        trimmed to the exact count. The same as ``subset=Subset.fraction_of(F)``.
+    subset : Subset, optional
+        The episodes to keep (:mod:`atari_zarr.subsets`: ``Subset.fraction_of``,
+        ``Subset.decision_transformer``), after the checkpoints and limits. The
+        store records it; ``verify --source`` checks it.
 
     Raises
     ------
@@ -555,8 +594,15 @@ def convert(
     ('Pong', 100, True)
     """
     check_scheduler(scheduler, workers)
+    if fraction is not None:
+        if subset is not None:
+            raise InvalidArgumentError(
+                f"fraction={fraction!r} and subset={subset!r} choose two subsets of {source}; "
+                f"pass one"
+            )
+        subset = Subset.fraction_of(fraction, where=str(source))
     options = ConvertOptions(
-        selection=Selection(checkpoints, max_transitions, max_episodes),
+        selection=Selection(checkpoints, max_transitions, max_episodes, subset),
         overwrite=overwrite,
         progress=progress,
         storage_options=dict(storage_options or {}),

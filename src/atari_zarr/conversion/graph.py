@@ -46,7 +46,7 @@ from atari_zarr.layout import (
     get_array,
     spec,
 )
-from atari_zarr.sources.registry import Part, get_kind
+from atari_zarr.sources.registry import Part, get_kind, part_rows
 from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = [
@@ -228,7 +228,7 @@ def _part_task(job: Job, part: Part) -> None:
     kind = get_kind(job.kind)
     work = job.work()
     scan = work.load_scan(part.unit) if kind.scans else None
-    steps, stream = kind.rows(job.source(), part, scan)
+    steps, stream = part_rows(kind, job.source(), part, scan)
     pieces = write_part(job.arrays(), dict(job.sizes), part, steps, stream)
     for piece in pieces:
         work.save_piece(piece.array, piece.unit, piece.start, piece.data)

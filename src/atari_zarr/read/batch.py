@@ -311,7 +311,9 @@ def finish_batch(obs: Any, nxt: Any, plan: FramePlan, fields: dict[str, Any]) ->
         pad = torch.from_numpy(~keep)
         obs[pad] = 0
         nxt[pad] = 0
-    extras = {k: fields.pop(k) for k in ("return_to_go", "timestep", "mask") if k in fields}
+    extras: dict[str, Any] = {
+        k: fields.pop(k) for k in ("return_to_go", "timestep", "mask") if k in fields
+    }
     if "return_to_go" in extras:
         extras["return_to_go"] = np.ascontiguousarray(extras["return_to_go"], dtype=np.float32)[
             ..., None

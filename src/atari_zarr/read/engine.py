@@ -422,7 +422,7 @@ class ChunkEngine:
         cps = g.chunks_per_shard
         indexes = self.indexes(c // cps for c in cids)
         ranges: list[ByteRange] = []
-        located = []
+        located: list[tuple[int, str, int | None, int | None, int | None]] = []
         for c in cids:
             key, off, size = self._chunk_in(c, indexes[c // cps])
             if off is None:

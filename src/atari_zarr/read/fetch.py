@@ -106,6 +106,7 @@ class StoreBytes:
         proto = default_buffer_prototype()
 
         async def one(r: ByteRange) -> Any:
+            rng: RangeByteRequest | SuffixByteRequest | None
             if r.start is None:
                 rng = None
             elif r.start < 0:

@@ -50,6 +50,7 @@ from atari_zarr.sources.rl_unplugged.planner import (
 )
 from atari_zarr.sources.rl_unplugged.rows import iter_shard_frames, shard_step_arrays
 from atari_zarr.sources.rl_unplugged.scan import RECORD_FIELDS, ShardScan, scan_shard
+from atari_zarr.sources.subset_plan import SubsetPart, apply_subset, subset_rows
 from atari_zarr.storage.filesystem import get_fs
 
 __all__ = [
@@ -60,6 +61,8 @@ __all__ = [
     "SourceKind",
     "detect_kind",
     "get_kind",
+    "part_rows",
+    "plan_run",
 ]
 
 #: Rows of a part: ``(array name, output rows, values)`` blocks, frames and final frames.
@@ -473,3 +476,36 @@ def detect_kind(
         f"{source} holds both source layouts ({layouts}); expected one. Pass --source-kind "
         f"{' or '.join(k.name for k in found)}, or point SOURCE at a narrower directory."
     )
+
+
+def plan_run(
+    kind: SourceKind,
+    run: Any,
+    selection: Selection,
+    scans: Mapping[int, ScanArrays] | None = None,
+    load_scan: Callable[[int], ScanArrays] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Plan:
+    """The plan of ``run`` for ``selection``: what ``convert`` writes and ``verify`` checks.
+
+    The kind plans its checkpoints or shards and the limits; a ``selection.subset``
+    then keeps the episodes it chooses (:mod:`atari_zarr.sources.subset_plan`).
+    """
+    plan = kind.plan(run, selection, scans or {}, load_scan, progress)
+    if selection.subset is None:
+        return plan
+
+    def read(part: Part) -> tuple[dict[str, np.ndarray], Stream]:
+        scan = load_scan(part.unit) if kind.scans and load_scan is not None else None
+        return kind.rows(run, part, scan)
+
+    return apply_subset(plan, selection.subset, read, where=run.url)  # type: ignore[no-any-return]
+
+
+def part_rows(
+    kind: SourceKind, run: Any, part: Part, scan: ScanArrays | None
+) -> tuple[dict[str, np.ndarray], Stream]:
+    """A planned part's per-step arrays and frames (a subset's part filtered to its pieces)."""
+    if isinstance(part.spec, SubsetPart):
+        return subset_rows(part, lambda original: kind.rows(run, original, scan))
+    return kind.rows(run, part, scan)

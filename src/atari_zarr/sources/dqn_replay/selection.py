@@ -25,6 +25,7 @@ from atari_zarr.errors import InvalidArgumentError, SourceNotFoundError
 from atari_zarr.layout import REWARD, TERMINATED, TRUNCATED
 from atari_zarr.sources.dqn_replay.files import RunSource
 from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_step_arrays, plan_run
+from atari_zarr.subsets import Subset
 
 __all__ = [
     "CHECKPOINT_PRESETS",
@@ -147,6 +148,9 @@ class Selection:
         ``"0-9,50"``, ``[1, 2]``); None or ``"all"``: every checkpoint.
     max_transitions, max_episodes : int, optional
         Limits applied by :func:`limit_plan` (None: no limit).
+    subset : Subset, optional
+        A subset of the episodes those give (:mod:`atari_zarr.subsets`: d3rlpy's
+        fraction, Decision Transformer sampling), applied after the limits.
 
     Raises
     ------
@@ -159,7 +163,7 @@ class Selection:
     >>> sel.suffixes(range(12))
     [10]
     >>> sel.attributes()
-    {'checkpoints': 'medium', 'max_transitions': 1000, 'max_episodes': None}
+    {'checkpoints': 'medium', 'max_transitions': 1000, 'max_episodes': None, 'subset': None}
     >>> Selection.from_attributes(sel.attributes()) == sel
     True
     """
@@ -167,6 +171,8 @@ class Selection:
     checkpoints: str | Iterable[int] | None = None
     max_transitions: int | None = None
     max_episodes: int | None = None
+    #: Episodes chosen from what the checkpoints and limits give (None: all).
+    subset: Subset | None = None
 
     def __post_init__(self) -> None:
         # Normalised so that a selection and its recorded attributes compare equal.
@@ -187,13 +193,17 @@ class Selection:
             "checkpoints": spec if spec is None or isinstance(spec, str) else list(spec),
             "max_transitions": self.max_transitions,
             "max_episodes": self.max_episodes,
+            "subset": None if self.subset is None else self.subset.attributes(),
         }
 
     @classmethod
     def from_attributes(cls, attrs: Mapping[str, Any]) -> Selection:
         """The selection a store recorded (:meth:`attributes`)."""
         return cls(
-            attrs.get("checkpoints"), attrs.get("max_transitions"), attrs.get("max_episodes")
+            attrs.get("checkpoints"),
+            attrs.get("max_transitions"),
+            attrs.get("max_episodes"),
+            Subset.from_attributes(attrs.get("subset")),
         )
 
 

@@ -1,0 +1,264 @@
+"""A drop-in for the Decision Transformer's Atari data code (kzl/decision-transformer).
+
+The original (``atari/create_dataset.py``, ``atari/run_dt_atari.py``) loads about
+500,000 transitions through dopamine's ``FixedReplayBuffer`` (TensorFlow) into
+Python lists of 4-frame stacks, about 14 GB of RAM, from the DQN Replay bucket
+that is gone. Here the same selection is made from a converted store, and the
+same items are read lazily from it::
+
+    # before                                        # after
+    obss, actions, returns, done_idxs, rtgs, \\      data = create_dataset(
+        timesteps = create_dataset(                     "stores/Breakout/1.zarr",
+            args.num_buffers, args.num_steps,           args.num_buffers, args.num_steps,
+            args.game, args.data_dir_prefix,            args.trajectories_per_buffer,
+            args.trajectories_per_buffer)               seed=args.seed)
+    train_dataset = StateActionReturnDataset(       train_dataset = StateActionReturnDataset(
+        obss, args.context_length * 3, actions,         data, args.context_length * 3)
+        done_idxs, rtgs, timesteps)
+
+``train_dataset.vocab_size``, ``block_size`` and ``len(data.timesteps)``/
+``data.max_timestep`` feed ``GPTConfig`` as before, and items are the original's
+4-tuple with its dtypes and shapes: states float32 ``[K, 4*84*84]`` (divided by
+255), actions int64 ``[K, 1]``, returns-to-go float32 ``[K, 1]``, timesteps int64
+``[1, 1]`` (the first step's), with ``K = block_size // 3``. ``uint8=True`` gives
+states as uint8 ``[K, 4, 84, 84]`` instead, for a conversion on the device.
+
+Where this differs from the original, on purpose:
+
+* **Selection** (:class:`~atari_zarr.subsets.Subset.decision_transformer`): buffers
+  are the last ``num_buffers`` checkpoints present in the store; a draw takes the
+  next ``trajectories_per_buffer`` whole episodes of the drawn checkpoint, in the
+  order they were played. The original reads each buffer in its circular storage
+  order from index 0 (so its first "trajectory" is usually the tail of an episode,
+  or stale rows), only the first 100,000 indices of each buffer (``replay_capacity
+  =100000``), takes ``trajectories_per_buffer + 1`` trajectories per draw, and on
+  reaching index 100,000 rolls the transitions back but keeps the ``done_idxs``
+  added meanwhile. A checkpoint without whole episodes left is no longer drawn
+  here (the original would draw it again forever). The draws use NumPy's
+  ``default_rng(seed)``, not the global ``np.random``.
+* **Timesteps** are the step within the episode (``row - first row``). The
+  original's loop writes each trajectory's length into the next trajectory's
+  first step and starts that trajectory's count one step late.
+* **Length**: ``len(dataset) = N - K`` items; the original gives ``N - 3K``
+  (``block_size`` is ``3K`` there, ``K`` in ``__getitem__``).
+* **Returns-to-go** are those of the original (the sum of the clipped rewards from
+  each step to the end of its trajectory); the selected trajectories are whole, so
+  its zero returns-to-go after the last ``done_idx`` never arise. (The ``actions``
+  assigned to ``stepwise_returns`` on a rollback was fixed in the original's
+  "fixed rtg bug" commit; this follows the fixed version.)
+* **Windows** are the original's: item ``idx`` ends at the first trajectory end
+  after ``idx``, or at ``idx + K``. A trajectory shorter than ``K`` therefore gives
+  windows that begin in the previous trajectory, as in the original (at the very
+  start of the data, they run into the next one instead).
+
+Examples
+--------
+>>> # store_url: a converted Pong/1 fixture store (6 checkpoints of 64 transitions)
+>>> data = create_dataset(store_url, num_buffers=6, num_steps=100, trajectories_per_buffer=2)
+>>> ds = StateActionReturnDataset(data, 3 * 5)
+>>> states, actions, rtgs, timesteps = ds[0]
+>>> states.shape, states.dtype, actions.shape, rtgs.shape, timesteps.shape
+(torch.Size([5, 28224]), torch.float32, torch.Size([5, 1]), torch.Size([5, 1]), torch.Size([1, 1]))
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from atari_zarr.episodes import source_parts
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.read.store import StoreReader
+from atari_zarr.subsets import Pieces, Subset, select_pieces
+
+__all__ = ["DecisionTransformerData", "StateActionReturnDataset", "create_dataset"]
+
+#: Frames per state in the original (dopamine's stack_size).
+STACK = 4
+
+
+@dataclass
+class DecisionTransformerData:
+    """The trajectories :func:`create_dataset` chose, with the original's per-step arrays.
+
+    Attributes
+    ----------
+    store : StoreReader
+        The store they are read from.
+    pieces : Pieces
+        The trajectories (rows of the store), in row order.
+    rows : numpy.ndarray
+        ``(N,)`` the store row of every step, trajectory after trajectory.
+    actions, rtgs, timesteps : numpy.ndarray
+        ``(N,)`` per step, as the original's ``create_dataset`` returns them (timesteps
+        corrected, see the module docstring).
+    done_idxs : numpy.ndarray
+        ``(T,)`` the end (exclusive) of every trajectory in step order.
+    returns : numpy.ndarray
+        ``(T,)`` every trajectory's return.
+    """
+
+    store: StoreReader
+    pieces: Pieces
+    rows: np.ndarray
+    actions: np.ndarray
+    rtgs: np.ndarray
+    timesteps: np.ndarray
+    done_idxs: np.ndarray
+    returns: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    @property
+    def max_timestep(self) -> int:
+        """``max(timesteps)``, what the original gives ``GPTConfig(max_timestep=...)``."""
+        return int(self.timesteps.max()) if len(self) else 0
+
+
+def create_dataset(
+    store: str | os.PathLike[str] | StoreReader,
+    num_buffers: int = 50,
+    num_steps: int = 500_000,
+    trajectories_per_buffer: int = 10,
+    *,
+    seed: int = 123,
+    storage_options: dict[str, Any] | None = None,
+) -> DecisionTransformerData:
+    """The original ``create_dataset``'s selection, from a store, without loading frames.
+
+    Parameters
+    ----------
+    store : str, path or StoreReader
+        A converted DQN Replay (or RL Unplugged) store, local or any fsspec URL.
+    num_buffers, num_steps, trajectories_per_buffer : int
+        As the original's (defaults: ``run_dt_atari.py``'s).
+    seed : int
+        Seeds the draws of buffers (the original's ``--seed`` default is 123).
+    storage_options : dict, optional
+        fsspec options for a URL.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``num_buffers`` larger than the checkpoints in the store, or a store without
+        checkpoints (a recording).
+    """
+    if not isinstance(store, StoreReader):
+        store = StoreReader(os.fspath(store), storage_options=storage_options)
+    parts = source_parts(store.metadata)
+    if not parts:
+        raise InvalidArgumentError(
+            f"{store.where} records no checkpoints (a recording?): the Decision Transformer's "
+            f"selection draws among a run's checkpoints; convert a DQN Replay run, or train on "
+            f"AtariZarrDataset(...).windows(K)"
+        )
+    subset = Subset.decision_transformer(
+        num_buffers, num_steps, trajectories_per_buffer, seed=seed, where=store.where
+    )
+    pieces = select_pieces(subset, parts, store.episodes, where=store.where)
+    lengths = pieces.length
+    rows = (
+        np.concatenate([np.arange(a, b) for a, b in zip(pieces.start, pieces.stop, strict=True)])
+        if len(pieces)
+        else np.zeros(0, dtype=np.int64)
+    ).astype(np.int64)
+    done_idxs = np.cumsum(lengths).astype(np.int64)
+    rtg = store.return_to_go(rows) if len(rows) else np.zeros(0, np.float32)
+    first = np.repeat(np.r_[0, done_idxs[:-1]], lengths) if len(pieces) else rows
+    returns = rtg[np.r_[0, done_idxs[:-1]]] if len(pieces) else np.zeros(0, np.float32)
+    return DecisionTransformerData(
+        store=store,
+        pieces=pieces,
+        rows=rows,
+        actions=store.action[rows].astype(np.int64) if len(rows) else rows,
+        rtgs=rtg.astype(np.float32),
+        timesteps=(np.arange(len(rows)) - first).astype(np.int64) if len(rows) else rows,
+        done_idxs=done_idxs,
+        returns=returns.astype(np.float32),
+    )
+
+
+class StateActionReturnDataset(torch.utils.data.Dataset):
+    """The original's ``StateActionReturnDataset`` over :func:`create_dataset`'s trajectories.
+
+    Parameters
+    ----------
+    data : DecisionTransformerData
+        What :func:`create_dataset` returned.
+    block_size : int
+        ``3 * context_length``, as the original is given it.
+    uint8 : bool
+        States as uint8 ``[K, 4, 84, 84]`` (the frames as stored: convert to float on
+        the device) instead of float32 ``[K, 4*84*84] / 255``.
+
+    Attributes
+    ----------
+    vocab_size : int
+        ``max(actions) + 1``.
+    """
+
+    def __init__(self, data: DecisionTransformerData, block_size: int, *, uint8: bool = False):
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 3:
+            raise InvalidArgumentError(
+                f"block_size must be 3 x the context length (at least 3); got {block_size!r} "
+                f"for {data.store.where}"
+            )
+        self.data = data
+        self.block_size = block_size
+        self.context = block_size // 3
+        self.uint8 = bool(uint8)
+        if len(data) < self.context:
+            raise InvalidArgumentError(
+                f"{data.store.where}: the {len(data)} steps chosen are fewer than one context "
+                f"of {self.context}; choose more steps or a shorter context"
+            )
+        self.vocab_size = int(data.actions.max()) + 1 if len(data) else 0
+
+    def __len__(self) -> int:
+        return len(self.data) - self.context
+
+    def window(self, idx: np.ndarray) -> np.ndarray:
+        """``(B, K)`` step numbers of items ``idx``: the original's rule."""
+        k = self.context
+        idx = np.asarray(idx, dtype=np.int64)
+        ends = self.data.done_idxs
+        nxt = ends[np.minimum(np.searchsorted(ends, idx, side="right"), len(ends) - 1)]
+        stop = np.minimum(nxt, idx + k)
+        start = np.maximum(stop - k, 0)  # the very start of the data: the next one instead
+        return start[:, None] + np.arange(k, dtype=np.int64)[None, :]
+
+    def _check(self, idx: Any) -> np.ndarray:
+        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
+        n = len(self)
+        bad = idx[(idx < -n) | (idx >= n)]
+        if bad.size:
+            raise IndexError(f"index {int(bad[0])} is out of range for {n} items")
+        return np.where(idx < 0, idx + n, idx)
+
+    def _items(self, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
+        steps = self.window(idx)
+        b, k = steps.shape
+        td = self.data.store.read_items(self.data.rows[steps.ravel()], length=1, stack=STACK)
+        obs = td["observation"].reshape(b, k, STACK, *td["observation"].shape[-2:])
+        if self.uint8:
+            states = obs.contiguous()
+        else:
+            states = obs.reshape(b, k, -1).to(torch.float32) / 255.0
+        actions = torch.from_numpy(self.data.actions[steps]).unsqueeze(-1)
+        rtgs = torch.from_numpy(self.data.rtgs[steps]).unsqueeze(-1)
+        timesteps = torch.from_numpy(self.data.timesteps[steps[:, :1]]).unsqueeze(-1)
+        return states, actions, rtgs, timesteps
+
+    def __getitem__(self, idx: int) -> tuple[torch.Tensor, ...]:
+        states, actions, rtgs, timesteps = self._items(self._check(idx))
+        return states[0], actions[0], rtgs[0], timesteps[0]
+
+    def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, ...]]:
+        """A batch read at once (one frame fetch); the default collate stacks it."""
+        states, actions, rtgs, timesteps = self._items(self._check(indices))
+        return list(zip(states, actions, rtgs, timesteps, strict=True))

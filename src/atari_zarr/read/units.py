@@ -1,0 +1,433 @@
+"""Units of one store read ahead into a slab, and items taken out of them as batches.
+
+One :class:`UnitReader` serves one consumer (:class:`~atari_zarr.read.consumer.Consumer`)
+of one store in an epoch of :class:`~atari_zarr.read.stream.EpochStream`:
+
+* :class:`UnitLayout` cuts the store into read units (a frame shard, 4096 frames,
+  by default) and counts the items (:class:`~atari_zarr.read.items.Items`) each
+  unit starts;
+* **units ahead**: the epoch plan (:mod:`atari_zarr.read.epoch`) says which units
+  this consumer reads and in which order; ``units_ahead`` of them are fetched by
+  the engine (:meth:`~atari_zarr.read.engine.ChunkEngine.fetch_span`: the whole
+  shard object with one request) and decoded into slots of one preallocated slab
+  on a thread pool, with the frames just outside each unit (``frame_stack - 1``
+  before it, the ``L`` rows of its last items after it), so next observations,
+  stacks and windows are exact at unit boundaries. Decoding takes the cores but
+  one, which is left to the loop that gathers batches;
+* :meth:`UnitReader.take` leaves the items of the plan's segments in order and
+  gathers their frames from the slab with one ``np.take`` into memory from the
+  store's :class:`~atari_zarr.read.pool.BufferPool`; :mod:`atari_zarr.read.batch`
+  builds the TensorDict. The shuffle buffer is item numbers into decoded units,
+  never a second copy of the frames.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from tensordict import TensorDict
+
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.read.batch import (
+    FrameBuffer,
+    FramePlan,
+    finish_batch,
+    item_fields,
+    put_final_frames,
+)
+from atari_zarr.read.epoch import EpochPlan, unit_bounds
+from atari_zarr.read.items import Items
+from atari_zarr.read.store import StoreReader
+
+__all__ = [
+    "DEFAULT_SHUFFLE_BUFFER",
+    "DEFAULT_UNITS_AHEAD",
+    "UnitLayout",
+    "UnitReader",
+    "positive_int",
+    "stream_memory_bound",
+]
+
+log = logging.getLogger("atari_zarr")
+
+#: Transitions whose units are held decoded for mixing (4 shards of 4096 frames).
+DEFAULT_SHUFFLE_BUFFER = 16384
+#: Units fetched and decoded ahead of the one being read.
+DEFAULT_UNITS_AHEAD = 4
+
+
+def positive_int(value: Any, name: str, where: str, *, zero: bool = False) -> int:
+    """``value`` as an int (positive, or non-negative with ``zero``), or a one-line error."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | np.integer)
+        or value < (0 if zero else 1)
+    ):
+        kind = "non-negative" if zero else "positive"
+        raise InvalidArgumentError(f"{name} must be a {kind} integer; got {value!r} for {where}")
+    return int(value)
+
+
+def stream_memory_bound(
+    frame_stack: int = 1,
+    *,
+    shuffle_buffer: int = DEFAULT_SHUFFLE_BUFFER,
+    units_ahead: int = DEFAULT_UNITS_AHEAD,
+    unit_rows: int = 4096,
+    frame_bytes: int = 84 * 84,
+    length: int = 1,
+) -> int:
+    """Bytes a stream holds for frames, per consumer (each DataLoader worker) and store.
+
+    ``(window + 1 + units_ahead) * (unit_rows + frame_stack + length - 1) *
+    frame_bytes`` decoded, plus up to ``units_ahead`` fetched units before decoding
+    (at most as large again), with ``window = max(1, shuffle_buffer // unit_rows)``
+    and ``length`` the rows of an item (1 for transitions, ``K`` for windows).
+    Batches handed out and the per-step columns (about 2 bytes per transition
+    once read) come on top.
+
+    Examples
+    --------
+    >>> round(stream_memory_bound() / 2**20)
+    358
+    """
+    window = max(1, shuffle_buffer // unit_rows)
+    unit = (unit_rows + frame_stack + length - 1) * frame_bytes
+    return (window + 1 + units_ahead) * unit + units_ahead * unit
+
+
+class UnitLayout:
+    """How one store is cut into units and which items each unit starts."""
+
+    def __init__(self, store: StoreReader, items: Items, unit_rows: int | None) -> None:
+        engine = store.engine
+        grid = engine.grid
+        if grid is not None and grid.sharded:
+            self.chunk_rows = grid.chunk_rows
+            self.shard_rows = int(grid.shard_rows)  # type: ignore[arg-type]
+            self.fast = True
+        else:
+            if grid is None:
+                log.info("%s: the stream reads units through zarr", store.where)
+            chunks = int(store.observation.chunks[0])
+            self.chunk_rows = chunks
+            self.shard_rows = max(chunks, -(-4096 // chunks) * chunks)
+            self.fast = False
+        where = store.where
+        if unit_rows is None:
+            unit_rows = self.shard_rows
+        unit_rows = positive_int(unit_rows, "unit_rows", where)
+        if unit_rows % self.chunk_rows or unit_rows > self.shard_rows:
+            raise InvalidArgumentError(
+                f"unit_rows must be a multiple of the {self.chunk_rows}-frame chunks of {where}, "
+                f"at most a shard ({self.shard_rows}); got {unit_rows}"
+            )
+        self.unit_rows = unit_rows
+        rows = unit_bounds(len(store), shard_rows=self.shard_rows, unit_rows=unit_rows)
+        counts = items.count_before(rows.ravel()).reshape(-1, 2) if len(rows) else rows
+        if not items.identity:  # units that start no item are not read
+            keep = counts[:, 1] > counts[:, 0]
+            rows, counts = rows[keep], counts[keep]
+        #: Row ranges of the units; :attr:`bounds`: the item ranges they start.
+        self.rows = rows
+        self.bounds = counts
+
+    def unit_of_row(self, row: int) -> int:
+        return int(np.searchsorted(self.rows[:, 1], row, side="right"))
+
+
+class UnitReader:
+    """One consumer's items of one store, taken ``n`` at a time as TED batches."""
+
+    def __init__(
+        self,
+        store: StoreReader,
+        items: Items,
+        layout: UnitLayout,
+        plan: EpochPlan,
+        *,
+        stack: int,
+        start: int,
+        stop: int,
+        units_ahead: int,
+        decoders: threading.BoundedSemaphore,
+    ) -> None:
+        self.store, self.items, self.layout, self.plan = store, items, layout, plan
+        self.k = stack
+        self.length = items.length
+        self.n = len(store)
+        self.remaining = max(0, stop - start)
+        self.units_ahead = units_ahead
+        self.decoders = decoders
+        m = len(plan.units)
+        self.halo_front = self.k - 1
+        unit_rows = layout.unit_rows
+        #: Frames held per unit: the stacks before it, the unit, the items' rows after it.
+        self.ext = self.halo_front + unit_rows + self.length
+        #: Per-step values held per unit: its rows and the items' rows after it.
+        self.cols = unit_rows + self.length - 1
+        self.windowed = not items.identity
+        # window units mixed, one more whose last items wait in a partly taken batch,
+        # units ahead on their way (a batch larger than a unit may need more: _grow)
+        self.n_slots = 0
+        self.slab: np.ndarray
+        self.col: dict[str, np.ndarray] = {}
+        self.slot_lo: np.ndarray
+        self.slot_items: np.ndarray
+        self._allocate(min(m, plan.window + 1 + units_ahead) if m else 0)
+        self.finals: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.free = list(range(self.n_slots))[::-1]
+        self.slot_of: dict[int, int] = {}
+        self.slot_by_pos = np.full(m, -1, dtype=np.int64)
+        self.futures: dict[int, Future] = {}
+        self.segs: dict[int, np.ndarray] = {}
+        self.pool: ThreadPoolExecutor | None = None
+        seg, skip = plan.locate(start)
+        self.next_seg = seg
+        self.next_fetch = plan.needed(seg).start if seg < m else m
+        self.pending: deque[list[Any]] = deque()  # [segment, positions, items, head]
+        self.skip = skip
+
+    # -- units --------------------------------------------------------------------------
+    def _columns(self) -> dict[str, Any]:
+        names: dict[str, Any] = {
+            "action": np.int64,
+            "reward": np.float32,
+            "terminated": bool,
+            "truncated": bool,
+            "episode": np.int64,
+            "first": np.int64,
+        }
+        if self.windowed:
+            names["return_to_go"] = np.float32
+        return names
+
+    def _allocate(self, n_slots: int) -> None:
+        """The slab and per-step columns for ``n_slots`` units, keeping what they hold."""
+
+        def grown(old: np.ndarray | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+            # np.empty maps pages lazily: memory grows with the slots used, never beyond.
+            new = np.empty((n_slots, *shape), dtype=dtype)
+            if old is not None and len(old):
+                new[: len(old)] = old
+            return new
+
+        first = self.n_slots == 0
+        frame_shape = tuple(self.store.observation.shape[1:])
+        self.slab = grown(None if first else self.slab, (self.ext, *frame_shape), np.uint8)
+        for name, dtype in self._columns().items():
+            self.col[name] = grown(None if first else self.col[name], (self.cols,), dtype)
+        self.slot_lo = grown(None if first else self.slot_lo, (), np.int64)
+        self.slot_items = grown(None if first else self.slot_items, (), np.int64)
+        self.n_slots = n_slots
+
+    def _grow(self) -> None:
+        """One more slot: a batch spans more segments than the slots were sized for."""
+        for fut in list(self.futures.values()):  # nothing may write into the old slab
+            fut.result()
+        log.debug("stream: growing the slab to %d units", self.n_slots + 1)
+        self._allocate(self.n_slots + 1)
+        self.free.append(self.n_slots - 1)
+
+    def _submit(self) -> None:
+        m = len(self.plan.units)
+        horizon = min(m, self.next_seg + 1 + self.units_ahead)
+        while self.next_fetch < horizon:
+            if not self.free:
+                if self.next_fetch > self.next_seg:
+                    break  # read ahead later, when a slot is free
+                self._grow()  # the unit the next segment needs must have a slot
+            j = self.next_fetch
+            slot = self.free.pop()
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(
+                    max(1, self.units_ahead), thread_name_prefix="atari_zarr-stream"
+                )
+            self.slot_of[j] = slot
+            self.slot_by_pos[j] = slot
+            self.futures[j] = self.pool.submit(self._load, j, slot)
+            self.next_fetch += 1
+
+    def _read_frames(self, lo: int, hi: int, ext: np.ndarray) -> None:
+        """Frames of rows ``[lo, hi)`` and of the rows just outside into ``ext``."""
+        k, n = self.k, self.n
+        count = hi - lo
+        halo = np.r_[
+            np.arange(max(0, lo - k + 1), lo), np.arange(hi, min(hi + self.length, n))
+        ].astype(np.int64)
+        out = ext[self.halo_front : self.halo_front + count]
+        engine = self.store.engine
+        if self.layout.fast:
+            cr = self.layout.chunk_rows
+            extra = sorted({int(r) // cr for r in halo.tolist()})
+            span, around = engine.fetch_span(lo, hi, extra)
+            # all units' requests fly at once; decoding takes the cores but one, which
+            # is left to the loop that gathers batches
+            with self.decoders:
+                got = engine.decode_span(lo, hi, out, span, halo, around)
+        else:
+            out[:] = np.asarray(self.store.observation[lo:hi])
+            got = engine.read_generic(halo)
+        ext[halo - lo + self.halo_front] = got
+
+    def _load(self, j: int, slot: int) -> None:
+        store = self.store
+        unit = int(self.plan.units[j])
+        lo, hi = (int(x) for x in self.layout.rows[unit])
+        self._read_frames(lo, hi, self.slab[slot])
+        top = min(hi + self.length - 1, self.n)
+        rows = np.arange(lo, top, dtype=np.int64)
+        c = len(rows)
+        col = self.col
+        col["action"][slot, :c] = store.action[rows]
+        col["reward"][slot, :c] = store.reward[rows]
+        term, trunc = store.terminated[rows], store.truncated[rows]
+        col["terminated"][slot, :c], col["truncated"][slot, :c] = term, trunc
+        col["episode"][slot, :c] = store.episode[rows]
+        col["first"][slot, :c] = store.episodes.starts[col["episode"][slot, :c]]
+        if self.windowed:
+            col["return_to_go"][slot, :c] = store.return_to_go(rows)
+        self.slot_lo[slot] = lo
+        self.slot_items[slot] = int(self.layout.bounds[unit, 0])
+        done = np.flatnonzero(term | trunc)
+        self.finals.pop(slot, None)
+        if store.final_observation is not None and len(done):
+            eps = col["episode"][slot, done]
+            self.finals[slot] = (done, store.final_frames(eps))
+        self.segs[j] = self.plan.row_segments(j)
+
+    def _wait(self, positions: range) -> None:
+        self._submit()
+        for j in positions:
+            fut = self.futures.pop(j, None)
+            if fut is not None:
+                fut.result()
+
+    def _release(self) -> None:
+        oldest = self.pending[0][0] if self.pending else self.next_seg
+        last = len(self.plan.units) - 1
+        for j in [j for j in self.slot_of if j not in self.futures]:
+            if min(j + self.plan.window - 1, last) < oldest:
+                self.free.append(self.slot_of.pop(j))
+                self.segs.pop(j, None)
+
+    # -- items ----------------------------------------------------------------------------
+    def _fill(self, n: int) -> int:
+        have = sum(len(p[1]) - p[3] for p in self.pending)
+        while have < n and self.next_seg < len(self.plan.units):
+            s = self.next_seg
+            self._wait(self.plan.needed(s))
+            pos, local = self.plan.segment(s, self.segs.__getitem__)
+            entry = [s, pos, local, self.skip]
+            have += len(pos) - self.skip
+            self.skip = 0
+            self.pending.append(entry)
+            self.next_seg += 1
+            self._submit()
+        return have
+
+    def take(self, n: int) -> TensorDict | None:
+        """Up to ``n`` items (fewer at the end), or None when this consumer is done."""
+        n = min(n, self.remaining)
+        if n <= 0:
+            return None
+        n = min(n, self._fill(n))
+        if n <= 0:
+            return None
+        slots, local, got = [], [], 0
+        while got < n:
+            _, pos, items, head = self.pending[0]
+            step = min(n - got, len(pos) - head)
+            slots.append(self.slot_by_pos[pos[head : head + step]])
+            local.append(items[head : head + step])
+            got += step
+            if head + step == len(pos):
+                self.pending.popleft()
+            else:
+                self.pending[0][3] = head + step
+        batch = self._assemble(np.concatenate(slots), np.concatenate(local))
+        self.remaining -= n
+        self._release()
+        self._submit()
+        return batch
+
+    def _assemble(self, slots: np.ndarray, local: np.ndarray) -> TensorDict:
+        """The batch of items ``local`` (item numbers within their unit) of ``slots``."""
+        k, length, b = self.k, self.length, len(slots)
+        item = self.slot_items[slots] + local
+        starts = self.items.starts(item)
+        real = self.items.real(item)
+        off = starts - self.slot_lo[slots]  # column of each item's first row in its slot
+        # per-step values: one flat index into the slots' columns
+        base = slots * self.cols
+        last = base + off + (length - 1 if real is None else real - 1)
+        cols = {name: col.reshape(-1) for name, col in self.col.items()}
+        plan = FramePlan(
+            starts=starts,
+            length=length,
+            stack=k,
+            first=cols["first"].take(base + off),
+            last_done=cols["terminated"].take(last) | cols["truncated"].take(last),
+            n_rows=self.n,
+            valid=real,
+        )
+        frame_shape = self.slab.shape[2:]
+        buffer = FrameBuffer(self.store.pool, b, length, k, frame_shape)
+        # slab row of the oldest frame of each item is its first row's column: the
+        # halo in front holds the k - 1 frames before the unit
+        at = (slots * self.ext + off)[:, None] + np.arange(length + k, dtype=np.int64)[None, :]
+        flat = self.slab.reshape(-1, *frame_shape)
+        # one gather of every distinct frame into reused memory; rows that are padding
+        # (or beyond the end of the store) are zeroed after. mode='clip': with the
+        # default mode numpy gathers into a temporary buffer first
+        np.take(flat, buffer.flat(at), axis=0, out=buffer.frames, mode="clip")
+        valid = buffer.flat(plan.valid)
+        if not valid.all():
+            buffer.frames[~valid] = 0
+        if self.finals and plan.last_done.any():
+            self._put_finals(buffer, plan, slots, last - base)
+        obs, nxt = buffer.views(self.windowed)
+        steps_at = off[:, None] + np.arange(length, dtype=np.int64)[None, :]
+        exists = None
+        if real is not None:
+            exists = np.arange(length)[None, :] < real[:, None]
+            steps_at = np.where(exists, steps_at, off[:, None])
+        fi = (base[:, None] + steps_at).ravel()
+        steps = {
+            name: cols[name].take(fi)
+            for name in ("action", "reward", "terminated", "truncated", "episode")
+        }
+        rows2d = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
+        if self.windowed:
+            steps["return_to_go"] = cols["return_to_go"].take(fi)
+            steps["timestep"] = (starts[:, None] + steps_at - off[:, None]).ravel() - cols[
+                "first"
+            ].take(fi)
+        fields = item_fields(rows2d, exists, steps, window=self.windowed)
+        return finish_batch(obs, nxt, plan, fields)
+
+    def _put_finals(
+        self, buffer: FrameBuffer, plan: FramePlan, slots: np.ndarray, last: np.ndarray
+    ) -> None:
+        items, frames = [], []
+        for i in np.flatnonzero(plan.last_done).tolist():
+            kept = self.finals.get(int(slots[i]))
+            if kept is None:
+                continue
+            at, finals = kept
+            items.append(i)
+            frames.append(finals[int(np.searchsorted(at, last[i]))])
+        if items:
+            idx = np.asarray(items, dtype=np.int64)
+            put_final_frames(buffer, idx, plan.next_pos[idx], np.stack(frames))
+
+    def close(self) -> None:
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            # in-flight requests end on their own deadline; nothing waits for them
+            pool.shutdown(wait=False, cancel_futures=True)
