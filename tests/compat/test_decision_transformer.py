@@ -1,4 +1,4 @@
-"""The Decision Transformer drop-in: kzl's items from a store, its selection, and a model that learns."""
+"""The Decision Transformer drop-in: kzl's items, its selection, a model that learns."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_uint8_states_and_batches(pong_store):
     assert s8.dtype == torch.uint8 and s8.shape == (K, 4, 84, 84)
     torch.testing.assert_close(s8.reshape(K, -1).float() / 255, floats[3][0])
     loader = torch.utils.data.DataLoader(floats, batch_size=8, shuffle=True)
-    states, actions, rtgs, timesteps = next(iter(loader))
+    states, _actions, _rtgs, timesteps = next(iter(loader))
     assert states.shape == (8, K, 4 * 84 * 84) and timesteps.shape == (8, 1, 1)
     assert floats.vocab_size == int(data.actions.max()) + 1
     with pytest.raises(IndexError):
