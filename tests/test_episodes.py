@@ -183,3 +183,31 @@ def test_ledger_attributes_parse_back():
 )
 def test_unusable_tables_are_none(meta):
     assert episode_table(meta, 6) is None
+
+
+def test_episode_columns_of_an_rl_unplugged_store():
+    from atari_zarr.episodes import episode_columns, source_parts
+
+    meta = {
+        "conversion": {
+            "shards": [
+                {"shard": 0, "first_transition": 0, "transitions": 5},
+                {"shard": 2, "first_transition": 5, "transitions": 4},
+            ]
+        },
+        "episodes": {
+            "length": [5, 4],
+            "terminated": [True, False],
+            "return": [1.0, 0.0],
+            "checkpoint_idx": [0, 2],
+            "episode_return": [50.0, None],
+        },
+    }
+    table = episode_table(meta, 9)
+    cols = episode_columns(meta, table)
+    assert cols["checkpoint"].tolist() == [0, 2]
+    assert cols["source_return"][0] == 50.0 and np.isnan(cols["source_return"][1])
+    assert "source_clipped_return" not in cols
+    assert [p.checkpoint for p in source_parts(meta)] == [0, 2]
+    assert source_parts({"conversion": {"checkpoints": [{"suffix": "x"}]}}) == []
+    assert "checkpoint" not in episode_columns({}, table)  # a recording

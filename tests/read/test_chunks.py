@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
-import hypothesis.strategies as st
 import numpy as np
 import pytest
 import torch
 import zarr
-from hypothesis import given
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
 
 from atari_zarr import AtariZarrDataset
@@ -24,7 +21,6 @@ from atari_zarr.layout import (
     create_store,
 )
 from atari_zarr.read.chunks import ChunkReader
-from atari_zarr.read.ranges import coalesce_ranges
 from atari_zarr.testing import fixture_frame
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -287,31 +283,8 @@ def test_remote_store_reads_only_needed_ranges(pong_store):
 
 
 # --------------------------------------------------------------------------- #
-# merged requests (coalescing)
+# merged requests (ranges merged by the engine: tests/read/test_ranges.py)
 # --------------------------------------------------------------------------- #
-
-
-@given(
-    st.lists(
-        st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 500), st.integers(1, 60)),
-        max_size=30,
-    ),
-    st.integers(-1, 100),
-)
-def test_coalesced_ranges_cover_every_request(spans, gap):
-    requests = [(key, start, start + length) for key, start, length in spans]
-    merged, parts = coalesce_ranges(requests, gap, max_bytes=200)
-    data = {"a": np.arange(1000) % 251, "b": np.arange(1000) % 241}
-    fetched = [data[k][a:b] for k, a, b in merged]
-    for (key, start, stop), (m, off, length) in zip(requests, parts, strict=True):
-        assert merged[m][0] == key
-        np.testing.assert_array_equal(fetched[m][off : off + length], data[key][start:stop])
-    # two merged ranges of one object are further apart than the gap, or one is full
-    for (k1, s1, e1), (k2, s2, e2) in itertools.pairwise(merged):
-        assert k1 != k2 or gap < 0 or s2 - e1 > gap or max(e1, e2) - s1 > 200
-    assert len(merged) <= len(requests)
-    if gap >= 0 and requests:
-        assert len({k for k, _, _ in merged}) == len({k for k, _, _ in requests})
 
 
 def test_adjacent_chunks_of_a_shard_are_one_request(tmp_path):

@@ -219,3 +219,55 @@ def test_damaged_chunk_names_the_command_that_rewrites_the_store(converted):
     with pytest.raises(StoreCorruptError, match="crc32c") as caught:
         ds[np.arange(len(ds))]
     assert f"damaged; write it again ({command} --overwrite)" in str(caught.value)
+
+
+# --------------------------------------------------------------------------- #
+# episodes
+# --------------------------------------------------------------------------- #
+
+
+def test_episodes_equal_the_truth(converted):
+    store, truth = converted
+    ds = AtariZarrDataset(store.url, frame_stack=2)
+    table = ds.episode_table
+    starts = np.flatnonzero(np.r_[True, truth.episode[1:] != truth.episode[:-1]])
+    lengths = np.diff(np.r_[starts, len(truth)])
+    assert table["first_row"].tolist() == starts.tolist()
+    assert table["length"].tolist() == lengths.tolist()
+    ends = starts + lengths - 1
+    assert table["terminated"].tolist() == truth.terminated[ends].tolist()
+    np.testing.assert_allclose(table["return"], np.add.reduceat(truth.reward, starts))
+    # checkpoints: every episode's first row lies in the checkpoint named
+    parts = ds.metadata["conversion"]["checkpoints"]
+    for first, ckpt in zip(table["first_row"], table["checkpoint"], strict=True):
+        part = next(p for p in parts if p["suffix"] == ckpt)
+        assert part["first_transition"] <= first < part["first_transition"] + part["transitions"]
+    for i in (0, 5, -1):
+        ep = ds.episode(i)
+        rows = np.arange(starts[i], starts[i] + lengths[i])
+        assert ep.batch_size == (lengths[i],)
+        assert ep["index"].tolist() == rows.tolist()
+        np.testing.assert_array_equal(ep["observation"][:, -1].numpy(), truth.observation[rows])
+        assert int(ep["next", "done"].sum()) == 1 and bool(ep["next", "done"][-1])
+
+
+def test_iterating_episodes_decodes_each_chunk_once(converted):
+    store, truth = converted
+    ds = AtariZarrDataset(store.url)
+    frames = ds._store.frames
+    total = sum(len(ep) for ep in ds.iter_episodes())
+    assert total == len(truth)
+    chunks = -(-len(truth) // frames.grid.chunk_rows)
+    assert frames.stats["decoded"] == chunks
+
+
+def test_bad_episode_numbers(converted):
+    store, _ = converted
+    ds = AtariZarrDataset(store.url)
+    n = ds.num_episodes
+    with pytest.raises(
+        IndexError, match=rf"episode {n} is out of range .* holds {n} episodes \(0 to {n - 1}\)"
+    ):
+        ds.episode(n)
+    with pytest.raises(TypeError, match="an episode number must be an int"):
+        ds.episode(1.5)

@@ -1,0 +1,123 @@
+"""The one engine: where chunks lie, fetching in at most two rounds, verifying, decoding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+from atari_zarr.errors import StoreCorruptError
+from atari_zarr.layout import ARRAYS, OBSERVATION
+from atari_zarr.read.engine import ChunkEngine
+from atari_zarr.read.ranges import ByteRange
+from atari_zarr.storage.remote import RemoteStore
+
+CODECS = ARRAYS[OBSERVATION].compressors()
+
+
+class Counting:
+    """A byte source that records every round of requests it serves."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.remote = True
+        self.rounds: list[list[ByteRange]] = []
+
+    def get(self, ranges):
+        self.rounds.append(list(ranges))
+        return self.inner.get(ranges)
+
+
+def make(store, n=300, *, chunk=8, shard=64, index_location="start"):
+    a = zarr.create_array(
+        store,
+        shape=(n, 6, 5),
+        chunks=(chunk, 6, 5),
+        shards={"shape": (shard, 6, 5), "index_location": index_location},
+        dtype="uint8",
+        compressors=CODECS,
+        fill_value=0,
+    )
+    data = (np.arange(n * 30, dtype=np.int64) * 7 % 251).astype(np.uint8).reshape(n, 6, 5)
+    a[:] = data
+    return a, data
+
+
+@pytest.fixture(params=["local", "memory"])
+def store(request, tmp_path):
+    if request.param == "local":
+        yield zarr.storage.LocalStore(tmp_path / "e.zarr")
+        return
+    url = f"memory://engine-{tmp_path.name}.zarr"
+    yield RemoteStore(url, read_only=False)
+    import fsspec
+
+    fsspec.filesystem("memory").rm(f"/engine-{tmp_path.name}.zarr", recursive=True)
+
+
+@pytest.mark.parametrize("where", ["start", "end"])
+def test_fetch_and_decode_any_chunks(store, where):
+    """Index at the start (a range) or the end (a suffix request): the same values."""
+    a, data = make(store, index_location=where)
+    engine = ChunkEngine(a, where="w")
+    cids = [37, 0, 8, 9, 36]
+    chunks = engine.fetch(cids)
+    assert [c.cid for c in chunks] == cids
+    out = np.empty((8, 6, 5), dtype=np.uint8)
+    for c in chunks:
+        assert engine.decode(c, out) == len(c.data)
+        rows = slice(c.cid * 8, min(c.cid * 8 + 8, len(data)))
+        np.testing.assert_array_equal(out[: rows.stop - rows.start], data[rows])
+
+
+def test_a_whole_shard_is_one_request_and_brings_its_index(tmp_path):
+    a, data = make(RemoteStore(f"memory://span-{tmp_path.name}.zarr", read_only=False))
+    engine = ChunkEngine(a, where="w")
+    engine.bytes = counting = Counting(engine.bytes)
+    out = np.empty((64, 6, 5), dtype=np.uint8)
+    halo = np.array([63, 128])  # the row before and after the shard 64-127
+    span, extra = engine.fetch_span(64, 128, [63 // 8, 128 // 8])
+    # round 1: the whole shard and the two neighbours' indexes; round 2: their chunks
+    assert [len(r) for r in counting.rounds] == [3, 2]
+    assert counting.rounds[0][0] == ByteRange.whole(counting.rounds[0][0].key)
+    got = engine.decode_span(64, 128, out, span, halo, extra)
+    np.testing.assert_array_equal(out, data[64:128])
+    np.testing.assert_array_equal(got, data[halo])
+    # indexes are kept: the chunk of shard 1 comes in round 1; shard 3's index is new
+    counting.rounds.clear()
+    engine.fetch_span(128, 192, [127 // 8, 192 // 8])
+    assert [len(r) for r in counting.rounds] == [3, 1]
+    counting.rounds.clear()
+    engine.fetch_span(128, 192, [127 // 8])
+    assert [len(r) for r in counting.rounds] == [2]
+
+
+def test_part_of_a_shard_is_one_range(tmp_path):
+    a, data = make(RemoteStore(f"memory://part-{tmp_path.name}.zarr", read_only=False))
+    engine = ChunkEngine(a, where="w")
+    engine.bytes = counting = Counting(engine.bytes)
+    span, _ = engine.fetch_span(80, 112)  # chunks 10-13 of shard 1: its index first
+    assert [len(r) for r in counting.rounds] == [1, 1]
+    assert counting.rounds[1][0].bounded
+    out = np.empty((32, 6, 5), dtype=np.uint8)
+    engine.decode_span(80, 112, out, span, np.zeros(0, np.int64), [])
+    np.testing.assert_array_equal(out, data[80:112])
+    with pytest.raises(ValueError, match="not inside one shard"):
+        engine.fetch_span(60, 70)
+
+
+def test_damage_is_named(tmp_path):
+    a, _ = make(zarr.storage.LocalStore(tmp_path / "d.zarr"))
+    engine = ChunkEngine(a, where="d.zarr", remedy="do this.")
+    [chunk] = engine.fetch([3])
+    out = np.empty((8, 6, 5), dtype=np.uint8)
+    spoiled = bytearray(bytes(chunk.data))
+    spoiled[20] ^= 0xFF
+    with pytest.raises(
+        StoreCorruptError, match=r"chunk 3 .* \(rows 24-31\).*fails its crc32c.*do this"
+    ):
+        engine.decode(chunk._replace(data=bytes(spoiled)), out)
+    with pytest.raises(StoreCorruptError, match="is cut short"):
+        engine.decode(chunk._replace(data=bytes(chunk.data)[:-3]), out)
