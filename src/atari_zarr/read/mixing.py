@@ -56,6 +56,9 @@ class MultiGameDataset(torch.utils.data.Dataset):
         For stores given as URLs.
     frame_stack : int
         Frames per observation, for stores given as URLs.
+    full_action_space : bool
+        For stores given as URLs: actions as ALE's 18 actions (stores converted with
+        ``--full-action-space``), one action space for every game.
 
     Examples
     --------
@@ -81,13 +84,19 @@ class MultiGameDataset(torch.utils.data.Dataset):
         weights: Sequence[float] | None = None,
         storage_options: dict[str, Any] | None = None,
         frame_stack: int = 1,
+        full_action_space: bool = False,
     ) -> None:
         if len(datasets) == 0:
             raise InvalidArgumentError("MultiGameDataset needs at least one store; got none")
         self.datasets = [
             d
             if isinstance(d, AtariZarrDataset)
-            else AtariZarrDataset(d, storage_options=storage_options, frame_stack=frame_stack)
+            else AtariZarrDataset(
+                d,
+                storage_options=storage_options,
+                frame_stack=frame_stack,
+                full_action_space=full_action_space,
+            )
             for d in datasets
         ]
         stacks = {d.frame_stack for d in self.datasets}
@@ -122,6 +131,7 @@ class MultiGameDataset(torch.utils.data.Dataset):
         storage_options: dict[str, Any] | None = None,
         weights: Sequence[float] | None = None,
         frame_stack: int = 1,
+        full_action_space: bool = False,
     ) -> MultiGameDataset:
         """Open ``{root}/{Game}/{run}.zarr`` for each ``"Game/run"`` in ``names``.
 
@@ -150,7 +160,13 @@ class MultiGameDataset(torch.utils.data.Dataset):
                 f"Convert them with `atari-zarr convert`."
             )
         urls = [name_to_url(root, n) for n in names]
-        return cls(urls, weights=weights, storage_options=storage_options, frame_stack=frame_stack)
+        return cls(
+            urls,
+            weights=weights,
+            storage_options=storage_options,
+            frame_stack=frame_stack,
+            full_action_space=full_action_space,
+        )
 
     def __len__(self) -> int:
         return int(self.offsets[-1])
@@ -260,7 +276,7 @@ class MultiGameDataset(torch.utils.data.Dataset):
         numbered store after store, with ``game_id``, ``row`` and the global
         ``index`` ``[K]``; :meth:`sample`, :meth:`sampler` and :meth:`stream` draw
         stores with the same weights (default: proportional to their windows). With
-        ``full_action_space=True`` on the stores (:class:`AtariZarrDataset`), actions
+        ``full_action_space=True`` (stores converted with ``--full-action-space``), actions
         are ALE's 18 actions, one space for every game (Multi-Game Decision
         Transformer).
 

@@ -163,7 +163,7 @@ class Selection:
     >>> sel.suffixes(range(12))
     [10]
     >>> sel.attributes()
-    {'checkpoints': 'medium', 'max_transitions': 1000, 'max_episodes': None, 'subset': None}
+    {'checkpoints': 'medium', 'max_transitions': 1000, 'max_episodes': None}
     >>> Selection.from_attributes(sel.attributes()) == sel
     True
     """
@@ -189,12 +189,14 @@ class Selection:
     def attributes(self) -> dict[str, Any]:
         """The selection as recorded in a store's ``selection`` attribute."""
         spec = self.checkpoints
-        return {
+        out: dict[str, Any] = {
             "checkpoints": spec if spec is None or isinstance(spec, str) else list(spec),
             "max_transitions": self.max_transitions,
             "max_episodes": self.max_episodes,
-            "subset": None if self.subset is None else self.subset.attributes(),
         }
+        if self.subset is not None:  # stores of whole runs record what they always did
+            out["subset"] = self.subset.attributes()
+        return out
 
     @classmethod
     def from_attributes(cls, attrs: Mapping[str, Any]) -> Selection:

@@ -1,0 +1,104 @@
+"""The floors of docs/architecture.md hold: imports point down, no two modules import each other."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import atari_zarr
+
+ROOT = Path(atari_zarr.__file__).parent
+
+#: Floors from the bottom up; a module may import its own floor's and lower floors' modules.
+FLOORS = [
+    {"errors", "layout", "episodes", "subsets", "codec_chain", "progress", "commands", "_version"},
+    {"storage"},
+    {"sources"},
+    {"conversion", "read", "record"},
+    {"compat"},
+    {"verify", "info", "demo", "torchrl"},
+    {"cli", "__main__"},
+]
+#: The floor of the paths through a store: its packages do not import each other.
+PATHS = 3
+# what the floors' own lines allow (docs/architecture.md): derived arrays use ALE's action sets
+ALLOWED = {
+    ("conversion.derived", "record.envs"),
+    # the RL Unplugged demo writes its shards with the fixture writer (to move)
+    ("demo", "testing.rl_unplugged"),
+}
+
+
+def modules() -> dict[str, set[str]]:
+    """Every module of the package and the package modules it imports (anywhere in it)."""
+    graph: dict[str, set[str]] = {}
+    for path in ROOT.rglob("*.py"):
+        rel = path.relative_to(ROOT).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        name = ".".join(parts)
+        if not name or name.startswith("testing"):
+            continue  # the package root and the test kit stand aside
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module
+                and node.module.startswith("atari_zarr.")
+            ):
+                found.add(node.module.removeprefix("atari_zarr."))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("atari_zarr."):
+                        found.add(alias.name.removeprefix("atari_zarr."))
+        graph[name] = {m for m in found if m != name}
+    return graph
+
+
+def floor(name: str) -> int:
+    top = name.split(".")[0]
+    return next(i for i, f in enumerate(FLOORS) if top in f)
+
+
+def test_imports_point_down_the_floors():
+    wrong = []
+    for name, deps in modules().items():
+        for dep in deps:
+            if (name, dep) in ALLOWED:
+                continue
+            if dep.startswith("testing") and not name.startswith("testing"):
+                wrong.append(f"{name} imports the test kit {dep}")
+            elif (
+                (name, dep) not in ALLOWED
+                and not dep.startswith("testing")
+                and floor(dep) > floor(name)
+            ):
+                wrong.append(f"{name} (floor {floor(name)}) imports {dep} (floor {floor(dep)})")
+            elif (
+                floor(dep) == floor(name) == PATHS
+                and dep.split(".")[0] != name.split(".")[0]
+                and (name, dep) not in ALLOWED
+            ):
+                wrong.append(f"{name} imports {dep}, another path through a store")
+    assert not wrong, wrong
+
+
+def test_no_import_cycles():
+    graph = modules()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if dep not in graph:
+                continue
+            if state.get(dep) == 1:
+                cycles.append([*path[path.index(dep) :], dep] if dep in path else [node, dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, cycles
