@@ -77,8 +77,10 @@ def test_notebook_runs(path, demo_store, this_python_kernel, tmp_path, monkeypat
     ]
     assert not warnings, warnings
     pictures = [o for o in outputs if "image/png" in o.get("data", {})]
-    assert len(pictures) == 6  # grid, strip, histograms, actions, stream throughput, brightness
+    # grid, strip, histograms, actions, a window, stream throughput, brightness
+    assert len(pictures) == 7
     text = "\n".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert "torch.Size([12]) torch.Size([12, 4, 84, 84]) False" in text  # a window of views
     assert "stream, one epoch:" in text
     assert f"store        {demo_store}" in text
     # the remote cell: opening and 8 frames cost far less than the store
