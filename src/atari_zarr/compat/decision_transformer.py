@@ -244,11 +244,12 @@ class StateActionReturnDataset(torch.utils.data.Dataset):
         steps = self.window(idx)
         b, k = steps.shape
         td = self.data.store.read_items(self.data.rows[steps.ravel()], length=1, stack=STACK)
-        obs = td["observation"].reshape(b, k, STACK, *td["observation"].shape[-2:])
+        obs = td["observation"]  # [b * k, 4, 84, 84], views of the frames read
         if self.uint8:
-            states = obs.contiguous()
+            states = obs.contiguous().reshape(b, k, STACK, *obs.shape[-2:])
         else:
-            states = obs.reshape(b, k, -1).to(torch.float32) / 255.0
+            # one pass from the uint8 views to contiguous float32, divided in place
+            states = obs.to(torch.float32).div_(255.0).reshape(b, k, -1)
         actions = torch.from_numpy(self.data.actions[steps]).unsqueeze(-1)
         rtgs = torch.from_numpy(self.data.rtgs[steps]).unsqueeze(-1)
         timesteps = torch.from_numpy(self.data.timesteps[steps[:, :1]]).unsqueeze(-1)

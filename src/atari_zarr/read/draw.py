@@ -68,8 +68,9 @@ def draw_ahead(
     fetch_ahead : callable
         Starts fetching what the rows of a whole group of batches need.
     prefetch : int
-        Batches drawn ahead; a new group is drawn when half of them are used. 0:
-        one batch at a time, nothing fetched ahead.
+        Batches drawn ahead; a new group is drawn when half of them are used (the
+        first batch is drawn alone, and the first group while it is read). 0: one
+        batch at a time, nothing fetched ahead.
     batches : int, optional
         How many batches in all.
 
@@ -80,20 +81,25 @@ def draw_ahead(
     >>> got = draw_ahead(lambda: next(rows), lambda r: int(r[0]), asked.append,
     ...                     prefetch=2, batches=3)
     >>> list(got), [a.tolist() for a in asked]
-    ([0, 1, 2], [[0, 1], [2]])
+    ([0, 1, 2], [[1, 2]])
     """
     queue: deque[np.ndarray] = deque()
     drawn = 0
     while True:
         if len(queue) <= prefetch // 2 and (batches is None or drawn < batches):
-            count = max(1, prefetch)
+            # the first batch alone, read at once: its group's fetch would only delay it;
+            # the next group is drawn and on its way while it is read
+            first = drawn == 0
+            count = 1 if first else max(1, prefetch)
             if batches is not None:
                 count = min(count, batches - drawn)
             group = [draw() for _ in range(count)]
             drawn += count
-            if prefetch:
+            if prefetch and not first:
                 fetch_ahead(np.concatenate(group))
             queue.extend(group)
+            if first:
+                continue
         if not queue:
             return
         yield read(queue.popleft())
