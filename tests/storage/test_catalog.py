@@ -119,7 +119,7 @@ def test_datasets_offer_only_complete_stores(mixed_root: Path, pong_run: Fixture
 
 def test_torchrl_lists_only_complete_stores(mixed_root: Path) -> None:
     pytest.importorskip("torchrl")
-    from atari_zarr.read.torchrl import AtariZarrExperienceReplay
+    from atari_zarr.compat.torchrl import AtariZarrExperienceReplay
 
     root = str(mixed_root)
     assert AtariZarrExperienceReplay.list_datasets(root) == ["Pong/1"]

@@ -90,10 +90,20 @@ class StepColumn:
     def _load(self, cids: list[int]) -> None:
         with self._lock:
             cids = [c for c in cids if not self._loaded[c]]
-            for c in cids:
-                # one chunk at a time: a batch touching hundreds of chunks of a huge
-                # store must not hold hundreds of decoded chunks at once
-                [block] = self._reader.decode_chunks([c])
+            if not cids:
+                return
+            engine = self._reader.engine
+            # the encoded chunks in one round of requests (a remote store answers them
+            # concurrently); decoded one at a time, so a batch touching hundreds of chunks
+            # of a huge store never holds hundreds of decoded chunks at once
+            fetched = engine.fetch(cids) if engine.fast else None
+            for i, c in enumerate(cids):
+                if fetched is not None:
+                    block = np.empty(engine.grid.chunk_shape, dtype=engine.grid.dtype)  # type: ignore[union-attr]
+                    engine.count_decoded(1, engine.decode(fetched[i], block))
+                    fetched[i] = None  # type: ignore[call-overload]
+                else:
+                    [block] = self._reader.decode_chunks([c])
                 lo = c * self._chunk_rows
                 hi = min(lo + self._chunk_rows, self._n)
                 data = np.ascontiguousarray(block[: hi - lo], dtype=self.dtype)

@@ -58,7 +58,13 @@ def _games_by_id() -> dict[str, tuple[str, str]]:
         for s in _gymnasium().registry.values()
         if str(s.entry_point).startswith("ale_py.") and "game" in s.kwargs
     ]
-    game_of_rom = {s.kwargs["game"]: s.name for s in specs if s.namespace == "ALE"}
+    # the game of a ROM is the name of its ALE/{Game}-v5 id; the -ram ids (whose order
+    # among the specs differs across ale-py versions) are not game names
+    game_of_rom = {
+        s.kwargs["game"]: s.name
+        for s in specs
+        if s.namespace == "ALE" and s.kwargs.get("obs_type", "rgb") != "ram"
+    }
     out = {game.lower(): (game, game) for game in game_of_rom.values()}
     for s in specs:
         if s.kwargs["game"] in game_of_rom:

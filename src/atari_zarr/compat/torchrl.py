@@ -1,10 +1,18 @@
-"""TorchRL drop-in: :class:`AtariZarrExperienceReplay` and :class:`AtariZarrStorage`.
+"""TorchRL drop-in: :class:`AtariZarrExperienceReplay` (and :class:`AtariZarrStorage`).
 
 ``AtariZarrExperienceReplay`` takes the arguments of TorchRL's
 ``AtariDQNExperienceReplay`` with the same meaning, reading converted stores
 (``{root}/{Game}/{run}.zarr``, local or any fsspec URL) instead of downloading and
-memory-mapping the original files. ``AtariZarrStorage`` is the read-only TorchRL
-``Storage`` underneath; any TorchRL replay buffer can use it.
+memory-mapping the original files. Its samples carry TorchRL's ``metadata`` entry
+(``dataset_id``); ``preprocess`` writes a transformed copy, compressed
+(:mod:`atari_zarr.compat.preprocess`). ``AtariZarrStorage``
+(:mod:`atari_zarr.compat.torchrl_storage`) is the read-only TorchRL storage
+underneath; any TorchRL replay buffer can use it.
+
+What of TorchRL's class does what (``docs/torchrl.md`` has the table): sampling,
+iteration, samplers, transforms, ensembles and ``preprocess`` work as TorchRL
+documents them; writing (``add``, ``extend``, ``empty``), ``dumps``/``loads`` and
+``delete`` raise one line saying why and what to do instead.
 
 This module needs the ``torchrl`` extra (``pip install 'atari-zarr[torchrl]'``);
 ``import atari_zarr`` never imports it.
@@ -12,24 +20,25 @@ This module needs the ``torchrl`` extra (``pip install 'atari-zarr[torchrl]'``);
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from atari_zarr.compat.torchrl_storage import AtariZarrStorage, PreprocessedStorage, refuse
 from atari_zarr.errors import (
     InvalidArgumentError,
-    ReadOnlyDatasetError,
     StoreFormatError,
     import_optional,
 )
-from atari_zarr.read.dataset import AtariZarrDataset, collate_batch
-from atari_zarr.read.indexing import normalize_index
+from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.storage.catalog import complete_stores, name_to_url
+from atari_zarr.storage.paths import redact
 
 # MissingDependencyError naming the extra when TorchRL is not installed
 import_optional("torchrl", extra="torchrl", purpose="atari_zarr.torchrl")
@@ -40,110 +49,11 @@ from torchrl.data.replay_buffers.samplers import (  # noqa: E402
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
-from torchrl.data.replay_buffers.storages import Storage  # noqa: E402
 from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter  # noqa: E402
 
-__all__ = ["AtariZarrExperienceReplay", "AtariZarrStorage"]
+__all__ = ["AtariZarrExperienceReplay", "AtariZarrStorage", "PreprocessedStorage"]
 
 log = logging.getLogger("atari_zarr")
-
-# the key the replay buffer writes the sampled storage indices to
-_INDEX = "index"
-
-
-class AtariZarrStorage(Storage):
-    """A read-only TorchRL ``Storage`` over one atari_zarr store.
-
-    ``storage[index]`` returns the TED :class:`~tensordict.TensorDict` of
-    :class:`~atari_zarr.AtariZarrDataset` for ints, 1-d tensors, lists, ranges and
-    slices (the replay buffer adds ``index`` itself). Pickles as (URL, storage
-    options), so ``spawn``/``fork`` workers re-open the store. A replay buffer built
-    on it needs ``collate_fn=collate_batch`` (TorchRL only knows the collate of its
-    own storages; batches come out of this one already collated).
-
-    Parameters
-    ----------
-    dataset : AtariZarrDataset or str
-        An open dataset, or a store path/URL.
-    storage_options : dict, optional
-        fsspec options when ``dataset`` is a URL.
-    frame_stack : int
-        Frames per observation when ``dataset`` is a URL.
-
-    Examples
-    --------
-    >>> from torchrl.data import TensorDictReplayBuffer
-    >>> from atari_zarr.read.dataset import collate_batch
-    >>> # store_url: a store made by `atari-zarr convert` (here a small Pong/1 fixture run)
-    >>> rb = TensorDictReplayBuffer(
-    ...     storage=AtariZarrStorage(store_url), batch_size=8, collate_fn=collate_batch)
-    >>> rb.sample()["observation"].shape
-    torch.Size([8, 84, 84])
-    """
-
-    def __init__(
-        self,
-        dataset: AtariZarrDataset | str,
-        *,
-        storage_options: dict[str, Any] | None = None,
-        frame_stack: int = 1,
-    ) -> None:
-        if not isinstance(dataset, AtariZarrDataset):
-            dataset = AtariZarrDataset(
-                str(dataset), storage_options=storage_options, frame_stack=frame_stack
-            )
-        self.dataset = dataset
-        # one-entry cache: SliceSampler reads storage[index] for the done flags, then the
-        # buffer reads the very same index; the second read reuses the first.
-        self._last: tuple[np.ndarray, TensorDictBase] | None = None
-        super().__init__(max_size=len(dataset))
-
-    @property
-    def episodes(self) -> torch.Tensor:
-        """Episode id of every row: the trajectories of TorchRL's slice samplers."""
-        return self.dataset.episodes
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.dataset!r})"
-
-    def get(self, index: Any) -> TensorDictBase:
-        rows, scalar = normalize_index(index, len(self), self.dataset.where)
-        last = self._last
-        if last is not None and np.array_equal(last[0], rows):
-            self._last = None
-            td = last[1]
-        else:
-            td = self.dataset[rows].exclude(_INDEX)
-            self._last = (rows, td)
-            # the first reader gets a shallow copy: keys it adds do not leak to the second
-            td = td.copy()
-        return td[0] if scalar else td
-
-    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
-        raise ReadOnlyDatasetError(
-            f"{self.dataset.url} is a read-only dataset: it cannot be written to. "
-            f"Copy samples into a regular TorchRL storage (e.g. LazyTensorStorage) to edit them."
-        )
-
-    def _empty(self) -> None:
-        raise ReadOnlyDatasetError(
-            f"{self.dataset.url} is a read-only dataset: it cannot be emptied"
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        # the data live in the store; nothing mutable to save
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_last"] = None
-        return state
 
 
 class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
@@ -246,13 +156,18 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         self.dataset_id = str(dataset_id)
         available = self.available_datasets
         if self.dataset_id not in available:
+            close = difflib.get_close_matches(self.dataset_id, available, n=5, cutoff=0.6)
             raise StoreFormatError(
-                f"{self.dataset_id!r} is not a store under {self.root}: expected "
-                f"{self.data_path}. Available: {available or 'none'}. "
-                f"Convert it with `atari-zarr convert SOURCE {self.root}`."
+                f"{self.dataset_id!r} is not a store under {redact(self.root)}: expected "
+                f"{redact(self.data_path)}. Close matches: {close or 'none'}, of "
+                f"{len(available)} stores there. "
+                f"Convert it with `atari-zarr convert SOURCE {redact(self.root)}`."
             )
         storage = AtariZarrStorage(
-            self.data_path, storage_options=self.storage_options, frame_stack=frame_stack
+            self.data_path,
+            storage_options=self.storage_options,
+            frame_stack=frame_stack,
+            dataset_id=self.dataset_id,
         )
         if writer is None:
             writer = ImmutableDatasetWriter()
@@ -276,8 +191,6 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
                     )
             elif not replacement:
                 sampler = SamplerWithoutReplacement()
-        # batches come out of the storage already collated; a module-level function pickles
-        kwargs.setdefault("collate_fn", collate_batch)
         super().__init__(
             storage=storage,
             batch_size=batch_size,
@@ -334,12 +247,66 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         return self._storage.dataset
 
     def delete(self) -> None:
-        raise ReadOnlyDatasetError(
-            f"{self.data_path} is not deleted by the replay buffer; remove the store yourself"
-        )
+        raise refuse(self.data_path, "delete")
 
-    def preprocess(self, *args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(
-            "AtariZarrExperienceReplay.preprocess is not supported: frames are read lazily "
-            "from the store; use a transform (e.g. CatFrames) or frame_stack= instead"
+    def add(self, data: Any) -> Any:
+        raise refuse(self.data_path, "add")
+
+    def extend(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        raise refuse(self.data_path, "extend")
+
+    def empty(self, *args: Any, **kwargs: Any) -> None:
+        raise refuse(self.data_path, "empty")
+
+    def dumps(self, path: Any) -> None:
+        raise refuse(self.data_path, "dumps")
+
+    def loads(self, path: Any) -> None:
+        raise refuse(self.data_path, "loads")
+
+    def preprocess(
+        self,
+        fn: Callable[[TensorDictBase], TensorDictBase],
+        dim: int = 0,
+        num_workers: int | None = None,
+        *,
+        chunksize: int | None = None,
+        num_chunks: int | None = None,
+        pool: Any = None,
+        generator: torch.Generator | None = None,
+        max_tasks_per_child: int | None = None,
+        worker_threads: int = 1,
+        index_with_generator: bool = False,
+        pbar: bool = False,
+        mp_start_method: str | None = None,
+        num_frames: int | None = None,
+        dest: str | os.PathLike[str],
+    ) -> PreprocessedStorage:
+        """Apply ``fn`` to every sample once and write the results to ``dest``, compressed.
+
+        TorchRL's signature and meaning (``fn`` maps a batch TensorDict to one of the
+        same batch size; ``num_frames`` only the first ones): returns a TorchRL
+        storage for a ``ReplayBuffer``. ``dest`` is a Zarr store (a local path or any
+        fsspec URL), compressed as the stores are, where TorchRL writes memory maps:
+        see :func:`atari_zarr.compat.preprocess.preprocess`.
+        """
+        from atari_zarr.compat.preprocess import preprocess
+
+        return preprocess(
+            self.dataset,
+            fn,
+            dim,
+            num_workers,
+            chunksize=chunksize,
+            num_chunks=num_chunks,
+            pool=pool,
+            generator=generator,
+            max_tasks_per_child=max_tasks_per_child,
+            worker_threads=worker_threads,
+            index_with_generator=index_with_generator,
+            pbar=pbar,
+            mp_start_method=mp_start_method,
+            num_frames=num_frames,
+            dest=dest,
+            metadata=self._storage.metadata(),
         )

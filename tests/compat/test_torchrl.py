@@ -67,8 +67,13 @@ def test_available_datasets_paths_and_errors(root, tmp_path):
     assert AtariZarrExperienceReplay.list_datasets(root) == ["Breakout/3", "Pong/1"]
     assert ds.data_path == f"{root}/Pong/1.zarr"
     assert ds.dataset_id == "Pong/1" and len(ds) == len(ds.dataset)
-    with pytest.raises(StoreFormatError, match=r"'Pong/5' is not a store under .*Available: \["):
+    with pytest.raises(
+        StoreFormatError, match=r"'Pong/5' is not a store under .*Close matches: \['Pong/1'\], of 2"
+    ) as info:
         AtariZarrExperienceReplay("Pong/5", root=root)
+    assert "\n" not in str(info.value)
+    with pytest.raises(StoreFormatError, match=r"'Zaxxon/9' .*Close matches: none, of 2"):
+        AtariZarrExperienceReplay("Zaxxon/9", root=root)
     with pytest.raises(InvalidArgumentError, match="needs root="):
         AtariZarrExperienceReplay("Pong/1")
 
@@ -234,10 +239,19 @@ def test_storage_is_read_only_and_pickles(root):
     ds = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, frame_stack=2)
     storage = ds._storage
     assert isinstance(storage, AtariZarrStorage)
-    with pytest.raises(RuntimeError, match="doesn't allow writing"):  # TorchRL's writer
-        ds.extend(ds.sample())
-    with pytest.raises(ReadOnlyDatasetError, match="read-only"):
-        storage.set(0, ds.sample())
+    sample = ds.sample()
+    for write, match in (
+        (lambda: ds.extend(sample), "cannot be extended; copy samples into a regular"),
+        (lambda: ds.add(sample[0]), "nothing is added to it"),
+        (lambda: ds.empty(), "cannot be emptied"),
+        (lambda: ds.dumps("/tmp/x"), "dumping a copy of it is not supported"),
+        (lambda: ds.loads("/tmp/x"), "loading a dump into it is not supported"),
+        (lambda: ds.delete(), "does not delete it"),
+        (lambda: storage.set(0, sample), "read-only"),
+    ):
+        with pytest.raises(ReadOnlyDatasetError, match=match) as info:
+            write()
+        assert "Pong/1.zarr" in str(info.value) and "\n" not in str(info.value)
     clone = pickle.loads(pickle.dumps(storage))
     assert len(clone) == len(storage) and clone.dataset.frame_stack == 2
     assert torch.equal(
@@ -331,3 +345,35 @@ def test_url_root_with_storage_options(pong_run, source_root):
             clone[torch.from_numpy(rows)]["next", "observation"].numpy(),
             truth.next_observation[rows],
         )
+
+
+def test_the_rest_of_torchrls_documented_surface(root):
+    """Each method of TorchRL's reference page for the class either works or raises one line
+    (the writing ones: test_storage_is_read_only_and_pickles); docs/torchrl.md lists them."""
+    from torchrl.data.replay_buffers import RandomSampler
+    from torchrl.envs import RenameTransform
+
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=16, root=root)
+    # metadata, as TorchRL's samples carry it
+    sample = ds.sample()
+    assert sample.get_non_tensor("metadata") == {"dataset_id": "Pong/1"}
+    # transforms: appended and inserted, applied by sample()
+    ds.append_transform(RenameTransform(["observation"], ["pixels"]))
+    ds.insert_transform(0, UnsqueezeTransform(-3, in_keys=["observation"]))
+    out = ds.sample()
+    assert "observation" not in out.keys() and out["pixels"].shape == (16, 1, 84, 84)
+    # state dicts: the sampler's state travels, the data stay in the store
+    ds3 = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, replacement=False)
+    first = ds3.sample()["index"]
+    state = ds3.state_dict()
+    ds4 = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, replacement=False)
+    ds4.load_state_dict(state)
+    ds3_next, ds4_next = ds3.sample()["index"], ds4.sample()["index"]
+    assert torch.equal(ds3_next, ds4_next) and not torch.equal(first, ds3_next)
+    # hooks register (they run on dumps/loads, which a store-backed dataset refuses)
+    ds3.register_save_hook(lambda x: x)
+    ds3.register_load_hook(lambda x: x)
+    # a plain random sampler set afterwards, and iteration
+    ds3.set_sampler(RandomSampler())
+    assert next(iter(ds3)).batch_size == (8,)
+    assert ds3.data_path_root == root and ds3.data_path.endswith("Pong/1.zarr")

@@ -1,0 +1,377 @@
+"""TorchRL's ``preprocess`` for a store: a transform applied once, written compressed.
+
+TorchRL's ``AtariDQNExperienceReplay.preprocess(fn, ..., dest=...)`` maps ``fn`` over
+the dataset with worker processes and returns a new storage of the results, as
+memory maps: a 50M-transition run would become a 350 GB memory map. Here the results
+are written as a Zarr store, compressed as the stores are (Blosc zstd, crc32c per
+chunk), and read back lazily by :class:`~atari_zarr.compat.torchrl_storage.PreprocessedStorage`::
+
+    dest/
+      zarr.json                   attribute "atari_zarr_preprocess": source, keys, rows,
+                                  complete (written last)
+      observation, next/observation, action, ...   one array per key of fn's output
+    dest.converting/              done markers while it is written (deleted at the end)
+
+* **One writer per shard.** Rows are cut into units of :data:`UNIT_ROWS` (a shard of
+  frame-like arrays, a chunk of the others); a task writes whole units, so no two
+  workers ever write one object.
+* **Workers and progress bars** as TorchRL offers them: ``num_workers`` processes
+  (``mp_start_method``, ``max_tasks_per_child``), or a ``pool`` of yours; tasks of
+  ``chunksize`` rows or ``num_chunks`` tasks (rounded to whole units); ``pbar``.
+* **Resumable.** Each unit is marked done after it is written; running the same call
+  again does only what is missing, and a dest that is complete for the same source
+  and output is returned as it is. The completion attribute is written last, so an
+  interrupted dest never looks complete.
+* **Errors.** ``fn`` raising, or changing the batch size, gives one line naming the
+  sample index (the first sample it fails on).
+
+``fn`` takes a batch TensorDict (the dataset's TED samples, with ``metadata``) and
+returns a TensorDict of the same batch size, as TorchRL's ``preprocess`` needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import warnings
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, cast
+
+import numpy as np
+import torch
+import zarr
+from tensordict import TensorDictBase
+
+from atari_zarr.compat.torchrl_storage import METADATA, PREPROCESS_KEY, PreprocessedStorage
+from atari_zarr.conversion.workdir import WorkDir
+from atari_zarr.errors import InvalidArgumentError, StoreExistsError
+from atari_zarr.layout import codecs_for, for_writing, get_array
+from atari_zarr.progress import progress_bar
+from atari_zarr.read.dataset import AtariZarrDataset
+from atari_zarr.storage.catalog import store_state
+from atari_zarr.storage.paths import redact
+from atari_zarr.storage.remote import open_zarr_store
+
+__all__ = ["UNIT_ROWS", "preprocess"]
+
+log = logging.getLogger("atari_zarr")
+
+#: Rows of a write unit (a shard of frame-like arrays, a chunk of the others).
+UNIT_ROWS = 4096
+# Rows given to fn at a time (a task holds one unit of outputs in memory).
+_BATCH = 256
+# An array whose rows are at least this many bytes is chunked like frames.
+_FRAME_LIKE = 1024
+
+
+def _leaves(td: TensorDictBase) -> dict[tuple[str, ...], torch.Tensor]:
+    """The tensors of ``td`` by key tuple (non-tensor entries, the metadata, left out)."""
+    out = {}
+    for key in td.keys(include_nested=True, leaves_only=True):
+        key = (key,) if isinstance(key, str) else tuple(key)
+        if key[0] == METADATA:
+            continue
+        value = td.get(key)
+        if isinstance(value, torch.Tensor):
+            out[key] = value
+    return out
+
+
+class _Task:
+    """Units of rows to transform and write, in a worker (or in the calling process)."""
+
+    def __init__(
+        self,
+        dataset: AtariZarrDataset,
+        fn: Any,
+        dest: str,
+        options: dict[str, Any],
+        metadata: Any,
+    ) -> None:
+        self.dataset, self.fn, self.dest, self.options = dataset, fn, dest, options
+        self.metadata = metadata
+
+    def apply(self, rows: np.ndarray) -> dict[tuple[str, ...], torch.Tensor]:
+        """``fn`` on the samples ``rows``, checked; a failure names the sample."""
+        fn = self.fn
+        if not callable(fn):  # cloudpickled for the workers
+            import cloudpickle
+
+            fn = self.fn = cloudpickle.loads(fn)
+        td = self.dataset[rows].exclude("index")
+        td.set_non_tensor(METADATA, self.metadata)
+        try:
+            out = fn(td)
+        except Exception as exc:
+            raise self._failure(rows, exc) from exc
+        if not isinstance(out, TensorDictBase) or out.batch_size[:1] != torch.Size([len(rows)]):
+            found = getattr(out, "batch_size", type(out).__name__)
+            raise InvalidArgumentError(
+                f"preprocess of {self.dataset.where}: fn returned {found} for the {len(rows)} "
+                f"samples {int(rows[0])}..{int(rows[-1])} (first: sample {int(rows[0])}); "
+                f"expected a TensorDict of batch size [{len(rows)}]. Keep the batch size in fn; "
+                f"{redact(self.dest)} is not marked complete"
+            )
+        return _leaves(out)
+
+    def _failure(self, rows: np.ndarray, exc: Exception) -> InvalidArgumentError:
+        # which sample: fn again, one sample at a time
+        bad = int(rows[0])
+        for r in rows.tolist():
+            td = self.dataset[np.array([r])].exclude("index")
+            td.set_non_tensor(METADATA, self.metadata)
+            try:
+                self.fn(td)  # type: ignore[operator]
+            except Exception:
+                bad = r
+                break
+        return InvalidArgumentError(
+            f"preprocess of {self.dataset.where}: fn fails on sample {bad} ({type(exc).__name__}: "
+            f"{exc}); fix fn and run preprocess again (the parts done are kept; "
+            f"{redact(self.dest)} is not marked complete)"
+        )
+
+    def run(self, units: list[tuple[int, int, int]]) -> list[int]:
+        store = open_zarr_store(self.dest, self.options, read_only=False)
+        group = zarr.open_group(store, mode="r+")
+        work = WorkDir(self.dest, self.options)
+        done = []
+        for unit, a, b in units:
+            buffers: dict[tuple[str, ...], np.ndarray] = {}
+            for lo in range(a, b, _BATCH):
+                rows = np.arange(lo, min(lo + _BATCH, b), dtype=np.int64)
+                for key, value in self.apply(rows).items():
+                    if key not in buffers:
+                        array = get_array(group, "/".join(key), self.dest)
+                        buffers[key] = np.empty((b - a, *array.shape[1:]), dtype=array.dtype)
+                    buffers[key][lo - a : lo - a + len(rows)] = value.numpy()
+            for key, data in buffers.items():
+                for_writing(get_array(group, "/".join(key), self.dest))[a:b] = data
+            work.mark(f"unit-{unit}")
+            done.append(unit)
+        return done
+
+
+def _run(task: _Task, units: list[tuple[int, int, int]]) -> list[int]:
+    return task.run(units)
+
+
+def _chunked(units: list[tuple[int, int, int]], per_task: int) -> Iterator[list[Any]]:
+    for i in range(0, len(units), per_task):
+        yield units[i : i + per_task]
+
+
+def preprocess(
+    dataset: AtariZarrDataset,
+    fn: Callable[[TensorDictBase], TensorDictBase],
+    dim: int = 0,
+    num_workers: int | None = None,
+    *,
+    chunksize: int | None = None,
+    num_chunks: int | None = None,
+    pool: Any = None,
+    generator: torch.Generator | None = None,
+    max_tasks_per_child: int | None = None,
+    worker_threads: int = 1,
+    index_with_generator: bool = False,
+    pbar: bool = False,
+    mp_start_method: str | None = None,
+    num_frames: int | None = None,
+    dest: str | os.PathLike[str],
+    metadata: Any = None,
+    storage_options: dict[str, Any] | None = None,
+) -> PreprocessedStorage:
+    """Apply ``fn`` to every sample of ``dataset`` (or the first ``num_frames``) into ``dest``.
+
+    The arguments are those of TorchRL's ``preprocess``, with the same meaning;
+    ``generator``, ``index_with_generator`` and ``worker_threads`` are accepted and
+    change nothing (the order samples are processed in does not show in ``dest``).
+
+    Returns
+    -------
+    PreprocessedStorage
+        A TorchRL storage of ``dest``, for a ``ReplayBuffer``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``dim`` is not 0, ``num_frames`` is not a positive count, or ``fn`` fails or
+        changes the batch size (naming the sample).
+    StoreExistsError
+        ``dest`` holds a complete preprocess of another source or output.
+    """
+    where = dataset.where
+    dest = os.fspath(dest)
+    options = dict(storage_options or {})
+    if dim != 0:
+        raise InvalidArgumentError(
+            f"preprocess of {where}: dim={dim} is not supported; samples are mapped along dim 0"
+        )
+    n = len(dataset)
+    if num_frames is not None:
+        if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
+            raise InvalidArgumentError(
+                f"preprocess of {where}: num_frames must be a positive count; got {num_frames!r}"
+            )
+        n = min(n, num_frames)
+    del generator, index_with_generator, worker_threads  # accepted for TorchRL's signature
+    task = _Task(dataset, fn, dest, options, metadata)
+    probe = task.apply(np.arange(1, dtype=np.int64))
+    spec = {
+        "/".join(key): [list(value.shape[1:]), str(value.numpy().dtype)]
+        for key, value in probe.items()
+    }
+    fingerprint = hashlib.sha256(
+        json.dumps(
+            {
+                "source": dataset.url,
+                "plan": dataset.metadata.get("plan_digest"),
+                "n": n,
+                "spec": spec,
+                "metadata": repr(metadata),
+            },
+            sort_keys=True,
+        ).encode()
+    ).hexdigest()
+    group_meta = _preprocess_attrs(dest, options)
+    if group_meta is not None and group_meta.get("complete") is True:
+        if group_meta.get("fingerprint") == fingerprint:
+            log.info("%s: already preprocessed; reading it", redact(dest))
+            return PreprocessedStorage(dest, options)
+        raise StoreExistsError(
+            f"{redact(dest)} holds a preprocessed dataset of another source or output; choose "
+            f"another dest, or remove it to write this one"
+        )
+    if group_meta is None and store_state(dest, options) != "absent":
+        raise StoreExistsError(
+            f"{redact(dest)} holds something that is not a preprocessed dataset; choose another "
+            f"dest, or remove it"
+        )
+    work = WorkDir(dest, options)
+    work.acquire(f"preprocess of {where} into {redact(dest)}")
+    finished = False
+    try:
+        done: set[str] = set()
+        if group_meta is not None and group_meta.get("fingerprint") == fingerprint:
+            done = work.done() if work.plan_digest() == fingerprint else set()
+        if not done:
+            work.reset(fingerprint)
+            _create(
+                dest,
+                options,
+                probe,
+                n,
+                {
+                    "complete": False,
+                    "source": redact(dataset.url),
+                    "num_frames": n,
+                    "keys": [list(k) for k in probe],
+                    "metadata": metadata,
+                    "fingerprint": fingerprint,
+                },
+            )
+        units = [
+            (u, u * UNIT_ROWS, min((u + 1) * UNIT_ROWS, n))
+            for u in range(-(-n // UNIT_ROWS))
+            if f"unit-{u}" not in done
+        ]
+        per_task = 1
+        if chunksize:
+            per_task = max(1, -(-int(chunksize) // UNIT_ROWS))
+        elif num_chunks:
+            per_task = max(1, -(-len(units) // int(num_chunks)))
+        tasks = list(_chunked(units, per_task))
+        workers = (os.cpu_count() or 1) if num_workers is None else int(num_workers)
+        bar = progress_bar(len(units), f"preprocess {where}", unit="unit", enabled=pbar)
+        try:
+            if pool is not None:
+                task.fn = _pickled(fn)
+                for got in pool.imap_unordered(_run_star, [(task, t) for t in tasks]):
+                    bar.update(len(got))
+            elif workers <= 1 or len(tasks) <= 1:
+                for t in tasks:
+                    bar.update(len(task.run(t)))
+            else:
+                task.fn = _pickled(fn)
+                context = mp.get_context(mp_start_method) if mp_start_method else None
+                with ProcessPoolExecutor(
+                    min(workers, len(tasks)),
+                    mp_context=context,
+                    max_tasks_per_child=max_tasks_per_child,
+                ) as executor:
+                    for fut in [executor.submit(_run, task, t) for t in tasks]:
+                        bar.update(len(fut.result()))
+        finally:
+            bar.close()
+        _mark_complete(dest, options)
+        finished = True
+    finally:
+        work.release(remove_all=finished)
+    return PreprocessedStorage(dest, options)
+
+
+def _run_star(args: tuple[_Task, list[tuple[int, int, int]]]) -> list[int]:
+    return _run(*args)
+
+
+def _pickled(fn: Any) -> bytes:
+    """``fn`` for worker processes: cloudpickle takes lambdas and closures, as TorchRL's does."""
+    import cloudpickle
+
+    return cloudpickle.dumps(fn)
+
+
+def _preprocess_attrs(dest: str, options: dict[str, Any]) -> dict[str, Any] | None:
+    """The preprocess attribute of ``dest``, or None when there is none."""
+    try:
+        group = zarr.open_group(open_zarr_store(dest, options, read_only=True), mode="r")
+    except (FileNotFoundError, ValueError):
+        return None
+    info = group.attrs.get(PREPROCESS_KEY)
+    return info if isinstance(info, dict) else None
+
+
+def _create(
+    dest: str,
+    options: dict[str, Any],
+    probe: dict[tuple[str, ...], torch.Tensor],
+    n: int,
+    attrs: dict[str, Any],
+) -> None:
+    store = open_zarr_store(dest, options, read_only=False)
+    group = zarr.open_group(store, mode="w", attributes={PREPROCESS_KEY: attrs})
+    for key, value in probe.items():
+        dtype = value.numpy().dtype
+        row = tuple(value.shape[1:])
+        frame_like = int(np.prod(row, dtype=np.int64)) * dtype.itemsize >= _FRAME_LIKE
+        kwargs: dict[str, Any] = {}
+        if frame_like:
+            chunk_rows = 16
+            kwargs["shards"] = {"shape": (UNIT_ROWS, *row), "index_location": "start"}
+        else:
+            chunk_rows = UNIT_ROWS
+        group.create_array(
+            "/".join(key),
+            shape=(n, *row),
+            dtype=dtype,
+            chunks=(chunk_rows, *row),
+            compressors=codecs_for(dtype.itemsize, frame=frame_like and dtype.itemsize == 1),
+            fill_value=0,
+            **kwargs,
+        )
+
+
+def _mark_complete(dest: str, options: dict[str, Any]) -> None:
+    store = open_zarr_store(dest, options, read_only=False)
+    group = zarr.open_group(store, mode="r+")
+    info = dict(cast("dict[str, Any]", group.attrs[PREPROCESS_KEY]))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
+        zarr.consolidate_metadata(group.store)
+    group = zarr.open_group(store, mode="r+")
+    info["complete"] = True
+    group.attrs[PREPROCESS_KEY] = info
