@@ -404,7 +404,7 @@ from atari_zarr import AtariZarrDataset  # the package imports the reader lazily
 r0 = rss(); t0 = time.perf_counter()
 ds = atari_zarr.AtariZarrDataset(sys.argv[1])
 t1 = time.perf_counter(); r1 = rss()
-b = ds.sample(256)
+b = ds.sample(256, generator=torch.Generator().manual_seed(0))
 t2 = time.perf_counter(); r2 = rss()
 print(json.dumps({"n": len(ds), "open_s": t1 - t0, "rss_before": r0, "rss_open": r1,
                   "sample_s": t2 - t1, "rss_sample": r2}))
@@ -430,14 +430,34 @@ def run_open(n: int = 50_000_000, episodes: int = 25_000) -> str:
             },
         }
         group = create_store(zarr.storage.LocalStore(path), n, attrs)
+        # a complete store has every chunk (a missing one is damage): write, as zeros, the
+        # per-step arrays the batch reads and the frame shards of its rows (the child's
+        # sample draws these rows)
+        import torch
+
+        from atari_zarr.layout import ACTION, OBSERVATION, REWARD, for_writing
+
+        for name in (ACTION, REWARD):
+            array = for_writing(group[name])
+            array[:] = np.zeros(array.shape, dtype=array.dtype)
+        rows = torch.randint(0, n, (256,), generator=torch.Generator().manual_seed(0)).numpy()
+        obs = for_writing(group[OBSERVATION])
+        shard = int(obs.shards[0])
+        # (and shard 0: positions of a batch that are padding read row 0, then zero it)
+        for s in sorted({0} | {int(r) // shard for r in np.concatenate([rows, rows + 1])}):
+            lo, hi = s * shard, min((s + 1) * shard, n)
+            obs[lo:hi] = np.zeros((hi - lo, 84, 84), dtype=np.uint8)
         mark_complete(group, {})
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, str(path)], check=True, capture_output=True, text=True
+            [sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True
         )
+        if out.returncode:
+            raise RuntimeError(f"the 50M-row child failed:\n{out.stderr[-3000:]}")
         res = json.loads(out.stdout.strip().splitlines()[-1])
     return (
-        f"- {res['n']:,}-transition store (metadata and {episodes:,}-episode table only; chunks "
-        f"absent = fill value), opened in a fresh process after `import torch, atari_zarr` and the reader module.\n"
+        f"- {res['n']:,}-transition store (metadata, a {episodes:,}-episode table, zero-filled "
+        f"action and reward arrays and the frame shards the first batch reads; no other "
+        f"frames), opened in a fresh process after `import torch, atari_zarr` and the reader module.\n"
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {_machine()}.\n\n"
         f"| step | time | process RSS |\n|---|--:|--:|\n"
         f"| after imports | | {res['rss_before']:.0f} MB |\n"

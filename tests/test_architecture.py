@@ -11,7 +11,17 @@ ROOT = Path(atari_zarr.__file__).parent
 
 #: Floors from the bottom up; a module may import its own floor's and lower floors' modules.
 FLOORS = [
-    {"errors", "layout", "episodes", "subsets", "codec_chain", "progress", "commands", "_version"},
+    {
+        "errors",
+        "redaction",
+        "layout",
+        "episodes",
+        "subsets",
+        "codec_chain",
+        "progress",
+        "commands",
+        "_version",
+    },
     {"storage"},
     {"sources"},
     {"conversion", "read", "record"},

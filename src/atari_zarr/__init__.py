@@ -16,36 +16,33 @@ Examples
 True
 """
 
+from typing import TYPE_CHECKING
+
 from atari_zarr._version import __version__
 from atari_zarr.conversion.converter import ConvertedStore, convert
-from atari_zarr.errors import (
-    AtariZarrError,
-    InvalidArgumentError,
-    InvalidNameError,
-    MissingDependencyError,
-    ReadOnlyDatasetError,
-    RemoteAccessError,
-    RemoteTimeoutError,
-    SourceFormatError,
-    SourceNotFoundError,
-    StoreCorruptError,
-    StoreExistsError,
-    StoreFormatError,
-    StoreIncompleteError,
-    StoreLockedError,
-    StoreNotFoundError,
-    StoreWriteError,
-)
+
+# every error, listed once (errors.__all__): never lazy, so `except atari_zarr.AtariZarrError`
+# and the classes below it need nothing else
+from atari_zarr.errors import *  # noqa: F403
+from atari_zarr.errors import __all__ as _ERRORS
 
 # Names imported on first use: the reader pulls in torch and tensordict (about 2 s),
 # which `atari-zarr ls/info/--help` and conversion workers do not need, and the
-# collector needs gymnasium (the `collect` extra). Errors are never lazy: every one
-# is importable from here, so `except atari_zarr.AtariZarrError` needs nothing else.
+# collector needs gymnasium (the `collect` extra). Type checkers see them here.
+if TYPE_CHECKING:
+    from atari_zarr.read.batch import collate_batch
+    from atari_zarr.read.dataset import AtariZarrDataset
+    from atari_zarr.read.mixing import MultiGameDataset
+    from atari_zarr.record.collector import ZarrCollector, collect
+    from atari_zarr.verify import verify_store
+
 _LAZY = {
     "AtariZarrDataset": "atari_zarr.read.dataset",
     "MultiGameDataset": "atari_zarr.read.mixing",
     "ZarrCollector": "atari_zarr.record.collector",
+    "collate_batch": "atari_zarr.read.batch",
     "collect": "atari_zarr.record.collector",
+    "verify_store": "atari_zarr.verify",
 }
 
 
@@ -59,26 +56,13 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AtariZarrDataset",
-    "AtariZarrError",
     "ConvertedStore",
-    "InvalidArgumentError",
-    "InvalidNameError",
-    "MissingDependencyError",
     "MultiGameDataset",
-    "ReadOnlyDatasetError",
-    "RemoteAccessError",
-    "RemoteTimeoutError",
-    "SourceFormatError",
-    "SourceNotFoundError",
-    "StoreCorruptError",
-    "StoreExistsError",
-    "StoreFormatError",
-    "StoreIncompleteError",
-    "StoreLockedError",
-    "StoreNotFoundError",
-    "StoreWriteError",
     "ZarrCollector",
     "__version__",
+    "collate_batch",
     "collect",
     "convert",
+    "verify_store",
+    *_ERRORS,
 ]

@@ -4,21 +4,29 @@ Errors raised on purpose by the library (every :class:`~atari_zarr.errors.AtariZ
 are printed as one line on stderr with exit code 1; usage errors exit with 2
 (argparse's convention), an interrupt with 130. Any other exception is a bug and
 keeps its traceback.
+
+Everything a verb writes (stdout, stderr, progress bars, log records at ``-v``,
+tracebacks) goes through one redaction (:func:`~atari_zarr.storage.paths.redact`,
+with the ``--storage-option`` values), so no credential of a URL or an option is
+ever printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from atari_zarr._version import __version__
 from atari_zarr.commands import command_line
 from atari_zarr.errors import AtariZarrError, InvalidArgumentError
-from atari_zarr.storage.paths import parse_storage_options
+from atari_zarr.storage.paths import parse_storage_options, redact
 
 #: dopamine's episode limit (108,000 frames), the default of ``collect --max-episode-steps``.
 _MAX_EPISODE_STEPS = 27_000
@@ -414,6 +422,65 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
+class _Redacted(io.TextIOBase):
+    """A text stream that writes through another with credentials removed."""
+
+    def __init__(self, stream: Any, options: dict[str, Any]) -> None:
+        self._stream = stream
+        self._options = options
+
+    def write(self, text: str) -> int:
+        self._stream.write(redact(text, self._options))
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self._stream, "isatty", lambda: False)())
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self._stream, "encoding", "utf-8"))
+
+
+class _RedactRecords(logging.Filter):
+    def __init__(self, options: dict[str, Any]) -> None:
+        super().__init__()
+        self._options = options
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg = redact(record.getMessage(), self._options)
+        record.args = None
+        if record.exc_info:
+            record.exc_text = redact(
+                "".join(traceback.format_exception(*record.exc_info)), self._options
+            )
+            record.exc_info = None
+        return True
+
+
+@contextlib.contextmanager
+def _redacting(options: dict[str, Any]) -> Iterator[None]:
+    """stdout, stderr and log records of this command, credentials removed."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Redacted(out, options), _Redacted(err, options)
+    records = _RedactRecords(options)
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(records)
+        if isinstance(handler, logging.StreamHandler) and handler.stream in (out, err):
+            handler.setStream(sys.stderr if handler.stream is err else sys.stdout)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(records)
+            if isinstance(handler, logging.StreamHandler) and isinstance(handler.stream, _Redacted):
+                handler.setStream(err if handler.stream is sys.stderr else out)
+        sys.stdout, sys.stderr = out, err
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
@@ -430,11 +497,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "timeout", None) is not None:
         # read by storage.deadline.default_timeout(), also in worker processes
         os.environ["ATARI_ZARR_TIMEOUT"] = repr(args.timeout)
-    try:
-        return int(args.func(args))
-    except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
-        print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)
-        return 130
+    secrets: dict[str, Any] = {}
+    for name in ("storage_option", "source_storage_option"):
+        with contextlib.suppress(AtariZarrError):  # a malformed pair is reported below
+            secrets[name] = parse_storage_options(getattr(args, name, None) or [])
+    with _redacting(secrets):
+        try:
+            return int(args.func(args))
+        except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
+            print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)
+            return 130
+        except Exception:  # a bug: its traceback, with credentials removed
+            traceback.print_exc(file=sys.stderr)
+            return 1

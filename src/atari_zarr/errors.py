@@ -24,6 +24,8 @@ from __future__ import annotations
 from importlib import import_module
 from types import ModuleType
 
+from atari_zarr.redaction import redact
+
 __all__ = [
     "AtariZarrError",
     "InvalidArgumentError",
@@ -34,6 +36,7 @@ __all__ = [
     "RemoteTimeoutError",
     "SourceFormatError",
     "SourceNotFoundError",
+    "StoreChangedError",
     "StoreCorruptError",
     "StoreExistsError",
     "StoreFormatError",
@@ -41,13 +44,25 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StoreWriteError",
-    "import_optional",
-    "install_hint",
 ]
+# (import_optional and install_hint, the helpers for optional dependencies, are imported
+# by name: __all__ lists the errors, which the package exports at its top)
 
 
 class AtariZarrError(Exception):
-    """Base class of every error raised on purpose by atari_zarr."""
+    """Base class of every error raised on purpose by atari_zarr.
+
+    Its message has the credentials of any URL in it removed when the error is made
+    (:func:`~atari_zarr.redaction.redact`), whatever module raised it.
+
+    Examples
+    --------
+    >>> str(StoreNotFoundError("https://me:pw@host/b/x.zarr?X-Amz-Signature=abc is gone"))
+    'https://***@host/b/x.zarr?X-Amz-Signature=*** is gone'
+    """
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class SourceNotFoundError(AtariZarrError, FileNotFoundError):
@@ -88,6 +103,10 @@ class StoreIncompleteError(AtariZarrError, RuntimeError):
 
 class StoreCorruptError(AtariZarrError, ValueError):
     """A store marked complete whose bytes fail their checksum, do not decode, or are gone."""
+
+
+class StoreChangedError(AtariZarrError, RuntimeError):
+    """A store that was replaced, or is being written again, while a reader had it open."""
 
 
 class StoreLockedError(AtariZarrError, RuntimeError):

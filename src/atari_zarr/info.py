@@ -14,7 +14,14 @@ import zarr
 
 from atari_zarr.episodes import episode_table
 from atari_zarr.errors import StoreFormatError, StoreNotFoundError
-from atari_zarr.layout import ARRAYS, FLUSHED_KEY, OPTIONAL_ARRAYS, get_array, read_metadata
+from atari_zarr.layout import (
+    ARRAYS,
+    FLUSHED_KEY,
+    OPTIONAL_ARRAYS,
+    get_array,
+    is_complete,
+    read_metadata,
+)
 from atari_zarr.sources.registry import RL_UNPLUGGED
 from atari_zarr.sources.rl_unplugged.planner import return_disagreements
 from atari_zarr.storage.catalog import StoreRow
@@ -45,7 +52,9 @@ def open_store_group(url: str, storage_options: dict[str, Any] | None = None) ->
     atari_zarr.errors.StoreNotFoundError: .../missing.zarr does not exist: expected a store ...
     """
     fs, path = get_fs(url, storage_options)
-    if not fs.exists(path):
+    # over http(s) only objects exist (no directories): the store is its zarr.json
+    there = fs.exists(f"{path.rstrip('/')}/zarr.json") or (not fs.read_only and fs.exists(path))
+    if not there:
         raise StoreNotFoundError(
             f"{url} does not exist: expected a store written by `atari-zarr convert` "
             f"(e.g. DEST/Pong/1.zarr). Check the path, or list the stores under a "
@@ -101,7 +110,7 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
     terminated = table.terminated if table is not None else np.zeros(0, dtype=bool)
     returns = np.zeros(0) if table is None or table.returns is None else table.returns
     conversion = meta.get("conversion", {})
-    flushed = meta.get(FLUSHED_KEY) if not meta.get("complete") else None
+    flushed = meta.get(FLUSHED_KEY) if not is_complete(meta) else None
     rlu = meta.get("kind") == RL_UNPLUGGED
     parts = (
         [s["shard"] for s in conversion.get("shards", [])]
@@ -114,7 +123,7 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         "game": meta.get("game"),
         "run": meta.get("run"),
         "kind": meta.get("kind"),
-        "complete": bool(meta.get("complete")),
+        "complete": is_complete(meta),
         "format_version": meta.get("format_version"),
         "transitions": n,
         "episodes": len(lengths),

@@ -75,6 +75,7 @@ __all__ = [
     "create_store",
     "for_writing",
     "get_array",
+    "is_complete",
     "mark_complete",
     "read_metadata",
     "spec",
@@ -371,6 +372,20 @@ def for_writing(array: zarr.Array) -> zarr.Array:
     return array.with_config({"write_empty_chunks": True})  # type: ignore[union-attr]
 
 
+def is_complete(meta: Any) -> bool:
+    """Whether attributes ``meta`` carry the completion marker: ``"complete"`` is ``true``.
+
+    Only the JSON value ``true`` counts; anything else (absent, ``false``, the string
+    ``"false"``, 1) is an unfinished store.
+
+    Examples
+    --------
+    >>> is_complete({"complete": True}), is_complete({"complete": "false"}), is_complete(None)
+    (True, False, False)
+    """
+    return isinstance(meta, dict) and meta.get("complete") is True
+
+
 def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
     """Record final attributes, consolidate metadata, then set the completion marker.
 
@@ -457,7 +472,7 @@ def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = Tru
             f"up to {FORMAT_VERSION}. Upgrade atari_zarr (pip install -U atari-zarr)."
         )
     missing = [name for name in ARRAYS if name not in group]
-    complete = bool(meta.get("complete", False))
+    complete = is_complete(meta)
     # Unfinished before damaged: a writer stopped while creating the arrays leaves some
     # missing, and running its command again finishes the store (conversions resume).
     if not complete and (require_complete or missing):

@@ -63,6 +63,7 @@ from atari_zarr.layout import (
     TRUNCATED,
     ArraySpec,
     get_array,
+    is_complete,
     read_metadata,
 )
 from atari_zarr.layout import spec as layout_spec
@@ -187,19 +188,22 @@ def _check_presence(
     root = path.rstrip("/")
     for name, (spec, rows) in specs.items():
         prefix = f"{root}/{name}/c"
-        try:
-            found = {p[len(prefix) + 1 :] for p in fs.find(prefix)}
-        except FileNotFoundError:
-            found = set()
         tail = "/0" * len(spec.row_shape)
-        missing = [
-            (u, a, b) for u, a, b in _units(rows, spec.write_rows) if f"{u}{tail}" not in found
-        ]
+        units = list(_units(rows, spec.write_rows))
+        if fs.read_only:
+            # http(s) cannot list: ask for each object (a HEAD request each)
+            found = {f"{u}{tail}" for u, _, _ in units if fs.exists(f"{prefix}/{u}{tail}")}
+        else:
+            try:
+                found = {p[len(prefix) + 1 :] for p in fs.find(prefix)}
+            except FileNotFoundError:
+                found = set()
+        missing = [(u, a, b) for u, a, b in units if f"{u}{tail}" not in found]
         for u, a, b in missing:
             report.add(
                 "missing",
                 f"{name}: {'shard' if spec.shard_rows else 'chunk'} {u} (rows {a}..{b - 1}) is "
-                f"missing from the store ({name}/c/{u}{tail}); it would read as zeros",
+                f"missing from the store ({name}/c/{u}{tail}); readers refuse its rows as damage",
             )
 
 
@@ -370,7 +374,7 @@ def verify_store(
     except (FileNotFoundError, ValueError, KeyError) as exc:
         report.add("format", f"cannot open {url} as a Zarr group ({type(exc).__name__}: {exc})")
         return report
-    if not meta.get("complete"):
+    if not is_complete(meta):
         finish = f"{meta.get('command') or 'the command that created it'} again"
         report.add(
             "complete",
@@ -381,7 +385,7 @@ def verify_store(
     n_rows = meta.get("counts", {}).get("transitions")
     if not isinstance(n_rows, int):
         n_rows = get_array(group, ACTION, url).shape[0]
-        if meta.get("complete"):
+        if is_complete(meta):
             report.add("counts", "attribute counts.transitions is missing")
     report.checked["transitions"] = n_rows
     # stores written before kinds were recorded are DQN Replay stores

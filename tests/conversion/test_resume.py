@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -266,3 +267,108 @@ def test_killed_while_creating_the_arrays(tmp_path, source_root, pong_run):
     shutil.rmtree(Path(store.url) / OBSERVATION)
     convert(str(source_root), str(dest), progress=False)
     assert store_files(Path(store.url), dest) == expected
+
+
+def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, source_root, pong_run):
+    """ENOSPC while a shard is written (injected from the test, as the disk would raise it):
+    one line naming DEST, the object and the space left; nothing is marked complete; the
+    same command then finishes a store equal to one written in one go."""
+    import errno
+
+    from zarr.storage import LocalStore
+
+    from atari_zarr.errors import StoreWriteError
+
+    real = LocalStore.set
+    calls = []
+
+    async def full_disk(self, key, value, *args, **kwargs):
+        if "/c/" in key:
+            calls.append(key)
+            if len(calls) == 3:
+                raise OSError(errno.ENOSPC, "No space left on device", f"{self.root}/{key}")
+        return await real(self, key, value, *args, **kwargs)
+
+    dest = tmp_path / "out"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(LocalStore, "set", full_disk)
+    try:
+        with pytest.raises(StoreWriteError) as info:
+            convert(str(source_root), str(dest), progress=False, scheduler="synchronous")
+    finally:
+        mp.undo()
+    text = str(info.value)
+    assert "\n" not in text and "the disk is full" in text and "MB free" in text
+    assert "Pong/1.zarr" in text and "/c/" in text and "run the same command again" in text
+    assert not zarr.open_group(str(dest / "Pong" / "1.zarr"), mode="r").attrs[ATTRS_KEY].get(
+        "complete"
+    )
+    [store] = convert(str(source_root), str(dest), progress=False, scheduler="synchronous")
+    [clean] = convert(
+        str(source_root), str(tmp_path / "clean"), progress=False, scheduler="synchronous"
+    )
+    assert store_files(store.url, dest) == store_files(clean.url, tmp_path / "clean")
+
+
+def _children(pid: int) -> set[int]:
+    out: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        text = (task / "children").read_text().split()
+        out |= {int(p) for p in text}
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_workers_exit_when_convert_is_killed(run5, tmp_path):
+    """kill -9 of convert's main process: its worker processes exit too (before, they
+    lived on, blocked on a pipe, and could finish old tasks into a new store)."""
+    dest = tmp_path / "out"
+    # start_paused passes --scheduler synchronous first; the last --scheduler wins
+    proc = start_paused(run5, dest, 1, "--scheduler", "processes", "--workers", "2")
+    wait_for_pause(proc)
+    workers = [p for p in _children(proc.pid) if "python" in Path(f"/proc/{p}/cmdline").read_text()]
+    assert workers, "the conversion runs in worker processes"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in workers if _alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"orphaned workers {left}"
+
+
+@pytest.mark.slow
+def test_ctrl_c_is_one_line(run5, tmp_path):
+    """SIGINT to the whole command (a terminal's Ctrl-C reaches every process of the
+    group): one line, exit 130, no traceback from any worker."""
+    dest = tmp_path / "out"
+    script = dest.parent / "pause_after_laps.py"
+    script.write_text(PAUSE_SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), "1", "convert", str(run5), str(dest), "--no-progress",
+         "--scheduler", "processes", "--workers", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    wait_for_pause(proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
+    assert text.strip().splitlines()[-1] == "atari-zarr convert: interrupted", text

@@ -118,3 +118,97 @@ def test_writing_over_http_is_refused(public, pong_source) -> None:
         fs.pipe_file(f"{path}/x", b"1")
     with pytest.raises(StoreWriteError, match="read-only"):
         fs.open(f"{path}/x", "wb")
+
+
+def test_a_connection_dropped_mid_body_is_retried(public) -> None:
+    """A reset after half the body is transient, as for gs:// and s3://: retried, exact."""
+    proxy = public["proxy"]
+    local = AtariZarrDataset(public["local"])
+    ds = AtariZarrDataset(public["url"])
+    rows = np.array([5, 250, 430])
+    proxy.reset()
+    proxy.drop_next(2)
+    _same(ds[rows], local[rows])
+    statuses = [(e[2], e[3]) for e in proxy.log]
+    assert len(proxy.log) >= 3, statuses  # two cut, then whole
+    # an epoch of the stream with a drop in its middle is still every row once, exact
+    remote = AtariZarrDataset(public["url"])
+    stream = iter(remote.stream(100, seed=1))
+    got = [next(stream)]
+    proxy.drop_next(1)
+    got.extend(stream)
+    want = list(local.stream(100, seed=1))
+    for a, b in zip(got, want, strict=True):
+        _same(a, b)
+
+
+def test_the_proxy_answers_head_without_a_body(public) -> None:
+    import socket
+    import urllib.parse
+
+    proxy = public["proxy"]
+    proxy.fail_next(1, 503)
+    url = urllib.parse.urlsplit(public["url"] + "/zarr.json")
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        sock.sendall(f"HEAD {url.path} HTTP/1.1\r\nHost: {url.netloc}\r\n\r\n".encode())
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(4096)
+        head, rest = data.split(b"\r\n\r\n", 1)
+        sock.settimeout(0.5)
+        try:
+            rest += sock.recv(4096)
+        except TimeoutError:
+            pass
+    assert head.startswith(b"HTTP/1.1 503") or head.startswith(b"HTTP/1.0 503"), head
+    assert rest == b"", rest  # a HEAD answer has no body
+
+
+def test_reading_verbs_work_over_http(public, capsys) -> None:
+    """info and verify answer over http(s) as over gs://; ls of one store answers its row,
+    ls of a root is a clear error (http has no listing), a refused connection is not
+    "does not exist"."""
+    from atari_zarr.cli import main
+    from atari_zarr.testing.ports import fresh_port
+
+    url = public["url"]
+    assert main(["info", "--json", url]) == 0
+    import json
+
+    info = json.loads(capsys.readouterr().out)
+    assert info["complete"] is True and info["transitions"] == len(AtariZarrDataset(url))
+    assert main(["verify", "-q", url]) == 0, capsys.readouterr()
+    out = capsys.readouterr()
+    assert "missing" not in out.out + out.err
+    assert main(["ls", "--json", url]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["status"] == "complete" and row["transitions"] == info["transitions"]
+    root = url.rsplit("/Pong/", 1)[0]
+    assert main(["ls", root]) == 1
+    err = capsys.readouterr().err
+    assert "cannot be listed" in err and "no stores found" not in err
+    dead = f"http://127.0.0.1:{fresh_port()}/b/Pong/1.zarr"
+    assert main(["info", dead, "--timeout", "5"]) == 1
+    err = capsys.readouterr().err
+    assert "does not exist" not in err and "Cannot connect" in err, err
+
+
+def test_bytes_changed_in_transit_are_fetched_again_before_damage(public) -> None:
+    from atari_zarr.errors import StoreCorruptError
+
+    proxy = public["proxy"]
+    local = AtariZarrDataset(public["local"])
+    ds = AtariZarrDataset(public["url"])
+    rows = np.array([150])  # one chunk: the changed byte lands in it
+    ds[np.array([0])]  # the shard indexes are known: the next requests are chunk bytes
+    proxy.reset()
+    proxy.corrupt_next(1)
+    _same(ds[rows], local[rows])  # a changed byte once: fetched again, exact
+    assert proxy.requests >= 2
+    # changed every time: damage, after the second fetch
+    ds = AtariZarrDataset(public["url"])
+    ds[np.array([0])]
+    proxy.corrupt_next(50)
+    with pytest.raises(StoreCorruptError, match="crc32c"):
+        ds[np.array([300])]
+    proxy.reset()

@@ -213,6 +213,41 @@ def test_cache_is_emptied_when_the_store_changes(server: FakeGCSServer, tmp_path
     _check_batch(ds2[:], truth, np.arange(len(truth)))
 
 
+def test_a_full_cache_is_skipped_with_one_warning(
+    server: FakeGCSServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache= directory on a full disk (ENOSPC injected from the test): every read still
+    works, from the bucket, after one warning. Before: every read failed."""
+    import errno
+    import tempfile
+    import warnings
+
+    opts = server.storage_options()
+    root = str(tmp_path / "src")
+    run = write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=6)
+    [store] = convert(root, f"gs://{BUCKET}/fullcache", progress=False, storage_options=opts)
+    real = tempfile.mkstemp
+    writes = []
+
+    def full(*args, **kwargs):
+        writes.append(1)
+        if len(writes) > 2:  # the first objects fit, then the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds = AtariZarrDataset(store.url, storage_options=opts, cache=tmp_path / "cache")
+        truth = run.truth()
+        _check_batch(ds[: len(ds)], truth, np.arange(len(ds)))
+        rows = np.array([5, 77, 150])
+        _check_batch(ds[rows], truth, rows)
+    full_warnings = [w for w in caught if "cannot be written" in str(w.message)]
+    assert len(full_warnings) == 1, [str(w.message) for w in caught]
+    assert "No space left" in str(full_warnings[0].message)
+
+
 def test_memory_url_and_pickle(tmp_path: Path) -> None:
     root = str(tmp_path / "src")
     run = write_fixture_run(root, "Pong", "1", capacity=64, steps=300, seed=2)

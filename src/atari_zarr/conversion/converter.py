@@ -89,6 +89,7 @@ from atari_zarr.sources.registry import (
     plan_run,
 )
 from atari_zarr.storage.catalog import store_state
+from atari_zarr.storage.filesystem import disk_full_error
 from atari_zarr.storage.remote import open_zarr_store
 from atari_zarr.subsets import Subset
 
@@ -266,6 +267,13 @@ def convert_run(
     except StoreExistsError:
         finished = True  # complete already: a work area a crash left behind is stale
         raise
+    except OSError as exc:
+        full = disk_full_error(
+            url, exc, resume="the conversion resumes where it stopped, with what was written"
+        )
+        if full is None:
+            raise
+        raise full from None
     finally:
         work.release(remove_all=finished)
 

@@ -23,9 +23,12 @@ Markers are written after the data they vouch for, so a conversion killed at
 any point redoes exactly the work whose marker is missing. The whole area is
 deleted once the store is marked complete.
 
-Locking. ``lock.json`` is created exclusively (``O_EXCL`` on local disks; on
-object stores: create if absent, then read back our token, which is best
-effort since object stores have no exclusive create through fsspec). A lock is
+Locking. ``lock.json`` appears whole or not at all: on local disks its content is
+written to a file of its own, then hard-linked into place, which fails when a
+lock exists (on object stores: create if absent, then read back our token, best
+effort since object stores have no exclusive create through fsspec). A stale lock
+is taken over under an ``flock`` of ``lock.guard`` and only if it is still the
+very lock judged stale, so two takers never both take it over. A lock is
 stale, and is taken over with a warning, when its owner ran on this host and its
 pid is gone (a ``kill -9``), or when its heartbeat, refreshed every
 :data:`HEARTBEAT_S` seconds while the conversion runs, is older than
@@ -34,6 +37,7 @@ pid is gone (a ``kill -9``), or when its heartbeat, refreshed every
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -48,6 +52,11 @@ import numpy as np
 from numcodecs import Blosc
 
 from atari_zarr.errors import StoreLockedError
+
+try:  # POSIX: the guard of stale-lock takeovers
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
 from atari_zarr.storage.filesystem import get_fs, local_write_error
 from atari_zarr.storage.paths import is_url, join
 
@@ -273,14 +282,21 @@ class WorkDir:
         path = self._p("lock.json")
         if not is_url(self.url):
             self.fs.makedirs(self.path, exist_ok=True)
+            # written whole under a name of our own, then linked into place: a reader
+            # never finds the lock empty, and the link fails when a lock exists
+            tmp = f"{path}.{info['token']}.tmp"
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            except FileExistsError:
-                return False
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
             except OSError as exc:
                 raise local_write_error("creating", path, exc) from None
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            finally:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
             return True
         if self.fs.exists(path):
             return False
@@ -325,14 +341,31 @@ class WorkDir:
                 owner.get("pid"),
                 owner.get("host"),
             )
-            try:
-                self.fs.rm(self._p("lock.json"))
-            except FileNotFoundError:
-                pass
+            self._take_over(owner)
         raise StoreLockedError(  # pragma: no cover - lost two races in a row
             f"{self.store_url}: could not take the lock {join(self.url, 'lock.json')}; another "
             f"conversion keeps taking it. Run the command again later."
         )
+
+    def _take_over(self, stale: dict[str, Any]) -> None:
+        """Remove the lock judged stale, ``stale``, if it is still the one in place.
+
+        Local disks: under an exclusive ``flock`` of ``lock.guard``, read again and
+        compare, so a lock another taker created meanwhile is never removed.
+        """
+        path = self._p("lock.json")
+        if is_url(self.url) or fcntl is None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm(path)  # best effort: no conditional delete through fsspec
+            return
+        with open(self._p("lock.guard"), "ab") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            try:
+                if self._read_lock() == stale:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            finally:
+                fcntl.flock(guard, fcntl.LOCK_UN)
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):

@@ -72,6 +72,11 @@ class StepColumn:
         self._loaded = np.zeros(-(-self._n // self._chunk_rows), dtype=bool)
         self._lock = threading.Lock()
 
+    @property
+    def reader(self) -> ChunkReader:
+        """The chunk reader of the column's array."""
+        return self._reader
+
     def __len__(self) -> int:
         return self._n
 

@@ -34,7 +34,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -285,6 +285,24 @@ class ChunkEngine:
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
         self._stats_lock = threading.Lock()
+        #: A chunk with no bytes (no object, or no entry in its shard's index) is damage,
+        #: not the fill value: set by :meth:`guard` for a store marked complete.
+        self.missing_is_damage = False
+        self._on_damage: Callable[[StoreCorruptError], Exception] | None = None
+
+    def guard(self, on_damage: Callable[[StoreCorruptError], Exception] | None = None) -> None:
+        """Read as a store marked complete: every chunk of it was written.
+
+        A chunk found missing is then damage (:class:`StoreCorruptError` naming the
+        object and its rows) instead of zarr's fill value, and every damaged-chunk
+        error goes through ``on_damage``, which may give another error instead (the
+        store changed while it was being read, say).
+        """
+        self.missing_is_damage = True
+        self._on_damage = on_damage
+
+    def _damaged(self, err: StoreCorruptError) -> Exception:
+        return err if self._on_damage is None else self._on_damage(err)
 
     @property
     def fast(self) -> bool:
@@ -357,14 +375,17 @@ class ChunkEngine:
     def _parse_index(self, shard: int, raw: Any) -> np.ndarray:
         g = self.grid
         assert g is not None
-        return parse_shard_index(  # type: ignore[no-any-return]
-            raw,
-            g.index_size,
-            where=self.where,
-            name=self.name,
-            key=g.object_key(shard),
-            remedy=self.remedy,
-        )
+        try:
+            return parse_shard_index(  # type: ignore[no-any-return]
+                raw,
+                g.index_size,
+                where=self.where,
+                name=self.name,
+                key=g.object_key(shard),
+                remedy=self.remedy,
+            )
+        except StoreCorruptError as err:
+            raise self._damaged(err) from None
 
     def index_of_buffer(self, shard: int, buf: Any) -> np.ndarray:
         """The index of a whole shard object ``buf``, parsed, checked and kept."""
@@ -564,34 +585,66 @@ class ChunkEngine:
         Raises
         ------
         StoreCorruptError
-            The bytes are cut short, fail their crc32c, or do not decode to a chunk.
+            The bytes are cut short, fail their crc32c, or do not decode to a chunk;
+            or, in a store marked complete (:meth:`guard`), the chunk is missing.
         """
         g = self.grid
         assert g is not None
         if chunk.data is None:
+            if self.missing_is_damage:
+                raise self.corrupt(
+                    chunk,
+                    "is missing (no such object, or no entry for the chunk in its shard's "
+                    "index), although the store is marked complete and every chunk was written",
+                )
             dest[...] = g.fill_value
             return 0
         src = chunk.data
-        if chunk.size is not None and len(src) != chunk.size:
-            raise self.corrupt(chunk, "is cut short")
         whole = skip == 0 and len(dest) == g.chunk_rows and dest.flags.c_contiguous
         target = dest if whole else np.empty(g.chunk_shape, dtype=g.dtype)
-        problem = decode_chunk(src, target, checksum=g.checksum, chunk_nbytes=g.chunk_nbytes)
+        problem = self._decode_checked(chunk, src, target)
+        if problem is not None and self.bytes.remote:
+            # over a network, bytes cut short or changed in transit are not damage yet:
+            # the chunk is fetched once more, by itself, and only then judged
+            log.debug("%s: chunk %d %s; fetching it again", self.where, chunk.cid, problem)
+            again = self._refetch(chunk)
+            if again is not None:
+                src = again
+                problem = self._decode_checked(chunk, src, target)
         if problem is not None:
             raise self.corrupt(chunk, problem)
         if not whole:
             dest[...] = target[skip : skip + len(dest)]
         return len(src)
 
-    def corrupt(self, chunk: EncodedChunk, what: str) -> StoreCorruptError:
+    def _decode_checked(self, chunk: EncodedChunk, src: Any, target: np.ndarray) -> str | None:
+        """Decode ``src`` into ``target``; what is wrong with it, or None."""
+        g = self.grid
+        assert g is not None
+        if chunk.size is not None and len(src) != chunk.size:
+            return "is cut short"
+        return decode_chunk(src, target, checksum=g.checksum, chunk_nbytes=g.chunk_nbytes)
+
+    def _refetch(self, chunk: EncodedChunk) -> Any:
+        """The bytes of ``chunk`` fetched again, alone (None: the object is gone)."""
+        if chunk.offset is not None and chunk.size is not None:
+            rng = ByteRange(chunk.key, chunk.offset, chunk.offset + chunk.size)
+        else:
+            rng = ByteRange.whole(chunk.key)
+        [data] = self.get([rng], merge=False)
+        return data
+
+    def corrupt(self, chunk: EncodedChunk, what: str) -> Exception:
         """The damaged-chunk error for ``chunk``."""
         g = self.grid
         assert g is not None
         size = chunk.size if chunk.size is not None else len(chunk.data or b"")
         span = (chunk.offset, size) if chunk.offset is not None else None
         rows = g.chunk_rows_of(chunk.cid)
-        return corrupt_chunk(
-            self.where, self.name, chunk.cid, rows, chunk.key, span, what, self.remedy
+        return self._damaged(
+            corrupt_chunk(
+                self.where, self.name, chunk.cid, rows, chunk.key, span, what, self.remedy
+            )
         )
 
     def decode_span(

@@ -29,10 +29,16 @@ import zarr
 from tensordict import TensorDict
 
 from atari_zarr.episodes import EpisodeTable, episode_table, return_to_go
-from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    StoreChangedError,
+    StoreCorruptError,
+    StoreNotFoundError,
+)
 from atari_zarr.layout import (
     ACTION,
     ACTION_FULL,
+    ATTRS_KEY,
     EPISODE,
     FINAL_OBSERVATION,
     FLUSHED_KEY,
@@ -41,6 +47,7 @@ from atari_zarr.layout import (
     TERMINATED,
     TRUNCATED,
     get_array,
+    is_complete,
     read_metadata,
 )
 from atari_zarr.read.batch import (
@@ -145,7 +152,7 @@ class StoreReader:
             ) from None if is_url(self.url) else exc
         meta = read_metadata(group, self.url, require_complete=not self.partial)
         n = None  # rows to use: all of a complete store, the flushed prefix of a recording
-        if not meta.get("complete"):
+        if not is_complete(meta):
             if not isinstance(meta.get(FLUSHED_KEY), dict):
                 read_metadata(group, self.url)  # raises the usual StoreIncompleteError
             n = int(meta[FLUSHED_KEY]["transitions"])
@@ -157,6 +164,18 @@ class StoreReader:
         #: Frame after each episode's last row, where the writer kept it.
         self.final_observation = (
             get_array(group, FINAL_OBSERVATION, self.url) if FINAL_OBSERVATION in group else None
+        )
+        self._finals = (
+            None
+            if self.final_observation is None
+            else ChunkReader(
+                self.final_observation,
+                where=self.where,
+                cache_bytes=8 << 20,
+                threads=1,
+                decode_ahead=False,
+                remedy=self.remedy,
+            )
         )
         self.frames = ChunkReader(
             self.observation,
@@ -181,6 +200,17 @@ class StoreReader:
                 get_array(group, ACTION_FULL, self.url), where=self.where, remedy=self.remedy
             )
         self.columns = steps
+        if is_complete(meta):
+            # every chunk of a complete store was written: a missing one is damage, and
+            # damage found while reading may mean the store was replaced meanwhile
+            readers = [
+                self.frames,
+                self._finals,
+                *(getattr(c, "reader", None) for c in steps.values()),
+            ]
+            for reader in readers:
+                if isinstance(reader, ChunkReader):
+                    reader.engine.guard(self._damage_or_change)
         self.action = steps[ACTION]
         self.reward = steps[REWARD]
         self.terminated = steps[TERMINATED]
@@ -264,9 +294,42 @@ class StoreReader:
 
     def final_frames(self, episodes: np.ndarray) -> np.ndarray:
         """The frames after the last rows of ``episodes`` (``final_observation``)."""
-        assert self.final_observation is not None
-        uniq, inverse = np.unique(np.asarray(episodes, dtype=np.int64), return_inverse=True)
-        return np.asarray(self.final_observation.get_orthogonal_selection((uniq,)))[inverse]
+        assert self._finals is not None
+        return self._finals.read(np.asarray(episodes, dtype=np.int64))
+
+    def _damage_or_change(self, err: StoreCorruptError) -> Exception:
+        """``err``, or the error saying the store changed while it was being read.
+
+        Damage found in a store this reader opened complete is checked against the
+        store as it is now: gone, unfinished (being written again) or converted again
+        (other attributes) means it was replaced under the reader, not damaged.
+        """
+        why = None
+        try:
+            store = open_zarr_store(
+                self.url, self.storage_options, read_only=True, timeout=self.timeout
+            )
+            now = zarr.open_group(store, mode="r", zarr_format=3).attrs.get(ATTRS_KEY)
+        except FileNotFoundError:
+            why = "it is gone"
+        except Exception:  # the store cannot be read now: report what was found
+            return err
+        if why is None:
+            if not isinstance(now, dict):
+                why = "it is no longer an atari_zarr store"
+            elif not is_complete(now):
+                why = "it is being written again (it is not marked complete now)"
+            elif now != self.metadata:
+                why = "it was written again since it was opened"
+            else:
+                return err
+        # what the reader found, without the store's name and the "damaged" verdict
+        found = str(err).split(". The store is damaged")[0].removeprefix(f"{self.where}: ")
+        return StoreChangedError(
+            f"{self.where} changed while it was being read ({why}): {found}. That is not "
+            f"damage; open the store again, e.g. AtariZarrDataset({self.where!r}), once it is "
+            f"complete"
+        )
 
     # -- items ----------------------------------------------------------------------
     def frame_plan(

@@ -24,6 +24,7 @@ import logging
 import os
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,9 @@ class RangeCacheStore(WrapperStore[Store]):
         self.root = self.directory / digest
         self.hits = 0
         self.misses = 0
+        #: False once a write to the cache failed (disk full, permissions): reads go on
+        #: from the remote, uncached, after one warning.
+        self.writable = True
 
     def with_read_only(self, read_only: bool = False) -> RangeCacheStore:
         if not read_only:
@@ -112,16 +116,29 @@ class RangeCacheStore(WrapperStore[Store]):
         return self.root / "objects" / f"{key}@{_range_suffix(byte_range)}"
 
     def _write(self, path: Path, data: bytes) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
+        """Keep ``data`` at ``path``; a cache that cannot be written is skipped from then on,
+        with one warning (the reads it would have served go to the remote)."""
+        if not self.writable:
+            return
+        tmp = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        except OSError as exc:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            self.writable = False
+            warnings.warn(
+                f"the cache {self.directory} of {self.url} cannot be written "
+                f"({exc.strerror or exc}); reading on without it. Free space there, or "
+                f"choose another cache= directory",
+                RuntimeWarning,
+                stacklevel=2,
+            )
 
     def _check_fingerprint(self, meta: bytes) -> None:
         """Empty this store's cache if the remote root metadata changed."""
@@ -146,6 +163,9 @@ class RangeCacheStore(WrapperStore[Store]):
             if value is not None and byte_range is None:
                 self._check_fingerprint(value.to_bytes())
             return value
+        if not self.writable:
+            # a cache that could not be written may also hold what no longer holds
+            return await self._store.get(key, prototype, byte_range)
         path = self._path(key, byte_range)
         try:
             data = path.read_bytes()

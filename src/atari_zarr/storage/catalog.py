@@ -34,9 +34,10 @@ import json
 import re
 from typing import Any, Literal, TypedDict
 
-from atari_zarr.errors import StoreNotFoundError
-from atari_zarr.layout import ACTION, ATTRS_KEY, store_path
+from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
+from atari_zarr.layout import ACTION, ATTRS_KEY, is_complete, store_path
 from atari_zarr.storage.filesystem import FileSystem, get_fs
+from atari_zarr.storage.paths import redact
 
 __all__ = [
     "StoreRow",
@@ -101,7 +102,7 @@ def _inspect(fs: FileSystem, path: str, *, look_inside: bool) -> tuple[StoreStat
     attrs = _our_attrs(raw)
     if attrs is None:
         return "foreign", None
-    return ("complete" if attrs.get("complete") else "incomplete"), attrs
+    return ("complete" if is_complete(attrs) else "incomplete"), attrs
 
 
 def store_state(url: str, storage_options: dict[str, Any] | None = None) -> StoreState:
@@ -189,6 +190,16 @@ def list_stores(
     """
     fs, path = get_fs(root, storage_options)
     path = path.rstrip("/")
+    if fs.read_only:
+        # plain http(s) has no listing; one store is still answered, from its zarr.json
+        if not fs.exists(f"{path}/zarr.json"):
+            raise InvalidArgumentError(
+                f"{redact(str(root), storage_options)} cannot be listed: http(s):// has no "
+                f"listing, so the stores under it cannot be found. Give one store's URL "
+                f"(ROOT/Game/run.zarr), or list the bucket through gs:// or s3:// "
+                f"(anonymously, for a public bucket)"
+            )
+        return [_row(fs, path, str(root), sizes=False)]
     if not fs.exists(path):
         raise StoreNotFoundError(
             f"{root} does not exist: expected a directory or URL holding "
@@ -199,37 +210,39 @@ def list_stores(
         # spelled the way the user spelled ROOT (relative path, URL with protocol)
         return str(root).rstrip("/") + p[len(path) :]
 
-    rows: list[StoreRow] = []
-    for p in _find_stores(fs, path, depth=3):
-        parts = p.rstrip("/").split("/")
-        row: StoreRow = {
-            "url": url_of(p),
-            "game": parts[-2] if len(parts) > 1 else None,
-            "run": parts[-1].removesuffix(_SUFFIX),
-            "status": "not a store",
-            "transitions": None,
-            "episodes": None,
-            "stored_bytes": None,
-        }
-        state, attrs = _inspect(fs, p, look_inside=False)
-        row["status"] = _ROW_STATUS[state]
-        if attrs is not None:
-            row["game"] = attrs.get("game", row["game"])
-            row["run"] = attrs.get("run", row["run"])
-            counts = attrs.get("counts", {})
-            if state == "complete":
-                row["transitions"] = counts.get("transitions")
-                row["episodes"] = counts.get("episodes")
-            else:
-                try:
-                    action = json.loads(fs.cat_file(f"{p}/{ACTION}/{_ROOT_META}"))
-                except (FileNotFoundError, ValueError):
-                    action = {}
-                row["transitions"] = (action.get("shape") or [None])[0]
-        if sizes:
-            row["stored_bytes"] = fs.du(p)
-        rows.append(row)
-    return rows
+    return [_row(fs, p, url_of(p), sizes=sizes) for p in _find_stores(fs, path, depth=3)]
+
+
+def _row(fs: FileSystem, p: str, url: str, *, sizes: bool) -> StoreRow:
+    """The row of ``list_stores`` for the store (or ``*.zarr`` directory) at path ``p``."""
+    parts = p.rstrip("/").split("/")
+    row: StoreRow = {
+        "url": url,
+        "game": parts[-2] if len(parts) > 1 else None,
+        "run": parts[-1].removesuffix(_SUFFIX),
+        "status": "not a store",
+        "transitions": None,
+        "episodes": None,
+        "stored_bytes": None,
+    }
+    state, attrs = _inspect(fs, p, look_inside=False)
+    row["status"] = _ROW_STATUS[state]
+    if attrs is not None:
+        row["game"] = attrs.get("game", row["game"])
+        row["run"] = attrs.get("run", row["run"])
+        counts = attrs.get("counts", {})
+        if state == "complete":
+            row["transitions"] = counts.get("transitions")
+            row["episodes"] = counts.get("episodes")
+        else:
+            try:
+                action = json.loads(fs.cat_file(f"{p}/{ACTION}/{_ROOT_META}"))
+            except (FileNotFoundError, ValueError):
+                action = {}
+            row["transitions"] = (action.get("shape") or [None])[0]
+    if sizes:
+        row["stored_bytes"] = fs.du(p)
+    return row
 
 
 def _natural(name: str) -> tuple[Any, ...]:

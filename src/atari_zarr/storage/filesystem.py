@@ -40,8 +40,10 @@ cancelled, so only they get the deadline.
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import os
+import shutil
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar, cast
 
@@ -51,15 +53,24 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.registry import known_implementations
 
 from atari_zarr.errors import (
+    AtariZarrError,
     InvalidArgumentError,
     MissingDependencyError,
+    RemoteAccessError,
     StoreWriteError,
     install_hint,
 )
 from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "FileSystem", "backend_errors", "get_fs", "local_write_error"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "FileSystem",
+    "backend_errors",
+    "disk_full_error",
+    "get_fs",
+    "local_write_error",
+]
 
 T = TypeVar("T")
 
@@ -111,12 +122,40 @@ def backend_errors(location: str, storage_options: dict[str, Any] | None = None)
         ) from None
     except ValueError as exc:
         if "protocol" not in str(exc).lower():
-            raise
+            raise _setup_failed(protocol, where, exc, storage_options) from None
         raise InvalidArgumentError(
             f"{where}: the protocol {protocol!r} is not known to fsspec ({exc}); expected a "
             f"local path or a URL such as gs://, s3://, https://, memory:// or file://. Check "
             f"the spelling of the URL."
         ) from None
+    except AtariZarrError:
+        raise
+    except Exception as exc:  # credentials refused or unreachable, bad option types, ...
+        raise _setup_failed(protocol, where, exc, storage_options) from None
+
+
+def _setup_failed(
+    protocol: str, where: str, exc: BaseException, storage_options: dict[str, Any] | None
+) -> RemoteAccessError:
+    """The one-line error of a file system that could not be set up (credentials, options)."""
+    found = redact(" ".join(str(exc).split()), storage_options)[:400]
+    return RemoteAccessError(
+        f"{where}: the {protocol}:// file system could not be set up with the storage options "
+        f"given ({type(exc).__name__}: {found}); check the credentials and options "
+        f"(--storage-option token=..., key=..., endpoint_url=...)"
+    )
+
+
+def _unreachable(exc: BaseException) -> BaseException | None:
+    """The connection failure behind a FileNotFoundError, if that is what it hides."""
+    seen = exc.__cause__ or exc.__context__
+    while seen is not None:
+        if isinstance(seen, ConnectionError | TimeoutError) or (
+            type(seen).__module__.startswith("aiohttp") and "Connect" in type(seen).__name__
+        ):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 async def _boxed(awaitable: Awaitable[T]) -> tuple[bool, Any]:
@@ -280,12 +319,21 @@ class FileSystem:
         return cast(dict[str, Any], self._call("checking", "info", self.url(path), path))
 
     def exists(self, path: str) -> bool:
-        """True if ``path`` exists; a failing server raises instead of answering False."""
+        """True if ``path`` exists; a failing server raises instead of answering False.
+
+        fsspec's http file system answers FileNotFoundError for any failure, a refused
+        connection included: that one raises :class:`RemoteAccessError` here.
+        """
         if not self.remote:
             return bool(self.fs.exists(path))
         try:
             self.info(path)
-        except FileNotFoundError:
+        except FileNotFoundError as exc:
+            cause = _unreachable(exc)
+            if cause is not None:
+                where = redact(self.url(path), self.storage_options)
+                err = remote_error(cause, "checking", where, self.timeout, self.storage_options)
+                raise (err or exc) from None
             return False
         return True
 
@@ -421,6 +469,41 @@ def local_write_error(what: str, where: str, exc: BaseException | None) -> Store
     return StoreWriteError(
         f"{what} {where} failed ({reason}): expected a writable directory. Choose another "
         f"destination, or fix its permissions or free space."
+    )
+
+
+#: errno values of a full disk (no space, quota exceeded).
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def disk_full_error(dest: str, exc: BaseException, *, resume: str) -> StoreWriteError | None:
+    """The one-line error of a disk that filled up while writing ``dest``; None otherwise.
+
+    Names the destination, the object being written and the space left, and says
+    what running the command again does (``resume``).
+
+    Examples
+    --------
+    >>> err = disk_full_error("/data/Pong/1.zarr", OSError(28, "No space left on device",
+    ...                       "/data/Pong/1.zarr/observation/c/3/0/0"), resume="it resumes")
+    >>> str(err).split(" (")[0]
+    '/data/Pong/1.zarr: the disk is full'
+    >>> disk_full_error("/d", OSError(13, "Permission denied"), resume="") is None
+    True
+    """
+    if not isinstance(exc, OSError) or exc.errno not in _DISK_FULL:
+        return None
+    where = getattr(exc, "filename", None) or dest
+    probe = os.path.dirname(os.path.abspath(str(dest)))
+    while probe and not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    try:
+        free = f"{shutil.disk_usage(probe or '/').free / 1e6:,.1f} MB free on its disk"
+    except OSError:
+        free = "free space unknown"
+    return StoreWriteError(
+        f"{dest}: the disk is full ({exc.strerror or exc}) while writing {where}; "
+        f"{free}. Free some space, then run the same command again: {resume}"
     )
 
 

@@ -56,14 +56,21 @@ _HTTP_TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})
 
 
 def _transient_http(exc: BaseException) -> bool:
-    """True for an aiohttp failure worth another attempt: a 5xx/408/429, a lost connection."""
+    """True for an aiohttp failure worth another attempt: a 5xx/408/429, a lost connection,
+    a body cut short (the connection dropped mid-body: ``ClientPayloadError``)."""
     try:
         import aiohttp
     except ImportError:  # pragma: no cover - http:// needs aiohttp anyway
         return False
     if isinstance(exc, aiohttp.ClientResponseError):
         return exc.status in _HTTP_TRANSIENT
-    return isinstance(exc, aiohttp.ClientConnectionError | ConnectionError)
+    return isinstance(
+        exc,
+        aiohttp.ClientConnectionError
+        | aiohttp.ClientPayloadError
+        | ConnectionError
+        | asyncio.IncompleteReadError,
+    )
 
 
 async def _with_retries(call: Callable[[], Awaitable[T]], attempts: int) -> T:

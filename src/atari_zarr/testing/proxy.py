@@ -50,6 +50,11 @@ _HOP_BY_HOP = frozenset(
 )
 
 
+# the failures of drop_next and corrupt_next: a response cut mid-body, a byte changed
+_DROP = 0
+_FLIP = -1
+
+
 class _ProxyHTTPServer(ThreadingHTTPServer):
     """ThreadingHTTPServer that remembers its proxy and open connections."""
 
@@ -201,7 +206,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         raise AssertionError("unreachable")
 
     def _answer_locally(self, status: int, message: bytes, *, close: bool) -> None:
-        """Answer without the target (injected failure, target down): log, then write."""
+        """Answer without the target (injected failure, target down): log, then write.
+
+        A HEAD request gets the headers only, as HTTP has it.
+        """
         self.server.proxy._record(self.command, self.path, status, 0, self._arrived)
         if close:
             self.close_connection = True
@@ -212,7 +220,34 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             if close:
                 self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(message)
+            if self.command != "HEAD":
+                self.wfile.write(message)
+
+    def _cut(self, resp: http.client.HTTPResponse, *, flip: bool = False) -> None:
+        """Relay ``resp``'s headers and half its body, then drop the connection; with
+        ``flip``, the whole body with its middle byte changed (the connection kept)."""
+        body = resp.read()
+        if flip:
+            mid = len(body) // 2
+            sent = body[:mid] + bytes([body[mid] ^ 0xFF]) + body[mid + 1 :] if body else body
+        else:
+            self._close_upstream()
+            sent = body[: len(body) // 2]
+        self.server.proxy._count_received(len(sent))
+        self.server.proxy._record(self.command, self.path, resp.status, len(sent), self._arrived)
+        self.close_connection = not flip
+        with contextlib.suppress(OSError):
+            self.send_response_only(resp.status, resp.reason)
+            for key, value in resp.getheaders():
+                if key.lower() not in _HOP_BY_HOP and key.lower() != "content-length":
+                    self.send_header(key, value)
+            # the whole body's length: a cut body is then visibly short
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(sent)
+            self.wfile.flush()
+            if not flip:
+                self.connection.shutdown(socket.SHUT_RDWR)
 
     def _forward(self) -> None:
         proxy = self.server.proxy
@@ -224,8 +259,8 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if delay > 0:
             # One round trip per request, held before anything is answered.
             time.sleep(delay)
-        injected = proxy._take_failure()
-        if injected is not None:
+        injected = proxy._take_failure(has_body=self.command not in ("HEAD", "DELETE"))
+        if injected is not None and injected not in (_DROP, _FLIP):
             # A transient server error, answered without asking the target.
             self._answer_locally(injected, b"injected failure", close=False)
             return
@@ -235,6 +270,12 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             logger.debug("proxy: upstream failure for %s %s: %s", self.command, self.path, exc)
             message = f"upstream {proxy.target} unreachable: {exc}".encode()
             self._answer_locally(502, message, close=True)
+            return
+        if injected == _DROP and resp.status < 300:
+            self._cut(resp)
+            return
+        if injected == _FLIP and resp.status < 300:
+            self._cut(resp, flip=True)
             return
         self._relay(resp)
 
@@ -492,9 +533,29 @@ class CountingProxy(StartStop):
         with self._lock:
             self._failures = [int(status)] * int(count)
 
-    def _take_failure(self) -> int | None:
+    def drop_next(self, count: int) -> None:
+        """Cut the next ``count`` responses with a body halfway through it.
+
+        The headers promise the whole body; half of it is sent, then the connection
+        is closed: a connection reset mid-body, to test that readers retry it.
+        """
         with self._lock:
-            return self._failures.pop() if self._failures else None
+            self._failures = [_DROP] * int(count)
+
+    def corrupt_next(self, count: int) -> None:
+        """Change one byte in the middle of the next ``count`` response bodies.
+
+        Emulates bytes changed in transit (a wrong or stale range from a cache), to
+        test that a reader fetches a chunk again before calling the store damaged.
+        """
+        with self._lock:
+            self._failures = [_FLIP] * int(count)
+
+    def _take_failure(self, *, has_body: bool = True) -> int | None:
+        with self._lock:
+            if not self._failures or (self._failures[-1] in (_DROP, _FLIP) and not has_body):
+                return None  # a drop waits for a response with a body
+            return self._failures.pop()
 
     def _count_request(self) -> None:
         with self._lock:
