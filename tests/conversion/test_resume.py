@@ -51,8 +51,9 @@ class PauseAfterLaps(Callback):
                 threading.Event().wait()  # until killed
 
 
-PauseAfterLaps().register()
-sys.exit(main(sys.argv[2:]))
+if __name__ == "__main__":  # worker processes spawned from here import this file too
+    PauseAfterLaps().register()
+    sys.exit(main(sys.argv[2:]))
 """
 
 

@@ -15,7 +15,10 @@ import contextlib
 import contextvars
 import logging
 import os
+import signal
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +38,35 @@ LOCAL_SCHEDULERS = ("synchronous", "threads", "processes")
 
 #: The process pool that graphs run on inside :func:`process_pool` (None: one per graph).
 _POOL: contextvars.ContextVar[Any] = contextvars.ContextVar("atari_zarr_pool", default=None)
+
+
+#: Seconds between a worker's checks that the process that started it is alive.
+PARENT_CHECK_S = 0.5
+
+
+def _init_worker(parent: int) -> None:
+    """Set up a conversion worker process: dask's set-up, and an exit with its parent.
+
+    The worker exits when the process that started it is gone (a ``kill -9`` of
+    ``convert``): a watchdog thread sees the parent change. An orphan would otherwise
+    live on, blocked on a pipe, and could finish an old task into a store written
+    since (its unfinished task has no marker, so the next run redoes it).
+    """
+    import dask.multiprocessing
+
+    dask.multiprocessing.initialize_worker_process(user_initializer=None)
+    # Ctrl-C reaches every process of the terminal's group: the main process reports
+    # it, in one line, and stops the workers; a worker printing its own traceback
+    # would bury that line
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while True:
+            time.sleep(PARENT_CHECK_S)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="atari-zarr-parent-watch", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -66,16 +98,18 @@ def process_pool(scheduler: Any, workers: int | None) -> Iterator[None]:
     pool = ProcessPoolExecutor(
         workers or os.cpu_count() or 1,
         mp_context=dask.multiprocessing.get_context(),
-        initializer=functools.partial(
-            dask.multiprocessing.initialize_worker_process, user_initializer=None
-        ),
+        initializer=functools.partial(_init_worker, os.getpid()),
     )
     token = _POOL.set(pool)
+    finished = False
     try:
         yield
+        finished = True
     finally:
         _POOL.reset(token)
-        pool.shutdown(wait=True, cancel_futures=True)
+        # interrupted or failed: no wait for the tasks still running; their workers
+        # see this process gone and exit (_init_worker), and the next run redoes them
+        pool.shutdown(wait=finished, cancel_futures=True)
 
 
 def _default_client() -> Any:
