@@ -339,13 +339,28 @@ def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
     return for_writing(array)
 
 
+#: Rows an array of a store may hold at most: far above any run (50 checkpoints of 10^6).
+MAX_ROWS = 1 << 32
+#: Bytes of one decoded chunk at most (this layout's are at most 113 KB; the bound leaves
+#: room for any sane rechunking, which readers take through zarr).
+MAX_CHUNK_BYTES = 64 << 20
+#: Bytes of one decoded shard at most (this layout's are 29 MB).
+MAX_SHARD_BYTES = 512 << 20
+
+
 def get_array(group: zarr.Group, name: str, where: str) -> zarr.Array:
-    """The array ``name`` of an open store, as a :class:`zarr.Array`.
+    """The array ``name`` of an open store, as a :class:`zarr.Array`, its sizes checked.
+
+    Every reader, ``verify`` and ``info`` get arrays here, so sizes that a damaged or
+    hostile ``zarr.json`` declares (rows, chunks, shards) are refused before anything
+    is allocated for them.
 
     Raises
     ------
     StoreFormatError
-        ``name`` is a group, not an array.
+        ``name`` is a group, not an array; or it declares more rows than
+        :data:`MAX_ROWS`, chunks larger than :data:`MAX_CHUNK_BYTES` or shards larger
+        than :data:`MAX_SHARD_BYTES`.
 
     Examples
     --------
@@ -360,7 +375,25 @@ def get_array(group: zarr.Group, name: str, where: str) -> zarr.Array:
             f"{where}/{name} is a group; expected the array {name!r} of the atari_zarr layout. "
             f"The store was not written by atari_zarr; convert the source again into a new DEST."
         )
+    itemsize = np.dtype(node.dtype).itemsize  # type: ignore[arg-type]
+    shards = node.shards
+    for what, declared, size, limit in (
+        ("rows", node.shape, node.shape[0] if node.shape else 0, MAX_ROWS),
+        ("chunks", node.chunks, _nbytes(node.chunks, itemsize), MAX_CHUNK_BYTES),
+        ("shards", shards, _nbytes(shards, itemsize) if shards else 0, MAX_SHARD_BYTES),
+    ):
+        if size > limit:
+            raise StoreFormatError(
+                f"{where}/{name} declares {what} {tuple(declared or ())} ({size:,}"
+                f"{'' if what == 'rows' else ' bytes'}), more than the {limit:,} a store of "
+                f"this layout may hold; its zarr.json is damaged or not from atari_zarr. "
+                f"Convert the source again into a new DEST."
+            )
     return node
+
+
+def _nbytes(shape: Any, itemsize: int) -> int:
+    return int(np.prod([int(s) for s in shape], dtype=object)) * itemsize
 
 
 def for_writing(array: zarr.Array) -> zarr.Array:

@@ -49,7 +49,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.episodes import EpisodeLedger, episode_table
-from atari_zarr.errors import AtariZarrError
+from atari_zarr.errors import AtariZarrError, StoreFormatError
 from atari_zarr.layout import (
     ACTION,
     ARRAYS,
@@ -159,7 +159,12 @@ def _check_layout(
             report.add("layout", f"{name} is missing; stores of this kind have it")
             ok = False
             continue
-        arr = get_array(group, name, url)
+        try:
+            arr = get_array(group, name, url)
+        except StoreFormatError as exc:  # sizes no store of this layout declares
+            report.add("layout", str(exc))
+            ok = False
+            continue
         expected: dict[str, Any] = {
             "shape": (rows, *spec.row_shape),
             "dtype": spec.dtype,

@@ -127,3 +127,63 @@ def test_a_store_being_rewritten_is_not_called_damaged(big):
     shutil.rmtree(Path(url) / "observation" / "c")
     with pytest.raises(StoreChangedError, match=r"being written again.*once it is complete"):
         ds[np.array([5000])]
+
+
+# A memory limit far below what the declared sizes would take: a regression fails
+# (MemoryError, a hang, or a one-line error missing) instead of exhausting the machine.
+_OPEN_UNDER_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))
+import numpy as np
+from atari_zarr import AtariZarrDataset, StoreFormatError
+from atari_zarr.verify import verify_store
+url = sys.argv[1]
+try:
+    ds = AtariZarrDataset(url)
+    ds[np.array([0, 1])]
+    print("opened")
+except StoreFormatError as exc:
+    print("refused:", exc)
+report = verify_store(url)
+print("verify:", report.ok, " ".join(str(p) for p in report.problems)[:300])
+"""
+
+
+@pytest.mark.parametrize(
+    ("array", "field", "value", "what"),
+    [
+        ("observation", "chunk_shape", [1 << 31, 84, 84], "chunks"),
+        ("action", "shape", [10**12], "rows"),
+        ("next/reward", "shape", [10**15], "rows"),
+    ],
+)
+def test_declared_sizes_beyond_the_layout_are_refused(big, array, field, value, what):
+    import json
+    import subprocess
+    import sys
+
+    url = big["store"].url
+    meta_path = Path(url) / array / "zarr.json"
+    meta = json.loads(meta_path.read_text())
+    if field == "shape":
+        meta["shape"] = value
+    else:
+        # the shard and its chunks both declared huge (valid Zarr: one divides the other)
+        meta["chunk_grid"]["configuration"]["chunk_shape"] = value
+        codecs = meta["codecs"]
+        if codecs and codecs[0]["name"] == "sharding_indexed":
+            codecs[0]["configuration"]["chunk_shape"] = value
+    meta_path.write_text(json.dumps(meta))
+    # the consolidated copy in the root zarr.json is what readers open
+    root = json.loads((Path(url) / "zarr.json").read_text())
+    root["consolidated_metadata"]["metadata"][array] = meta
+    (Path(url) / "zarr.json").write_text(json.dumps(root))
+    res = subprocess.run(
+        [sys.executable, "-c", _OPEN_UNDER_LIMIT, url], capture_output=True, text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    assert lines[0].startswith("refused:") and f"declares {what}" in lines[0], lines
+    assert array in lines[0] and "zarr.json" in lines[0], lines
+    assert lines[1].startswith("verify: False"), lines

@@ -33,6 +33,7 @@ from atari_zarr.errors import (
     InvalidArgumentError,
     StoreChangedError,
     StoreCorruptError,
+    StoreFormatError,
     StoreNotFoundError,
 )
 from atari_zarr.layout import (
@@ -150,6 +151,14 @@ class StoreReader:
                 f"{self.where} is not a Zarr store: expected a directory or URL written "
                 f"by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
             ) from None if is_url(self.url) else exc
+        # zarr's validation of the metadata (its GroupNotFoundError is a ValueError too,
+        # caught as not-found above)
+        except ValueError as exc:
+            raise StoreFormatError(
+                f"{self.where}: its zarr.json is not valid Zarr v3 metadata ("
+                f"{' '.join(str(exc).split())[:300]}); expected what `atari-zarr convert` "
+                f"writes. The metadata is damaged: convert the source again."
+            ) from None
         meta = read_metadata(group, self.url, require_complete=not self.partial)
         n = None  # rows to use: all of a complete store, the flushed prefix of a recording
         if not is_complete(meta):

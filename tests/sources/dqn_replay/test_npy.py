@@ -84,3 +84,47 @@ def test_missing_and_corrupt_files(tmp_path):
     path = write(tmp_path / "h.gz", data[:20])
     with pytest.raises(SourceFormatError, match=r"h\.gz is truncated or corrupt \(EOFError"):
         NpyStream(FS, path, path)
+
+
+def _declared(shape: tuple[int, ...], dtype: str = "<i4", payload: int = 64) -> bytes:
+    """A gzip'd .npy whose header declares ``shape`` but holds only ``payload`` bytes."""
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+        header = {"descr": dtype, "fortran_order": False, "shape": shape}
+        np.lib.format.write_array_header_1_0(gz, header)
+        gz.write(b"\0" * payload)
+    return raw.getvalue()
+
+
+# A memory limit far below what the declared arrays would take: a regression fails
+# (MemoryError, or a one-line error missing) instead of exhausting the machine.
+_UNDER_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+import fsspec
+from atari_zarr.errors import SourceFormatError
+from atari_zarr.sources.dqn_replay.npy import NpyStream
+import numpy as np
+path = sys.argv[1]
+try:
+    with NpyStream(fsspec.filesystem("file"), path, path) as stream:
+        np.empty(stream.shape, stream.dtype)
+except SourceFormatError as exc:
+    print("refused:", exc)
+"""
+
+
+@pytest.mark.parametrize("shape", [(2**40,), (500_000_000,), (1000, 2**20)])
+def test_a_declared_size_beyond_a_checkpoint_is_refused_before_allocating(tmp_path, shape):
+    import subprocess
+    import sys
+
+    path = write(tmp_path / "bomb.gz", _declared(shape))
+    assert (tmp_path / "bomb.gz").stat().st_size < 4096  # a few KB that declare gigabytes
+    res = subprocess.run(
+        [sys.executable, "-c", _UNDER_LIMIT, path], capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = res.stdout.strip()
+    assert line.startswith("refused:") and "\n" not in line, line
+    assert path in line and str(tuple(shape)) in line and "1,000,000 rows" in line

@@ -207,3 +207,49 @@ def test_gzip_shard_streams_too(tmp_path):
     with Counting(path) as raw, gzip.GzipFile(fileobj=io.BufferedReader(raw, 8192)) as stream:
         next(iter_records(stream, "s"))
         assert Counting.read_bytes < Path(path).stat().st_size
+
+
+# A memory limit far below what the declared records would take: a regression fails
+# (MemoryError, or a one-line error missing) instead of exhausting the machine.
+_UNDER_LIMIT = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+from atari_zarr.errors import SourceFormatError
+from atari_zarr.sources.rl_unplugged.tfrecord import iter_records, open_shard
+from atari_zarr.storage.filesystem import get_fs
+path = sys.argv[1]
+fs, p = get_fs(path)
+try:
+    with open_shard(fs, p) as stream:
+        for _ in iter_records(stream, path):
+            pass
+except SourceFormatError as exc:
+    print("refused:", exc)
+"""
+
+
+@pytest.mark.parametrize(
+    ("length", "what"),
+    [
+        ((1 << 31) - 1, "more than an episode"),  # a 2 GB record: before, 2.16 GB per worker
+        (200 << 20, "ends inside the record's data"),  # plausible, but 1 MB is there
+    ],
+)
+def test_a_huge_declared_record_is_refused_without_allocating_it(tmp_path, length, what):
+    import struct
+    import subprocess
+    import sys
+
+    header = struct.pack("<Q", length)
+    body = header + struct.pack("<I", masked_crc32c(header)) + b"\0" * (1 << 20)
+    path = tmp_path / "run_1-00000-of-00001"
+    path.write_bytes(gzip.compress(body, mtime=0))
+    assert path.stat().st_size < (1 << 20)
+    res = subprocess.run(
+        [sys.executable, "-c", _UNDER_LIMIT, str(path)], capture_output=True, text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = res.stdout.strip()
+    assert line.startswith("refused:") and "\n" not in line and "record 0" in line, line
+    assert what in line and str(path) in line, line

@@ -22,6 +22,12 @@ __all__ = ["NpyStream", "gzip_backend"]
 READ_BLOCK = 8 << 20  # bytes per remote read request while streaming
 
 
+#: Rows of a DQN Replay checkpoint file at most: dopamine's replay capacity in the dataset.
+MAX_CHECKPOINT_ROWS = 1_000_000
+#: Values of one row at most: an 84x84 frame.
+MAX_ROW_VALUES = 84 * 84
+
+
 class NpyStream:
     """A gzip'd ``.npy`` file opened for streaming, its header already parsed and checked.
 
@@ -96,6 +102,16 @@ class NpyStream:
             raise SourceFormatError(
                 f"{where} holds a Python object array (dtype {dtype}), which would need "
                 f"unpickling; expected a numeric array. Replace the file with a plain .npy."
+            )
+        rows = int(shape[0]) if shape else 1
+        per_row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1
+        if rows > MAX_CHECKPOINT_ROWS or per_row > MAX_ROW_VALUES:
+            self.close()
+            raise SourceFormatError(
+                f"{where} declares an array of shape {tuple(shape)} and dtype {dtype}; a DQN "
+                f"Replay checkpoint file holds at most {MAX_CHECKPOINT_ROWS:,} rows of at most "
+                f"84x84 values. The file is damaged or not from DQN Replay; replace it with a "
+                f"good copy (nothing was allocated for it)."
             )
         self.shape: tuple[int, ...] = tuple(shape)
         self.fortran: bool = bool(fortran)

@@ -50,8 +50,16 @@ READ_BLOCK = 4 << 20
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
 _FOOTER = struct.Struct("<I")
+#: Steps of an RL Unplugged Atari episode at most: dopamine's 27,000-step limit, with slack.
+MAX_EPISODE_STEPS = 28_000
+#: Bytes of one step at most: an 84x84 frame as a PNG stored without compression, and the
+#: step's scalars.
+MAX_STEP_BYTES = 8 << 10
 #: Records longer than this are not episodes of 84x84 frames (the largest are a few MB).
-MAX_RECORD = 1 << 31
+MAX_RECORD = MAX_EPISODE_STEPS * MAX_STEP_BYTES
+# Bytes read at a time inside a record: memory grows with the data found, not the length
+# a header declares.
+_READ_CHUNK = 8 << 20
 
 
 def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
@@ -131,21 +139,18 @@ def _check_gzip_magic(raw: BinaryIO, where: str) -> None:
 
 
 def _read_exact(stream: BinaryIO, n: int) -> bytes:
-    data = stream.read(n)
-    if data is None:
-        data = b""
-    if len(data) == n:
-        return data
-    # a raw or non-blocking stream may return less than asked; only b"" means the end
-    parts = [data]
-    got = len(data)
+    """``n`` bytes, or fewer at the end of the stream; read in pieces, so that a length
+    a damaged header declares never becomes one allocation."""
+    parts: list[bytes] = []
+    got = 0
     while got < n:
-        more = stream.read(n - got)
+        # a raw or non-blocking stream may return less than asked; only b"" means the end
+        more = stream.read(min(n - got, _READ_CHUNK))
         if not more:
             break
         parts.append(more)
         got += len(more)
-    return b"".join(parts)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def iter_records(stream: BinaryIO, where: str) -> Iterator[tuple[int, bytes]]:
@@ -196,7 +201,12 @@ def iter_records(stream: BinaryIO, where: str) -> Iterator[tuple[int, bytes]]:
                     f"stored CRC {length_crc:#010x}, computed {masked_crc32c(header[:8]):#010x})",
                 )
             if length > MAX_RECORD:
-                raise _error(where, index, f"the record's length {length} is implausible")
+                raise _error(
+                    where,
+                    index,
+                    f"the record declares {length:,} bytes, more than an episode of at most "
+                    f"{MAX_EPISODE_STEPS:,} steps of 84x84 frames takes ({MAX_RECORD:,} bytes)",
+                )
             data = _read_exact(stream, length)
             if len(data) < length:
                 raise _error(
