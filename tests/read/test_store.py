@@ -11,7 +11,12 @@ import pytest
 import zarr
 
 from atari_zarr import AtariZarrDataset, convert
-from atari_zarr.errors import StoreChangedError, StoreCorruptError, StoreIncompleteError
+from atari_zarr.errors import (
+    StoreChangedError,
+    StoreCorruptError,
+    StoreFormatError,
+    StoreIncompleteError,
+)
 from atari_zarr.layout import ATTRS_KEY
 from atari_zarr.read.store import StoreReader
 from atari_zarr.testing import write_fixture_run
@@ -187,3 +192,29 @@ def test_declared_sizes_beyond_the_layout_are_refused(big, array, field, value, 
     assert lines[0].startswith("refused:") and f"declares {what}" in lines[0], lines
     assert array in lines[0] and "zarr.json" in lines[0], lines
     assert lines[1].startswith("verify: False"), lines
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["fifo", "symlink to /dev/zero", "symlink to a copy"])
+def test_links_and_special_files_in_a_local_store_are_refused(big, kind):
+    """Before: a FIFO in place of a shard hung every read, /dev/zero read without end."""
+    import os
+
+    url = big["store"].url
+    shard = _shard_objects(url, "observation")[1]
+    if kind == "fifo":
+        shard.unlink()
+        os.mkfifo(shard)
+    elif kind == "symlink to /dev/zero":
+        shard.unlink()
+        shard.symlink_to("/dev/zero")
+    else:  # even a link to the right bytes: the store is not what it says
+        copy = shard.with_name("elsewhere")
+        shard.rename(copy)
+        shard.symlink_to(copy)
+    ds = AtariZarrDataset(url)
+    with pytest.raises(StoreFormatError) as info:
+        ds[np.array([4096 + 10])]
+    text = str(info.value)
+    assert "\n" not in text and str(shard) in text and "regular file" in text
+    assert ("symbolic link" if "symlink" in kind else "special file") in text

@@ -15,14 +15,17 @@ the object does not exist.
 from __future__ import annotations
 
 import asyncio
+import errno
 import mmap
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from atari_zarr.errors import StoreFormatError
 from atari_zarr.read.ranges import ByteRange
 
 __all__ = ["ByteSource", "LocalBytes", "StoreBytes", "byte_source"]
@@ -36,6 +39,13 @@ class ByteSource(Protocol):
 
     def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
         """The bytes of each range (None where the object is absent), in order."""
+
+
+def _not_regular(path: Path, what: str) -> StoreFormatError:
+    return StoreFormatError(
+        f"{path} is {what}; expected a regular file, as every object of a store is. "
+        f"Replace it with the object itself (copy the store again without links)."
+    )
 
 
 class LocalBytes:
@@ -55,15 +65,29 @@ class LocalBytes:
                 self._maps.move_to_end(key)
                 return self._maps[key]
         mm: mmap.mmap | bytes | None
+        path = self.root / key
         try:
-            with open(self.root / key, "rb") as f:
-                mm = (
-                    mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                    if os.fstat(f.fileno()).st_size
-                    else b""  # empty file: reported as too short by the caller
-                )
+            # never a symlink, never blocking: a FIFO would hang the read for ever and
+            # a device (/dev/zero) would read without end
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
         except FileNotFoundError:
             mm = None
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise _not_regular(path, "a symbolic link") from None
+            raise
+        else:
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise _not_regular(path, "a special file (FIFO, device or socket)")
+                mm = (
+                    mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                    if st.st_size
+                    else b""  # empty file: reported as too short by the caller
+                )
+            finally:
+                os.close(fd)
         with self._lock:
             self._maps[key] = mm
             while len(self._maps) > self.max_maps:
