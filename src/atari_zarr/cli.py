@@ -6,7 +6,7 @@ are printed as one line on stderr with exit code 1; usage errors exit with 2
 keeps its traceback.
 
 Everything a verb writes (stdout, stderr, progress bars, log records at ``-v``,
-tracebacks) goes through one redaction (:func:`~atari_zarr.storage.paths.redact`,
+tracebacks) goes through one redaction (:func:`~atari_zarr.redaction.redact`,
 with the ``--storage-option`` values), so no credential of a URL or an option is
 ever printed.
 """
@@ -465,19 +465,16 @@ def _redacting(options: dict[str, Any]) -> Iterator[None]:
     """stdout, stderr and log records of this command, credentials removed."""
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Redacted(out, options), _Redacted(err, options)
+    # log records are redacted by a filter on every handler, whatever stream it writes to
     records = _RedactRecords(options)
     handlers = list(logging.getLogger().handlers)
     for handler in handlers:
         handler.addFilter(records)
-        if isinstance(handler, logging.StreamHandler) and handler.stream in (out, err):
-            handler.setStream(sys.stderr if handler.stream is err else sys.stdout)
     try:
         yield
     finally:
         for handler in handlers:
             handler.removeFilter(records)
-            if isinstance(handler, logging.StreamHandler) and isinstance(handler.stream, _Redacted):
-                handler.setStream(err if handler.stream is sys.stderr else out)
         sys.stdout, sys.stderr = out, err
 
 

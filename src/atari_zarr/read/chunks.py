@@ -25,7 +25,7 @@ import logging
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -248,9 +248,33 @@ class ChunkReader:
         if g is None:
             rows = int(self.array.chunks[0])
             return [np.asarray(self.array[int(c) * rows : (int(c) + 1) * rows]) for c in cids]
-        dests = [np.empty(g.chunk_shape, dtype=g.dtype) for _ in cids]
+        dests = self._empty_chunks(len(cids))
         self._decode_into([int(c) for c in cids], dests)
         return dests
+
+    def iter_chunks(self, cids: Sequence[int]) -> Iterator[np.ndarray]:
+        """Whole decoded chunks ``cids`` (not cached), one at a time.
+
+        Their bytes are fetched in one round (a remote store answers them
+        concurrently), but each is decoded only when its turn comes, so a caller
+        going through hundreds of chunks never holds hundreds of decoded ones.
+        """
+        if self.grid is None:
+            for c in cids:
+                yield from self.decode_chunks([c])
+            return
+        chunks: list[EncodedChunk | None] = list(self._sources([int(c) for c in cids]))
+        for i, chunk in enumerate(chunks):
+            assert chunk is not None
+            [dest] = self._empty_chunks(1)
+            chunks[i] = None  # its encoded bytes go once it is decoded
+            self._decode_some([chunk], [dest])
+            yield dest
+
+    def _empty_chunks(self, n: int) -> list[np.ndarray]:
+        g = self.grid
+        assert g is not None
+        return [np.empty(g.chunk_shape, dtype=g.dtype) for _ in range(n)]
 
     def fetch_ahead(self, rows: np.ndarray) -> Future | None:
         """Start fetching the encoded chunks of ``rows`` in the background.

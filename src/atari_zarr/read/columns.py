@@ -97,18 +97,9 @@ class StepColumn:
             cids = [c for c in cids if not self._loaded[c]]
             if not cids:
                 return
-            engine = self._reader.engine
-            # the encoded chunks in one round of requests (a remote store answers them
-            # concurrently); decoded one at a time, so a batch touching hundreds of chunks
-            # of a huge store never holds hundreds of decoded chunks at once
-            fetched = engine.fetch(cids) if engine.fast else None
-            for i, c in enumerate(cids):
-                if fetched is not None:
-                    block = np.empty(engine.grid.chunk_shape, dtype=engine.grid.dtype)  # type: ignore[union-attr]
-                    engine.count_decoded(1, engine.decode(fetched[i], block))
-                    fetched[i] = None  # type: ignore[call-overload]
-                else:
-                    [block] = self._reader.decode_chunks([c])
+            # fetched in one round, decoded one at a time: a batch touching hundreds of
+            # chunks of a huge store never holds hundreds of decoded chunks at once
+            for c, block in zip(cids, self._reader.iter_chunks(cids), strict=True):
                 lo = c * self._chunk_rows
                 hi = min(lo + self._chunk_rows, self._n)
                 data = np.ascontiguousarray(block[: hi - lo], dtype=self.dtype)
