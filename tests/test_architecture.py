@@ -34,8 +34,6 @@ PATHS = 3
 # what the floors' own lines allow (docs/architecture.md): derived arrays use ALE's action sets
 ALLOWED = {
     ("conversion.derived", "record.envs"),
-    # the RL Unplugged demo writes its shards with the fixture writer (to move)
-    ("demo", "testing.rl_unplugged"),
 }
 
 
@@ -112,3 +110,35 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [node])
     assert not cycles, cycles
+
+
+def test_outside_sources_a_kind_is_reached_through_the_registry():
+    """Only the registry (and the contract, and the writers the demo plays into) is
+    imported from ``sources/`` by the rest of the package: each kind owns its adapter.
+    The recorder of RL Unplugged shards writes that kind's format with its encoders."""
+    wrong = []
+    for name, deps in modules().items():
+        if name.startswith("sources"):
+            continue
+        for dep in deps:
+            if name == "record.rl_unplugged" and dep.startswith("sources.rl_unplugged."):
+                continue
+            if dep.startswith("sources.") and dep not in (
+                "sources.registry",
+                "sources.kind",
+                "sources.dqn_replay.emulator",
+                
+            ):
+                wrong.append(f"{name} imports {dep}")
+    assert not wrong, wrong
+
+
+def test_the_registry_is_a_list_of_kinds():
+    """``sources/registry`` imports each kind's ``kind`` module and nothing else of a kind."""
+    deps = modules()["sources.registry"]
+    kinds = {d for d in deps if d.startswith(("sources.dqn_replay", "sources.rl_unplugged"))}
+    assert kinds <= {
+        "sources.dqn_replay.kind",
+        "sources.rl_unplugged.kind",
+        "sources.dqn_replay.selection",  # Selection, which every kind takes
+    }, kinds

@@ -17,7 +17,6 @@ import argparse
 import contextlib
 import io
 import logging
-import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -47,8 +46,16 @@ def _add_storage_option(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         default=None,
         help="time each request to a remote store may take, retries included "
-        "(default 60; 0 for no limit)",
+        "(default $ATARI_ZARR_TIMEOUT, else 60; 0 for no limit)",
     )
+
+
+def _timeout(args: argparse.Namespace) -> float | None:
+    """``--timeout``, else ``$ATARI_ZARR_TIMEOUT``, else 60 s; 0 for no limit."""
+    from atari_zarr.storage.deadline import resolve_timeout, timeout_from_environment
+
+    given = getattr(args, "timeout", None)
+    return timeout_from_environment() if given is None else resolve_timeout(given)
 
 
 def _cmd_convert(args: argparse.Namespace) -> int:
@@ -71,6 +78,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         return_to_go=args.return_to_go,
         source_kind=args.source_kind,
         subset=_subset(args),
+        timeout=_timeout(args),
     )
     if not args.quiet:
         for store in done:
@@ -111,6 +119,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         source=args.source,
         storage_options=parse_storage_options(args.storage_option),
         progress=not args.quiet and not args.no_progress,
+        timeout=_timeout(args),
     )
     if not report.ok or not args.quiet:
         print(report.format(), file=sys.stdout if report.ok else sys.stderr)
@@ -122,7 +131,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
     from atari_zarr.info import format_info, store_info
 
-    info = store_info(args.store, parse_storage_options(args.storage_option))
+    info = store_info(
+        args.store, parse_storage_options(args.storage_option), timeout=_timeout(args)
+    )
     print(json.dumps(info, indent=2) if args.json else format_info(info, episodes=args.episodes))
     return 0
 
@@ -144,6 +155,7 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         max_buffer_steps=args.buffer_steps,
         overwrite=args.overwrite,
         storage_options=parse_storage_options(args.storage_option),
+        timeout=_timeout(args),
         command=command_line(
             "collect",
             args.dest,
@@ -185,7 +197,10 @@ def _cmd_ls(args: argparse.Namespace) -> int:
     from atari_zarr.storage.catalog import list_stores
 
     rows = list_stores(
-        args.root, parse_storage_options(args.storage_option), sizes=not args.no_size
+        args.root,
+        parse_storage_options(args.storage_option),
+        sizes=not args.no_size,
+        timeout=_timeout(args),
     )
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -491,9 +506,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.ERROR if quiet else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    if getattr(args, "timeout", None) is not None:
-        # read by storage.deadline.default_timeout(), also in worker processes
-        os.environ["ATARI_ZARR_TIMEOUT"] = repr(args.timeout)
     secrets: dict[str, Any] = {}
     for name in ("storage_option", "source_storage_option"):
         with contextlib.suppress(AtariZarrError):  # a malformed pair is reported below

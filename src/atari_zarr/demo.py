@@ -37,8 +37,8 @@ from atari_zarr.layout import REWARD, TERMINATED, get_array
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.record.envs import quiet_ale
-from atari_zarr.sources.dqn_replay.emulator import DopamineLoggedBuffer
-from atari_zarr.sources.dqn_replay.files import LOGS_DIR
+from atari_zarr.record.rl_unplugged import write_rlu_run
+from atari_zarr.sources.dqn_replay.emulator import LOGS_DIR, DopamineLoggedBuffer
 from atari_zarr.sources.registry import DQN_REPLAY, RL_UNPLUGGED, get_kind
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -173,7 +173,7 @@ def record_rlu_run(
     """Play ``game`` with a seeded random policy into RL Unplugged shards.
 
     The files land in ``{root}/{game}/run_1-{i:05d}-of-{shards:05d}``, written by
-    :func:`atari_zarr.testing.rl_unplugged.write_fixture_rlu`: one GZIP TFRecord per
+    :func:`atari_zarr.record.rl_unplugged.write_rlu_run`: one GZIP TFRecord per
     present shard, one ``tf.train.Example`` per episode, one PNG per step. In each
     shard every episode but the last plays until the game ends (a terminal
     episode); the last is cut after about 30 steps. The shard in the middle is left
@@ -203,13 +203,11 @@ def record_rlu_run(
     >>> rec.shards, rec.num_shards, rec.episodes, rec.url.rsplit("/", 1)[-1]
     ([0, 2], 3, 2, 'Asterix')
     """
-    from atari_zarr.testing.rl_unplugged import write_fixture_rlu
-
     if shards < 2:
         raise ValueError(f"shards must be at least 2 (one is left out as a gap), not {shards}")
     names = _action_names(game)  # first: fails fast, before writing anything, without ale-py
     present = [i for i in range(shards) if i != shards // 2]
-    fixture = write_fixture_rlu(
+    fixture = write_rlu_run(
         root,
         game,
         num_shards=shards,

@@ -22,16 +22,18 @@ from atari_zarr.layout import (
     is_complete,
     read_metadata,
 )
-from atari_zarr.sources.registry import RL_UNPLUGGED
-from atari_zarr.sources.rl_unplugged.planner import return_disagreements
+from atari_zarr.sources.registry import DQN_REPLAY, KINDS
 from atari_zarr.storage.catalog import StoreRow
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = ["format_info", "format_store_list", "open_store_group", "store_info"]
 
 
-def open_store_group(url: str, storage_options: dict[str, Any] | None = None) -> zarr.Group:
+def open_store_group(
+    url: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> zarr.Group:
     """Open the root group of a store read-only, with clear errors when it is not one.
 
     Raises
@@ -51,7 +53,7 @@ def open_store_group(url: str, storage_options: dict[str, Any] | None = None) ->
         ...
     atari_zarr.errors.StoreNotFoundError: .../missing.zarr does not exist: expected a store ...
     """
-    fs, path = get_fs(url, storage_options)
+    fs, path = get_fs(url, storage_options, timeout=timeout)
     # over http(s) only objects exist (no directories): the store is its zarr.json
     there = fs.exists(f"{path.rstrip('/')}/zarr.json") or (not fs.read_only and fs.exists(path))
     if not there:
@@ -61,7 +63,9 @@ def open_store_group(url: str, storage_options: dict[str, Any] | None = None) ->
             f"directory with `atari-zarr ls DEST`."
         )
     try:
-        return zarr.open_group(open_zarr_store(url, storage_options, read_only=True), mode="r")
+        return zarr.open_group(
+            open_zarr_store(url, storage_options, read_only=True, timeout=timeout), mode="r"
+        )
     except FileNotFoundError as exc:  # zarr's GroupNotFoundError: no zarr.json
         raise StoreFormatError(
             f"{url} exists but is not a Zarr store: expected a zarr.json written by "
@@ -70,7 +74,9 @@ def open_store_group(url: str, storage_options: dict[str, Any] | None = None) ->
         ) from exc
 
 
-def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+def store_info(
+    url: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> dict[str, Any]:
     """Facts about one store: size, compression, counts, returns, source.
 
     ``checkpoints`` lists the parts converted: DQN Replay checkpoint suffixes, or
@@ -86,6 +92,8 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         Path or fsspec URL of a store.
     storage_options : dict, optional
         fsspec options.
+    timeout : float, None or "default"
+        Seconds each call to storage may take, retries included (default 60).
 
     Examples
     --------
@@ -94,9 +102,9 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
     >>> info["game"], info["transitions"], info["complete"], info["stored_bytes"] > 0
     ('Pong', 300, True, True)
     """
-    group = open_store_group(url, storage_options)
+    group = open_store_group(url, storage_options, timeout=timeout)
     meta = read_metadata(group, url, require_complete=False)
-    fs, path = get_fs(url, storage_options)
+    fs, path = get_fs(url, storage_options, timeout=timeout)
     stored = fs.du(path)
     n = int(get_array(group, next(iter(ARRAYS)), url).shape[0])
     present = [spec for spec in (*ARRAYS.values(), *OPTIONAL_ARRAYS.values()) if spec.name in group]
@@ -111,13 +119,8 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
     returns = np.zeros(0) if table is None or table.returns is None else table.returns
     conversion = meta.get("conversion", {})
     flushed = meta.get(FLUSHED_KEY) if not is_complete(meta) else None
-    rlu = meta.get("kind") == RL_UNPLUGGED
-    parts = (
-        [s["shard"] for s in conversion.get("shards", [])]
-        if rlu
-        else [c["suffix"] for c in conversion.get("checkpoints", [])]
-    )
-    source = meta.get("source") or {}
+    # stores written before kinds were recorded are DQN Replay stores; None for recordings
+    kind = KINDS.get(str(meta.get("kind", DQN_REPLAY)))
     return {
         "url": url,
         "game": meta.get("game"),
@@ -146,19 +149,10 @@ def store_info(url: str, storage_options: dict[str, Any] | None = None) -> dict[
         "optional_arrays": [name for name in OPTIONAL_ARRAYS if name in group],
         "flushed": flushed,
         "env_id": (meta.get("env") or {}).get("env_id"),
-        "checkpoints": parts,
-        "source_shards": (
-            {
-                "num_shards": source.get("num_shards"),
-                "present": source.get("shards_present"),
-                "missing": source.get("shards_missing"),
-                "selected": source.get("shards_selected"),
-            }
-            if rlu
-            else None
-        ),
+        "checkpoints": kind.parts_converted(meta) if kind else [],
+        "source_shards": kind.source_summary(meta) if kind else None,
         "gaps": conversion.get("gaps", []),
-        "return_disagreements": return_disagreements(meta),
+        "return_disagreements": kind.warnings(meta) if kind else [],
         "command": meta.get("command"),
     }
 

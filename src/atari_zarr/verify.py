@@ -18,8 +18,8 @@ finds instead of stopping at the first:
 * **consistency**: episode ids, ``terminated``/``truncated`` flags, increasing
   source rows, and the per-episode lengths, returns and counts in the attributes;
 * with ``source``: the run is found and planned again through the source registry
-  (:mod:`atari_zarr.sources.registry`: the kind's ``find_runs``, then ``scan`` and
-  ``scans_needed`` for kinds that scan, then ``plan``) with the selection the store
+  (:mod:`atari_zarr.sources.registry`: the kind's ``find_runs``, then ``plan_run``,
+  the converter's own planning, with the scans made here) with the selection the store
   records, and every row of every part is compared with the rows the kind's
   ``rows`` gives, as the converter's write tasks ask for them: frames, final
   frames, and every per-step array. Kinds that scan (RL Unplugged) have each
@@ -34,7 +34,6 @@ is reported as warnings: the store copies the source faithfully.
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -75,9 +74,11 @@ from atari_zarr.sources.registry import (
     Plan,
     Selection,
     SourceKind,
+    SourceRun,
     part_rows,
     plan_run,
 )
+from atari_zarr.storage.deadline import Timeout, resolve_timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -188,8 +189,9 @@ def _check_presence(
     options: dict[str, Any] | None,
     specs: dict[str, tuple[ArraySpec, int]],
     report: VerifyReport,
+    timeout: float | None,
 ) -> None:
-    fs, path = get_fs(url, options)
+    fs, path = get_fs(url, options, timeout=timeout)
     root = path.rstrip("/")
     for name, (spec, rows) in specs.items():
         prefix = f"{root}/{name}/c"
@@ -340,6 +342,7 @@ def verify_store(
     storage_options: dict[str, Any] | None = None,
     source_storage_options: dict[str, Any] | None = None,
     progress: bool = False,
+    timeout: Timeout = "default",
 ) -> VerifyReport:
     """Check the store at ``url``; see the module docstring for what is checked.
 
@@ -355,6 +358,9 @@ def verify_store(
         fsspec options for the store and the source (default: the store's).
     progress : bool
         Show a tqdm bar over rows.
+    timeout : float, None or "default"
+        Seconds each call to the store's or the source's storage may take, retries
+        included (default 60; None: no limit).
 
     Returns
     -------
@@ -369,9 +375,12 @@ def verify_store(
     (True, True)
     """
     url = str(url).rstrip("/")
+    seconds = resolve_timeout(timeout)
     report = VerifyReport(url)
     try:
-        group = zarr.open_group(open_zarr_store(url, storage_options, read_only=True), mode="r")
+        group = zarr.open_group(
+            open_zarr_store(url, storage_options, read_only=True, timeout=seconds), mode="r"
+        )
         meta = read_metadata(group, url, require_complete=False)
     except AtariZarrError as exc:
         report.add("format", str(exc))
@@ -400,7 +409,7 @@ def verify_store(
         specs.update(_kind_arrays(kind, group, url, meta, n_rows))
     if not _check_layout(group, url, specs, report):
         return report
-    _check_presence(url, storage_options, specs, report)
+    _check_presence(url, storage_options, specs, report, seconds)
     if kind is not None:  # properties of the source, which the store copies faithfully
         report.warnings.extend(kind.warnings(meta))
 
@@ -409,7 +418,7 @@ def verify_store(
         if source is not None:
             opts = storage_options if source_storage_options is None else source_storage_options
             spool = stack.enter_context(tempfile.TemporaryDirectory(prefix="atari-zarr-verify-"))
-            planned = _plan_source(kind, meta, source, opts, n_rows, report, Path(spool))
+            planned = _plan_source(kind, meta, source, opts, n_rows, report, Path(spool), seconds)
         report.rows_to_check = n_rows + (planned.plan.n_rows if planned else 0)
         name = "/".join(url.rsplit("/", 2)[-2:])
         bar = stack.enter_context(
@@ -489,9 +498,31 @@ def _check_units(
 
 
 # -- against the source, through the registry -----------------------------------------
-def _load_scan(spool: Path, unit: int) -> dict[str, np.ndarray]:
+def _load_scan(spool: Path, unit: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
     with np.load(spool / f"{unit}.npz") as arrays:  # allow_pickle stays False
-        return {name: arrays[name] for name in arrays.files}
+        return {name: arrays[name] for name in (names or arrays.files)}
+
+
+@dataclass
+class _SpooledScans:
+    """Scans made here, one part at a time, and kept in ``spool`` for the comparison."""
+
+    kind: SourceKind
+    source_run: SourceRun
+    spool: Path
+
+    def done(self) -> set[int]:
+        return {int(p.stem) for p in self.spool.glob("*.npz")}
+
+    def load(self, unit: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
+        return _load_scan(self.spool, unit, names)
+
+    def run(self, units: list[int]) -> None:
+        assert self.kind.scan is not None
+        for unit in units:
+            arrays = self.kind.scan(self.source_run, unit)
+            np.savez(self.spool / f"{unit}.npz", **cast("dict[str, Any]", arrays))
+            del arrays
 
 
 @dataclass
@@ -517,6 +548,7 @@ def _plan_source(
     n_rows: int,
     report: VerifyReport,
     spool: Path,
+    timeout: float | None,
 ) -> _Planned | None:
     """Find, scan and plan ``source`` as the converter did; None (reported) when that fails
     or gives other rows. Scans (no frame decoded) wait in ``spool`` for the comparison."""
@@ -539,7 +571,7 @@ def _plan_source(
     )
     try:
         game, run_name = str(meta.get("game", "")), str(meta.get("run", ""))
-        [run] = kind.find_runs(source, [game], [run_name], options)
+        [run] = kind.find_runs(source, [game], [run_name], options, timeout=timeout)
         absent = sorted(set(recorded) - set(run.suffixes))
         if absent:
             report.add(
@@ -548,15 +580,7 @@ def _plan_source(
                 f"(source.{noun}s_selected); pass the directory of the run it came from",
             )
             return None
-        records: dict[int, dict[str, np.ndarray]] = {}
-        scan, needed = kind.scan, kind.scans_needed  # None for kinds planned without scans
-        while scan and needed and (todo := needed(run, selection, records, 1)):
-            for unit in todo:
-                arrays = scan(run, unit)
-                np.savez(spool / f"{unit}.npz", **cast("dict[str, Any]", arrays))
-                records[unit] = {name: arrays[name] for name in kind.scan_fields}
-                del arrays
-        plan = plan_run(kind, run, selection, records, functools.partial(_load_scan, spool), None)
+        plan = plan_run(kind, run, selection, _SpooledScans(kind, run, spool))
     except AtariZarrError as exc:
         report.add("source", f"cannot plan {source}: {exc}")
         return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import selectors
@@ -373,3 +374,72 @@ def test_ctrl_c_is_one_line(run5, tmp_path):
     assert proc.returncode == 130, text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
     assert text.strip().splitlines()[-1] == "atari-zarr convert: interrupted", text
+
+
+# --------------------------------------------------------------------------- #
+# a task of a conversion started over writes nothing
+# --------------------------------------------------------------------------- #
+
+
+def _snapshot(root: str) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()
+    }
+
+
+def test_a_stale_task_of_another_conversion_writes_nothing(source_root, pong_run, dest_root):
+    """An orphaned write task of an earlier plan, run after `convert --overwrite` made
+    another store, finds the store owned by no conversion of its own: it writes nothing."""
+    from atari_zarr.conversion import converter, graph
+    from atari_zarr.sources.registry import Selection, get_kind, plan_run
+
+    [done] = convert(
+        str(source_root), str(dest_root), checkpoints="0", max_transitions=20, progress=False
+    )
+    before = _snapshot(done.url)
+    kind = get_kind("dqn-replay")
+    [run] = kind.find_runs(str(source_root), ["Pong"], ["1"])
+    # the plan of an earlier `convert` of another checkpoint, with as many rows
+    options = converter.ConvertOptions(Selection("1", max_transitions=20), progress=False)
+    plan = plan_run(kind, run, options.selection)
+    stale = converter._job(kind, run, done.url, options, plan)
+    part = plan.parts[0]
+    with pytest.raises(StoreLockedError, match="writes nothing"):
+        graph._part_task(dataclasses.replace(stale, conversion="c0ffee"), part)
+    assert _snapshot(done.url) == before
+    assert verify_store(done.url).ok
+    # what the check prevents: the same task unchecked writes its old plan's frames
+    # into the finished store
+    graph._part_task(stale, part)
+    after = _snapshot(done.url)
+    assert after != before and after["observation/c/0/0/0"] != before["observation/c/0/0/0"]
+
+
+def test_a_conversion_started_over_has_a_new_id(tmp_path):
+    work = WorkDir(str(tmp_path / "Pong" / "1.zarr"))
+    work.reset("plan-a")
+    first = work.conversion_id()
+    work.check_owner(first)
+    work.reset("plan-a")  # --overwrite: the same plan, another conversion
+    assert work.conversion_id() not in (None, first)
+    with pytest.raises(StoreLockedError, match=f"conversion {first} found the store owned by"):
+        work.check_owner(first)
+
+
+def test_plain_verify_notices_a_step_shard_of_another_conversion(source_root, pong_run, tmp_path):
+    """Where the store can tell: per-step data of another conversion disagrees with the
+    episode table the store's own conversion recorded (frames and actions need
+    ``verify --source``)."""
+    [mine] = convert(
+        str(source_root), str(tmp_path / "a"), checkpoints="0", max_transitions=40, progress=False
+    )
+    [other] = convert(
+        str(source_root), str(tmp_path / "b"), checkpoints="1", max_transitions=40, progress=False
+    )
+    assert verify_store(mine.url).ok
+    reward = Path(mine.url) / "next" / "reward" / "c" / "0"
+    theirs = (Path(other.url) / "next" / "reward" / "c" / "0").read_bytes()
+    assert theirs != reward.read_bytes()
+    reward.write_bytes(theirs)
+    report = verify_store(mine.url)
+    assert not report.ok and "return" in report.format()

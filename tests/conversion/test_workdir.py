@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from atari_zarr.conversion import workdir as workdir_module
 from atari_zarr.conversion.workdir import WorkDir, work_url
 from atari_zarr.errors import StoreLockedError
@@ -99,3 +101,30 @@ def test_many_takers_one_holder(tmp_path):
     assert len(holders) == 1 and len(refused) == 5
     assert os.path.exists(work_url(str(tmp_path / "Pong" / "1.zarr")) + "/lock.json")
     holders[0].release(remove_all=True)
+
+
+@pytest.mark.parametrize("backend", ["gs", "s3"])
+def test_a_bucket_lock_is_created_with_one_conditional_request(backend, monkeypatch):
+    """On a bucket the lock is created only if absent, by the server (GCS
+    ifGenerationMatch=0, S3 If-None-Match): a taker that saw no lock, because another
+    created it right after it looked, still cannot overwrite it."""
+    from atari_zarr.storage.filesystem import FileSystem
+    from atari_zarr.testing.gcs import FakeGCSServer
+    from atari_zarr.testing.s3 import MotoS3Server
+
+    server = FakeGCSServer() if backend == "gs" else MotoS3Server()
+    with server:
+        server.create_bucket("locks")
+        url = f"{backend}://locks/Pong/1.zarr"
+        first = WorkDir(url, server.storage_options())
+        first.acquire("first")
+        try:
+            # the second taker looks before the first lock exists, then writes after it
+            monkeypatch.setattr(FileSystem, "exists", lambda self, path: False)
+            second = WorkDir(url, server.storage_options())
+            with pytest.raises(StoreLockedError, match="being written by another conversion"):
+                second.acquire("second")
+            assert first._read_lock()["command"] == "first"
+        finally:
+            monkeypatch.undo()
+            first.release(remove_all=True)

@@ -121,3 +121,43 @@ def test_damage_is_named(tmp_path):
         engine.decode(chunk._replace(data=bytes(spoiled)), out)
     with pytest.raises(StoreCorruptError, match="is cut short"):
         engine.decode(chunk._replace(data=bytes(chunk.data)[:-3]), out)
+
+
+def _random_fetches(engine: ChunkEngine, data: np.ndarray, batches: int) -> list[ByteRange]:
+    """Fetch random chunks ``batches`` times; check the values; the chunk ranges requested."""
+    engine.bytes = counting = Counting(engine.bytes)
+    rng = np.random.default_rng(0)
+    out = np.empty((8, 6, 5), dtype=np.uint8)
+    for _ in range(batches):
+        for c in engine.fetch(sorted(set(rng.integers(0, len(data) // 8, 6).tolist()))):
+            engine.decode(c, out)
+            np.testing.assert_array_equal(out, data[c.cid * 8 : c.cid * 8 + 8])
+    return [r for rnd in counting.rounds for r in rnd if r.bounded]  # the indexes are suffixes
+
+
+def test_random_reads_fetch_each_byte_once(tmp_path):
+    """A merged request's bytes are kept: no byte is fetched twice, never more than the store."""
+    a, data = make(
+        RemoteStore(f"memory://once-{tmp_path.name}.zarr", read_only=False),
+        n=4096,
+        shard=512,
+        index_location="end",
+    )
+    import fsspec
+
+    mem = fsspec.filesystem("memory")
+    stored = sum(len(mem.cat(f"/once-{tmp_path.name}.zarr/c/{s}/0/0")) for s in range(8))
+    engine = ChunkEngine(a, where="w", coalesce_gap=4096)
+    fetched = _random_fetches(engine, data, 40)
+    covered = np.zeros((8, max(r.stop for r in fetched)), dtype=np.int64)
+    for r in fetched:
+        covered[int(r.key.split("/")[-3]), r.start : r.stop] += 1
+    assert covered.max() == 1, "a byte was fetched twice"
+    assert sum(r.stop - r.start for r in fetched) <= stored
+    assert engine.stats["kept_hits"] > 0
+    # what the bytes kept prevent: the same reads without them fetch bytes again
+    again = _random_fetches(ChunkEngine(a, where="w", coalesce_gap=4096, kept_bytes=0), data, 40)
+    covered[:] = 0
+    for r in again:
+        covered[int(r.key.split("/")[-3]), r.start : r.stop] += 1
+    assert covered.max() > 1

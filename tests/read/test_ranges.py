@@ -8,7 +8,13 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from atari_zarr.read.ranges import ByteRange, coalesce_ranges
+from atari_zarr.read.ranges import (
+    DEFAULT_COALESCE_GAP,
+    MAX_COALESCED,
+    ByteRange,
+    coalesce_ranges,
+    gap_for,
+)
 
 
 @given(
@@ -38,3 +44,10 @@ def test_ranges_are_plain_tuples_with_kinds():
     assert ByteRange("k", 2, 9) == ("k", 2, 9) and ByteRange("k", 2, 9).bounded
     assert not ByteRange.whole("k").bounded and not ByteRange.suffix("k", 10).bounded
     assert ByteRange.suffix("k", 10).start == -10
+
+
+def test_the_gap_is_the_bytes_a_connection_carries_in_a_requests_cost():
+    assert gap_for() == DEFAULT_COALESCE_GAP == int(0.02 / 64 * 50e6)
+    assert gap_for(latency=0.0) == int(0.0003 * 50e6)  # never below the overhead
+    assert gap_for(latency=0.1, concurrency=1, bandwidth=1e9) == MAX_COALESCED
+    assert gap_for(latency=0.0, overhead=0.0) == 0

@@ -218,3 +218,31 @@ def test_links_and_special_files_in_a_local_store_are_refused(big, kind):
     text = str(info.value)
     assert "\n" not in text and str(shard) in text and "regular file" in text
     assert ("symbolic link" if "symlink" in kind else "special file") in text
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("where", ["zarr.json", "observation/zarr.json", "next/reward/zarr.json"])
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_metadata_that_is_a_link_or_a_special_file_is_refused(pong_store_copy, where, kind):
+    """Before: a FIFO in place of a zarr.json hung the open for ever (zarr reads it whole)."""
+    import os
+
+    from atari_zarr.info import store_info
+
+    path = Path(pong_store_copy.url) / where
+    if kind == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    else:
+        copy = path.with_name("zarr.json.copy")
+        path.rename(copy)
+        path.symlink_to(copy)
+    from atari_zarr.verify import verify_store
+
+    expected = "symbolic link" if kind == "symlink" else "special file"
+    for call in (lambda: AtariZarrDataset(pong_store_copy.url), lambda: store_info(pong_store_copy.url)):
+        with pytest.raises(StoreFormatError, match=expected) as info:
+            call()
+        assert str(path) in str(info.value) and "\n" not in str(info.value)
+    report = verify_store(pong_store_copy.url)
+    assert not report.ok and expected in report.format()

@@ -54,3 +54,54 @@ def test_selection_of_shards_and_presets(rlu):
         kind.select(run, Selection("expert"))  # the last shard, 49, is missing here
     with pytest.raises(InvalidArgumentError, match="not a suffix or a range"):
         kind.select(run, Selection("x"))
+
+
+class _DictScans:
+    """A ScanStore in memory: what plan_run asks of where scans go."""
+
+    def __init__(self, kind, run):
+        self.kind, self.run_, self.kept, self.scanned = kind, run, {}, []
+
+    def done(self):
+        return set(self.kept)
+
+    def load(self, unit, names=None):
+        arrays = self.kept[unit]
+        return {n: arrays[n] for n in (names or arrays)}
+
+    def run(self, units):
+        self.scanned.append(list(units))
+        for unit in units:
+            self.kept[unit] = self.kind.scan(self.run_, unit)
+
+
+def test_plan_run_is_the_one_scan_then_plan_loop(rlu):
+    """The kind says what to scan; scans kept are used again; a kind that scans needs a
+    ScanStore; a kind that does not is planned without one."""
+    from atari_zarr.sources.registry import plan_run
+
+    kind = get_kind("rl-unplugged")
+    [run] = kind.find_runs(rlu.root)
+    scans = _DictScans(kind, run)
+    first = plan_run(kind, run, Selection(), scans, batch=1)
+    assert sorted(u for batch in scans.scanned for u in batch) == [0, 1]
+    assert first.n_rows == sum(e.real_steps for e in rlu.episodes)
+    rounds = len(scans.scanned)
+    again = plan_run(kind, run, Selection(), scans)
+    assert len(scans.scanned) == rounds and again.n_rows == first.n_rows  # none scanned again
+    limited = _DictScans(kind, run)
+    plan_run(kind, run, Selection(max_transitions=5), limited)
+    assert limited.scanned == [[0]]  # the limit is reached inside shard 0
+    with pytest.raises(ValueError, match="scans its parts"):
+        plan_run(kind, run, Selection())
+
+
+def test_a_kind_is_reached_through_its_adapter():
+    from atari_zarr.sources.dqn_replay.kind import KIND as DQN
+    from atari_zarr.sources.rl_unplugged.kind import KIND as RLU
+
+    assert KINDS == {"dqn-replay": DQN, "rl-unplugged": RLU}
+    meta = {"conversion": {"shards": [{"shard": 3}, {"shard": 7}]}, "source": {"num_shards": 9}}
+    assert RLU.parts_converted(meta) == [3, 7] and RLU.source_summary(meta)["num_shards"] == 9
+    assert DQN.parts_converted({"conversion": {"checkpoints": [{"suffix": 5}]}}) == [5]
+    assert DQN.source_summary(meta) is None and DQN.warnings(meta) == []

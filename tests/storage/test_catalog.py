@@ -6,6 +6,9 @@ Remote cases talk to fake-gcs-server on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import os
+import time
+
 import http.client
 import json
 import threading
@@ -269,8 +272,7 @@ def test_cli_convert_into_a_stalled_bucket_ends_at_the_deadline(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    # main() sets ATARI_ZARR_TIMEOUT from --timeout; monkeypatch restores it afterwards
-    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "60")
+    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "60")  # --timeout wins over the environment
     with FakeGCSServer() as private:
         private.create_bucket(BUCKET)
         flags = [f"-s{k}={v}" for k, v in private.storage_options().items()]
@@ -285,6 +287,36 @@ def test_cli_convert_into_a_stalled_bucket_ends_at_the_deadline(
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("atari-zarr convert: error: ")
     assert f"gs://{BUCKET}/x/Pong/1.zarr" in line and "within 3 s" in line
+    assert os.environ["ATARI_ZARR_TIMEOUT"] == "60"  # the CLI passes it down, writes nothing
+
+
+@pytest.mark.timeout(120)
+def test_convert_and_verify_take_their_deadline_as_an_argument(
+    source_root: Path, pong_run: FixtureRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from atari_zarr import convert, verify_store
+
+    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "600")  # the library does not read it
+    with FakeGCSServer() as private:
+        private.create_bucket(BUCKET)
+        opts = private.storage_options()
+        [done] = convert(
+            str(source_root), f"gs://{BUCKET}/t", storage_options=opts, progress=False,
+            max_episodes=1, timeout=30,
+        )
+        private.pause()
+        try:
+            t0 = time.monotonic()
+            with pytest.raises(RemoteTimeoutError, match="within 2 s"):
+                convert(
+                    str(source_root), f"gs://{BUCKET}/u", storage_options=opts,
+                    progress=False, timeout=2,
+                )
+            report = verify_store(done.url, storage_options=opts, timeout=2)
+            assert not report.ok and "within 2 s" in report.format()
+            assert time.monotonic() - t0 < 60
+        finally:
+            private.resume()
 
 
 @pytest.mark.timeout(120)
@@ -294,14 +326,11 @@ def test_a_stalled_server_has_no_state(monkeypatch: pytest.MonkeyPatch) -> None:
         opts = private.storage_options()
         _unfinished_store(f"gs://{BUCKET}/s/Pong/2.zarr", **opts)
         assert store_state(f"gs://{BUCKET}/s/Pong/2.zarr", opts) == "incomplete"
-        # the short deadline only once the server is stalled: a loaded machine must
-        # not make the calls above, to a healthy server, miss it
-        monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "2")
         private.pause()
         try:
             with pytest.raises(RemoteTimeoutError, match="within 2 s"):
-                store_state(f"gs://{BUCKET}/s/Pong/2.zarr", opts)
+                store_state(f"gs://{BUCKET}/s/Pong/2.zarr", opts, timeout=2)
             with pytest.raises(RemoteTimeoutError):
-                complete_stores(f"gs://{BUCKET}/s", opts)
+                complete_stores(f"gs://{BUCKET}/s", opts, timeout=2)
         finally:
             private.resume()

@@ -205,15 +205,14 @@ def test_every_call_honours_the_deadline_on_a_stalled_server(
         "open": lambda: fs.open(f"{path}/f.bin", "rb"),
         "pipe_file": lambda: fs.pipe_file(f"{path}/new.bin", b"x"),
         "rm": lambda: fs.rm(f"{path}/Pong", recursive=True),
-        "store_state": lambda: store_state(f"{root}/Pong/1.zarr", opts),
-        "list_stores": lambda: list_stores(root, opts),
+        "store_state": lambda: store_state(f"{root}/Pong/1.zarr", opts, timeout=1),
+        "list_stores": lambda: list_stores(root, opts, timeout=1),
         "store.list_dir": lambda: sync(keys(store.list_dir(""))),
         "store.list_prefix": lambda: sync(keys(store.list_prefix("a"))),
         "store.list": lambda: sync(keys(store.list())),
         "store.getsize": lambda: sync(store.getsize("zarr.json")),
         "store.exists": lambda: sync(store.exists("a/zarr.json")),
     }
-    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "1")  # for the catalog, which takes no timeout=
     fs.timeout = store.timeout = 1
     private_server.pause()
     try:
@@ -227,12 +226,17 @@ def test_every_call_honours_the_deadline_on_a_stalled_server(
 
 
 @pytest.mark.timeout(120)
-def test_the_deadline_comes_from_the_environment(
+def test_the_deadline_is_an_argument_and_the_environment_is_only_the_clis_default(
     private_server: FakeGCSServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, timeout_from_environment
+
     monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "2")
-    fs, path = get_fs(f"gs://{BUCKET}/env", private_server.storage_options())
-    assert fs.timeout == 2
+    assert timeout_from_environment() == 2  # what the CLI takes when --timeout is not given
+    assert get_fs(f"gs://{BUCKET}/env", private_server.storage_options())[0].timeout == (
+        DEFAULT_TIMEOUT
+    )
+    fs, path = get_fs(f"gs://{BUCKET}/env", private_server.storage_options(), timeout=2)
     private_server.pause()
     try:
         with pytest.raises(RemoteTimeoutError, match=rf"listing gs://{BUCKET}/env .*within 2 s"):

@@ -467,6 +467,32 @@ def test_random_batches_fetch_a_small_fraction(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- #
+# nothing printed at exit
+# --------------------------------------------------------------------------- #
+
+
+def test_gs_commands_print_nothing_at_exit(server: FakeGCSServer, tmp_path: Path) -> None:
+    """The HTTP sessions are closed on their own loop at exit: a gs:// convert (in worker
+    processes and in threads) and an info print no "Task pending" or traceback."""
+    write_fixture_run(str(tmp_path / "src"), "Pong", "1", capacity=200, steps=400, seed=0)
+    flags = [f"-s{k}={v}" for k, v in server.storage_options().items()]
+    env = {**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
+    runs = [
+        ["convert", str(tmp_path / "src"), f"gs://{BUCKET}/quiet", "-q", *flags],
+        ["convert", str(tmp_path / "src"), f"gs://{BUCKET}/quiet-t", "-q", "--scheduler",
+         "threads", *flags],
+        ["info", f"gs://{BUCKET}/quiet/Pong/1.zarr", *flags],
+        ["verify", f"gs://{BUCKET}/quiet/Pong/1.zarr", "-q", *flags],
+    ]
+    for args in runs:
+        done = subprocess.run(
+            [sys.executable, "-m", "atari_zarr", *args], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stderr == "", (args[0], done.stderr[-2000:])
+
+
+# --------------------------------------------------------------------------- #
 # importing changes nothing global
 # --------------------------------------------------------------------------- #
 

@@ -271,9 +271,10 @@ def test_many_small_reads_are_counted_one_by_one(server: FakeGCSServer) -> None:
 def test_proxy_counts_reads_and_resumable_uploads(server: FakeGCSServer) -> None:
     with CountingProxy(server.endpoint_url) as proxy:
         fs = fsspec.filesystem("gs", **server.storage_options(endpoint_url=proxy.endpoint_url))
-        data = os.urandom(6 * 2**20 + 123)
-        # > 5 MiB with 5 MiB blocks -> resumable upload with 2 chunks
-        with fs.open(f"{BUCKET}/proxy/big.bin", "wb", block_size=5 * 2**20) as f:
+        # more than one block -> a resumable upload of 2 chunks (blocks of 256 KiB, the
+        # smallest GCS takes: small enough that a loaded machine answers well in time)
+        data = os.urandom(2**18 + 123)
+        with fs.open(f"{BUCKET}/proxy/big.bin", "wb", block_size=2**18) as f:
             f.write(data)
         upload_calls = [entry for entry in proxy.log if "upload_id=" in entry[1]]
         assert len(upload_calls) == 2, proxy.log  # Location rewritten to proxy

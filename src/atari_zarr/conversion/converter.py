@@ -39,6 +39,7 @@ How to convert is one frozen :class:`ConvertOptions`, made once by :func:`conver
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -84,11 +85,13 @@ from atari_zarr.sources.registry import (
     ScanArrays,
     Selection,
     SourceKind,
+    SourceRun,
     detect_kind,
     get_kind,
     plan_run,
 )
 from atari_zarr.storage.catalog import store_state
+from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, Timeout, resolve_timeout
 from atari_zarr.storage.filesystem import disk_full_error
 from atari_zarr.storage.remote import open_zarr_store
 from atari_zarr.subsets import Subset
@@ -132,6 +135,8 @@ class ConvertOptions:
     workers: int | None = None
     full_action_space: bool = False
     return_to_go: bool = False
+    #: Seconds each call to the source's or the destination's storage may take.
+    timeout: float | None = DEFAULT_TIMEOUT
 
     def derived(self) -> dict[str, bool]:
         """The optional arrays asked for (part of the plan's digest)."""
@@ -185,7 +190,7 @@ def _subset_options(subset: Subset | None) -> dict[str, Any]:
 def _plan_digest(
     kind: SourceKind,
     source: Any,
-    selected: list[int] | None,
+    selected: list[int],
     plan: Plan,
     derived: dict[str, Any],
     scans: str | None,
@@ -201,8 +206,7 @@ def _plan_digest(
         "n_rows": plan.n_rows,
         "conversion": plan.conversion,
     }
-    if kind.scans:  # kinds planned without scans (DQN Replay) keep the digest they had
-        doc.update(kind=kind.name, n_final=plan.n_final, scans=scans)
+    doc.update(kind=kind.name, n_final=plan.n_final, scans=scans)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
@@ -257,7 +261,7 @@ def convert_run(
     url = store_path(dest, source.game, source.run)
     kind.select(source, options.selection)  # a bad selection fails before anything is locked
     command = _command(kind, source, str(dest), options)
-    work = WorkDir(url, dict(options.storage_options))
+    work = WorkDir(url, dict(options.storage_options), timeout=options.timeout)
     work.acquire(command)
     finished = False
     try:
@@ -279,7 +283,8 @@ def convert_run(
 
 
 def _check_state(source: Any, url: str, options: ConvertOptions) -> str:
-    state = store_state(url, dict(options.storage_options))  # remote errors propagate
+    # remote errors propagate
+    state = store_state(url, dict(options.storage_options), timeout=options.timeout)
     if state == "complete" and not options.overwrite:
         raise StoreExistsError(
             f"{url} already holds a complete store of {source.game}/{source.run}; expected an "
@@ -310,54 +315,86 @@ def _job(kind: SourceKind, source: Any, url: str, options: ConvertOptions, plan:
         url,
         dict(options.storage_options),
         tuple(sizes),
+        options.timeout,
     )
 
 
-def _scan_and_plan(
-    kind: SourceKind, source: Any, url: str, work: WorkDir, options: ConvertOptions
-) -> tuple[Plan, str]:
-    """Pass 1 (the shards not scanned yet, up to the limits), then the plan."""
-    label = f"{source.game}/{source.run}"
-    digest = _scan_digest(source)
-    if options.overwrite or work.scan_digest() != digest:
-        work.reset_scans(digest)
-    job = _job(kind, source, url, options, Plan([], 0, 0, None, [], {}, {}, None))
-    selection = options.selection
-    batch = options.workers or os.cpu_count() or 1
-    records: dict[int, ScanArrays] = {}
-    selected = kind.select(source, selection)
-    done = work.scans_done()
-    bar = progress_bar(
-        len(selected),
-        f"scan {label}",
-        unit="shard",
-        enabled=options.progress,
-        initial=len(done & set(selected)),
-    )
-    scans_needed = kind.scans_needed
-    if scans_needed is None:  # pragma: no cover - every kind that scans says what to scan
-        raise ValueError(f"source kind {kind.name} scans but has no scans_needed")
-    try:
-        while True:
-            for index in sorted(done - set(records)):
-                records[index] = work.load_scan(index, list(kind.scan_fields))
-            needed = scans_needed(source, selection, records, batch)
-            if not needed:
-                break
-            tag = f"atari-zarr-scan-{uuid.uuid4().hex[:8]}-"
-            graph = build_scan_graph(job, needed, tag)
-            log.info("scanning %d shards of %s", len(graph), label)
-            run_graph(
-                graph,
-                list(graph),
-                scheduler=options.scheduler,
-                workers=options.workers,
-                on_done=lambda key: bar.update(1),
+class _WorkScans:
+    """Scans of a run's parts (pass 1), made by the conversion's workers and kept in
+    the work area, so that an interrupted conversion scans only what is missing."""
+
+    def __init__(
+        self, kind: SourceKind, source: SourceRun, url: str, work: WorkDir, options: ConvertOptions
+    ) -> None:
+        self.kind, self.source, self.url, self.work, self.options = kind, source, url, work, options
+        #: Fingerprint of the files scanned (None: nothing was asked of the scans).
+        self.digest: str | None = None
+        self._bar: Any = None
+
+    def done(self) -> set[int]:
+        if self.digest is None:  # first use: scans of other files are not reused
+            self.digest = _scan_digest(self.source)
+            if self.options.overwrite or self.work.scan_digest() != self.digest:
+                self.work.reset_scans(self.digest)
+        return self.work.scans_done()
+
+    def load(self, unit: int, names: list[str] | None = None) -> ScanArrays:
+        return self.work.load_scan(unit, names)
+
+    def run(self, units: list[int]) -> None:
+        label = f"{self.source.game}/{self.source.run}"
+        if self._bar is None:
+            selected = self.kind.select(self.source, self.options.selection)
+            self._bar = progress_bar(
+                len(selected),
+                f"scan {label}",
+                unit=self.kind.part_name,
+                enabled=self.options.progress,
+                initial=len(self.work.scans_done() & set(selected)),
             )
-            done = work.scans_done()
+        job = _job(
+            self.kind, self.source, self.url, self.options, Plan([], 0, 0, None, [], {}, {}, None)
+        )
+        graph = build_scan_graph(job, units, f"atari-zarr-scan-{uuid.uuid4().hex[:8]}-")
+        log.info("scanning %d %ss of %s", len(graph), self.kind.part_name, label)
+        bar = self._bar
+        run_graph(
+            graph,
+            list(graph),
+            scheduler=self.options.scheduler,
+            workers=self.options.workers,
+            on_done=lambda key: bar.update(1),
+        )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def _plan(
+    kind: SourceKind, source: SourceRun, url: str, work: WorkDir, options: ConvertOptions
+) -> tuple[Plan, str | None]:
+    """Scan what the kind needs scanned, then plan: the plan and the scans' fingerprint."""
+    scans = _WorkScans(kind, source, url, work, options)
+    bar = progress_bar(
+        len(source.suffixes),
+        f"plan {source.game}/{source.run}",
+        unit=kind.part_name,
+        enabled=options.progress,
+    )
+    try:
+        plan = plan_run(
+            kind,
+            source,
+            options.selection,
+            scans,
+            batch=options.workers or os.cpu_count() or 1,
+            progress=bar.update,
+        )
     finally:
+        scans.close()
         bar.close()
-    return plan_run(kind, source, selection, records, work.load_scan, None), digest
+    return plan, scans.digest
 
 
 def _convert_locked(
@@ -371,21 +408,8 @@ def _convert_locked(
     storage_options = dict(options.storage_options)
     state = _check_state(source, url, options)
     label = f"{source.game}/{source.run}"
-    scans: str | None = None
-    if kind.scans:
-        plan, scans = _scan_and_plan(kind, source, url, work, options)
-        selected: list[int] | None = kind.select(source, options.selection)
-        unit = "shard"
-    else:
-        selected = options.selection.suffixes(source.suffixes)
-        bar = progress_bar(
-            len(source.suffixes), f"plan {label}", unit="ckpt", enabled=options.progress
-        )
-        try:
-            plan = plan_run(kind, source, options.selection, {}, None, bar.update)
-        finally:
-            bar.close()
-        unit = "ckpt"
+    plan, scans = _plan(kind, source, url, work, options)
+    selected = kind.select(source, options.selection)
     digest = _plan_digest(kind, source, selected, plan, options.derived(), scans)
     job = _job(kind, source, url, options, plan)
     sizes = dict(job.sizes)
@@ -393,7 +417,10 @@ def _convert_locked(
     done: set[str] = set()
     fresh = state != "incomplete" or options.overwrite
     if not fresh:
-        group = zarr.open_group(open_zarr_store(url, storage_options, read_only=False), mode="r+")
+        group = zarr.open_group(
+            open_zarr_store(url, storage_options, read_only=False, timeout=options.timeout),
+            mode="r+",
+        )
         found = group.attrs.get(ATTRS_KEY)
         meta = found if isinstance(found, dict) else {}
         if meta.get("plan_digest") != digest:
@@ -420,7 +447,7 @@ def _convert_locked(
                 url,
                 len([p for p in plan.parts if p.key in done]),
                 len(plan.parts),
-                "checkpoints" if unit == "ckpt" else "shards",
+                f"{kind.part_name}s",
             )
     if fresh:
         work.reset(digest)
@@ -428,18 +455,25 @@ def _convert_locked(
             "kind": kind.name,
             "game": source.game,
             "run": source.run,
-            "source": kind.source_attributes(source, selected or []),
+            "source": kind.source_attributes(source, selected),
             "command": command,
             "selection": options.selection.attributes(),
             "plan_digest": digest,
             "atari_zarr_version": __version__,
         }
         group = create_store(
-            open_zarr_store(url, storage_options, read_only=False), plan.n_rows, attrs
+            open_zarr_store(url, storage_options, read_only=False, timeout=options.timeout),
+            plan.n_rows,
+            attrs,
         )
         for name in kind.optional_arrays:
             create_array(group, name, sizes[name])
 
+    conversion = work.conversion_id()
+    if conversion is None:  # a work area of an earlier release: this conversion owns it now
+        work.reset(digest)
+        done, conversion = set(), work.conversion_id()
+    job = dataclasses.replace(job, conversion=conversion or "")
     tag = f"atari-zarr-{digest[:12]}-{uuid.uuid4().hex[:8]}-"
     graph = build_graph(job, plan.parts, work, done, tag)
     part_keys = {tag + p.key for p in plan.parts}
@@ -452,7 +486,7 @@ def _convert_locked(
         len(graph),
     )
     bar = progress_bar(
-        n_parts, f"write {label}", unit=unit, enabled=options.progress, initial=n_done
+        n_parts, f"write {label}", unit=kind.part_name, enabled=options.progress, initial=n_done
     )
 
     def on_done(key: Any) -> None:
@@ -475,7 +509,9 @@ def _convert_locked(
     if missing:  # pragma: no cover - a task returned without writing its marker
         raise RuntimeError(f"{url}: work never recorded as done: {sorted(missing)[:10]}")
 
-    group = zarr.open_group(open_zarr_store(url, storage_options, read_only=False), mode="r+")
+    group = zarr.open_group(
+        open_zarr_store(url, storage_options, read_only=False, timeout=options.timeout), mode="r+"
+    )
     # optional arrays derived from the finished per-step arrays, before the marker
     derived = write_derived(
         group,
@@ -518,6 +554,7 @@ def convert(
     source_kind: str | None = None,
     fraction: float | None = None,
     subset: Subset | None = None,
+    timeout: Timeout = "default",
 ) -> list[ConvertedStore]:
     """Convert the runs under ``source`` (DQN Replay or RL Unplugged) into stores under ``dest``.
 
@@ -574,6 +611,10 @@ def convert(
         The episodes to keep (:mod:`atari_zarr.subsets`: ``Subset.fraction_of``,
         ``Subset.decision_transformer``), after the checkpoints and limits. The
         store records it; ``verify --source`` checks it.
+    timeout : float, None or "default"
+        Seconds each call to the source's or the destination's storage may take,
+        retries included, in this process and in the workers (default 60; None: no
+        limit).
 
     Raises
     ------
@@ -618,12 +659,21 @@ def convert(
         workers=workers,
         full_action_space=full_action_space,
         return_to_go=return_to_go,
+        timeout=resolve_timeout(timeout),
     )
     src_options = storage_options if source_storage_options is None else source_storage_options
     names = list(games or []) or None
-    kind = get_kind(source_kind) if source_kind else detect_kind(source, src_options, names)
+    kind = (
+        get_kind(source_kind)
+        if source_kind
+        else detect_kind(source, src_options, names, timeout=options.timeout)
+    )
     sources = kind.find_runs(
-        source, list(games or []) or None, list(runs or []) or None, src_options
+        source,
+        list(games or []) or None,
+        list(runs or []) or None,
+        src_options,
+        timeout=options.timeout,
     )
     with process_pool(scheduler, workers):  # one pool of workers for every run and pass
         return [convert_run(src, dest, options, kind=kind) for src in sources]

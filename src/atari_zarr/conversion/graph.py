@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +47,7 @@ from atari_zarr.layout import (
     spec,
 )
 from atari_zarr.sources.registry import Part, get_kind, part_rows
+from atari_zarr.storage.deadline import DEFAULT_TIMEOUT
 from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = [
@@ -89,6 +90,7 @@ def write_part(
     part: Part,
     steps: Mapping[str, np.ndarray],
     stream: Iterable[tuple[str, np.ndarray, np.ndarray]],
+    before_write: Callable[[], None] | None = None,
 ) -> list[_Piece]:
     """Write one part's rows; return pieces of the units it shares with other parts.
 
@@ -105,6 +107,9 @@ def write_part(
     stream : iterable of (str, numpy.ndarray, numpy.ndarray)
         ``(array, rows, values)`` blocks of the streamed arrays (frames), rows in
         any order; every row of the part's span must come once.
+    before_write : callable, optional
+        Called before each unit is written; raises to write nothing more (the
+        conversion was started over).
     """
     pieces: list[_Piece] = []
     fast = shard_encoder(arrays[OBSERVATION])
@@ -113,6 +118,8 @@ def write_part(
         rows = spec(name).write_rows
         u_lo, u_hi = _unit_bounds(unit, rows, sizes[name])
         if start == u_lo and start + len(data) == u_hi:
+            if before_write is not None:
+                before_write()
             if name == OBSERVATION and fast is not None and len(data) == rows:
                 write_shard(arrays[name], unit, fast(data))  # same bytes, twice as fast
             else:
@@ -177,7 +184,7 @@ def write_part(
     return pieces
 
 
-_SOURCES: dict[tuple[str, ...], Any] = {}
+_SOURCES: dict[tuple[Any, ...], Any] = {}
 
 
 @dataclass(frozen=True)
@@ -193,23 +200,36 @@ class Job:
     store_options: dict[str, Any]
     #: Rows of every array written: ``(name, rows)``.
     sizes: tuple[tuple[str, int], ...]
+    #: Seconds each storage call of a task may take (the conversion's ``timeout``).
+    timeout: float | None = DEFAULT_TIMEOUT
+    #: The conversion the tasks belong to (the work area's id); a task finding another
+    #: one there writes nothing. Empty: not checked.
+    conversion: str = ""
 
     def source(self) -> Any:
         options = json.dumps(self.source_options, sort_keys=True, default=str)
-        key = (self.kind, self.source_url, self.game, self.run, options)
+        key = (self.kind, self.source_url, self.game, self.run, options, self.timeout)
         if key not in _SOURCES:  # one directory listing per worker process, not per task
             _SOURCES[key] = get_kind(self.kind).open_run(
-                self.source_url, self.game, self.run, self.source_options
+                self.source_url, self.game, self.run, self.source_options, self.timeout
             )
         return _SOURCES[key]
 
     def arrays(self) -> dict[str, zarr.Array]:
-        store = open_zarr_store(self.store_url, self.store_options, read_only=False)
+        store = open_zarr_store(
+            self.store_url, self.store_options, read_only=False, timeout=self.timeout
+        )
         group = zarr.open_group(store, mode="r+")
         return {name: for_writing(get_array(group, name, self.store_url)) for name, _ in self.sizes}
 
     def work(self) -> WorkDir:
-        return WorkDir(self.store_url, self.store_options)
+        return WorkDir(self.store_url, self.store_options, timeout=self.timeout)
+
+    def check_owner(self, work: WorkDir) -> None:
+        """Raise :class:`~atari_zarr.errors.StoreLockedError` unless the tasks' conversion
+        still owns the store (see :meth:`WorkDir.check_owner`)."""
+        if self.conversion:
+            work.check_owner(self.conversion)
 
 
 def _scan_task(job: Job, unit: int) -> None:
@@ -229,7 +249,10 @@ def _part_task(job: Job, part: Part) -> None:
     work = job.work()
     scan = work.load_scan(part.unit) if kind.scans else None
     steps, stream = part_rows(kind, job.source(), part, scan)
-    pieces = write_part(job.arrays(), dict(job.sizes), part, steps, stream)
+    pieces = write_part(
+        job.arrays(), dict(job.sizes), part, steps, stream, lambda: job.check_owner(work)
+    )
+    job.check_owner(work)
     for piece in pieces:
         work.save_piece(piece.array, piece.unit, piece.start, piece.data)
     work.mark(part.key)
@@ -250,6 +273,7 @@ def _unit_task(job: Job, name: str, unit: int, parts: list[tuple[int, int]], *_d
                 f"{array_spec.dtype}. Start over with --overwrite."
             )
         data[start - u_lo : start - u_lo + length] = piece
+    job.check_owner(work)
     job.arrays()[name][u_lo:u_hi] = data
     work.mark(work.unit_key(name, unit))
     work.drop_pieces(name, unit)

@@ -57,6 +57,7 @@ try:  # POSIX: the guard of stale-lock takeovers
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs, local_write_error
 from atari_zarr.storage.paths import is_url, join
 
@@ -110,6 +111,8 @@ class WorkDir:
         The store being written (local path or fsspec URL).
     storage_options : dict, optional
         fsspec options for the destination.
+    timeout : float, None or "default"
+        Seconds each call to the destination may take (default 60).
 
     Examples
     --------
@@ -119,11 +122,17 @@ class WorkDir:
     ['lap-0']
     """
 
-    def __init__(self, store_url: str, storage_options: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        store_url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        timeout: Timeout = "default",
+    ) -> None:
         self.url = work_url(store_url)
         self.store_url = str(store_url).rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.fs, self.path = get_fs(self.url, self.storage_options)
+        self.fs, self.path = get_fs(self.url, self.storage_options, timeout=timeout)
         self._token: str | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -253,12 +262,35 @@ class WorkDir:
         except (FileNotFoundError, ValueError):
             return None
 
+    def conversion_id(self) -> str | None:
+        """The conversion that owns the store now (a new one at every :meth:`reset`)."""
+        try:
+            with self.fs.open(self._p("plan.json"), "rb") as f:
+                found = json.loads(f.read()).get("conversion")
+        except (FileNotFoundError, ValueError):
+            return None
+        return found if isinstance(found, str) else None
+
+    def check_owner(self, conversion: str) -> None:
+        """Raise unless ``conversion`` still owns the store: a task of a conversion
+        started over since (``--overwrite``) must write nothing."""
+        current = self.conversion_id()
+        if current != conversion:
+            raise StoreLockedError(
+                f"{self.store_url}: a write task of conversion {conversion} found the store "
+                f"owned by {'conversion ' + current if current else 'no conversion'}: it was "
+                f"started over (--overwrite) or finished since. The task writes nothing; run "
+                f"the conversion again if it was yours."
+            )
+
     def reset(self, digest: str) -> None:
-        """Forget all markers and pieces; record the plan they will belong to."""
+        """Forget all markers and pieces; record the plan they will belong to, under a
+        new conversion id (tasks of the conversion before it then write nothing)."""
         for sub in ("done", "pieces", "plan.json"):
             if self.fs.exists(self._p(sub)):
                 self.fs.rm(self._p(sub), recursive=True)
-        self._write(self._p("plan.json"), json.dumps({"digest": digest}).encode())
+        doc = {"digest": digest, "conversion": uuid.uuid4().hex}
+        self._write(self._p("plan.json"), json.dumps(doc).encode())
 
     # -- lock ---------------------------------------------------------------------------
     def _read_lock(self) -> dict[str, Any] | None:
@@ -298,7 +330,11 @@ class WorkDir:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
             return True
-        if self.fs.exists(path):
+        try:  # one conditional request: only one of two takers creates it
+            return self.fs.create_file(path, data)
+        except NotImplementedError:
+            pass
+        if self.fs.exists(path):  # no conditional writes here: write, then read back
             return False
         self.fs.pipe_file(path, data)
         owner = self._read_lock()

@@ -33,6 +33,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.read.engine import ChunkEngine, EncodedChunk, cpu_count
+from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
 from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
 
 __all__ = ["ChunkReader"]
@@ -72,6 +73,8 @@ class ChunkReader:
     coalesce_gap : int
         Byte ranges of one shard at most this many bytes apart are fetched with one
         request (remote stores only; negative: never merge).
+    kept_bytes : int
+        Bound on the bytes remote requests brought that are kept in memory.
     engine : ChunkEngine, optional
         The engine of ``array`` to share (its shard indexes and counters); default a
         new one.
@@ -108,11 +111,12 @@ class ChunkReader:
         decode_ahead: bool = True,
         remedy: str | None = None,
         coalesce_gap: int = DEFAULT_COALESCE_GAP,
+        kept_bytes: int = DEFAULT_KEPT_BYTES,
         engine: ChunkEngine | None = None,
     ) -> None:
         self.array = array
         self.engine = engine or ChunkEngine(
-            array, where=where, remedy=remedy, coalesce_gap=coalesce_gap
+            array, where=where, remedy=remedy, coalesce_gap=coalesce_gap, kept_bytes=kept_bytes
         )
         self.where = where
         self.name = self.engine.name

@@ -15,6 +15,8 @@ from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.draw import check_prefetch, draw_ahead
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
+from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
+from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
 from atari_zarr.read.store import StoreReader, check_frame_stack
 from atari_zarr.storage.paths import redact
 
@@ -71,7 +73,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         store, so the next epoch reads it locally. Shared safely by worker processes.
     timeout : float or None, optional
         Seconds each request to a remote store may take, retries included
-        (default 60, or ``$ATARI_ZARR_TIMEOUT``); ``None`` for no limit. A read
+        (default 60); ``None`` for no limit. A read
         that runs out raises :class:`~atari_zarr.errors.RemoteTimeoutError`.
     frame_stack : int
         Number of frames per observation (1: single ``[84, 84]`` frames).
@@ -112,6 +114,15 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     #: Bound on decoded frame chunks kept between batches, per dataset (and per worker).
     frame_cache_bytes: int = 128 << 20
+    #: Remote stores: frame chunks of one shard at most this many bytes apart are
+    #: fetched with one request. The default is the cost model
+    #: :func:`~atari_zarr.read.ranges.gap_for` for a bucket 20 ms away at 50 MB/s
+    #: (16 KB); set ``AtariZarrDataset.coalesce_gap = gap_for(latency, bandwidth)``
+    #: for another network, or -1 to fetch each chunk by itself.
+    coalesce_gap: int = DEFAULT_COALESCE_GAP
+    #: Remote stores: bound on the bytes requests brought that are kept in memory, per
+    #: dataset (and per worker), so that no byte is fetched twice while kept.
+    kept_bytes: int = DEFAULT_KEPT_BYTES
 
     def __init__(
         self,
@@ -138,7 +149,12 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
     # -- opening, and re-opening in worker processes ---------------------------------
     def _open(self, state: dict[str, Any]) -> None:
-        store = StoreReader(**state, frame_cache_bytes=self.frame_cache_bytes)
+        store = StoreReader(
+            **state,
+            frame_cache_bytes=self.frame_cache_bytes,
+            coalesce_gap=self.coalesce_gap,
+            kept_bytes=self.kept_bytes,
+        )
         self._store = store
         self.url = store.url
         self.storage_options = store.storage_options

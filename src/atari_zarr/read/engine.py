@@ -43,6 +43,7 @@ import zarr
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.read.fetch import byte_source
+from atari_zarr.read.kept import DEFAULT_KEPT_BYTES, KeptBytes
 from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
 
 __all__ = [
@@ -231,13 +232,19 @@ class ChunkEngine:
         What to do about a damaged chunk, ending the error message.
     coalesce_gap : int
         Byte ranges of one shard at most this many bytes apart are fetched with one
-        request (remote stores only; negative: never merge).
+        request (remote stores only; negative: never merge). Default
+        :func:`~atari_zarr.read.ranges.gap_for`'s cost model (16 KB).
+    kept_bytes : int
+        Bound on the bytes remote requests brought that are kept in memory
+        (:class:`~atari_zarr.read.kept.KeptBytes`), so that a chunk a merged request
+        brought is not fetched again; 0 keeps nothing.
 
     Attributes
     ----------
     stats : dict
         ``requests`` (asked of a remote store, after merging), ``fetched_bytes``
-        (encoded bytes of the chunks decoded), ``decoded`` (chunks).
+        (encoded bytes of the chunks decoded), ``decoded`` (chunks), ``kept_hits``
+        (ranges served from the bytes kept).
 
     Examples
     --------
@@ -262,13 +269,14 @@ class ChunkEngine:
         where: str,
         remedy: str | None = None,
         coalesce_gap: int = DEFAULT_COALESCE_GAP,
+        kept_bytes: int = DEFAULT_KEPT_BYTES,
     ) -> None:
         self.array = array
         self.where = where
         self.remedy = remedy or DEFAULT_REMEDY
         self.name = array.path or array.name
         self.coalesce_gap = int(coalesce_gap)
-        self.stats = {"requests": 0, "fetched_bytes": 0, "decoded": 0}
+        self.stats = {"requests": 0, "fetched_bytes": 0, "decoded": 0, "kept_hits": 0}
         try:
             self.grid: ChunkGrid | None = ChunkGrid(array)
         except UnsupportedChunks as exc:
@@ -282,6 +290,8 @@ class ChunkEngine:
         # from batch to batch, so the next epoch would find none of them. Per-chunk
         # ranges there, which it serves again whatever the rows.
         self.merge = self.bytes.remote and not isinstance(store, RangeCacheStore)
+        #: What merged requests brought (remote stores only).
+        self.kept = KeptBytes(kept_bytes if self.merge else 0)
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
         self._stats_lock = threading.Lock()
@@ -324,24 +334,42 @@ class ChunkEngine:
 
     # -- requests ---------------------------------------------------------------------
     def get(self, ranges: Sequence[ByteRange], *, merge: bool | None = None) -> list[Any]:
-        """Bytes of ``ranges`` in one round of requests; bounded ranges of one object
-        close together are fetched with one request when ``merge`` (default: remote)."""
+        """Bytes of ``ranges`` in one round of requests.
+
+        With ``merge`` (default: remote stores), bounded ranges already kept are taken
+        from memory, the others of one object lying close together are fetched with
+        one request (never bridging bytes kept), and what each request brought is kept.
+        """
         merge = self.merge if merge is None else merge
         remote = self.bytes.remote
-        if not merge or len(ranges) < 2 or self.coalesce_gap < 0:
+        if not merge or self.coalesce_gap < 0:
             if remote:
                 self._count("requests", len(ranges))
             return self.bytes.get(ranges)
-        bounded = [i for i, r in enumerate(ranges) if r.bounded]
-        if len(bounded) < 2:
-            self._count("requests", len(ranges))
-            return self.bytes.get(ranges)
-        others = [i for i, r in enumerate(ranges) if not r.bounded]
+        out: list[Any] = [None] * len(ranges)
+        bounded: list[int] = []
+        others: list[int] = []
+        for i, r in enumerate(ranges):
+            if not r.bounded:
+                others.append(i)
+                continue
+            at_hand = self.kept.get(r.key, int(r.start), int(r.stop))  # type: ignore[arg-type]
+            if at_hand is None:
+                bounded.append(i)
+            else:
+                out[i] = at_hand
+        if len(bounded) < len(ranges) - len(others):
+            self._count("kept_hits", len(ranges) - len(others) - len(bounded))
         spans = [(ranges[i].key, int(ranges[i].start), int(ranges[i].stop)) for i in bounded]  # type: ignore[arg-type]
-        merged, parts = coalesce_ranges(spans, self.coalesce_gap)
+        merged, parts = coalesce_ranges(spans, self.coalesce_gap, held=self.kept.holds)
+        if not merged and not others:
+            return out
         data = self.bytes.get([*merged, *(ranges[i] for i in others)])
         self._count("requests", len(merged) + len(others))
-        out: list[Any] = [None] * len(ranges)
+        for rng, got in zip(merged, data, strict=False):
+            start, stop = int(rng.start or 0), int(rng.stop or 0)
+            if got is not None and len(got) == stop - start:  # not cut short
+                self.kept.add(rng.key, start, got)
         for i, (m, off, length) in zip(bounded, parts, strict=True):
             d = data[m]
             out[i] = None if d is None else d[off : off + length]
@@ -627,6 +655,7 @@ class ChunkEngine:
 
     def _refetch(self, chunk: EncodedChunk) -> Any:
         """The bytes of ``chunk`` fetched again, alone (None: the object is gone)."""
+        self.kept.forget(chunk.key)
         if chunk.offset is not None and chunk.size is not None:
             rng = ByteRange(chunk.key, chunk.offset, chunk.offset + chunk.size)
         else:

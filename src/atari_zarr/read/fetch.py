@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from atari_zarr.errors import StoreFormatError
 from atari_zarr.read.ranges import ByteRange
+from atari_zarr.storage.filesystem import not_regular_error
 
 __all__ = ["ByteSource", "LocalBytes", "StoreBytes", "byte_source"]
 
@@ -39,13 +39,6 @@ class ByteSource(Protocol):
 
     def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
         """The bytes of each range (None where the object is absent), in order."""
-
-
-def _not_regular(path: Path, what: str) -> StoreFormatError:
-    return StoreFormatError(
-        f"{path} is {what}; expected a regular file, as every object of a store is. "
-        f"Replace it with the object itself (copy the store again without links)."
-    )
 
 
 class LocalBytes:
@@ -74,13 +67,13 @@ class LocalBytes:
             mm = None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise _not_regular(path, "a symbolic link") from None
+                raise not_regular_error(path, "a symbolic link") from None
             raise
         else:
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    raise _not_regular(path, "a special file (FIFO, device or socket)")
+                    raise not_regular_error(path, "a special file (FIFO, device or socket)")
                 mm = (
                     mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                     if st.st_size

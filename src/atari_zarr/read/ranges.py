@@ -5,7 +5,10 @@ values: a whole object, a ``[start, stop)`` range, or the last ``n`` bytes of an
 object (a shard index stored at its end). :func:`coalesce_ranges` merges ranges of
 one object that lie close together into one request, because over a network a
 request costs far more than the bytes between two chunks; the engine
-(:mod:`atari_zarr.read.engine`) fetches what it returns.
+(:mod:`atari_zarr.read.engine`) fetches what it returns and keeps what came
+(:mod:`atari_zarr.read.kept`). How far apart two ranges may lie is a cost model,
+:func:`gap_for`: a gap is worth bridging when its bytes take less time to transfer than
+a request costs.
 
 Examples
 --------
@@ -16,15 +19,77 @@ ByteRange(key='s/0', start=-20, stop=None))
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-__all__ = ["DEFAULT_COALESCE_GAP", "MAX_COALESCED", "ByteRange", "coalesce_ranges"]
+__all__ = [
+    "DEFAULT_BANDWIDTH",
+    "DEFAULT_COALESCE_GAP",
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_LATENCY",
+    "DEFAULT_OVERHEAD",
+    "MAX_COALESCED",
+    "ByteRange",
+    "coalesce_ranges",
+    "gap_for",
+]
 
-#: Ranges of one object at most this many bytes apart are fetched with one request.
-DEFAULT_COALESCE_GAP = 64 << 10
 #: A merged request never grows beyond this many bytes (unless one range is larger).
 MAX_COALESCED = 16 << 20
+#: Seconds a bucket takes to answer a request (its first byte), for :func:`gap_for`.
+DEFAULT_LATENCY = 0.02
+#: Bytes per second one connection carries, for :func:`gap_for`.
+DEFAULT_BANDWIDTH = 50e6
+#: Requests one round has in flight at once, for :func:`gap_for`.
+DEFAULT_CONCURRENCY = 64
+#: Seconds of client and server work per request, whatever the latency, for :func:`gap_for`.
+DEFAULT_OVERHEAD = 0.0003
+
+
+def gap_for(
+    latency: float = DEFAULT_LATENCY,
+    bandwidth: float = DEFAULT_BANDWIDTH,
+    concurrency: int = DEFAULT_CONCURRENCY,
+    overhead: float = DEFAULT_OVERHEAD,
+) -> int:
+    """The largest gap worth bridging: the bytes a connection carries in the time a request costs.
+
+    A batch's requests go out as one round, ``concurrency`` at a time, so a request
+    costs the round ``latency / concurrency`` seconds, and never less than its
+    ``overhead`` (the client's and the server's work). Fetching ``g`` unrequested
+    bytes instead costs ``g / bandwidth`` seconds; bridging pays while ``g`` is
+    smaller than the request's cost times ``bandwidth``. The bytes bridged are kept
+    (:mod:`atari_zarr.read.kept`), so a later read does not fetch them again.
+
+    Parameters
+    ----------
+    latency : float
+        Seconds to a request's first byte.
+    bandwidth : float
+        Bytes per second of one connection.
+    concurrency : int
+        Requests in flight at once.
+    overhead : float
+        Seconds of work per request on the client and the server.
+
+    Returns
+    -------
+    int
+        The gap in bytes, at most :data:`MAX_COALESCED`.
+
+    Examples
+    --------
+    >>> gap_for()  # a bucket 20 ms away, 50 MB/s, 64 requests at once: the default
+    15625
+    >>> gap_for(latency=0.1, concurrency=8)  # far away, few connections
+    625000
+    """
+    cost = max(float(latency) / max(int(concurrency), 1), float(overhead))
+    return int(min(max(cost * float(bandwidth), 0.0), MAX_COALESCED))
+
+
+#: Ranges of one object at most this many bytes apart are fetched with one request.
+DEFAULT_COALESCE_GAP = gap_for()
 
 
 class ByteRange(NamedTuple):
@@ -56,7 +121,10 @@ class ByteRange(NamedTuple):
 
 
 def coalesce_ranges(
-    requests: Sequence[tuple[str, int, int]], gap: int, max_bytes: int = MAX_COALESCED
+    requests: Sequence[tuple[str, int, int]],
+    gap: int,
+    max_bytes: int = MAX_COALESCED,
+    held: Callable[[str, int, int], bool] | None = None,
 ) -> tuple[list[ByteRange], list[tuple[int, int, int]]]:
     """Merge byte ranges of one object that are at most ``gap`` bytes apart.
 
@@ -70,6 +138,9 @@ def coalesce_ranges(
         merge nothing).
     max_bytes : int
         A merged range stops growing at this size (a single larger range is kept).
+    held : callable, optional
+        ``held(key, start, stop)`` is True when some of those bytes are already at
+        hand; a merged range never bridges them.
 
     Returns
     -------
@@ -86,6 +157,10 @@ def coalesce_ranges(
     [('s/0', 0, 200), ('s/0', 5000, 5100), ('s/1', 0, 10)]
     >>> parts
     [(0, 100, 100), (0, 0, 90), (2, 0, 10), (1, 0, 100)]
+    >>> merged, _ = coalesce_ranges([("s/0", 0, 90), ("s/0", 100, 200)], gap=64,
+    ...                             held=lambda key, a, b: a <= 95 < b)  # bytes 95.. at hand
+    >>> [tuple(m) for m in merged]
+    [('s/0', 0, 90), ('s/0', 100, 200)]
     """
     order = sorted(range(len(requests)), key=lambda i: (requests[i][0], requests[i][1]))
     merged: list[ByteRange] = []
@@ -100,6 +175,7 @@ def coalesce_ranges(
                 and mkey == key
                 and start - mstop <= gap
                 and max(stop, mstop) - mstart <= max_bytes
+                and (held is None or start <= mstop or not held(key, mstop, start))
             ):
                 merged[-1] = ByteRange(mkey, mstart, max(stop, mstop))
                 parts[i] = (len(merged) - 1, start - mstart, stop - start)

@@ -61,8 +61,10 @@ from atari_zarr.read.batch import (
 from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.read.columns import StepColumn, open_step_columns
 from atari_zarr.read.engine import DEFAULT_REMEDY
+from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
 from atari_zarr.read.pool import BufferPool
-from atari_zarr.storage.deadline import default_timeout
+from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
+from atari_zarr.storage.deadline import resolve_timeout
 from atari_zarr.storage.paths import is_url, redact
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -93,7 +95,7 @@ class StoreReader:
     cache : path, optional
         Local directory keeping every byte range fetched from a remote store.
     timeout : float or None, optional
-        Seconds per request to a remote store (default ``$ATARI_ZARR_TIMEOUT`` or 60).
+        Seconds per request to a remote store (default 60).
     partial : bool
         Open an unfinished recording: its flushed whole episodes only.
     full_action_space : bool
@@ -101,6 +103,10 @@ class StoreReader:
         the index into the game's minimal action set.
     frame_cache_bytes : int
         Bound on decoded frame chunks kept between batches.
+    coalesce_gap, kept_bytes : int
+        How far apart two frame chunks may lie to be fetched with one request, and
+        the bound on the bytes requests brought that are kept in memory (remote
+        stores; :class:`~atari_zarr.read.engine.ChunkEngine`).
 
     Raises
     ------
@@ -128,11 +134,13 @@ class StoreReader:
         partial: bool = False,
         full_action_space: bool = False,
         frame_cache_bytes: int = 128 << 20,
+        coalesce_gap: int = DEFAULT_COALESCE_GAP,
+        kept_bytes: int = DEFAULT_KEPT_BYTES,
     ) -> None:
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
         self.cache = None if cache is None else os.fspath(cache)
-        self.timeout = default_timeout() if timeout == "default" else timeout
+        self.timeout = resolve_timeout(timeout)
         self.partial = bool(partial)
         self.full_action_space = bool(full_action_space)
         #: The store's URL for messages, credentials removed.
@@ -191,6 +199,8 @@ class StoreReader:
             where=self.where,
             cache_bytes=frame_cache_bytes,
             remedy=self.remedy,
+            coalesce_gap=coalesce_gap,
+            kept_bytes=kept_bytes,
         )
         #: The frame array's engine, shared by every reader of this store.
         self.engine = self.frames.engine

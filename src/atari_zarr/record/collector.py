@@ -21,6 +21,7 @@ from atari_zarr.errors import InvalidArgumentError, import_optional
 from atari_zarr.progress import progress_bar
 from atari_zarr.record.envs import game_of_env_id, make_dqn_env
 from atari_zarr.record.writer import StoreWriter
+from atari_zarr.storage.deadline import Timeout
 
 if TYPE_CHECKING:
     import gymnasium
@@ -139,6 +140,8 @@ class ZarrCollector(gymnasium.Wrapper):
         How to make the store again, shown when it is found unfinished.
     storage_options : dict, optional
         fsspec options for ``path``.
+    timeout : float, None or "default"
+        Seconds each call to the store's storage may take (default 60).
 
     Attributes
     ----------
@@ -176,6 +179,7 @@ class ZarrCollector(gymnasium.Wrapper):
         run: str | None = None,
         command: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        timeout: Timeout = "default",
     ) -> None:
         super().__init__(env)
         if getattr(env.action_space, "n", None) is None:
@@ -194,6 +198,7 @@ class ZarrCollector(gymnasium.Wrapper):
             command=command,
             env=env_settings(env),
             storage_options=storage_options,
+            timeout=timeout,
         )
         self._obs: np.ndarray | None = None  # the frame the next action acts on
 

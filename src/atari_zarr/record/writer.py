@@ -52,6 +52,7 @@ from atari_zarr.layout import (
     mark_complete,
     spec,
 )
+from atari_zarr.storage.deadline import Timeout, resolve_timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -90,6 +91,8 @@ class StoreWriter:
         JSON description of how the frames were made (``env_settings``).
     storage_options : dict, optional
         fsspec options for ``path``.
+    timeout : float, None or "default"
+        Seconds each call to the store's storage may take (default 60).
 
     Raises
     ------
@@ -134,6 +137,7 @@ class StoreWriter:
         command: str | None = None,
         env: Mapping[str, Any] | None = None,
         storage_options: dict[str, Any] | None = None,
+        timeout: Timeout = "default",
     ) -> None:
         if int(max_buffer_steps) < 1:
             raise InvalidArgumentError(
@@ -147,7 +151,8 @@ class StoreWriter:
         self.max_buffer_steps = int(max_buffer_steps)
         self.max_buffer_episodes = None if max_buffer_episodes is None else int(max_buffer_episodes)
         self.storage_options = dict(storage_options or {})
-        fs, fs_path = get_fs(self.path, self.storage_options)
+        self.timeout = resolve_timeout(timeout)
+        fs, fs_path = get_fs(self.path, self.storage_options, timeout=self.timeout)
         if fs.exists(fs_path) and (not fs.isdir(fs_path) or fs.ls(fs_path)) and not overwrite:
             raise StoreExistsError(
                 f"{self.path} already exists; expected a new location for the recording. "
@@ -165,7 +170,9 @@ class StoreWriter:
         }
         # a destination that cannot be written fails here, with a one-line error
         fs.makedirs(fs_path, exist_ok=True)
-        store = open_zarr_store(self.path, self.storage_options, read_only=False)
+        store = open_zarr_store(
+            self.path, self.storage_options, read_only=False, timeout=self.timeout
+        )
         self._group = create_store(store, 0, attrs)
         create_array(self._group, FINAL_OBSERVATION, 0)
         # The attributes as created (with the layout's own keys), updated at each flush.

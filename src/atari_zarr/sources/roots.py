@@ -11,9 +11,21 @@ from typing import Any
 
 from atari_zarr.errors import SourceNotFoundError
 from atari_zarr.layout import validate_name
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import FileSystem, get_fs
 
-__all__ = ["list_dirs", "open_root", "select_games"]
+__all__ = [
+    "DETECT_GAMES",
+    "entries",
+    "game_dirs_to_detect",
+    "list_dirs",
+    "open_root",
+    "select_games",
+]
+
+#: Game directories a detector looks into when no game is named: a dataset root holds
+#: one layout throughout, and a remote listing per game costs a request.
+DETECT_GAMES = 3
 
 
 def open_root(
@@ -22,6 +34,7 @@ def open_root(
     runs: list[str] | None,
     storage_options: dict[str, Any] | None,
     expected: str,
+    timeout: Timeout = "default",
 ) -> tuple[FileSystem, str, str]:
     """Check the names asked for and that ``source`` exists: ``(fs, root path, source)``.
 
@@ -38,7 +51,7 @@ def open_root(
         validate_name(name, "game")
     for name in runs or []:
         validate_name(name, "run")
-    fs, root = get_fs(source, storage_options)
+    fs, root = get_fs(source, storage_options, timeout=timeout)
     root = root.rstrip("/")
     source = str(source).rstrip("/")
     if not fs.exists(root):
@@ -75,3 +88,23 @@ def select_games(fs: Any, root: str, source: str, games: list[str] | None) -> li
             f"Check the names (they are case-sensitive, e.g. 'Pong')."
         )
     return selected
+
+
+def entries(fs: Any, path: str) -> list[tuple[str, bool]]:
+    """``(name, is a folder)`` of everything directly under ``path``, sorted (none if absent)."""
+    try:
+        listed = fs.ls(path, detail=True)
+    except FileNotFoundError:
+        return []
+    return sorted(
+        (str(e["name"]).rstrip("/").rsplit("/", 1)[-1], e.get("type") == "directory")
+        for e in listed
+    )
+
+
+def game_dirs_to_detect(names: list[tuple[str, bool]], games: list[str] | None) -> list[str]:
+    """The game folders a detector looks into: those named, else the first few."""
+    dirs = [n for n, is_dir in names if is_dir]
+    named = [g for g in dirs if g in (games or [])]
+    # games that are not there are find_runs' to report, with the games found
+    return named or dirs[:DETECT_GAMES]

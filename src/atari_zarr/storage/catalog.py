@@ -36,6 +36,7 @@ from typing import Any, Literal, TypedDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
 from atari_zarr.layout import ACTION, ATTRS_KEY, is_complete, store_path
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import FileSystem, get_fs
 from atari_zarr.storage.paths import redact
 
@@ -105,7 +106,9 @@ def _inspect(fs: FileSystem, path: str, *, look_inside: bool) -> tuple[StoreStat
     return ("complete" if is_complete(attrs) else "incomplete"), attrs
 
 
-def store_state(url: str, storage_options: dict[str, Any] | None = None) -> StoreState:
+def store_state(
+    url: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> StoreState:
     """The state of the location ``url``: absent, complete, incomplete or foreign.
 
     One read of the root ``zarr.json`` (plus one listing when there is none).
@@ -121,7 +124,7 @@ def store_state(url: str, storage_options: dict[str, Any] | None = None) -> Stor
     >>> store_state(store_url), store_state(tempfile.mkdtemp() + "/Pong/1.zarr")
     ('complete', 'absent')
     """
-    fs, path = get_fs(url, storage_options)
+    fs, path = get_fs(url, storage_options, timeout=timeout)
     state, _ = _inspect(fs, path.rstrip("/"), look_inside=True)
     return state
 
@@ -153,6 +156,7 @@ def list_stores(
     storage_options: dict[str, Any] | None = None,
     *,
     sizes: bool = True,
+    timeout: Timeout = "default",
 ) -> list[StoreRow]:
     """The stores under ``root`` (``{root}/{Game}/{run}.zarr``, at most 3 levels deep).
 
@@ -168,6 +172,8 @@ def list_stores(
         fsspec options.
     sizes : bool
         Add ``stored_bytes`` (one listing per store).
+    timeout : float, None or "default"
+        Seconds each call to storage may take, retries included (default 60).
 
     Returns
     -------
@@ -188,7 +194,7 @@ def list_stores(
     >>> [(s["game"], s["run"], s["status"]) for s in list_stores(dest_root)]
     [('Pong', '1', 'complete')]
     """
-    fs, path = get_fs(root, storage_options)
+    fs, path = get_fs(root, storage_options, timeout=timeout)
     path = path.rstrip("/")
     if fs.read_only:
         # plain http(s) has no listing; one store is still answered, from its zarr.json
@@ -250,7 +256,9 @@ def _natural(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def complete_stores(root: str, storage_options: dict[str, Any] | None = None) -> list[str]:
+def complete_stores(
+    root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> list[str]:
     """The ``"Game/run"`` names of the complete stores ``{root}/{Game}/{run}.zarr``.
 
     Unfinished stores and directories that are not stores are left out: every
@@ -262,6 +270,8 @@ def complete_stores(root: str, storage_options: dict[str, Any] | None = None) ->
         Local directory or fsspec URL that ``atari-zarr convert`` wrote to.
     storage_options : dict, optional
         fsspec options for URLs.
+    timeout : float, None or "default"
+        Seconds each call to storage may take, retries included (default 60).
 
     Returns
     -------
@@ -280,7 +290,7 @@ def complete_stores(root: str, storage_options: dict[str, Any] | None = None) ->
     """
     prefix = str(root).rstrip("/") + "/"
     names = []
-    for row in list_stores(root, storage_options, sizes=False):
+    for row in list_stores(root, storage_options, sizes=False, timeout=timeout):
         relative = row["url"][len(prefix) :] if row["url"].startswith(prefix) else ""
         parts = relative.split("/")
         if row["status"] == "complete" and len(parts) == 2 and parts[1].endswith(_SUFFIX):

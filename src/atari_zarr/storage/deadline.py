@@ -3,9 +3,10 @@
 Transient failures (``5xx``, ``429``, refused connections) are retried by the file
 system itself (gcsfs: 6 attempts with exponential back-off, about 31 s in all). A
 server that stops answering would otherwise hold a call for minutes, so every
-remote call, the file system's retries included, gets ``timeout`` seconds
-(:data:`DEFAULT_TIMEOUT`, or ``$ATARI_ZARR_TIMEOUT``, which the CLI's ``--timeout``
-sets) and then raises :class:`~atari_zarr.errors.RemoteTimeoutError`. Any other
+remote call, the file system's retries included, gets ``timeout`` seconds (an
+argument of every function that reaches storage, :data:`DEFAULT_TIMEOUT` when not
+given; the CLI passes its ``--timeout``, whose default is ``$ATARI_ZARR_TIMEOUT``) and
+then raises :class:`~atari_zarr.errors.RemoteTimeoutError`. Any other
 failure becomes a :class:`~atari_zarr.errors.RemoteAccessError` naming the URL and
 the object, with credentials redacted. A missing object stays a
 ``FileNotFoundError``: the caller decides what absence means.
@@ -34,10 +35,11 @@ from atari_zarr.storage.paths import redact
 __all__ = [
     "DEFAULT_TIMEOUT",
     "TIMEOUT_ENV",
+    "Timeout",
     "bounded",
-    "default_timeout",
     "remote_error",
     "resolve_timeout",
+    "timeout_from_environment",
 ]
 
 T = TypeVar("T")
@@ -45,8 +47,10 @@ T = TypeVar("T")
 #: Seconds one remote call may take, the file system's own retries included.
 #: Above gcsfs's full retry schedule (about 31 s), so transient errors are retried.
 DEFAULT_TIMEOUT = 60.0
-#: Environment variable holding the deadline (seconds, or ``none``); the CLI sets it.
+#: Environment variable holding the CLI's default deadline (seconds, or ``none``).
 TIMEOUT_ENV = "ATARI_ZARR_TIMEOUT"
+#: What a ``timeout=`` argument takes: seconds, None (no limit) or ``"default"``.
+Timeout = float | str | None
 
 # Errors that say something about the object, not about the connection: the caller
 # handles them (absent key, wrong kind of path, an error of ours, the end of a listing).
@@ -60,12 +64,14 @@ _PASS_THROUGH: tuple[type[BaseException], ...] = (
 )
 
 
-def default_timeout() -> float | None:
-    """The request deadline: ``$ATARI_ZARR_TIMEOUT`` if set (``none`` for no limit), else 60 s.
+def timeout_from_environment() -> float | None:
+    """The CLI's default deadline: ``$ATARI_ZARR_TIMEOUT`` if set (``none``: no limit), else 60 s.
+
+    Only the command line reads the environment; library functions take ``timeout=``.
 
     Examples
     --------
-    >>> default_timeout() > 0
+    >>> timeout_from_environment() > 0
     True
     """
     value = os.environ.get(TIMEOUT_ENV, "").strip()
@@ -83,8 +89,8 @@ def default_timeout() -> float | None:
     return seconds if seconds > 0 else None
 
 
-def resolve_timeout(timeout: float | str | None) -> float | None:
-    """``"default"`` becomes :func:`default_timeout`; ``0`` or ``None``, no limit.
+def resolve_timeout(timeout: Timeout) -> float | None:
+    """``"default"`` becomes :data:`DEFAULT_TIMEOUT`; ``0`` or ``None``, no limit.
 
     Examples
     --------
@@ -96,7 +102,7 @@ def resolve_timeout(timeout: float | str | None) -> float | None:
             raise InvalidArgumentError(
                 f"timeout={timeout!r}: expected a number of seconds, None or 'default'"
             )
-        return default_timeout()
+        return DEFAULT_TIMEOUT
     if timeout is None or timeout <= 0:
         return None
     return float(timeout)

@@ -44,7 +44,9 @@ import errno
 import io
 import os
 import shutil
+import stat
 from collections.abc import Awaitable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import fsspec
@@ -57,6 +59,7 @@ from atari_zarr.errors import (
     InvalidArgumentError,
     MissingDependencyError,
     RemoteAccessError,
+    StoreFormatError,
     StoreWriteError,
     install_hint,
 )
@@ -67,9 +70,11 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "FileSystem",
     "backend_errors",
+    "check_local_metadata",
     "disk_full_error",
     "get_fs",
     "local_write_error",
+    "not_regular_error",
 ]
 
 T = TypeVar("T")
@@ -179,7 +184,7 @@ class FileSystem:
         fsspec options for URLs.
     timeout : float, None or "default"
         Seconds each call may take, retries included; ``None`` for no limit;
-        ``"default"``: :func:`~atari_zarr.storage.deadline.default_timeout`.
+        ``"default"``: :data:`~atari_zarr.storage.deadline.DEFAULT_TIMEOUT` (60 s).
 
     Attributes
     ----------
@@ -387,6 +392,20 @@ class FileSystem:
         """Write ``data`` as the whole content of ``path``."""
         self._call("writing", "pipe_file", self.url(path), path, bytes(data))
 
+    def create_file(self, path: str, data: bytes) -> bool:
+        """Write ``data`` to ``path`` only if nothing is there, in one conditional request
+        (GCS ``ifGenerationMatch=0``, S3 ``If-None-Match: *``): False if something was.
+
+        Raises ``NotImplementedError`` for a file system without conditional writes.
+        """
+        try:
+            self._call("creating", "pipe_file", self.url(path), path, bytes(data), mode="create")
+        except FileExistsError:
+            return False
+        except TypeError as exc:  # this backend's pipe_file takes no mode
+            raise NotImplementedError(f"{self.location}: no conditional create") from exc
+        return True
+
     def makedirs(self, path: str, exist_ok: bool = False) -> None:
         """Create a directory and its parents (nothing to do on object stores)."""
         self._call("creating", "makedirs", self.url(path), path, exist_ok=exist_ok)
@@ -590,3 +609,43 @@ def get_fs(
     """
     fs = FileSystem(str(location), storage_options, timeout=timeout)
     return fs, fs.path
+
+
+def not_regular_error(path: str | os.PathLike[str], what: str) -> StoreFormatError:
+    """The error for an object of a local store that is ``what`` instead of a regular file."""
+    return StoreFormatError(
+        f"{path} is {what}; expected a regular file, as every object of a store is. "
+        f"Replace it with the object itself (copy the store again without links)."
+    )
+
+
+def check_local_metadata(root: str | os.PathLike[str]) -> None:
+    """Refuse a local store whose metadata (``zarr.json`` of the store, its groups and
+    arrays) is a symbolic link or a special file: a FIFO would hang the open for ever.
+
+    Raises
+    ------
+    StoreFormatError
+        Naming the first such file.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> root = tempfile.mkdtemp()
+    >>> os.mkfifo(f"{root}/zarr.json")
+    >>> check_local_metadata(root)
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.StoreFormatError: .../zarr.json is a special file (FIFO, ...
+    """
+    base = Path(root)
+    for depth in range(3):  # the store, its arrays and groups, and the arrays of next/
+        for path in base.glob("/".join(["*"] * depth + ["zarr.json"])):
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                continue
+            if stat.S_ISLNK(mode):
+                raise not_regular_error(path, "a symbolic link")
+            if not stat.S_ISREG(mode):
+                raise not_regular_error(path, "a special file (FIFO, device or socket)")

@@ -5,7 +5,7 @@ to zarr's ``FsspecStore``:
 
 * **a deadline per request.** Every request zarr makes (reads, writes, deletes,
   existence checks, listings, sizes), the file system's retries included, gets
-  ``timeout`` seconds (default 60, or ``ATARI_ZARR_TIMEOUT``), then raises
+  ``timeout`` seconds (default 60), then raises
   :class:`~atari_zarr.errors.RemoteTimeoutError`; see
   :mod:`atari_zarr.storage.deadline`, the mechanism shared with the package's own
   file system calls (:mod:`atari_zarr.storage.filesystem`).
@@ -29,8 +29,11 @@ emulator's public object URLs), see ``docs/remote.md``.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
+import threading
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -39,7 +42,7 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
-from atari_zarr.storage.filesystem import backend_errors
+from atari_zarr.storage.filesystem import backend_errors, check_local_metadata
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
 __all__ = ["RemoteStore", "open_zarr_store"]
@@ -106,8 +109,8 @@ def open_zarr_store(
         Open for reading only.
     timeout : float or None
         Seconds each request of a remote store may take (retries included);
-        ``None`` for no limit. Default:
-        :func:`~atari_zarr.storage.deadline.default_timeout`.
+        ``None`` for no limit. Default
+        :data:`~atari_zarr.storage.deadline.DEFAULT_TIMEOUT` (60 s).
     cache : path, optional
         Local directory that keeps every object and byte range read, for the
         next epoch (see :class:`atari_zarr.storage.cache.RangeCacheStore`). Only for
@@ -116,14 +119,15 @@ def open_zarr_store(
     Examples
     --------
     >>> store = open_zarr_store("memory://doc/x.zarr", read_only=False)
-    >>> from atari_zarr.storage.deadline import default_timeout
-    >>> type(store).__name__, store.timeout == default_timeout()
-    ('RemoteStore', True)
+    >>> type(store).__name__, store.timeout
+    ('RemoteStore', 60.0)
     """
     location = str(location)
     store: Store
     if not is_url(location):
-        store = LocalStore(os.path.abspath(local_path(location)), read_only=read_only)
+        root = os.path.abspath(local_path(location))
+        check_local_metadata(root)  # a FIFO in place of a zarr.json would hang zarr's open
+        store = LocalStore(root, read_only=read_only)
     else:
         store = RemoteStore(
             location, storage_options, read_only=read_only, timeout=resolve_timeout(timeout)
@@ -148,6 +152,55 @@ def _describe(key: str, byte_range: ByteRequest | None) -> str:
     if byte_range is not None:
         return f"{key} (last {byte_range.suffix} bytes)"  # type: ignore[union-attr]
     return key
+
+
+# -- HTTP sessions closed at exit, on the loop that made them -----------------------------
+# A file system made by zarr's FsspecStore opens its aiohttp session on zarr's event
+# loop; gcsfs's own finalizer closes it at exit from another loop, which prints
+# "Task pending ... attached to a different loop" after every gs:// command.
+# The file systems outlive the stores (fsspec caches them): they are what is watched.
+_LIVE: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_CLOSER = threading.Lock()
+_closer_registered = False
+
+
+def _watch(store: Store) -> None:
+    """Close the session of ``store``'s file system at exit (registered after zarr's own
+    exit hook, so it runs first, while zarr's loop still runs)."""
+    global _closer_registered
+    fs = getattr(store, "fs", None)
+    if fs is None:
+        return
+    with _CLOSER:
+        try:
+            _LIVE[fs] = os.getpid()
+        except TypeError:  # pragma: no cover - a file system that takes no weak reference
+            return
+        if not _closer_registered:
+            # weakref's own exit hook (which runs the file systems' finalizers) is set up
+            # by the first finalizer of the process; making one now puts it before ours,
+            # and exit hooks run last-in first-out: the sessions are closed before it
+            weakref.finalize(_watch, lambda: None)
+            atexit.register(close_sessions)
+            _closer_registered = True
+
+
+def close_sessions() -> None:
+    """Close the HTTP sessions of this process's remote stores, each on zarr's loop."""
+    from zarr.core.sync import sync
+
+    for fs, pid in list(_LIVE.items()):
+        if pid != os.getpid():
+            continue  # a parent's file system in a forked child: not ours to close
+        session = getattr(fs, "_session", None)
+        if session is None or getattr(session, "closed", True):
+            continue
+        try:
+            sync(session.close(), timeout=2)
+        except Exception:  # the loop is gone: drop the connections without it
+            connector = getattr(session, "_connector", None)
+            if connector is not None:
+                connector._close()
 
 
 class RemoteStore(WrapperStore[Store]):
@@ -197,9 +250,11 @@ class RemoteStore(WrapperStore[Store]):
 
     def _connect(self) -> Store:
         with backend_errors(self.url, self.storage_options):
-            return FsspecStore.from_url(
+            store = FsspecStore.from_url(
                 self.url, storage_options=dict(self.storage_options), read_only=self._read_only_flag
             )
+        _watch(store)
+        return store
 
     # The inner store is rebuilt in a forked child: its file system instance would
     # otherwise keep the parent's HTTP session, sockets and (dead) event loop.

@@ -199,7 +199,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 return resp
             except (http.client.HTTPException, OSError) as exc:
                 self._close_upstream()
-                if reused and attempt == 0 and not isinstance(exc, TimeoutError):
+                # only a kept-alive connection the target closed meanwhile is retried:
+                # the request never reached it
+                stale = isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError))
+                if reused and attempt == 0 and stale:
                     logger.debug("proxy: stale upstream connection (%r), retrying", exc)
                     continue
                 raise _UpstreamError(repr(exc)) from exc
@@ -342,6 +345,10 @@ class _ProxyHandler(BaseHTTPRequestHandler):
                 if last:
                     break
                 piece = following
+            # read1 leaves a response whose body was read to its length open; read()
+            # closes it, else the connection's next request fails with ResponseNotReady
+            # after it was sent (and a retry would send a POST twice)
+            resp.read()
             self.wfile.flush()
         except (http.client.HTTPException, OSError, _UpstreamError) as exc:
             # Upstream died mid-body (or the client went away): abort the client

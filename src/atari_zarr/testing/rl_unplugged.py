@@ -1,10 +1,9 @@
 """Fixture data: RL Unplugged Atari shards, written as TensorFlow writes them, without it.
 
-:func:`write_fixture_rlu` plays real ALE episodes with a seeded random policy and
-writes them as ``{root}/{game}/run_{run}-{i:05d}-of-{num_shards:05d}``: GZIP files
-of TFRecords (framing and masked CRC-32C written here, not by the reader), one
-``tf.train.Example`` per episode, one PNG per step. The returned
-:class:`RluFixture` keeps the played episodes in memory, and
+:func:`write_fixture_rlu` writes a run with the product's writer
+(:func:`atari_zarr.record.rl_unplugged.write_rlu_run`: real ALE play with a
+seeded random policy, GZIP TFRecords, one ``tf.train.Example`` per episode, one PNG
+per step). The returned :class:`RluFixture` keeps the played episodes in memory, and
 :meth:`RluFixture.truth` derives from them the transitions a perfect converter
 returns, without reading the files.
 
@@ -13,14 +12,8 @@ a truncated shard, an Example spoiled in one way (:data:`SPOILS`), a shard renam
 
 Examples
 --------
->>> import gzip, io, tempfile
->>> from atari_zarr.sources.rl_unplugged.tfrecord import iter_records
->>> fixture = write_fixture_rlu(tempfile.mkdtemp())
->>> sorted(p.rsplit("/", 1)[1] for p in fixture.paths.values())
-['run_1-00000-of-00003', 'run_1-00002-of-00003']
->>> with gzip.open(fixture.paths[0]) as stream:
-...     len(list(iter_records(stream, fixture.paths[0])))
-2
+>>> import tempfile
+>>> fixture = write_fixture_rlu(tempfile.mkdtemp(), present=(0, 2))
 >>> truth = fixture.truth()
 >>> len(truth) == sum(e.real_steps for e in fixture.episodes), truth.observation.shape[1:]
 (True, (84, 84))
@@ -28,26 +21,37 @@ Examples
 
 from __future__ import annotations
 
-import functools
 import gzip
 import os
 import re
 import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import google_crc32c
 import numpy as np
 
 from atari_zarr.layout import FRAME_SHAPE
-from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode, example_class
-from atari_zarr.sources.rl_unplugged.png import encode_frame
+from atari_zarr.record.rl_unplugged import (
+    TERMINAL_STEP_REWARD,
+    Played,
+    WrittenEpisode,
+    WrittenRun,
+    frame_records,
+    played_episodes,
+    write_rlu_run,
+    write_shard,
+)
+from atari_zarr.sources.rl_unplugged.example import example_class
+from atari_zarr.sources.rl_unplugged.files import shard_name
 
 __all__ = [
     "SPOILS",
+    "TERMINAL_STEP_REWARD",
     "FixtureEpisode",
+    "Played",
     "RluFixture",
     "RluTruth",
     "corrupt_record_byte",
@@ -65,39 +69,11 @@ __all__ = [
     "write_shard",
 ]
 
-#: The terminal step's action and reward are not real; these stand-ins are
-#: recognisable, so a converter that keeps them fails the comparison with the truth.
-TERMINAL_STEP_REWARD = -9.0
+#: An episode as written (the demo's name for it is WrittenEpisode).
+FixtureEpisode = WrittenEpisode
 
 
 # -- the files, written without the reader ---------------------------------------------
-def _masked(data: bytes) -> int:
-    crc = google_crc32c.value(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame_records(records: Sequence[bytes]) -> bytes:
-    """``records`` framed as an uncompressed TFRecord stream (length, CRCs, data).
-
-    Examples
-    --------
-    >>> frame_records([b"abc"]).hex()  # the bytes tf.io.TFRecordWriter writes
-    '0300000000000000b099490e6162636e57f121'
-    """
-    parts = []
-    for data in records:
-        length = struct.pack("<Q", len(data))
-        parts += [length, struct.pack("<I", _masked(length)), data]
-        parts.append(struct.pack("<I", _masked(bytes(data))))
-    return b"".join(parts)
-
-
-def write_shard(path: str | os.PathLike[str], records: Sequence[bytes]) -> None:
-    """Write ``records`` as one GZIP TFRecord file, as ``TFRecordWriter(options="GZIP")`` does."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_bytes(gzip.compress(frame_records(records), compresslevel=6, mtime=0))
-
-
 def read_shard_records(path: str | os.PathLike[str]) -> list[bytes]:
     """The records of a shard, unframed without checking CRCs (to rewrite a shard in tests)."""
     raw = gzip.decompress(Path(path).read_bytes())
@@ -107,17 +83,6 @@ def read_shard_records(path: str | os.PathLike[str]) -> list[bytes]:
         records.append(raw[pos + 12 : pos + 12 + length])
         pos += 12 + length + 4
     return records
-
-
-def shard_name(run: int | str, index: int, num_shards: int) -> str:
-    """``run_{run}-{index:05d}-of-{num_shards:05d}``, the name of a shard.
-
-    Examples
-    --------
-    >>> shard_name(1, 3, 50)
-    'run_1-00003-of-00050'
-    """
-    return f"run_{run}-{index:05d}-of-{num_shards:05d}"
 
 
 def make_png(pixels: np.ndarray, *, bit_depth: int = 8) -> bytes:
@@ -151,115 +116,7 @@ def make_png(pixels: np.ndarray, *, bit_depth: int = 8) -> bytes:
     )
 
 
-# -- playing -------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Played:
-    """One episode of ALE play: ``frames`` has one more frame than there are actions."""
-
-    frames: np.ndarray  # (n + 1, 84, 84): the observation before each action, then the last
-    actions: np.ndarray  # (n,) int64, index into the game's minimal action set
-    rewards: np.ndarray  # (n,) float32, ALE's reward over the 4 skipped frames
-    terminated: bool  # the game ended after the last action (not the cap, not a cut)
-
-
-@functools.lru_cache(maxsize=8)
-def played_episodes(
-    game: str, seed: int, lengths: tuple[int | None, ...], cap: int = 400
-) -> tuple[Played, ...]:
-    """Play one episode per entry of ``lengths`` with a seeded random policy (cached).
-
-    ``None`` plays until the game ends (or ``cap`` steps); a number plays that many
-    steps (fewer if the game ends first). DQN's preprocessing applies
-    (:func:`~atari_zarr.record.envs.make_dqn_env`).
-    """
-    from atari_zarr.record.envs import make_dqn_env, quiet_ale
-
-    quiet_ale()
-    env = make_dqn_env(game, max_episode_steps=None)
-    rng = np.random.default_rng(seed)
-    episodes = []
-    try:
-        obs, _ = env.reset(seed=seed)
-        for length in lengths:
-            frames: list[np.ndarray] = [obs]
-            actions: list[int] = []
-            rewards: list[float] = []
-            terminated = False
-            limit = cap if length is None else length
-            while len(actions) < limit and not terminated:
-                action = int(rng.integers(env.action_space.n))
-                obs, reward, terminated, _, _ = env.step(action)
-                frames.append(obs)
-                actions.append(action)
-                rewards.append(reward)
-            episodes.append(
-                Played(
-                    frames=np.stack(frames).astype(np.uint8),
-                    actions=np.array(actions, np.int64),
-                    rewards=np.array(rewards, np.float32),
-                    terminated=bool(terminated),
-                )
-            )
-            obs, _ = env.reset()
-    finally:
-        env.close()
-    return tuple(episodes)
-
-
 # -- the fixture -------------------------------------------------------------------------
-@dataclass
-class FixtureEpisode:
-    """One Example as written, and what it means.
-
-    ``observations``, ``actions``, ``unclipped_rewards``, ``clipped_rewards`` and
-    ``discounts`` are the Example's lists (terminal step included);
-    ``observations`` are frames, not PNGs.
-    """
-
-    shard: int
-    checkpoint_idx: int
-    episode_idx: int
-    observations: np.ndarray
-    actions: np.ndarray
-    unclipped_rewards: np.ndarray
-    clipped_rewards: np.ndarray
-    discounts: np.ndarray
-    terminal: bool
-    write_clipped: bool = True
-    write_returns: bool = True
-
-    @property
-    def real_steps(self) -> int:
-        """Steps with a real action and reward."""
-        return len(self.actions) - 1 if self.terminal else len(self.actions)
-
-    @property
-    def episode_return(self) -> float:
-        """Sum of the unclipped rewards of the real steps (float32)."""
-        return float(np.float32(self.unclipped_rewards[: self.real_steps].sum(dtype=np.float32)))
-
-    @property
-    def clipped_episode_return(self) -> float:
-        """Sum of the clipped rewards of the real steps (float32)."""
-        return float(np.float32(self.clipped_rewards[: self.real_steps].sum(dtype=np.float32)))
-
-    def example(self) -> Episode:
-        """The Example's contents, PNG-encoded."""
-        return Episode(
-            checkpoint_idx=self.checkpoint_idx,
-            episode_idx=self.episode_idx,
-            episode_return=self.episode_return if self.write_returns else None,
-            clipped_episode_return=(
-                self.clipped_episode_return if self.write_returns and self.write_clipped else None
-            ),
-            observations=[encode_frame(f) for f in self.observations],
-            actions=self.actions,
-            unclipped_rewards=self.unclipped_rewards,
-            clipped_rewards=self.clipped_rewards if self.write_clipped else None,
-            discounts=self.discounts,
-        )
-
-
 @dataclass
 class RluTruth:
     """The transitions a converter must produce, in row order, and the episodes' table.
@@ -293,25 +150,8 @@ class RluTruth:
 
 
 @dataclass
-class RluFixture:
-    """A written fixture run: where its shards are, and the episodes they hold."""
-
-    root: str
-    game: str
-    run: int
-    num_shards: int
-    present: tuple[int, ...]
-    paths: dict[int, str]
-    episodes: list[FixtureEpisode] = field(default_factory=list)
-
-    @property
-    def game_dir(self) -> str:
-        """``{root}/{game}``, the directory holding the shards."""
-        return f"{self.root}/{self.game}"
-
-    def episodes_of(self, shard: int) -> list[FixtureEpisode]:
-        """The episodes of shard ``shard``, in file order."""
-        return [e for e in self.episodes if e.shard == shard]
+class RluFixture(WrittenRun):
+    """A written fixture run, and the transitions a perfect converter returns for it."""
 
     def truth(self, shards: Sequence[int] | None = None) -> RluTruth:
         """Transitions a perfect converter returns for ``shards`` (default: all present).
@@ -376,103 +216,15 @@ def write_fixture_rlu(
     root: str | os.PathLike[str],
     game: str = "Asterix",
     run: int = 1,
-    *,
-    num_shards: int = 3,
-    present: Sequence[int] = (0, 2),
-    episodes_per_shard: int = 2,
-    seed: int = 0,
-    clipped: bool = True,
-    returns: bool = True,
-    reward_scale: float = 1.0,
-    cut_length: int = 30,
+    **options: Any,
 ) -> RluFixture:
-    """Write shards of real ALE play under ``{root}/{game}`` as RL Unplugged has them.
+    """:func:`~atari_zarr.record.rl_unplugged.write_rlu_run`, with the truth.
 
-    In each present shard, every episode but the last is played until the game
-    ends (a terminal episode: ``discounts[-1] == 0``, and the last step holds only
-    the terminal frame, with a stand-in action and reward of
-    :data:`TERMINAL_STEP_REWARD`); the last is cut after about ``cut_length``
-    steps (every step real). The played episodes are cached per process.
-
-    Parameters
-    ----------
-    root : str or path
-        Local directory; shards go to ``{root}/{game}/run_{run}-{i:05d}-of-{num_shards:05d}``.
-    game : str
-        ALE game. Asterix's random play ends in 200 to 320 steps and scores 50 a
-        time, outside the clipping range.
-    run : int
-        Run number in the file names.
-    num_shards : int
-        The ``-of-N`` of the names.
-    present : sequence of int
-        Shards written; the others are missing, as a gap in the source.
-    episodes_per_shard : int
-        Examples per shard (the last of each is cut).
-    seed : int
-        Seeds the policy and the environment.
-    clipped : bool
-        Write ``clipped_rewards`` and ``clipped_episode_return`` (older releases);
-        ``False`` leaves them out, as newer releases do.
-    returns : bool
-        Write ``episode_return`` (and the clipped return when ``clipped``).
-    reward_scale : float
-        ALE's rewards are multiplied by this in ``unclipped_rewards`` (for games
-        whose rewards are within [-1, 1], so that clipping matters).
-    cut_length : int
-        Steps of a cut episode (each shard's own length varies by a few steps).
-
-    Returns
-    -------
-    RluFixture
+    Takes the same options (``num_shards``, ``present``, ``episodes_per_shard``,
+    ``seed``, ``clipped``, ``returns``, ``reward_scale``, ``cut_length``); the
+    returned :class:`RluFixture` also derives the transitions a converter must give.
     """
-    root = str(root).rstrip("/") or "/"
-    present = tuple(sorted(set(int(i) for i in present)))
-    plan: list[int | None] = []
-    for k, _ in enumerate(present):
-        plan += [None] * (episodes_per_shard - 1) + [cut_length + 3 * k]
-    played = played_episodes(game, seed, tuple(plan))
-    rng = np.random.default_rng(seed)
-    fixture = RluFixture(
-        root=root, game=game, run=run, num_shards=num_shards, present=present, paths={}
-    )
-    episode_idx = 0
-    for k, shard in enumerate(present):
-        records = []
-        for p in played[k * episodes_per_shard : (k + 1) * episodes_per_shard]:
-            n = len(p.actions)
-            unclipped = p.rewards * np.float32(reward_scale)
-            if p.terminated:
-                # the file's last step is the terminal frame alone
-                observations = p.frames
-                actions = np.append(p.actions, rng.integers(0, 4)).astype(np.int64)
-                unclipped = np.append(unclipped, TERMINAL_STEP_REWARD)
-                discounts = np.append(np.ones(n, np.float32), 0.0)
-            else:
-                observations = p.frames[:n]
-                actions = p.actions
-                discounts = np.ones(n, np.float32)
-            unclipped = unclipped.astype(np.float32)
-            episode = FixtureEpisode(
-                shard=shard,
-                checkpoint_idx=shard,
-                episode_idx=episode_idx,
-                observations=observations,
-                actions=actions,
-                unclipped_rewards=unclipped,
-                clipped_rewards=np.clip(unclipped, -1, 1).astype(np.float32),
-                discounts=discounts.astype(np.float32),
-                terminal=p.terminated,
-                write_clipped=clipped,
-                write_returns=returns,
-            )
-            fixture.episodes.append(episode)
-            records.append(encode_episode(episode.example()))
-            episode_idx += 1
-        path = f"{root}/{game}/{shard_name(run, shard, num_shards)}"
-        write_shard(path, records)
-        fixture.paths[shard] = path
-    return fixture
+    return RluFixture(**vars(write_rlu_run(root, game, run, **options)))
 
 
 # -- bad input -------------------------------------------------------------------------
@@ -566,6 +318,7 @@ def spoil_example(
 
     Examples
     --------
+    >>> from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode
     >>> ep = Episode(0, 0, None, None, [make_png(np.zeros((84, 84), np.uint8))],
     ...              np.array([1]), np.array([0.0]), None, np.array([1.0]))
     >>> spoiled = spoil_example(encode_episode(ep), "missing_feature", feature="discounts")

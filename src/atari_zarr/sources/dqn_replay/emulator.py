@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.layout import FRAME_SHAPE
-from atari_zarr.sources.dqn_replay.files import filename
+from atari_zarr.sources.dqn_replay.files import LOGS_DIR, filename
 from atari_zarr.storage.filesystem import get_fs
 
-__all__ = ["STACK_SIZE", "DopamineLoggedBuffer"]
+__all__ = ["LOGS_DIR", "STACK_SIZE", "DopamineLoggedBuffer"]
 
 #: dopamine's frame stack: ``STACK_SIZE - 1`` zero rows pad the start of every episode.
 STACK_SIZE = 4

@@ -29,6 +29,7 @@ from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.layout import FRAME_SHAPE, validate_name
 from atari_zarr.sources.dqn_replay.npy import NpyStream
 from atari_zarr.sources.roots import list_dirs, open_root, select_games
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, join
 
@@ -91,6 +92,8 @@ class RunSource:
         Names used for the destination store.
     storage_options : dict, optional
         Passed to fsspec.
+    timeout : float, None or "default"
+        Seconds each file-system call may take, retries included (default 60).
 
     Examples
     --------
@@ -106,12 +109,16 @@ class RunSource:
         game: str,
         run: str,
         storage_options: dict[str, Any] | None = None,
+        *,
+        timeout: Timeout = "default",
     ) -> None:
         self.url = str(url).rstrip("/")
         self.game = validate_name(game, "game")
         self.run = validate_name(run, "run")
         self.storage_options = dict(storage_options or {})
-        self.fs, self._path = get_fs(self.url, self.storage_options)
+        self.fs, self._path = get_fs(self.url, self.storage_options, timeout=timeout)
+        #: The deadline of every call to the source's file system.
+        self.timeout = self.fs.timeout
         self.logs_path = f"{self._path.rstrip('/')}/{LOGS_DIR}"
         self.checkpoints = self._scan()
         self.suffixes = sorted(self.checkpoints)
@@ -270,6 +277,8 @@ def find_runs(
     games: list[str] | None = None,
     runs: list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: Timeout = "default",
 ) -> list[RunSource]:
     """Find the game/run directories under ``source``.
 
@@ -285,6 +294,8 @@ def find_runs(
         Restrict to these games and runs; every one named must exist.
     storage_options : dict, optional
         Passed to fsspec.
+    timeout : float, None or "default"
+        Seconds each file-system call may take, retries included (default 60).
 
     Raises
     ------
@@ -299,6 +310,7 @@ def find_runs(
         runs,
         storage_options,
         f"the DQN Replay root (holding {{Game}}/{{run}}/{LOGS_DIR}) or a run directory",
+        timeout,
     )
     if fs.exists(f"{root}/{LOGS_DIR}"):
         parts = source.split("://", 1)[-1].split("/")
@@ -313,7 +325,7 @@ def find_runs(
                 f"{source} is the run {game}/{run}, which --games {games} / --runs {runs} "
                 f"exclude. Drop the filters or point SOURCE at the dataset root."
             )
-        return [RunSource(source, game, run, storage_options)]
+        return [RunSource(source, game, run, storage_options, timeout=timeout)]
 
     out: list[RunSource] = []
     for game in select_games(fs, root, source, games):
@@ -331,7 +343,9 @@ def find_runs(
         else:
             chosen = found_runs
         for run in chosen:
-            out.append(RunSource(join(source, game, run), game, run, storage_options))
+            out.append(
+                RunSource(join(source, game, run), game, run, storage_options, timeout=timeout)
+            )
     if not out:
         raise SourceNotFoundError(
             f"no runs found in {source}: expected {{Game}}/{{run}}/{LOGS_DIR}/ directories. "

@@ -26,6 +26,7 @@ from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.layout import validate_name
 from atari_zarr.sources.rl_unplugged.tfrecord import open_shard
 from atari_zarr.sources.roots import open_root, select_games
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import join
 
@@ -107,6 +108,8 @@ class RluRun:
         Run number as a string (``"1"`` for ``run_1-*``).
     storage_options : dict, optional
         Passed to fsspec.
+    timeout : float, None or "default"
+        Seconds each file-system call may take, retries included (default 60).
     shards : list of Shard, optional
         The run's shards, when already listed (else the directory is listed).
 
@@ -136,12 +139,16 @@ class RluRun:
         run: str,
         storage_options: dict[str, Any] | None = None,
         shards: list[Shard] | None = None,
+        *,
+        timeout: Timeout = "default",
     ) -> None:
         self.url = str(url).rstrip("/")
         self.game = validate_name(game, "game")
         self.run = validate_name(run, "run")
         self.storage_options = dict(storage_options or {})
-        self.fs, self._path = get_fs(self.url, self.storage_options)
+        self.fs, self._path = get_fs(self.url, self.storage_options, timeout=timeout)
+        #: The deadline of every call to the source's file system.
+        self.timeout = self.fs.timeout
         if shards is None:
             shards = _list_shards(self.fs, self._path.rstrip("/"), self.url).get(self.run, [])
         if not shards:
@@ -243,6 +250,8 @@ def find_runs(
     games: list[str] | None = None,
     runs: list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: Timeout = "default",
 ) -> list[RluRun]:
     """Find the game/runs under ``source``.
 
@@ -259,6 +268,8 @@ def find_runs(
         must exist.
     storage_options : dict, optional
         Passed to fsspec.
+    timeout : float, None or "default"
+        Seconds each file-system call may take, retries included (default 60).
 
     Raises
     ------
@@ -282,6 +293,7 @@ def find_runs(
         runs,
         storage_options,
         "the RL Unplugged root (holding {Game}/run_{r}-xxxxx-of-yyyyy files) or a game directory",
+        timeout,
     )
     direct = _list_shards(fs, root, source)
     if direct:
@@ -291,14 +303,14 @@ def find_runs(
                 f"{source} is the game {game}, which --games {games} excludes. Drop the filter "
                 f"or point SOURCE at the dataset root."
             )
-        return _runs_of(source, game, direct, runs, storage_options)
+        return _runs_of(source, game, direct, runs, storage_options, timeout)
 
     out: list[RluRun] = []
     for game in select_games(fs, root, source, games):
         listed = _list_shards(fs, f"{root}/{game}", join(source, game))
         if not listed and not games:
             continue  # another folder beside the games
-        out.extend(_runs_of(join(source, game), game, listed, runs, storage_options))
+        out.extend(_runs_of(join(source, game), game, listed, runs, storage_options, timeout))
     if not out:
         raise SourceNotFoundError(
             f"no runs found in {source}: expected {{Game}}/run_{{r}}-xxxxx-of-yyyyy files. Point "
@@ -313,6 +325,7 @@ def _runs_of(
     listed: dict[str, list[Shard]],
     runs: list[str] | None,
     storage_options: dict[str, Any] | None,
+    timeout: Timeout,
 ) -> list[RluRun]:
     found = _sort_runs(list(listed))
     if runs:
@@ -325,4 +338,4 @@ def _runs_of(
         chosen = list(runs)
     else:
         chosen = found
-    return [RluRun(url, game, r, storage_options, listed[r]) for r in chosen]
+    return [RluRun(url, game, r, storage_options, listed[r], timeout=timeout) for r in chosen]

@@ -1,0 +1,128 @@
+"""Bytes that requests brought, kept in memory so that no byte is fetched twice.
+
+Over a network, the engine (:mod:`atari_zarr.read.engine`) merges the byte ranges of
+nearby chunks into one request (:func:`~atari_zarr.read.ranges.coalesce_ranges`); a
+merged request brings the chunks between the ones asked for too. :class:`KeptBytes`
+keeps what each request brought, up to a bound, so that a later batch needing those
+chunks takes them from memory instead of fetching them again, and so that a merged
+request never spans bytes already held (:meth:`KeptBytes.holds`).
+
+Examples
+--------
+>>> kept = KeptBytes(max_bytes=1000)
+>>> kept.add("s/0", 100, b"x" * 200)
+>>> bytes(kept.get("s/0", 150, 160)), kept.get("s/0", 250, 350)
+(b'xxxxxxxxxx', None)
+>>> kept.holds("s/0", 0, 101), kept.holds("s/0", 300, 400)
+(True, False)
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from typing import Any
+
+__all__ = ["DEFAULT_KEPT_BYTES", "KeptBytes"]
+
+#: Default bound on the bytes kept per array: a 1 M-transition Pong store's frames
+#: are 48 MB, so its random reads fetch each byte once.
+DEFAULT_KEPT_BYTES = 64 << 20
+
+
+class KeptBytes:
+    """Fetched byte ranges of objects, kept up to ``max_bytes`` (least recently used go first).
+
+    Parameters
+    ----------
+    max_bytes : int
+        Bound on the bytes held; 0 keeps nothing. A range larger than the bound is
+        not kept.
+
+    Notes
+    -----
+    Thread-safe: readers drawing batches ahead and fetching chunks ahead share one.
+    """
+
+    def __init__(self, max_bytes: int = DEFAULT_KEPT_BYTES) -> None:
+        self.max_bytes = max(0, int(max_bytes))
+        self.nbytes = 0
+        # per object: sorted starts, and (start, stop, buffer) in the same order
+        self._starts: dict[str, list[int]] = {}
+        self._spans: dict[str, list[tuple[int, int, Any]]] = {}
+        self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def get(self, key: str, start: int, stop: int) -> Any:
+        """Bytes ``[start, stop)`` of ``key`` if one kept range holds them all, else None."""
+        with self._lock:
+            starts = self._starts.get(key)
+            if not starts:
+                return None
+            i = bisect.bisect_right(starts, start) - 1
+            if i < 0:
+                return None
+            s, e, buf = self._spans[key][i]
+            if stop > e:
+                return None
+            self._lru.move_to_end((key, s))
+            return buf[start - s : stop - s]
+
+    def holds(self, key: str, start: int, stop: int) -> bool:
+        """True when any byte of ``[start, stop)`` of ``key`` is kept."""
+        with self._lock:
+            starts = self._starts.get(key)
+            if not starts or stop <= start:
+                return False
+            i = bisect.bisect_left(starts, stop) - 1  # last span starting before stop
+            return i >= 0 and self._spans[key][i][1] > start
+
+    def add(self, key: str, start: int, data: Any) -> None:
+        """Keep ``data``, the bytes of ``key`` from ``start``; kept ranges inside it are dropped."""
+        n = len(data)
+        if n == 0 or n > self.max_bytes:
+            return
+        stop = start + n
+        with self._lock:
+            starts = self._starts.setdefault(key, [])
+            spans = self._spans.setdefault(key, [])
+            i = bisect.bisect_right(starts, start) - 1
+            if i >= 0 and spans[i][1] >= stop:  # already held whole
+                return
+            lo = bisect.bisect_left(starts, start)
+            hi = lo
+            while hi < len(spans) and spans[hi][1] <= stop:
+                hi += 1
+            for s, e, _ in spans[lo:hi]:  # held inside the new range
+                self.nbytes -= e - s
+                del self._lru[(key, s)]
+            starts[lo:hi] = [start]
+            spans[lo:hi] = [(start, stop, data)]
+            self._lru[(key, start)] = n
+            self.nbytes += n
+            while self.nbytes > self.max_bytes:
+                (k, s), size = self._lru.popitem(last=False)
+                j = bisect.bisect_left(self._starts[k], s)
+                del self._starts[k][j]
+                del self._spans[k][j]
+                self.nbytes -= size
+
+    def forget(self, key: str) -> None:
+        """Drop every kept range of ``key`` (its bytes are to be fetched again)."""
+        with self._lock:
+            for s, e, _ in self._spans.pop(key, []):
+                self.nbytes -= e - s
+                del self._lru[(key, s)]
+            self._starts.pop(key, None)
+
+    def clear(self) -> None:
+        """Drop everything."""
+        with self._lock:
+            self._starts.clear()
+            self._spans.clear()
+            self._lru.clear()
+            self.nbytes = 0
