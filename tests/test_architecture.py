@@ -25,7 +25,7 @@ FLOORS = [
     {"storage"},
     {"sources"},
     {"conversion", "read", "record"},
-    {"compat"},
+    {"compat", "explore"},
     {"verify", "info", "demo", "torchrl"},
     {"cli", "__main__"},
 ]
@@ -34,6 +34,8 @@ PATHS = 3
 # what the floors' own lines allow (docs/architecture.md): derived arrays use ALE's action sets
 ALLOWED = {
     ("conversion.derived", "record.envs"),
+    # the dataset's convenience method for a video calls the explore floor, lazily
+    ("read.dataset", "explore.video"),
 }
 
 

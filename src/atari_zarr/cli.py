@@ -134,7 +134,30 @@ def _cmd_info(args: argparse.Namespace) -> int:
     info = store_info(
         args.store, parse_storage_options(args.storage_option), timeout=_timeout(args)
     )
-    print(json.dumps(info, indent=2) if args.json else format_info(info, episodes=args.episodes))
+    print(
+        json.dumps(info, indent=2)
+        if args.json
+        else format_info(info, episodes=args.episodes, checkpoints=args.checkpoints)
+    )
+    return 0
+
+
+def _cmd_video(args: argparse.Namespace) -> int:
+    from atari_zarr.read.dataset import AtariZarrDataset
+
+    ds = AtariZarrDataset(
+        args.store,
+        storage_options=parse_storage_options(args.storage_option),
+        timeout=_timeout(args),
+    )
+    try:
+        out = ds.episode_video(
+            args.episode, args.out, scale=args.scale, fps=args.fps, caption=not args.no_caption
+        )
+    except IndexError as exc:  # the episode number: its message gives the valid range
+        raise InvalidArgumentError(f"--episode {args.episode}: {exc}") from None
+    if not args.quiet:
+        print(f"episode {args.episode} of {ds.where} -> {out}")
     return 0
 
 
@@ -347,8 +370,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--episodes", action="store_true", help="list every episode")
+    p.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="episode statistics per source checkpoint (RL Unplugged: per shard): the "
+        "learning curve of the agent that logged the data",
+    )
     _add_storage_option(p)
     p.set_defaults(func=_cmd_info)
+
+    p = sub.add_parser(
+        "video",
+        help="write an episode as an MP4 or a GIF",
+        description="Write one episode of a store as a video (MP4 or GIF, by OUT's suffix), "
+        "frames upscaled, with a caption of step, action, reward and return so far.",
+    )
+    p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
+    p.add_argument("out", metavar="OUT", help="the video to write: .mp4 or .gif")
+    p.add_argument("--episode", type=int, default=0, metavar="N", help="episode (default 0)")
+    p.add_argument("--scale", type=int, default=4, help="upscale factor (default 4)")
+    p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
+    p.add_argument("--no-caption", action="store_true", help="frames only")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_video)
 
     p = sub.add_parser(
         "collect",

@@ -37,6 +37,7 @@ __all__ = [
     "EpisodeLedger",
     "EpisodeTable",
     "SourcePart",
+    "checkpoint_summary",
     "episode_checkpoints",
     "episode_columns",
     "episode_table",
@@ -442,3 +443,64 @@ def episode_columns(meta: Mapping[str, Any], table: EpisodeTable) -> dict[str, n
             if isinstance(raw, list) and len(raw) == n:
                 out[name] = np.array([np.nan if v is None else float(v) for v in raw])
     return out
+
+
+def checkpoint_summary(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Episode statistics per source checkpoint (RL Unplugged: per shard): a learning curve.
+
+    A DQN Replay run's data follows its agent from random play (checkpoint 0) to the
+    end of training (checkpoint 50); these rows show it. Each episode counts where its
+    first row came from. A recording has one group (``checkpoint`` None). Returns are
+    the game's scores where the source recorded them (RL Unplugged's unclipped
+    ``episode_return``; ``returns`` is then ``"source"``), else the sums of the stored
+    rewards (DQN Replay's are clipped to [-1, 1], as its agent saw them; ``"rewards"``).
+
+    Returns
+    -------
+    list of dict
+        In checkpoint order: ``checkpoint``, ``episodes``, ``return_mean``,
+        ``return_median``, ``return_q25``, ``return_q75``, ``return_min``,
+        ``return_max`` (None without returns), ``length_mean`` and ``returns`` (what
+        the returns are). Empty without a usable episode table.
+
+    Examples
+    --------
+    >>> meta = {"episodes": {"length": [3, 3, 2], "terminated": [True, True, False],
+    ...                      "return": [1.0, 3.0, -1.0]},
+    ...         "conversion": {"checkpoints": [
+    ...             {"suffix": 0, "first_transition": 0, "transitions": 6},
+    ...             {"suffix": 1, "first_transition": 6, "transitions": 2}]}}
+    >>> [(r["checkpoint"], r["episodes"], r["return_mean"]) for r in checkpoint_summary(meta)]
+    [(0, 2, 2.0), (1, 1, -1.0)]
+    """
+    table = episode_table(meta)
+    if table is None or len(table) == 0:
+        return []
+    labels = episode_checkpoints(meta, table)
+    groups = [None] if labels is None else sorted(set(labels.tolist()))
+    source = episode_columns(meta, table).get("source_return")
+    kind = "source" if source is not None and np.isfinite(source).all() else "rewards"
+    all_returns = source if kind == "source" else table.returns
+    rows = []
+    for label in groups:
+        sel = np.ones(len(table), bool) if labels is None else labels == label
+        returns = None if all_returns is None else all_returns[sel].astype(np.float64)
+
+        def stat(fn: Any, values: np.ndarray | None = returns) -> float | None:
+            return None if values is None or not values.size else float(fn(values))
+
+        rows.append(
+            {
+                "checkpoint": label,
+                "episodes": int(sel.sum()),
+                "return_mean": stat(np.mean),
+                "return_median": stat(np.median),
+                "return_q25": stat(lambda v: np.quantile(v, 0.25)),
+                "return_q75": stat(lambda v: np.quantile(v, 0.75)),
+                "return_min": stat(np.min),
+                "return_max": stat(np.max),
+                "length_mean": float(table.length[sel].mean()),
+                "returns": kind,
+            }
+        )
+    return rows

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from atari_zarr.episodes import episode_table
+from atari_zarr.episodes import checkpoint_summary, episode_table
 from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import (
     ARRAYS,
@@ -153,6 +153,7 @@ def store_info(
         "source_shards": kind.source_summary(meta) if kind else None,
         "gaps": conversion.get("gaps", []),
         "return_disagreements": kind.warnings(meta) if kind else [],
+        "checkpoint_stats": checkpoint_summary(meta),
         "command": meta.get("command"),
     }
 
@@ -201,7 +202,7 @@ def _shard_gap(gap: dict[str, Any]) -> str:
     return f"{_ranges(shards)} ({note})"
 
 
-def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
+def format_info(info: dict[str, Any], *, episodes: bool = False, checkpoints: bool = False) -> str:
     """Render :func:`store_info` as readable text.
 
     Parameters
@@ -210,6 +211,9 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
         From :func:`store_info`.
     episodes : bool
         Add one line per episode (length, return, how it ended).
+    checkpoints : bool
+        Add one line per source checkpoint (RL Unplugged: shard; a recording: one line):
+        episodes, mean, median, min and max return, mean length (the learning curve).
     """
     status = "complete" if info["complete"] else "INCOMPLETE: " + str(info["command"])
     if info.get("flushed"):
@@ -270,6 +274,18 @@ def format_info(info: dict[str, Any], *, episodes: bool = False) -> str:
         lines.append(f"gaps         {len(gaps)} missed logs, {lost:,} source rows lost")
     for line in info.get("return_disagreements") or []:
         lines.append(f"WARNING      source returns: {line}")
+    if checkpoints and info.get("checkpoint_stats"):
+        noun = "shard" if info.get("source_shards") else "checkpoint"
+        lines.append(f"{noun:>10}  episodes    mean  median     min     max  mean length")
+        for row in info["checkpoint_stats"]:
+            label = "all" if row["checkpoint"] is None else str(row["checkpoint"])
+            stats = "  ".join(
+                f"{row[k]:>6.1f}" if row[k] is not None else f"{'-':>6}"
+                for k in ("return_mean", "return_median", "return_min", "return_max")
+            )
+            lines.append(
+                f"{label:>10}  {row['episodes']:>8,}  {stats}  {row['length_mean']:>11.1f}"
+            )
     if episodes and info.get("episode_list"):
         lines.append("episode      length     return  end")
         for i, ep in enumerate(info["episode_list"]):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -325,6 +326,35 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         table = self._store.episodes
         a, b = int(table.starts[e]), int(table.ends[e]) + 1
         return self._store.read_items(np.arange(a, b), length=1, stack=self.frame_stack)
+
+    def episode_video(
+        self,
+        i: int,
+        path: str | os.PathLike[str],
+        *,
+        scale: int = 4,
+        fps: float = 15.0,
+        caption: bool = True,
+        lossless: bool = False,
+    ) -> Path:
+        """Write episode ``i`` as an MP4 or a GIF (by ``path``'s suffix) and return its path.
+
+        Frames are upscaled ``scale`` times (nearest neighbour), played at ``fps``, with a
+        caption strip (step, action, reward, return so far) unless ``caption=False``.
+        Only the episode's frames are read. Needs the ``video`` extra (PyAV, Pillow);
+        see :func:`atari_zarr.explore.video.write_video`.
+
+        Examples
+        --------
+        >>> import tempfile
+        >>> AtariZarrDataset(store_url).episode_video(0, tempfile.mkdtemp() + "/e.mp4").suffix
+        '.mp4'
+        """
+        from atari_zarr.explore.video import episode_video
+
+        return episode_video(
+            self, i, path, scale=scale, fps=fps, caption=caption, lossless=lossless
+        )
 
     def iter_episodes(self, episodes: Any = None) -> Iterator[TensorDict]:
         """Episodes one after the other (default: all, in order), each a TensorDict ``[T]``.

@@ -1,0 +1,225 @@
+"""An episode as a video: MP4 or GIF, frames upscaled, with a caption strip.
+
+:func:`write_video` encodes frames with PyAV (FFmpeg's libraries in the wheel; never
+an ``ffmpeg`` found on PATH): H.264 in MP4 (``yuv420p``, what browsers and notebooks
+play; ``lossless=True`` for 4:4:4 at quantizer 0) or a GIF (a gray palette: lossless).
+:func:`episode_video` takes an episode of a store, its actions, rewards and return so
+far for the caption, and writes it; ``AtariZarrDataset.episode_video`` and
+``atari-zarr video`` call it.
+
+Examples
+--------
+>>> import tempfile
+>>> from atari_zarr import AtariZarrDataset
+>>> ds = AtariZarrDataset(store_url)  # a converted Pong/1 fixture store
+>>> path = episode_video(ds, 0, tempfile.mkdtemp() + "/ep0.gif", scale=2)
+>>> path.suffix, path.stat().st_size > 0
+('.gif', True)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atari_zarr.errors import InvalidArgumentError, import_optional
+
+__all__ = ["ALE_ACTIONS", "FORMATS", "caption_lines", "episode_video", "write_video"]
+
+#: ALE's 18 actions, by ALE action id.
+ALE_ACTIONS = (
+    "NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN", "UPRIGHT", "UPLEFT", "DOWNRIGHT",
+    "DOWNLEFT", "UPFIRE", "RIGHTFIRE", "LEFTFIRE", "DOWNFIRE", "UPRIGHTFIRE",
+    "UPLEFTFIRE", "DOWNRIGHTFIRE", "DOWNLEFTFIRE",
+)  # fmt: skip
+#: File suffixes written, and the codec of each.
+FORMATS = {".mp4": "libx264", ".gif": "gif"}
+#: Height of the caption strip, in pixels of the upscaled frame per unit of ``scale``.
+_CAPTION_ROWS = 4
+
+
+def _upscale(frames: np.ndarray, scale: int) -> np.ndarray:
+    return np.repeat(np.repeat(frames, scale, axis=1), scale, axis=2)
+
+
+def _caption_strip(texts: Sequence[str], width: int, height: int) -> np.ndarray:
+    """One gray strip per text, ``(len(texts), height, width)`` uint8, white on black."""
+    image_module = import_optional("PIL.Image", extra="video", purpose="a video's caption")
+    draw_module = import_optional("PIL.ImageDraw", extra="video", purpose="a video's caption")
+    font_module = import_optional("PIL.ImageFont", extra="video", purpose="a video's caption")
+    try:
+        font = font_module.load_default(size=max(10, height * 2 // 3))
+    except TypeError:  # pragma: no cover - Pillow < 10.1 has one bitmap size
+        font = font_module.load_default()
+    strips = np.zeros((len(texts), height, width), dtype=np.uint8)
+    cache: dict[str, np.ndarray] = {}
+    for k, text in enumerate(texts):
+        if text not in cache:
+            image = image_module.new("L", (width, height), 0)
+            draw_module.Draw(image).text((4, height // 6), text, fill=255, font=font)
+            cache[text] = np.asarray(image, dtype=np.uint8)
+        strips[k] = cache[text]
+    return strips
+
+
+def write_video(
+    frames: np.ndarray,
+    path: str | os.PathLike[str],
+    *,
+    scale: int = 4,
+    fps: float = 15.0,
+    captions: Sequence[str] | None = None,
+    lossless: bool = False,
+) -> Path:
+    """Write gray ``frames`` ``(T, H, W)`` uint8 as a video, its format by ``path``'s suffix.
+
+    Parameters
+    ----------
+    frames : numpy.ndarray
+        ``(T, H, W)`` uint8.
+    path : path
+        ``.mp4`` (H.264) or ``.gif``.
+    scale : int
+        Each pixel becomes ``scale x scale`` (nearest neighbour; default 4: 336 x 336).
+    fps : float
+        Frames per second (default 15: Atari's 60 Hz at DQN's frame skip of 4).
+    captions : sequence of str, optional
+        One line per frame, drawn in a strip under the frame.
+    lossless : bool
+        MP4 only: 4:4:4 at quantizer 0 (the frames come back within one gray level, the
+        rounding of FFmpeg's gray to YUV conversion). GIFs are always lossless.
+
+    Returns
+    -------
+    pathlib.Path
+    """
+    av = import_optional("av", extra="video", purpose="writing a video")
+    out = Path(path)
+    codec = FORMATS.get(out.suffix.lower())
+    if codec is None:
+        raise InvalidArgumentError(
+            f"{out}: cannot write a video with suffix {out.suffix!r}; expected one of "
+            f"{', '.join(FORMATS)}. Name the file e.g. episode.mp4 or episode.gif."
+        )
+    frames = np.asarray(frames, dtype=np.uint8)
+    if frames.ndim != 3 or len(frames) == 0:
+        raise InvalidArgumentError(
+            f"{out}: expected frames (T, H, W) with T >= 1, found shape {frames.shape}. Pass "
+            f"the frames of an episode."
+        )
+    if int(scale) < 1:
+        raise InvalidArgumentError(f"{out}: scale must be at least 1, found {scale}")
+    if captions is not None and len(captions) != len(frames):
+        raise InvalidArgumentError(
+            f"{out}: {len(captions)} captions for {len(frames)} frames; expected one per frame"
+        )
+    big = _upscale(frames, int(scale))
+    if captions is not None:
+        strip = _caption_strip(captions, big.shape[2], _CAPTION_ROWS * int(scale) + 8)
+        big = np.concatenate([big, strip], axis=1)
+    height, width = big.shape[1:]
+    if codec == "libx264" and (height % 2 or width % 2):  # 4:2:0 needs even sizes
+        big = np.pad(big, ((0, 0), (0, height % 2), (0, width % 2)))
+        height, width = big.shape[1:]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    with av.open(str(tmp), "w", format=out.suffix.lstrip(".").lower()) as container:
+        stream = container.add_stream(codec, rate=_rate(fps))
+        stream.width, stream.height = width, height
+        if codec == "gif":
+            stream.pix_fmt = "gray"
+        elif lossless:
+            stream.pix_fmt, stream.options = "yuv444p", {"qp": "0", "preset": "veryfast"}
+        else:
+            stream.pix_fmt, stream.options = "yuv420p", {"crf": "18", "preset": "veryfast"}
+        for frame in big:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="gray")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    os.replace(tmp, out)  # a video is never left half written under its name
+    return out
+
+
+def _rate(fps: float) -> Any:
+    from fractions import Fraction
+
+    if not float(fps) > 0:
+        raise InvalidArgumentError(f"fps must be positive, found {fps}")
+    return Fraction(float(fps)).limit_denominator(1001)
+
+
+def caption_lines(
+    actions: np.ndarray,
+    rewards: np.ndarray,
+    action_names: Sequence[str] | None = None,
+) -> list[str]:
+    """``step, action, reward, return so far`` for each step of an episode.
+
+    Examples
+    --------
+    >>> caption_lines(np.array([0, 3]), np.array([0.0, 1.0]), ["NOOP", "FIRE", "UP", "RIGHT"])
+    ['step 0  NOOP  reward 0  return 0', 'step 1  RIGHT  reward 1  return 1']
+    """
+    so_far = np.cumsum(np.asarray(rewards, dtype=np.float64))
+    lines = []
+    for t, (a, r) in enumerate(zip(actions.tolist(), np.asarray(rewards).tolist(), strict=True)):
+        name = (
+            action_names[a]
+            if action_names is not None and 0 <= a < len(action_names)
+            else (f"action {a}")
+        )
+        lines.append(f"step {t}  {name}  reward {r:g}  return {so_far[t]:g}")
+    return lines
+
+
+def episode_video(
+    ds: Any,
+    episode: int,
+    path: str | os.PathLike[str],
+    *,
+    scale: int = 4,
+    fps: float = 15.0,
+    caption: bool = True,
+    lossless: bool = False,
+) -> Path:
+    """Write episode ``episode`` of the dataset ``ds`` as a video (see :func:`write_video`).
+
+    Only that episode's frames are read, so this works on a store in a bucket. The
+    caption names the actions as ALE does when the store has ``action_full`` or
+    ale-py knows the game's minimal action set, else by their index.
+
+    Raises
+    ------
+    IndexError
+        ``episode`` is out of range: the message gives the valid range.
+    """
+    ep = ds.episode(episode)
+    frames = ep["observation"].numpy()
+    if frames.ndim == 4:  # frame stacks: the newest frame of each
+        frames = frames[:, -1]
+    captions = None
+    if caption:
+        actions = ep["action"].numpy().astype(np.int64).reshape(-1)
+        rewards = ep["next", "reward"].numpy().reshape(-1)
+        captions = caption_lines(actions, rewards, action_names(ds))
+    return write_video(frames, path, scale=scale, fps=fps, captions=captions, lossless=lossless)
+
+
+def action_names(ds: Any) -> list[str] | None:
+    """The names of ``ds``'s actions as its ``action`` column indexes them, if known."""
+    if getattr(ds, "full_action_space", False):
+        return list(ALE_ACTIONS)
+    game = ds.metadata.get("game")
+    if not game:
+        return None
+    try:
+        from atari_zarr.record.envs import minimal_action_set
+
+        return [ALE_ACTIONS[a] for a in minimal_action_set(str(game))]
+    except Exception:  # no ale-py, or a game it does not know: indices instead
+        return None

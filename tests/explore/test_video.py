@@ -1,0 +1,89 @@
+"""An episode as a video: decoded back with the same library, the frames are the store's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import av
+import numpy as np
+import pytest
+
+from atari_zarr import AtariZarrDataset
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.explore.video import caption_lines, write_video
+
+
+def _decode(path) -> np.ndarray:
+    with av.open(str(path)) as container:
+        return np.stack([f.to_ndarray(format="gray") for f in container.decode(video=0)])
+
+
+def _episode_frames(ds: AtariZarrDataset, i: int) -> np.ndarray:
+    table = ds.episode_table
+    a, n = int(table["first_row"][i]), int(table["length"][i])
+    return ds.read_frames(np.arange(a, a + n))
+
+
+@pytest.mark.parametrize("suffix", [".gif", ".mp4"])
+def test_the_frames_come_back_at_the_given_upscale(pong_store, tmp_path, suffix):
+    ds = AtariZarrDataset(pong_store.url)
+    out = ds.episode_video(1, tmp_path / f"e{suffix}", scale=3, caption=False, lossless=True)
+    got = _decode(out)
+    want = np.repeat(np.repeat(_episode_frames(ds, 1), 3, axis=1), 3, axis=2)
+    assert got.shape == want.shape
+    # a GIF of gray frames is exact; lossless H.264 is 4:4:4 at quantizer 0, and FFmpeg's
+    # gray <-> YUV conversion rounds by at most one level (a wrong frame differs by far more)
+    tolerance = 0 if suffix == ".gif" else 1
+    assert np.abs(got.astype(np.int16) - want).max() <= tolerance
+    neighbours = np.abs(got[1:].astype(np.int16) - want[:-1]).max()
+    assert neighbours > tolerance  # the comparison can tell one frame from the next
+
+
+def test_the_caption_is_a_strip_under_the_frame(pong_store, tmp_path):
+    ds = AtariZarrDataset(pong_store.url)
+    out = ds.episode_video(0, tmp_path / "c.gif", scale=2)
+    got = _decode(out)
+    frames = _episode_frames(ds, 0)
+    assert got.shape[1] > 84 * 2 and got.shape[2] == 84 * 2
+    np.testing.assert_array_equal(got[:, : 84 * 2], np.repeat(np.repeat(frames, 2, 1), 2, 2))
+    strip = got[:, 84 * 2 :]
+    assert (strip > 128).any(axis=(1, 2)).all()  # text on every frame
+    assert not np.array_equal(strip[0], strip[-1])  # the step changes
+
+
+def test_caption_lines_count_the_return_so_far():
+    lines = caption_lines(np.array([1, 0, 2]), np.array([1.0, 0.0, -1.0]), ["NOOP", "FIRE"])
+    assert lines == [
+        "step 0  FIRE  reward 1  return 1",
+        "step 1  NOOP  reward 0  return 1",
+        "step 2  action 2  reward -1  return 0",
+    ]
+
+
+def test_bad_input_is_one_line(pong_store, tmp_path):
+    ds = AtariZarrDataset(pong_store.url)
+    with pytest.raises(InvalidArgumentError, match=r"suffix '\.avi'.*\.mp4, \.gif"):
+        write_video(np.zeros((2, 84, 84), np.uint8), tmp_path / "x.avi")
+    with pytest.raises(IndexError, match=r"episode 999 is out of range .* \(0 to \d+\)"):
+        ds.episode_video(999, tmp_path / "x.gif")
+    assert not list(tmp_path.iterdir())  # nothing half written
+
+
+def test_the_command_line_writes_a_video_and_names_the_valid_range(pong_store, tmp_path):
+    out = tmp_path / "ep.mp4"
+    done = subprocess.run(
+        [sys.executable, "-m", "atari_zarr", "video", pong_store.url, str(out), "--episode", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert str(out) in done.stdout and len(_decode(out)) == int(
+        AtariZarrDataset(pong_store.url).episode_table["length"][1]
+    )
+    bad = subprocess.run(
+        [sys.executable, "-m", "atari_zarr", "video", pong_store.url, str(out), "--episode", "99"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 1
+    [line] = bad.stderr.strip().splitlines()
+    assert line.startswith("atari-zarr video: error: --episode 99: episode 99 is out of range")
