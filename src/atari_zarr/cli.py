@@ -86,6 +86,14 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 f"{store.game}/{store.run}: {store.transitions:,} transitions, "
                 f"{store.episodes:,} episodes, {store.gaps} gaps -> {store.url}"
             )
+    if args.index:
+        from atari_zarr.storage.catalog import CATALOG, write_catalog
+
+        doc = write_catalog(
+            args.dest, parse_storage_options(args.storage_option), timeout=_timeout(args)
+        )
+        if not args.quiet:
+            print(f"{len(doc['stores'])} complete stores -> {args.dest.rstrip('/')}/{CATALOG}")
     return 0
 
 
@@ -213,6 +221,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_index(args: argparse.Namespace) -> int:
+    from atari_zarr.storage.catalog import CATALOG, write_catalog
+
+    doc = write_catalog(
+        args.root,
+        parse_storage_options(args.storage_option),
+        sizes=not args.no_size,
+        timeout=_timeout(args),
+    )
+    if not args.quiet:
+        print(f"{len(doc['stores'])} complete stores -> {args.root.rstrip('/')}/{CATALOG}")
+    return 0
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
     import json
 
@@ -224,6 +246,7 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         parse_storage_options(args.storage_option),
         sizes=not args.no_size,
         timeout=_timeout(args),
+        use_catalog=not args.no_index,
     )
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -329,6 +352,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="start over: replace complete stores and discard unfinished ones "
         "(without it, an unfinished store is resumed)",
+    )
+    p.add_argument(
+        "--index",
+        action="store_true",
+        help="then write DEST/catalog.json, the index of DEST's complete stores (see `index`)",
     )
     p.add_argument(
         "--scheduler",
@@ -473,8 +501,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-size", action="store_true", help="skip adding up sizes (faster remotely)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the store URLs")
+    p.add_argument(
+        "--no-index", action="store_true", help="list ROOT even if it has a catalog.json"
+    )
     _add_storage_option(p)
     p.set_defaults(func=_cmd_ls)
+
+    p = sub.add_parser(
+        "index",
+        help="write ROOT/catalog.json, the index of its complete stores",
+        description="Write ROOT/catalog.json: one entry per complete {Game}/{run}.zarr store "
+        "under ROOT (game, run, kind, transitions, episodes, size, returns, content id). "
+        "`ls`, MultiGameDataset.from_root and the TorchRL drop-in read it with one request; "
+        "over https it is how a root is listed.",
+    )
+    p.add_argument("root", metavar="ROOT", help="destination root of convert (path or URL)")
+    p.add_argument("--no-size", action="store_true", help="do not record sizes (faster remotely)")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_index)
     return parser
 
 

@@ -18,11 +18,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pytest
 
 from atari_zarr import convert
 from atari_zarr.cli import main as cli_main
 from atari_zarr.errors import (
+    InvalidArgumentError,
     RemoteAccessError,
     RemoteTimeoutError,
     StoreFormatError,
@@ -31,10 +33,16 @@ from atari_zarr.errors import (
 from atari_zarr.layout import create_store
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.mixing import MultiGameDataset
-from atari_zarr.storage.catalog import complete_stores, list_stores, name_to_url, store_state
+from atari_zarr.storage.catalog import (
+    complete_stores,
+    list_stores,
+    name_to_url,
+    store_state,
+    write_catalog,
+)
 from atari_zarr.storage.remote import open_zarr_store
 from atari_zarr.testing import FixtureRun, write_fixture_run
-from atari_zarr.testing.gcs import FakeGCSServer
+from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 BUCKET = "atari-catalog"
 UNFINISHED_COMMAND = "atari-zarr convert SRC DEST --runs 2"
@@ -334,3 +342,146 @@ def test_a_stalled_server_has_no_state(monkeypatch: pytest.MonkeyPatch) -> None:
                 complete_stores(f"gs://{BUCKET}/s", opts, timeout=2)
         finally:
             private.resume()
+
+
+# --------------------------------------------------------------------------- #
+# catalog.json: one request, stale entries, writers at the same time
+# --------------------------------------------------------------------------- #
+
+CATALOG_BUCKET = "atari-catalog"
+
+
+@pytest.fixture(scope="module")
+def indexed() -> Iterator[dict[str, Any]]:
+    """Three copies of the session's Pong store in a bucket, behind a counting proxy."""
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket(CATALOG_BUCKET)
+        yield {"server": server, "proxy": proxy}
+
+
+def _upload(server: FakeGCSServer, local: str, *names: str) -> None:
+    fs = fsspec.filesystem("gs", skip_instance_cache=True, **server.storage_options())
+    for name in names:
+        fs.put(local, f"{CATALOG_BUCKET}/{name}", recursive=True)
+
+
+def test_a_catalog_is_read_with_one_request(indexed, pong_store, tmp_path) -> None:
+    server, proxy = indexed["server"], indexed["proxy"]
+    root = f"gs://{CATALOG_BUCKET}/one"
+    _upload(server, pong_store.url, "one/Pong/1.zarr", "one/Pong/2.zarr", "one/Breakout/1.zarr")
+    opts = server.storage_options(endpoint_url=proxy.endpoint_url)
+    listed = list_stores(root, opts)
+    proxy.reset()
+    list_stores(root, opts, sizes=False)
+    without = proxy.requests
+    doc = write_catalog(root, opts)
+    assert [e["path"] for e in doc["stores"]] == ["Breakout/1.zarr", "Pong/1.zarr", "Pong/2.zarr"]
+    proxy.reset()
+    assert list_stores(root, opts) == listed  # the same rows, sizes included
+    assert proxy.requests == 1, proxy.log
+    proxy.reset()
+    assert complete_stores(root, opts) == ["Breakout/1", "Pong/1", "Pong/2"]
+    assert proxy.requests == 1
+    from atari_zarr.torchrl import AtariZarrExperienceReplay
+
+    proxy.reset()
+    assert AtariZarrExperienceReplay.list_datasets(root, opts) == ["Breakout/1", "Pong/1", "Pong/2"]
+    assert proxy.requests == 1 < without
+    # the CLI reads it too, and --no-index lists the root
+    code = cli_main(["ls", root, "-q", *[f"-s{k}={v}" for k, v in opts.items()]])
+    assert code == 0
+
+
+def test_a_stale_entry_warns_and_the_store_itself_is_read(indexed, pong_store, source_root, pong_run, tmp_path) -> None:
+    server = indexed["server"]
+    opts = server.storage_options()
+    root = f"gs://{CATALOG_BUCKET}/stale"
+    _upload(server, pong_store.url, "stale/Pong/1.zarr", "stale/Pong/2.zarr")
+    write_catalog(root, opts)
+    # Pong/1 converted again with another selection; Pong/2 deleted
+    [other] = convert(str(source_root), str(tmp_path / "other"), max_episodes=2, progress=False)
+    fs = fsspec.filesystem("gs", skip_instance_cache=True, **opts)
+    fs.rm(f"{CATALOG_BUCKET}/stale/Pong/1.zarr", recursive=True)
+    fs.put(other.url, f"{CATALOG_BUCKET}/stale/Pong/1.zarr", recursive=True)
+    fs.rm(f"{CATALOG_BUCKET}/stale/Pong/2.zarr", recursive=True)
+    with pytest.warns(UserWarning) as caught:
+        mixed = MultiGameDataset.from_root(root, storage_options=opts)
+    text = " | ".join(str(w.message) for w in caught)
+    assert "stale/Pong/2.zarr is listed in" in text and "no longer a complete store" in text
+    assert "stale/Pong/1.zarr changed since its root's catalog.json was written" in text
+    assert "atari-zarr index" in text
+    assert mixed.games == ["Pong/1"] and len(mixed) == other.transitions  # never the old data
+
+
+def test_writers_finishing_at_once_lose_no_entry(indexed, pong_store, monkeypatch) -> None:
+    """Writer A lists the root before B's store is complete, and its write lands after
+    B's: A lists again after writing, sees B's store, and writes again."""
+    from atari_zarr.storage import catalog as catalog_module
+
+    server = indexed["server"]
+    opts = server.storage_options()
+    root = f"gs://{CATALOG_BUCKET}/race"
+    _upload(server, pong_store.url, "race/Pong/1.zarr")
+    b_wrote = threading.Event()
+    a_listed = threading.Event()
+    real_write = catalog_module._write_json
+    writes: list[tuple[str, list[str]]] = []
+
+    def write(fs: Any, target: str, doc: dict[str, Any]) -> None:
+        who = threading.current_thread().name
+        if who == "A" and not writes:
+            a_listed.set()
+            assert b_wrote.wait(60)  # A's first (stale) write lands after B's
+        real_write(fs, target, doc)
+        writes.append((who, [e["path"] for e in doc["stores"]]))
+        if who == "B":
+            b_wrote.set()
+
+    monkeypatch.setattr(catalog_module, "_write_json", write)
+
+    def a() -> None:
+        write_catalog(root, opts, sizes=False)
+
+    def b() -> None:
+        assert a_listed.wait(60)  # B's store completes after A listed the root
+        _upload(server, pong_store.url, "race/Pong/2.zarr")
+        write_catalog(root, opts, sizes=False)
+
+    threads = [threading.Thread(target=a, name="A"), threading.Thread(target=b, name="B")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert writes[0] == ("B", ["Pong/1.zarr", "Pong/2.zarr"])
+    assert writes[1] == ("A", ["Pong/1.zarr"])  # the stale write...
+    assert writes[-1] == ("A", ["Pong/1.zarr", "Pong/2.zarr"])  # ...made good
+    monkeypatch.undo()
+    assert complete_stores(root, opts) == ["Pong/1", "Pong/2"]
+
+
+def test_a_root_over_https_is_listed_from_its_catalog(indexed, pong_store) -> None:
+    server, proxy = indexed["server"], indexed["proxy"]
+    _upload(server, pong_store.url, "web/Pong/1.zarr")
+    root = f"gs://{CATALOG_BUCKET}/web"
+    https_root = f"{proxy.endpoint_url}/{CATALOG_BUCKET}/web"
+    with pytest.raises(InvalidArgumentError, match="no catalog.json"):
+        list_stores(https_root)
+    write_catalog(root, server.storage_options())
+    [row] = list_stores(https_root)
+    assert row["url"] == f"{https_root}/Pong/1.zarr" and row["status"] == "complete"
+    assert len(AtariZarrDataset(row["url"])) == pong_store.transitions
+
+
+def test_index_and_convert_index_from_the_command_line(source_root, pong_run, tmp_path, capsys) -> None:
+    dest = tmp_path / "dest"
+    assert cli_main(["convert", str(source_root), str(dest), "-q", "--no-progress", "--index"]) == 0
+    doc = json.loads((dest / "catalog.json").read_text())
+    assert [e["path"] for e in doc["stores"]] == ["Pong/1.zarr"]
+    entry = doc["stores"][0]
+    ds = AtariZarrDataset(str(dest / "Pong" / "1.zarr"))
+    assert entry["transitions"] == len(ds) and entry["episodes"] == ds.num_episodes
+    assert entry["return_mean"] == pytest.approx(float(ds.episode_table["return"].mean()))
+    (dest / "catalog.json").unlink()
+    assert cli_main(["index", str(dest)]) == 0
+    assert "1 complete stores -> " in capsys.readouterr().out
+    assert json.loads((dest / "catalog.json").read_text())["stores"] == doc["stores"]

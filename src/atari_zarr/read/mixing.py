@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -18,13 +19,25 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from atari_zarr.errors import InvalidArgumentError, StoreFormatError
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    StoreFormatError,
+    StoreIncompleteError,
+    StoreNotFoundError,
+)
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.draw import check_prefetch, draw_ahead
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.windows import WindowDataset
-from atari_zarr.storage.catalog import complete_stores, name_to_url, store_state
+from atari_zarr.storage.catalog import (
+    CATALOG,
+    check_entry,
+    complete_store_entries,
+    name_to_url,
+    store_state,
+)
+from atari_zarr.storage.paths import redact
 
 if TYPE_CHECKING:
     from atari_zarr.read.stream import EpochStream
@@ -137,9 +150,30 @@ class MultiGameDataset(torch.utils.data.Dataset):
 
         The default is every complete store under ``root``
         (:func:`~atari_zarr.storage.catalog.complete_stores`): unfinished
-        conversions are left out.
+        conversions are left out. With a ``catalog.json`` at ``root`` the stores are
+        found with one request; a store the catalog lists that changed since is read
+        as it is now, and one that is gone is left out, each with a warning that
+        says to run ``atari-zarr index`` again.
         """
-        available = complete_stores(root, storage_options)
+        available, entries = complete_store_entries(root, storage_options)
+        opened: dict[str, AtariZarrDataset] = {}
+        if entries is not None and names is None:
+            for n in list(available):
+                try:
+                    opened[n] = AtariZarrDataset(
+                        name_to_url(root, n),
+                        storage_options=storage_options,
+                        frame_stack=frame_stack,
+                        full_action_space=full_action_space,
+                    )
+                except (StoreNotFoundError, StoreIncompleteError):
+                    warnings.warn(
+                        f"{redact(name_to_url(root, n))} is listed in {redact(str(root))}/"
+                        f"{CATALOG} but is no longer a complete store; it is left out. Run "
+                        f"`atari-zarr index {redact(str(root))}` again to refresh the catalog.",
+                        stacklevel=2,
+                    )
+                    available.remove(n)
         names = list(available if names is None else names)
         missing = [n for n in names if n not in available]
         if missing:
@@ -159,14 +193,19 @@ class MultiGameDataset(torch.utils.data.Dataset):
                 f"{{root}}/{{Game}}/{{run}}.zarr stores; available: {available}.{hint} "
                 f"Convert them with `atari-zarr convert`."
             )
-        urls = [name_to_url(root, n) for n in names]
-        return cls(
+        urls = [opened.get(n) or name_to_url(root, n) for n in names]
+        mixed = cls(
             urls,
             weights=weights,
             storage_options=storage_options,
             frame_stack=frame_stack,
             full_action_space=full_action_space,
         )
+        if entries is not None:
+            for n, ds in zip(names, mixed.datasets, strict=True):
+                if n in entries:
+                    check_entry(entries[n], ds.metadata, ds.url)
+        return mixed
 
     def __len__(self) -> int:
         return int(self.offsets[-1])

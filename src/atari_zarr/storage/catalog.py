@@ -26,12 +26,27 @@ honours the deadline, listings included.
 :func:`list_stores` is what ``atari-zarr ls`` prints; :func:`complete_stores` is
 what datasets offer (``MultiGameDataset.from_root``,
 ``AtariZarrExperienceReplay.available_datasets``): complete stores only.
+
+A root may hold an index of its complete stores, ``catalog.json``
+(:func:`write_catalog`, ``atari-zarr index ROOT``, ``convert --index``). When it is
+there, :func:`list_stores` reads it with one request instead of listing the prefix
+and opening every store (over https, where nothing can be listed, it is the only way
+to list a root). Each entry records the store's :func:`content_id`; a reader that
+opens a store whose content is no longer the one indexed, or finds it gone, warns
+and names ``atari-zarr index`` (:func:`check_entry`). Writers that finish at the same
+time do not lose each other's entries: each rebuilds the catalog from the stores
+and lists them again after writing, until what it wrote is what is there.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import os
 import re
+import uuid
+import warnings
 from typing import Any, Literal, TypedDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
@@ -41,13 +56,29 @@ from atari_zarr.storage.filesystem import FileSystem, get_fs
 from atari_zarr.storage.paths import redact
 
 __all__ = [
+    "CATALOG",
+    "CatalogEntry",
     "StoreRow",
     "StoreState",
+    "check_entry",
+    "complete_store_entries",
     "complete_stores",
+    "content_id",
     "list_stores",
     "name_to_url",
+    "read_catalog",
     "store_state",
+    "write_catalog",
 ]
+
+log = logging.getLogger("atari_zarr")
+
+#: The index of a root's complete stores, at the root.
+CATALOG = "catalog.json"
+#: Version of the catalog's layout.
+CATALOG_FORMAT = 1
+#: Rounds of write-then-list a catalog writer makes before it gives up converging.
+_CATALOG_ROUNDS = 6
 
 #: The state of a location (see the module docstring).
 StoreState = Literal["absent", "complete", "incomplete", "foreign"]
@@ -61,6 +92,24 @@ _ROW_STATUS: dict[str, str] = {
     "foreign": "not a store",
     "absent": "not a store",
 }
+
+
+class CatalogEntry(TypedDict):
+    """One complete store in a root's ``catalog.json``."""
+
+    #: Relative to the root: ``"Pong/1.zarr"``.
+    path: str
+    game: str | None
+    run: str
+    kind: str | None
+    transitions: int | None
+    episodes: int | None
+    stored_bytes: int | None
+    return_mean: float | None
+    return_min: float | None
+    return_max: float | None
+    #: :func:`content_id` of the store when it was indexed.
+    content: str
 
 
 class StoreRow(TypedDict):
@@ -157,11 +206,13 @@ def list_stores(
     *,
     sizes: bool = True,
     timeout: Timeout = "default",
+    use_catalog: bool = True,
 ) -> list[StoreRow]:
     """The stores under ``root`` (``{root}/{Game}/{run}.zarr``, at most 3 levels deep).
 
-    Reads one ``zarr.json`` per store (two for an unfinished one) and, with
-    ``sizes``, lists its objects to add up their size.
+    With a ``catalog.json`` at ``root`` (and ``use_catalog``), its complete stores, read
+    with one request. Otherwise the root is listed: one ``zarr.json`` per store (two for
+    an unfinished one) and, with ``sizes``, a listing of its objects to add up their size.
 
     Parameters
     ----------
@@ -174,6 +225,8 @@ def list_stores(
         Add ``stored_bytes`` (one listing per store).
     timeout : float, None or "default"
         Seconds each call to storage may take, retries included (default 60).
+    use_catalog : bool
+        Read the root's ``catalog.json`` when there is one (False: always list).
 
     Returns
     -------
@@ -196,14 +249,30 @@ def list_stores(
     """
     fs, path = get_fs(root, storage_options, timeout=timeout)
     path = path.rstrip("/")
+    doc = _read_catalog(fs, path, str(root)) if use_catalog else None
+    if doc is not None:
+        base = str(root).rstrip("/")
+        return [
+            {
+                "url": f"{base}/{e['path']}",
+                "game": e.get("game"),
+                "run": str(e.get("run")),
+                "status": "complete",
+                "transitions": e.get("transitions"),
+                "episodes": e.get("episodes"),
+                "stored_bytes": e.get("stored_bytes") if sizes else None,
+            }
+            for e in doc["stores"]
+        ]
     if fs.read_only:
         # plain http(s) has no listing; one store is still answered, from its zarr.json
         if not fs.exists(f"{path}/zarr.json"):
             raise InvalidArgumentError(
                 f"{redact(str(root), storage_options)} cannot be listed: http(s):// has no "
-                f"listing, so the stores under it cannot be found. Give one store's URL "
-                f"(ROOT/Game/run.zarr), or list the bucket through gs:// or s3:// "
-                f"(anonymously, for a public bucket)"
+                f"listing and the root has no {CATALOG}. Give one store's URL "
+                f"(ROOT/Game/run.zarr), list the bucket through gs:// or s3:// "
+                f"(anonymously, for a public bucket), or have its owner run "
+                f"`atari-zarr index ROOT`"
             )
         return [_row(fs, path, str(root), sizes=False)]
     if not fs.exists(path):
@@ -257,7 +326,11 @@ def _natural(name: str) -> tuple[Any, ...]:
 
 
 def complete_stores(
-    root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+    root: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: Timeout = "default",
+    use_catalog: bool = True,
 ) -> list[str]:
     """The ``"Game/run"`` names of the complete stores ``{root}/{Game}/{run}.zarr``.
 
@@ -290,7 +363,8 @@ def complete_stores(
     """
     prefix = str(root).rstrip("/") + "/"
     names = []
-    for row in list_stores(root, storage_options, sizes=False, timeout=timeout):
+    rows = list_stores(root, storage_options, sizes=False, timeout=timeout, use_catalog=use_catalog)
+    for row in rows:
         relative = row["url"][len(prefix) :] if row["url"].startswith(prefix) else ""
         parts = relative.split("/")
         if row["status"] == "complete" and len(parts) == 2 and parts[1].endswith(_SUFFIX):
@@ -308,3 +382,194 @@ def name_to_url(root: str, name: str) -> str:
     """
     game, _, run = str(name).partition("/")
     return store_path(str(root), game, run)
+
+
+# -- the catalog -------------------------------------------------------------------------
+def content_id(attrs: dict[str, Any]) -> str:
+    """What identifies a store's content: a digest of its ``atari_zarr`` attributes
+    (the plan, counts, episode table and completion marker change with any rewrite).
+
+    Examples
+    --------
+    >>> a, b = {"game": "Pong", "complete": True}, {"complete": True, "game": "Pong"}
+    >>> content_id(a) == content_id(b), content_id(a) == content_id({**a, "complete": False})
+    (True, False)
+    """
+    text = json.dumps(attrs, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _entry(
+    fs: FileSystem, p: str, relative: str, attrs: dict[str, Any], sizes: bool
+) -> CatalogEntry:
+    from atari_zarr.episodes import episode_table
+
+    table = episode_table(attrs)
+    returns = None if table is None or table.returns is None or not len(table) else table.returns
+    counts = attrs.get("counts", {})
+    parts = relative.split("/")
+    return {
+        "path": relative,
+        "game": attrs.get("game", parts[-2] if len(parts) > 1 else None),
+        "run": str(attrs.get("run", parts[-1].removesuffix(_SUFFIX))),
+        "kind": attrs.get("kind"),
+        "transitions": counts.get("transitions"),
+        "episodes": counts.get("episodes"),
+        "stored_bytes": fs.du(p) if sizes else None,
+        "return_mean": None if returns is None else float(returns.mean()),
+        "return_min": None if returns is None else float(returns.min()),
+        "return_max": None if returns is None else float(returns.max()),
+        "content": content_id(attrs),
+    }
+
+
+def _complete_under(fs: FileSystem, path: str, *, sizes: bool) -> list[CatalogEntry]:
+    """Entries of the complete stores under ``path``, found by listing (no catalog)."""
+    fs.invalidate_cache()  # listings as they are now, not as this process saw them
+    out = []
+    for p in _find_stores(fs, path, depth=3):
+        state, attrs = _inspect(fs, p, look_inside=False)
+        if state == "complete" and p != path:
+            out.append(_entry(fs, p, p[len(path) + 1 :], attrs, sizes))
+    return sorted(out, key=lambda e: _natural(e["path"]))
+
+
+def read_catalog(
+    root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> dict[str, Any] | None:
+    """The ``catalog.json`` of ``root`` (one request), or None when there is none or it
+    cannot be used (then a warning says so, and readers list the root instead)."""
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    return _read_catalog(fs, path.rstrip("/"), str(root))
+
+
+def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None:
+    try:
+        raw = fs.cat_file(f"{path}/{CATALOG}")
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    try:
+        doc = json.loads(raw)
+        stores = doc["stores"]
+        usable = doc.get("format") == CATALOG_FORMAT and all(
+            isinstance(e, dict) and isinstance(e.get("path"), str) and "content" in e
+            for e in stores
+        )
+    except (ValueError, KeyError, TypeError):
+        usable = False
+    if not usable:
+        warnings.warn(
+            f"{redact(root)}/{CATALOG} is not a catalog this version reads (format "
+            f"{CATALOG_FORMAT}); listing the root instead. Run `atari-zarr index {redact(root)}` "
+            f"to write it again.",
+            stacklevel=3,
+        )
+        return None
+    return dict(doc)
+
+
+def _write_json(fs: FileSystem, target: str, doc: dict[str, Any]) -> None:
+    data = (json.dumps(doc, indent=1) + "\n").encode()
+    if fs.remote:
+        fs.pipe_file(target, data)  # one PUT: readers see the old object or the new one
+        return
+    tmp = f"{target}.{uuid.uuid4().hex}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, target)  # readers never see it half written
+
+
+def write_catalog(
+    root: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    sizes: bool = True,
+    timeout: Timeout = "default",
+) -> dict[str, Any]:
+    """Write ``{root}/catalog.json``: one entry per complete store under ``root``.
+
+    The catalog is rebuilt from the stores, not edited: after writing, the writer lists
+    the stores again, and writes again until what it wrote is what is there. So
+    converters that finish at the same time (``convert --index``) never lose each
+    other's entries: the last to write has seen every store finished before it.
+
+    Parameters
+    ----------
+    root : str
+        The destination root of ``atari-zarr convert`` (local path or fsspec URL).
+    storage_options : dict, optional
+        fsspec options.
+    sizes : bool
+        Record each store's size (one listing per store).
+    timeout : float, None or "default"
+        Seconds each call to storage may take, retries included (default 60).
+
+    Returns
+    -------
+    dict
+        The catalog written: ``format`` and ``stores`` (:class:`CatalogEntry` each).
+
+    Examples
+    --------
+    >>> doc = write_catalog(dest_root)
+    >>> [(e["path"], e["transitions"]) for e in doc["stores"]]
+    [('Pong/1.zarr', 300)]
+    """
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    path = path.rstrip("/")
+    if fs.read_only:
+        raise InvalidArgumentError(
+            f"{redact(str(root), storage_options)}: cannot write {CATALOG} over http(s), "
+            f"which is read-only. Index the root through gs://, s3:// or a local path."
+        )
+    if not fs.exists(path):
+        raise StoreNotFoundError(
+            f"{root} does not exist: expected the DEST of `atari-zarr convert`. Check the path."
+        )
+    doc: dict[str, Any] = {}
+    for _ in range(_CATALOG_ROUNDS):
+        entries = _complete_under(fs, path, sizes=sizes)
+        doc = {"format": CATALOG_FORMAT, "stores": entries}
+        _write_json(fs, f"{path}/{CATALOG}", doc)
+        now = _complete_under(fs, path, sizes=False)
+        if [(e["path"], e["content"]) for e in now] == [(e["path"], e["content"]) for e in entries]:
+            break
+        log.info("%s: stores changed while indexing; indexing again", redact(str(root)))
+    return doc
+
+
+def _entry_name(entry: CatalogEntry) -> str | None:
+    parts = entry["path"].split("/")
+    if len(parts) == 2 and parts[1].endswith(_SUFFIX):
+        return f"{parts[0]}/{parts[1].removesuffix(_SUFFIX)}"
+    return None
+
+
+def complete_store_entries(
+    root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> tuple[list[str], dict[str, CatalogEntry] | None]:
+    """The ``"Game/run"`` names of the complete stores under ``root``, and their catalog
+    entries when they came from ``catalog.json`` (None when the root was listed)."""
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    doc = _read_catalog(fs, path.rstrip("/"), str(root))
+    if doc is None:
+        return complete_stores(root, storage_options, timeout=timeout, use_catalog=False), None
+    entries = {n: e for e in doc["stores"] if (n := _entry_name(e)) is not None}
+    return sorted(entries, key=_natural), entries
+
+
+def check_entry(entry: CatalogEntry, attrs: dict[str, Any], url: str) -> bool:
+    """Warn when the store opened at ``url`` is no longer the one the catalog indexed.
+
+    The data read is the store's own, never the catalog's; the warning names the
+    store and says how to refresh the catalog. True when the entry still holds.
+    """
+    if content_id(attrs) == entry.get("content"):
+        return True
+    warnings.warn(
+        f"{redact(url)} changed since its root's {CATALOG} was written (its entry says "
+        f"{entry.get('transitions')} transitions, content {entry.get('content')}); the "
+        f"store itself is read. Run `atari-zarr index ROOT` again to refresh the catalog.",
+        stacklevel=2,
+    )
+    return False
