@@ -36,6 +36,7 @@ ALLOWED = {
     ("conversion.derived", "record.envs"),
     # the dataset's convenience method for a video calls the explore floor, lazily
     ("read.dataset", "explore.video"),
+    ("read.dataset", "explore.player"),
 }
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from atari_zarr.testing.browser import HeadlessChromium, find_chromium
+
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 
 
@@ -77,12 +79,33 @@ def test_notebook_runs(path, demo_store, this_python_kernel, tmp_path, monkeypat
     ]
     assert not warnings, warnings
     pictures = [o for o in outputs if "image/png" in o.get("data", {})]
-    # grid, strip, histograms, actions, a window, stream throughput, brightness
-    assert len(pictures) == 7
+    # grid, strip, histograms, learning curve, actions, a window, stream throughput, brightness
+    assert len(pictures) == 8
     text = "\n".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert "torch.Size([12]) torch.Size([12, 4, 84, 84]) False" in text  # a window of views
     assert "stream, one epoch:" in text
     assert f"store        {demo_store}" in text
+    assert "['Breakout/1'] found with 1 request" in text  # the bucket's catalog
+    assert "checkpoint  episodes    mean  median" in text  # the learning curve's table
+    # the player, as the notebook shows it, plays in a real browser
+    [player_html] = [
+        o["data"]["text/html"]
+        for o in outputs
+        if "atari-zarr-player" in o.get("data", {}).get("text/html", "")
+    ]
+    if find_chromium() is not None:
+        from atari_zarr import AtariZarrDataset
+        from tests.explore.test_player import check_player_in_browser
+
+        ds = AtariZarrDataset(demo_store)
+        longest = int(ds.episode_table["length"].to_numpy().argmax())
+        page = tmp_path / "notebook-player.html"
+        page.write_text(f"<!doctype html><html><body>{player_html}</body></html>")
+        with HeadlessChromium() as browser:
+            check_player_in_browser(
+                browser, page, int(ds.episode_table["length"][longest]),
+                ds.episode(longest)["observation"].numpy()[0],
+            )
     # the remote cell: opening and 8 frames cost far less than the store
     lines = {line.split(":")[0].strip(): line for line in text.splitlines() if "bytes" in line}
     store_bytes, opened, frames = (

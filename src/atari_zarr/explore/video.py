@@ -165,7 +165,9 @@ def caption_lines(
     >>> caption_lines(np.array([0, 3]), np.array([0.0, 1.0]), ["NOOP", "FIRE", "UP", "RIGHT"])
     ['step 0  NOOP  reward 0  return 0', 'step 1  RIGHT  reward 1  return 1']
     """
-    so_far = np.cumsum(np.asarray(rewards, dtype=np.float64))
+    actions = np.asarray(actions).reshape(-1)
+    rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    so_far = np.cumsum(rewards)
     lines = []
     for t, (a, r) in enumerate(zip(actions.tolist(), np.asarray(rewards).tolist(), strict=True)):
         name = (

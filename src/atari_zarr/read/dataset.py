@@ -356,6 +356,23 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             self, i, path, scale=scale, fps=fps, caption=caption, lossless=lossless
         )
 
+    def show_episode(self, i: int, *, scale: int = 4, fps: float = 15.0) -> Any:
+        """An inline player of episode ``i`` for Jupyter: play/pause, a step slider, the
+        frame with its action, reward and return so far.
+
+        Only the episode's frames are read. It is plain HTML with its own script
+        (:class:`atari_zarr.explore.player.EpisodePlayer`): it plays in JupyterLab,
+        VS Code and notebooks exported to HTML; ``.save(path)`` writes it as a page.
+
+        Examples
+        --------
+        >>> AtariZarrDataset(store_url).show_episode(0)
+        EpisodePlayer('Pong/1, episode 0 (...)', steps=...)
+        """
+        from atari_zarr.explore.player import episode_player
+
+        return episode_player(self, i, scale=scale, fps=fps)
+
     def iter_episodes(self, episodes: Any = None) -> Iterator[TensorDict]:
         """Episodes one after the other (default: all, in order), each a TensorDict ``[T]``.
 
