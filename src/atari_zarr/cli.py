@@ -235,6 +235,22 @@ def _cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_card(args: argparse.Namespace) -> int:
+    from atari_zarr.explore.card import write_card
+
+    where = write_card(
+        args.root,
+        parse_storage_options(args.storage_option),
+        public_url=args.public_url,
+        reader_options=parse_storage_options(args.reader_option),
+        license=args.license,
+        timeout=_timeout(args),
+    )
+    if not args.quiet:
+        print(f"dataset card -> {where}")
+    return 0
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
     import json
 
@@ -520,6 +536,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     _add_storage_option(p)
     p.set_defaults(func=_cmd_index)
+
+    p = sub.add_parser(
+        "card",
+        help="write ROOT/README.md, a dataset card (Hugging Face convention)",
+        description="Write ROOT/README.md, a dataset card in the Hugging Face convention "
+        "(YAML front matter, the games/runs, where the data came from, the lines that load "
+        "it, learning curves), and ROOT/learning_curves.png.",
+    )
+    p.add_argument("root", metavar="ROOT", help="destination root of convert (path or URL)")
+    p.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="the URL readers use for ROOT in the loading lines (default ROOT), e.g. "
+        "https://storage.googleapis.com/BUCKET/atari",
+    )
+    p.add_argument(
+        "--reader-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a storage option of the loading lines, repeatable (e.g. token=anon)",
+    )
+    p.add_argument("--license", default="cc-by-4.0", help="license of the front matter")
+    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_card)
     return parser
 
 

@@ -12,6 +12,7 @@ import time
 import http.client
 import json
 import threading
+import warnings
 import urllib.parse
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -485,3 +486,18 @@ def test_index_and_convert_index_from_the_command_line(source_root, pong_run, tm
     assert cli_main(["index", str(dest)]) == 0
     assert "1 complete stores -> " in capsys.readouterr().out
     assert json.loads((dest / "catalog.json").read_text())["stores"] == doc["stores"]
+
+
+def test_the_torchrl_drop_in_checks_its_catalog_entry(source_root, pong_run, tmp_path) -> None:
+    from atari_zarr.torchrl import AtariZarrExperienceReplay
+
+    dest = tmp_path / "dest"
+    convert(str(source_root), str(dest), max_episodes=2, progress=False)
+    write_catalog(str(dest))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh catalog: no warning
+        AtariZarrExperienceReplay("Pong/1", batch_size=4, root=str(dest))
+    [again] = convert(str(source_root), str(dest), max_episodes=3, overwrite=True, progress=False)
+    with pytest.warns(UserWarning, match=r"Pong/1.zarr changed since .*atari-zarr index"):
+        replay = AtariZarrExperienceReplay("Pong/1", batch_size=4, root=str(dest))
+    assert len(replay) == again.transitions  # the store as it is, not as indexed

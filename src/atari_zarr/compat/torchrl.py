@@ -37,7 +37,12 @@ from atari_zarr.errors import (
     import_optional,
 )
 from atari_zarr.read.dataset import AtariZarrDataset
-from atari_zarr.storage.catalog import complete_stores, name_to_url
+from atari_zarr.storage.catalog import (
+    check_entry,
+    complete_store_entries,
+    complete_stores,
+    name_to_url,
+)
 from atari_zarr.storage.paths import redact
 
 # MissingDependencyError naming the extra when TorchRL is not installed
@@ -154,7 +159,8 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         self.storage_options = dict(storage_options or {})
         self.root = root
         self.dataset_id = str(dataset_id)
-        available = self.available_datasets
+        # one request with a catalog.json at root; its entry is checked once the store is open
+        available, entries = complete_store_entries(self.root, self.storage_options)
         if self.dataset_id not in available:
             close = difflib.get_close_matches(self.dataset_id, available, n=5, cutoff=0.6)
             raise StoreFormatError(
@@ -169,6 +175,8 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
             frame_stack=frame_stack,
             dataset_id=self.dataset_id,
         )
+        if entries is not None:
+            check_entry(entries[self.dataset_id], storage.dataset.metadata, self.data_path)
         if writer is None:
             writer = ImmutableDatasetWriter()
         if sampler is None:

@@ -93,6 +93,7 @@ def plot_learning_curves(
             alpha=0.2,
             linewidth=0,
         )
+    ax.xaxis.get_major_locator().set_params(integer=True)  # checkpoints are whole numbers
     ax.set_xlabel(f"source {noun} (RL Unplugged: shard)")
     ax.set_ylabel("episode return (mean; band: middle half)")
     ax.set_title(f"Learning curve: {', '.join(sorted(games))}")

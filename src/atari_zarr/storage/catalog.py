@@ -60,6 +60,7 @@ __all__ = [
     "CatalogEntry",
     "StoreRow",
     "StoreState",
+    "catalog_entries",
     "check_entry",
     "complete_store_entries",
     "complete_stores",
@@ -536,6 +537,25 @@ def write_catalog(
             break
         log.info("%s: stores changed while indexing; indexing again", redact(str(root)))
     return doc
+
+
+def catalog_entries(
+    root: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    sizes: bool = True,
+    timeout: Timeout = "default",
+) -> list[CatalogEntry]:
+    """The complete stores under ``root`` as catalog entries: from its ``catalog.json``
+    (one request) when there is one, else by listing (what :func:`write_catalog` writes)."""
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    path = path.rstrip("/")
+    doc = _read_catalog(fs, path, str(root))
+    if doc is not None:
+        return list(doc["stores"])
+    if fs.read_only or not fs.exists(path):
+        list_stores(root, storage_options, timeout=timeout)  # its one-line error
+    return _complete_under(fs, path, sizes=sizes)
 
 
 def _entry_name(entry: CatalogEntry) -> str | None:

@@ -1,0 +1,76 @@
+"""The dataset card: Hugging Face front matter, the stores, their source, and loading
+lines that run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from atari_zarr.cli import main
+from atari_zarr.explore.card import size_category, write_card
+from atari_zarr.storage.catalog import write_catalog
+from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+
+
+def _run_python_blocks(text: str, tmp_path: Path) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    script = tmp_path / "load.py"
+    script.write_text("\n".join(blocks))
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_a_card_for_a_local_root(pong_store_copy, tmp_path, capsys):
+    pong_store = pong_store_copy
+    root = Path(pong_store.url).parents[1]
+    assert main(["card", str(root)]) == 0
+    assert f"dataset card -> {root}/README.md" in capsys.readouterr().out
+    text = (root / "README.md").read_text()
+    front = text.split("---\n")[1]
+    assert "license: cc-by-4.0" in front and "- reinforcement-learning" in front
+    assert f"- {size_category(pong_store.transitions)}" in front and "- dqn-replay" in front
+    assert f"| Pong/1 | dqn-replay | {pong_store.transitions:,} |" in text
+    assert "dqn-replay from `" in text and "checkpoints converted" in text
+    picture = root / "learning_curves.png"
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 5000
+    out = _run_python_blocks(text, tmp_path)
+    assert "torch.Size([32, 84, 84]) torch.Size([32, 1])" in out and "['Pong/1']" in out
+
+
+def test_a_card_for_a_public_bucket_read_over_https(pong_store, tmp_path):
+    """Converted into a bucket, indexed, the card written there; its lines read the
+    stores over plain https (the catalog lists the root), as a visitor would."""
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket("public-card")
+        fs = fsspec.filesystem("gs", skip_instance_cache=True, **server.storage_options())
+        fs.put(pong_store.url, "public-card/atari/Pong/1.zarr", recursive=True)
+        root, opts = "gs://public-card/atari", server.storage_options()
+        write_catalog(root, opts)
+        public = f"{proxy.endpoint_url}/public-card/atari"
+        where = write_card(root, opts, public_url=public)
+        assert where == f"{root}/README.md"
+        text = fs.cat_file("public-card/atari/README.md").decode()
+        assert f'AtariZarrDataset("{public}/Pong/1.zarr")' in text
+        out = _run_python_blocks(text, tmp_path)
+        assert "['Pong/1']" in out
+
+
+def test_reader_options_are_in_the_loading_lines(pong_store, tmp_path):
+    from atari_zarr.explore.card import card_text
+
+    root = str(Path(pong_store.url).parents[1])
+    text = card_text(root, public_url="gs://b/atari", reader_options={"token": "anon"})
+    assert "AtariZarrDataset(\"gs://b/atari/Pong/1.zarr\", storage_options={'token': 'anon'})" in text
+    from atari_zarr.errors import StoreNotFoundError
+
+    with pytest.raises(StoreNotFoundError, match="nothing does not exist: expected"):
+        card_text(str(tmp_path / "nothing"))
