@@ -99,3 +99,26 @@ def test_the_player_holds_the_episode_and_its_captions(pong_store):
     assert 'width="168"' in player.html
     with pytest.raises(IndexError, match="out of range"):
         ds.show_episode(10_000)
+
+
+def test_the_player_of_a_store_in_a_bucket_reads_only_its_episode(pong_store):
+    import fsspec
+
+    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+
+    local = AtariZarrDataset(pong_store.url)
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket("player")
+        fs = fsspec.filesystem("gs", skip_instance_cache=True, **server.storage_options())
+        fs.put(pong_store.url, "player/Pong/1.zarr", recursive=True)
+        stored = fs.du("player/Pong/1.zarr")
+        remote = AtariZarrDataset(
+            "gs://player/Pong/1.zarr",
+            storage_options=server.storage_options(endpoint_url=proxy.endpoint_url),
+        )
+        proxy.reset()
+        player = remote.show_episode(2)
+        assert player.html.count("data:image/png") == local.show_episode(2).html.count(
+            "data:image/png"
+        )
+        assert 0 < proxy.bytes_received < stored / 2  # that episode's chunks, not the store
