@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.errors import import_optional
-from atari_zarr.explore.video import action_names, caption_lines
+from atari_zarr.explore.video import episode_frames
 
 __all__ = ["EpisodePlayer", "episode_player"]
 
@@ -124,13 +124,8 @@ def episode_player(ds: Any, episode: int, *, scale: int = 4, fps: float = 15.0) 
     IndexError
         ``episode`` is out of range: the message gives the valid range.
     """
-    ep = ds.episode(episode)
-    frames = ep["observation"].numpy()
-    if frames.ndim == 4:  # frame stacks: the newest frame of each
-        frames = frames[:, -1]
-    actions = ep["action"].numpy().astype(np.int64).reshape(-1)
-    rewards = ep["next", "reward"].numpy().reshape(-1)
-    captions = caption_lines(actions, rewards, action_names(ds))
+    frames, captions = episode_frames(ds, episode)
+    assert captions is not None
     pngs = [_png(f) for f in frames]
     game, run = ds.metadata.get("game"), ds.metadata.get("run")
     title = f"{game}/{run}, episode {episode} ({len(pngs)} steps)"

@@ -28,7 +28,14 @@ import numpy as np
 
 from atari_zarr.errors import InvalidArgumentError, import_optional
 
-__all__ = ["ALE_ACTIONS", "FORMATS", "caption_lines", "episode_video", "write_video"]
+__all__ = [
+    "ALE_ACTIONS",
+    "FORMATS",
+    "caption_lines",
+    "episode_frames",
+    "episode_video",
+    "write_video",
+]
 
 #: ALE's 18 actions, by ALE action id.
 ALE_ACTIONS = (
@@ -200,16 +207,30 @@ def episode_video(
     IndexError
         ``episode`` is out of range: the message gives the valid range.
     """
+    frames, captions = episode_frames(ds, episode, captions=caption)
+    return write_video(frames, path, scale=scale, fps=fps, captions=captions, lossless=lossless)
+
+
+def episode_frames(
+    ds: Any, episode: int, *, captions: bool = True
+) -> tuple[np.ndarray, list[str] | None]:
+    """Episode ``episode`` of ``ds``: its frames ``(T, 84, 84)`` (of frame stacks, the
+    newest) and, with ``captions``, one :func:`caption_lines` line per frame.
+
+    Raises
+    ------
+    IndexError
+        ``episode`` is out of range: the message gives the valid range.
+    """
     ep = ds.episode(episode)
     frames = ep["observation"].numpy()
     if frames.ndim == 4:  # frame stacks: the newest frame of each
         frames = frames[:, -1]
-    captions = None
-    if caption:
-        actions = ep["action"].numpy().astype(np.int64).reshape(-1)
-        rewards = ep["next", "reward"].numpy().reshape(-1)
-        captions = caption_lines(actions, rewards, action_names(ds))
-    return write_video(frames, path, scale=scale, fps=fps, captions=captions, lossless=lossless)
+    if not captions:
+        return frames, None
+    actions = ep["action"].numpy().astype(np.int64).reshape(-1)
+    rewards = ep["next", "reward"].numpy().reshape(-1)
+    return frames, caption_lines(actions, rewards, action_names(ds))
 
 
 def action_names(ds: Any) -> list[str] | None:
