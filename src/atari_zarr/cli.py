@@ -87,14 +87,19 @@ def _cmd_convert(args: argparse.Namespace) -> int:
                 f"{store.episodes:,} episodes, {store.gaps} gaps -> {store.url}"
             )
     if args.index:
-        from atari_zarr.storage.catalog import CATALOG, write_catalog
-
-        doc = write_catalog(
-            args.dest, parse_storage_options(args.storage_option), timeout=_timeout(args)
-        )
-        if not args.quiet:
-            print(f"{len(doc['stores'])} complete stores -> {args.dest.rstrip('/')}/{CATALOG}")
+        _write_index(args.dest, args, sizes=True)
     return 0
+
+
+def _write_index(root: str, args: argparse.Namespace, *, sizes: bool) -> None:
+    """``ROOT/catalog.json`` (``index``, ``convert --index``), and one line saying so."""
+    from atari_zarr.storage.catalog import CATALOG, write_catalog
+
+    doc = write_catalog(
+        root, parse_storage_options(args.storage_option), sizes=sizes, timeout=_timeout(args)
+    )
+    if not args.quiet:
+        print(f"{len(doc['stores'])} complete stores -> {root.rstrip('/')}/{CATALOG}")
 
 
 def _subset(args: argparse.Namespace) -> Any:
@@ -222,16 +227,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_index(args: argparse.Namespace) -> int:
-    from atari_zarr.storage.catalog import CATALOG, write_catalog
-
-    doc = write_catalog(
-        args.root,
-        parse_storage_options(args.storage_option),
-        sizes=not args.no_size,
-        timeout=_timeout(args),
-    )
-    if not args.quiet:
-        print(f"{len(doc['stores'])} complete stores -> {args.root.rstrip('/')}/{CATALOG}")
+    _write_index(args.root, args, sizes=not args.no_size)
     return 0
 
 

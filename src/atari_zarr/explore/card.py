@@ -34,7 +34,7 @@ from atari_zarr.errors import import_optional
 from atari_zarr.explore.curves import plot_learning_curves
 from atari_zarr.layout import read_metadata
 from atari_zarr.sources.registry import DQN_REPLAY, KINDS
-from atari_zarr.storage.catalog import CATALOG, CatalogEntry, catalog_entries, read_catalog
+from atari_zarr.storage.catalog import CATALOG, CatalogEntry, catalog_entries
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import redact
@@ -126,8 +126,22 @@ def card_text(
     timeout: Timeout = "default",
 ) -> str:
     """The card of ``root`` as Markdown (see the module docstring)."""
-    entries = catalog_entries(root, storage_options, timeout=timeout)
-    indexed = read_catalog(root, storage_options, timeout=timeout) is not None
+    entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
+    return _card_text(
+        root, entries, indexed, storage_options, public_url, reader_options, license, timeout
+    )
+
+
+def _card_text(
+    root: str,
+    entries: list[CatalogEntry],
+    indexed: bool,
+    storage_options: dict[str, Any] | None,
+    public_url: str | None,
+    reader_options: Mapping[str, Any] | None,
+    license: str,
+    timeout: Timeout,
+) -> str:
     url = (public_url or root).rstrip("/")
     total = sum(int(e["transitions"] or 0) for e in entries)
     games = sorted({str(e["game"]) for e in entries})
@@ -236,15 +250,10 @@ def write_card(
         Seconds each call to storage may take (default 60).
     """
     plt = import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
-    text = card_text(
-        root,
-        storage_options,
-        public_url=public_url,
-        reader_options=reader_options,
-        license=license,
-        timeout=timeout,
+    entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
+    text = _card_text(
+        root, entries, indexed, storage_options, public_url, reader_options, license, timeout
     )
-    entries = catalog_entries(root, storage_options, timeout=timeout)
     by_game: dict[str, list[str]] = {}
     for e in entries:
         by_game.setdefault(str(e["game"]), []).append(f"{root.rstrip('/')}/{e['path']}")

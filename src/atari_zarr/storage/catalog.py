@@ -545,17 +545,18 @@ def catalog_entries(
     *,
     sizes: bool = True,
     timeout: Timeout = "default",
-) -> list[CatalogEntry]:
-    """The complete stores under ``root`` as catalog entries: from its ``catalog.json``
-    (one request) when there is one, else by listing (what :func:`write_catalog` writes)."""
+) -> tuple[list[CatalogEntry], bool]:
+    """The complete stores under ``root`` as catalog entries, and whether they came from
+    its ``catalog.json`` (one request) rather than from listing the root (what
+    :func:`write_catalog` would write)."""
     fs, path = get_fs(root, storage_options, timeout=timeout)
     path = path.rstrip("/")
     doc = _read_catalog(fs, path, str(root))
     if doc is not None:
-        return list(doc["stores"])
+        return list(doc["stores"]), True
     if fs.read_only or not fs.exists(path):
         list_stores(root, storage_options, timeout=timeout)  # its one-line error
-    return _complete_under(fs, path, sizes=sizes)
+    return _complete_under(fs, path, sizes=sizes), False
 
 
 def _entry_name(entry: CatalogEntry) -> str | None:
