@@ -18,6 +18,11 @@ from _pytest.doctest import DoctestItem
 # imported, so it is set here, before any test imports it. Tests only: the package
 # itself never changes the environment.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+# Tests talk only to loopback: a gs:// URL that no test points at a server of its own
+# (the drop-ins download from gs://rl_unplugged by default) goes to a closed port on
+# 127.0.0.1, never to Cloud Storage. Tests of pulls point this variable, the one gcsfs
+# honours for emulators, at their fake-gcs-server.
+os.environ["STORAGE_EMULATOR_HOST"] = "http://127.0.0.1:9"
 
 
 @pytest.fixture(scope="session")

@@ -131,7 +131,7 @@ def _ours(args: tuple[str, str, dict[str, Any], float]) -> dict[str, Any]:
             create_dataset,
         )
 
-        data = create_dataset(ds._store, 4, 200_000, 10, seed=123)
+        data = create_dataset(4, 200_000, trajectories_per_buffer=10, store=ds._store, seed=123)
         dt = StateActionReturnDataset(data, 3 * K)
         loader = torch.utils.data.DataLoader(
             dt, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0)

@@ -96,3 +96,66 @@ def pong_store_copy(pong_store: ConvertedStore, dest_root: Path) -> ConvertedSto
     target = dest_root / "Pong" / "1.zarr"
     shutil.copytree(pong_store.url, target)
     return dataclasses.replace(pong_store, url=str(target))
+
+
+@dataclasses.dataclass
+class PublicCopy:
+    """RL Unplugged's public bucket served by fake-gcs-server, behind a counting proxy.
+
+    ``runs`` are the fixture runs uploaded (``"Asterix/1"``, ``"Pong/4"``,
+    ``"Breakout/1"``), their
+    shards named exactly as ``gs://rl_unplugged/atari_episodes_ordered`` has them;
+    ``bytes`` the size of each shard object by run and shard.
+    """
+
+    server: object
+    proxy: object
+    runs: dict
+    bytes: dict
+
+
+@pytest.fixture(scope="session")
+def rlu_public(tmp_path_factory: pytest.TempPathFactory):
+    """The public copy (see :class:`PublicCopy`), once per session."""
+    gcsfs = pytest.importorskip("gcsfs")
+    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+    from atari_zarr.testing.rl_unplugged import upload_public_layout, write_fixture_rlu
+
+    src = tmp_path_factory.mktemp("rlu-public")
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket("rl_unplugged")
+        fs = gcsfs.GCSFileSystem(**server.storage_options())
+        runs, sizes = {}, {}
+        for game, run, present, episodes, seed in (
+            ("Asterix", 1, (0, 1, 2), 6, 0),
+            ("Pong", 4, (0, 1), 2, 4),
+            ("Breakout", 1, (47, 48, 49), 4, 1),  # the last shards: the Decision Transformer's
+        ):
+            fixture = write_fixture_rlu(
+                str(src),
+                game,
+                run,
+                num_shards=50,
+                present=present,
+                episodes_per_shard=episodes,
+                seed=seed,
+                cut_length=40,
+            )
+            upload_public_layout(fs, fixture)
+            runs[f"{game}/{run}"] = fixture
+            sizes[f"{game}/{run}"] = {i: os.path.getsize(p) for i, p in fixture.paths.items()}
+        yield PublicCopy(server, proxy, runs, sizes)
+
+
+@pytest.fixture
+def public_copy(rlu_public: PublicCopy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """The public copy, reached through the code's default URL: the standard emulator
+    variable gcsfs honours points at the proxy; the cache is this test's own."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", rlu_public.proxy.endpoint_url)
+    monkeypatch.setenv("ATARI_ZARR_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ATARI_ZARR_MIRRORS", raising=False)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    rlu_public.proxy.delay = 0.0
+    rlu_public.proxy.reset()
+    return rlu_public

@@ -25,6 +25,7 @@ FLOORS = [
     {"storage"},
     {"sources"},
     {"conversion", "read", "record"},
+    {"pull"},
     {"compat", "explore"},
     {"verify", "info", "demo", "torchrl"},
     {"cli", "__main__"},

@@ -299,3 +299,45 @@ def test_unknown_protocol_and_missing_backend_are_one_line(capsys, monkeypatch):
     err = capsys.readouterr().err.strip()
     assert err.startswith("atari-zarr ls: error: abfs://container/x: ")
     assert "pip install adlfs" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_pull_shows_bytes_and_transitions_and_prints_the_line_that_loads_it(
+    public_copy, tmp_path, capsys
+):
+    assert main(["pull", "asterix", "--fraction", "0.0004", "--scheduler", "synchronous"]) == 0
+    out, err = capsys.readouterr()
+    url = tmp_path / "home" / "subsets" / "fraction-0.0004-played" / "Asterix" / "1.zarr"
+    assert f"-> {url}" in out
+    assert 'get_atari_transitions("asterix", fraction=0.0004, index=0)' in out
+    assert "scan Asterix/1" in err and "MB read" in err and "transitions" in err
+    # a whole run: the line printed loads it, from the cache, the network untouched
+    assert main(["pull", "Pong/4", "--scheduler", "synchronous", "--no-progress"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == f"Pong/4 -> {tmp_path / 'home' / 'Pong' / '4.zarr'}"
+    public_copy.proxy.reset()
+    namespace: dict = {}
+    exec(out[1].replace("; ", "; dataset = ", 1), namespace)  # the line, as printed
+    dataset = namespace["dataset"]
+    assert dataset.origin == "cache" and len(dataset) > 0 and public_copy.proxy.requests == 0
+    # quiet: the path alone; errors: one line
+    assert main(["pull", "Pong/4", "-q"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "home" / "Pong" / "4.zarr")
+    assert main(["pull", "Pong/9", "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "runs 1 to 5 of Pong" in err
+
+
+def test_ls_available_lists_what_pull_can_fetch(public_copy, capsys):
+    assert main(["ls", "--available"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["dataset", "shards", "size", "cached"]
+    rows = {line.split()[0]: line for line in out[1:-1]}
+    assert len(rows) == 230 and "21.00 GiB" in rows["Pong/1"] and " 49 " in rows["Carnival/2"]
+    assert out[-1].startswith("230 runs of 46 games")
+    assert public_copy.proxy.requests == 0  # TFDS's figures: nothing listed
+    assert main(["ls", "--available", "--source-sizes", "--json"]) == 0
+    listed = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert listed["Asterix/1"]["source_bytes"] == sum(public_copy.bytes["Asterix/1"].values())
+    assert main(["ls"]) == 1
+    assert "--available" in capsys.readouterr().err

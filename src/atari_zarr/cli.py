@@ -50,6 +50,68 @@ def _add_storage_option(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_subset_options(p: argparse.ArgumentParser, order: str = "random") -> None:
+    """The options of a subset (``convert`` and ``pull``): ``--fraction``, ``--dt-*``."""
+    p.add_argument(
+        "--fraction",
+        type=float,
+        metavar="F",
+        help="d3rlpy's subset: from every checkpoint (shard), episodes until F x 1,000,000 "
+        "transitions (a DQN Replay run: F x its capacity), the last one trimmed",
+    )
+    p.add_argument(
+        "--fraction-order",
+        choices=("random", "played"),
+        default=order,
+        help="the order --fraction takes each checkpoint's episodes in: random (d3rlpy's "
+        "shuffle) or played (a prefix of every checkpoint: a remote shard is read only that "
+        f"far) (default {order})",
+    )
+    p.add_argument(
+        "--dt-buffers",
+        type=int,
+        metavar="N",
+        help="Decision Transformer sampling: draw among the last N checkpoints (default 50 "
+        "when any --dt-* is given)",
+    )
+    p.add_argument(
+        "--dt-steps",
+        type=int,
+        metavar="N",
+        help="Decision Transformer sampling: transitions to take (default 500000)",
+    )
+    p.add_argument(
+        "--dt-trajectories",
+        type=int,
+        metavar="N",
+        help="Decision Transformer sampling: whole trajectories taken per draw (default 10)",
+    )
+    p.add_argument(
+        "--subset-seed",
+        type=int,
+        default=0,
+        metavar="S",
+        help="seed of the subset's random choices (default 0)",
+    )
+
+
+def _add_scheduler_options(p: argparse.ArgumentParser) -> None:
+    """Where conversion tasks run (``convert``, ``pull``)."""
+    p.add_argument(
+        "--scheduler",
+        default="processes",
+        metavar="S",
+        help="synchronous, threads, processes (default) or a dask.distributed scheduler "
+        "address such as tcp://host:8786",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="workers of a local scheduler (default: one per core)",
+    )
+
+
 def _timeout(args: argparse.Namespace) -> float | None:
     """``--timeout``, else ``$ATARI_ZARR_TIMEOUT``, else 60 s; 0 for no limit."""
     from atari_zarr.storage.deadline import resolve_timeout, timeout_from_environment
@@ -113,7 +175,9 @@ def _subset(args: argparse.Namespace) -> Any:
             "subsets; pass one rule"
         )
     if args.fraction is not None:
-        return Subset.fraction_of(args.fraction, seed=args.subset_seed, where="--fraction")
+        return Subset.fraction_of(
+            args.fraction, seed=args.subset_seed, order=args.fraction_order, where="--fraction"
+        )
     if any(v is not None for v in dt):
         defaults = (50, 500_000, 10)  # kzl/decision-transformer's run_dt_atari.py
         return Subset.decision_transformer(
@@ -247,12 +311,52 @@ def _cmd_card(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_pull(args: argparse.Namespace) -> int:
+    from atari_zarr.pull import RLU_URL, Request, loading_line, pull
+
+    subset = _subset(args)
+    requests = [
+        Request.parse(
+            dataset_id,
+            run=None if args.index is None else args.index + 1,
+            checkpoints=args.checkpoints,
+            subset=subset,
+        )
+        for dataset_id in args.dataset_id
+    ]
+    for request in requests:  # each run's shards spread over the scheduler's workers
+        found = pull(
+            request,
+            home=args.home,
+            home_options=parse_storage_options(args.storage_option),
+            overwrite=args.force,
+            source=args.source or RLU_URL,
+            source_options=parse_storage_options(args.source_storage_option) or None,
+            scheduler=args.scheduler,
+            workers=args.workers,
+            progress=not args.quiet and not args.no_progress,
+            timeout=_timeout(args),
+        )
+        if not args.quiet:
+            print(f"{request.describe()} -> {found.url}")
+            print(loading_line(request, found, home_given=args.home is not None))
+        else:
+            print(found.url)
+    return 0
+
+
 def _cmd_ls(args: argparse.Namespace) -> int:
-    import json
 
     from atari_zarr.info import format_store_list
     from atari_zarr.storage.catalog import list_stores
 
+    if args.available:
+        return _ls_available(args)
+    if args.root is None:
+        raise InvalidArgumentError(
+            "ls needs ROOT (a directory or URL of stores), or --available for what "
+            "`atari-zarr pull` can fetch"
+        )
     rows = list_stores(
         args.root,
         parse_storage_options(args.storage_option),
@@ -260,13 +364,32 @@ def _cmd_ls(args: argparse.Namespace) -> int:
         timeout=_timeout(args),
         use_catalog=not args.no_index,
     )
+    return _print_rows(args, rows, "url", format_store_list)
+
+
+def _ls_available(args: argparse.Namespace) -> int:
+    from atari_zarr.pull import available, format_available
+
+    rows = available(
+        home=args.home,
+        source_sizes=args.source_sizes,
+        source_options=parse_storage_options(args.storage_option) or None,
+        timeout=_timeout(args),
+    )
+    return _print_rows(args, rows, "id", format_available)
+
+
+def _print_rows(args: argparse.Namespace, rows: list[Any], key: str, table: Any) -> int:
+    """``ls``'s rows: JSON (``--json``), ``key`` of each (``-q``), or ``table(rows)``."""
+    import json
+
     if args.json:
         print(json.dumps(rows, indent=2))
     elif args.quiet:
         for row in rows:
-            print(row["url"])
+            print(row[key])
     else:
-        print(format_store_list(rows))
+        print(table(rows))
     return 0
 
 
@@ -316,39 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-transitions", type=int, metavar="N", help="keep at most N transitions")
     p.add_argument("--max-episodes", type=int, metavar="N", help="keep at most N episodes")
-    p.add_argument(
-        "--fraction",
-        type=float,
-        metavar="F",
-        help="d3rlpy's subset: from every checkpoint (shard), episodes in a random order until "
-        "F x 1,000,000 transitions (a DQN Replay run: F x its capacity), the last one trimmed",
-    )
-    p.add_argument(
-        "--dt-buffers",
-        type=int,
-        metavar="N",
-        help="Decision Transformer sampling: draw among the last N checkpoints (default 50 "
-        "when any --dt-* is given)",
-    )
-    p.add_argument(
-        "--dt-steps",
-        type=int,
-        metavar="N",
-        help="Decision Transformer sampling: transitions to take (default 500000)",
-    )
-    p.add_argument(
-        "--dt-trajectories",
-        type=int,
-        metavar="N",
-        help="Decision Transformer sampling: whole trajectories taken per draw (default 10)",
-    )
-    p.add_argument(
-        "--subset-seed",
-        type=int,
-        default=0,
-        metavar="S",
-        help="seed of the subset's random choices (default 0)",
-    )
+    _add_subset_options(p)
     p.add_argument(
         "--full-action-space",
         action="store_true",
@@ -370,19 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="then write DEST/catalog.json, the index of DEST's complete stores (see `index`)",
     )
-    p.add_argument(
-        "--scheduler",
-        default="processes",
-        metavar="S",
-        help="synchronous, threads, processes (default) or a dask.distributed scheduler "
-        "address such as tcp://host:8786",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        metavar="N",
-        help="workers of a local scheduler (default: one per core)",
-    )
+    _add_scheduler_options(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     _add_storage_option(p)
@@ -509,15 +588,81 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the {Game}/{run}.zarr stores under ROOT: transitions, episodes, "
         "size, and whether each is complete.",
     )
-    p.add_argument("root", metavar="ROOT", help="destination root of convert (path or URL)")
+    p.add_argument(
+        "root", metavar="ROOT", nargs="?", help="destination root of convert (path or URL)"
+    )
     p.add_argument("--no-size", action="store_true", help="skip adding up sizes (faster remotely)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="print only the store URLs")
     p.add_argument(
         "--no-index", action="store_true", help="list ROOT even if it has a catalog.json"
     )
+    p.add_argument(
+        "--available",
+        action="store_true",
+        help="list what `pull` can fetch instead: RL Unplugged's games and runs, their size "
+        "(TFDS's figure where it gives one) and whether the cache holds them",
+    )
+    p.add_argument(
+        "--home",
+        metavar="DIR",
+        help="with --available: the cache (default $ATARI_ZARR_HOME or ~/.cache/atari_zarr)",
+    )
+    p.add_argument(
+        "--source-sizes",
+        action="store_true",
+        help="with --available: list the source's shards for every run's size (one request "
+        "per game)",
+    )
     _add_storage_option(p)
     p.set_defaults(func=_cmd_ls)
+
+    p = sub.add_parser(
+        "pull",
+        help="fetch a run (or a part of one) from RL Unplugged's public copy into the cache",
+        description="Convert a game/run from RL Unplugged's public copy "
+        "(gs://rl_unplugged/atari_episodes_ordered) into the cache, $ATARI_ZARR_HOME or "
+        "~/.cache/atari_zarr, unless it is there: only the shards asked for, and for "
+        "--fraction (in the order played) only that prefix of each shard. What the TorchRL, "
+        "d3rlpy and Decision Transformer drop-ins do on first use; run it once before a "
+        "job with many processes (DDP ranks wait for it otherwise).",
+    )
+    p.add_argument(
+        "dataset_id",
+        metavar="ID",
+        nargs="+",
+        help="'Game/run' as TorchRL names it (e.g. Pong/5), or a game (e.g. pong: run 1, or "
+        "--index I for d3rlpy's run index); several are pulled one after the other",
+    )
+    p.add_argument("--index", type=int, metavar="I", help="d3rlpy's run index: run I + 1 (0 to 4)")
+    p.add_argument(
+        "--checkpoints",
+        metavar="SPEC",
+        help="shards (checkpoints) to fetch, e.g. '0-9,49' (default: all)",
+    )
+    _add_subset_options(p, order="played")
+    p.add_argument("--home", metavar="DIR", help="the cache (default $ATARI_ZARR_HOME)")
+    p.add_argument("--force", action="store_true", help="fetch again, even when the cache holds it")
+    p.add_argument(
+        "--source",
+        default=None,
+        metavar="URL",
+        help="where RL Unplugged's episodes are (default gs://rl_unplugged/atari_episodes_ordered)",
+    )
+    p.add_argument(
+        "--source-storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="fsspec option for the source (default token=anon)",
+    )
+    _add_scheduler_options(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument(
+        "--quiet", "-q", action="store_true", help="print only the store's path, no progress"
+    )
+    _add_storage_option(p)
+    p.set_defaults(func=_cmd_pull)
 
     p = sub.add_parser(
         "index",

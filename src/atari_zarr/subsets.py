@@ -11,7 +11,10 @@ of the subsets in use, and both choose whole episodes per checkpoint:
     (its buffer's capacity) and of one RL Unplugged shard; for a DQN Replay run it
     is the run's capacity. d3rlpy shuffles with Python's unseeded ``random``;
     here the order is drawn from ``seed`` and the checkpoint, so a subset can be
-    made again.
+    made again. With ``order="played"`` the episodes are taken in the order they
+    were played instead: the same count from the same checkpoints, but a *prefix*
+    of each, so a source that can only be read from its start (a GZIP shard) is
+    read only as far as the prefix (:meth:`Subset.prefix_rows`).
 ``decision-transformer`` (kzl/decision-transformer ``create_dataset``)
     Until ``num_steps`` transitions are taken: draw one of the last ``num_buffers``
     checkpoints at random and take its next ``trajectories_per_buffer`` whole
@@ -49,7 +52,16 @@ import numpy as np
 from atari_zarr.episodes import EpisodeTable, SourcePart
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["CHECKPOINT_ROWS", "Pieces", "Subset", "episode_pieces", "select_pieces"]
+__all__ = [
+    "CHECKPOINT_ROWS",
+    "ORDERS",
+    "PLAYED",
+    "RANDOM",
+    "Pieces",
+    "Subset",
+    "episode_pieces",
+    "select_pieces",
+]
 
 log = logging.getLogger("atari_zarr")
 
@@ -57,6 +69,9 @@ log = logging.getLogger("atari_zarr")
 CHECKPOINT_ROWS = 1_000_000
 FRACTION = "fraction"
 DECISION_TRANSFORMER = "decision-transformer"
+#: Orders of the fraction rule: d3rlpy's shuffle, or the order of play (a prefix).
+RANDOM, PLAYED = "random", "played"
+ORDERS = (RANDOM, PLAYED)
 
 
 def _positive(value: Any, name: str, where: str) -> int:
@@ -81,6 +96,9 @@ class Subset:
     seed: int = 0
     #: Transitions of a checkpoint for ``fraction`` (None: the run's own figure).
     checkpoint_rows: int | None = field(default=None)
+    #: ``fraction`` only: the order episodes are taken in, ``"random"`` (d3rlpy's) or
+    #: ``"played"`` (a prefix of every checkpoint).
+    order: str = RANDOM
 
     @classmethod
     def fraction_of(
@@ -89,14 +107,18 @@ class Subset:
         *,
         seed: int = 0,
         checkpoint_rows: int | None = None,
+        order: str = RANDOM,
         where: str = "the selection",
     ) -> Subset:
         """d3rlpy's rule: ``int(fraction * checkpoint_rows)`` transitions per checkpoint.
 
+        ``order="random"`` shuffles each checkpoint's episodes as d3rlpy does (from
+        ``seed``); ``order="played"`` takes them in the order they were played.
+
         Raises
         ------
         InvalidArgumentError
-            ``fraction`` outside ``(0, 1]``.
+            ``fraction`` outside ``(0, 1]``, or an unknown ``order``.
 
         Examples
         --------
@@ -120,7 +142,12 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
             if checkpoint_rows is None
             else _positive(checkpoint_rows, "checkpoint_rows", where)
         )
-        return cls(FRACTION, fraction=f, seed=int(seed), checkpoint_rows=rows)
+        if order not in ORDERS:
+            raise InvalidArgumentError(
+                f'order must be one of {list(ORDERS)}; got {order!r} for {where} ("random": '
+                f'd3rlpy\'s shuffle of each checkpoint, "played": the order of play)'
+            )
+        return cls(FRACTION, fraction=f, seed=int(seed), checkpoint_rows=rows, order=order)
 
     @classmethod
     def decision_transformer(
@@ -149,6 +176,8 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
         if self.rule == FRACTION:
             out["fraction"] = self.fraction
             out["checkpoint_rows"] = self.checkpoint_rows
+            if self.order != RANDOM:  # stores made before orders existed record none
+                out["order"] = self.order
         else:
             out.update(
                 num_buffers=self.num_buffers,
@@ -175,6 +204,7 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
                 attrs.get("fraction"),  # type: ignore[arg-type]
                 seed=int(attrs.get("seed", 0)),
                 checkpoint_rows=attrs.get("checkpoint_rows"),
+                order=str(attrs.get("order", RANDOM)),
             )
         if rule == DECISION_TRANSFORMER:
             return cls.decision_transformer(
@@ -187,10 +217,30 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
             f"unknown subset rule {rule!r}; expected {FRACTION!r} or {DECISION_TRANSFORMER!r}"
         )
 
+    def prefix_rows(self, checkpoint_rows: int = CHECKPOINT_ROWS) -> int | None:
+        """Rows from the start of each checkpoint that hold every row this rule takes.
+
+        None where the rule may take rows from anywhere in a checkpoint (d3rlpy's
+        shuffle, the Decision Transformer's sampling). A scan of a checkpoint may stop
+        once it has read this many rows (and the episode they end in).
+
+        Examples
+        --------
+        >>> Subset.fraction_of(0.01, order="played").prefix_rows()
+        10000
+        >>> Subset.fraction_of(0.01).prefix_rows() is None
+        True
+        """
+        if self.rule != FRACTION or self.order != PLAYED:
+            return None
+        assert self.fraction is not None
+        return int((self.checkpoint_rows or checkpoint_rows) * self.fraction)
+
     def describe(self) -> str:
         """One line for logs and ``info``."""
         if self.rule == FRACTION:
-            return f"fraction {self.fraction} of every checkpoint (seed {self.seed})"
+            how = " in the order played" if self.order == PLAYED else ""
+            return f"fraction {self.fraction} of every checkpoint{how} (seed {self.seed})"
         return (
             f"Decision Transformer sampling: {self.num_steps} steps from the last "
             f"{self.num_buffers} checkpoints, {self.trajectories_per_buffer} trajectories at a "
@@ -322,7 +372,10 @@ def select_pieces(
         chosen, stops, ends = [], pieces.stop.copy(), pieces.terminated.copy()
         for i, part in enumerate(parts):
             mine = np.flatnonzero(pieces.part == i)
-            order = np.random.default_rng([subset.seed, part.checkpoint]).permutation(mine)
+            if subset.order == PLAYED:
+                order = mine  # row order is the order of play
+            else:
+                order = np.random.default_rng([subset.seed, part.checkpoint]).permutation(mine)
             taken = 0
             for j in order.tolist():
                 if taken >= budget:

@@ -510,6 +510,7 @@ class _SpooledScans:
     kind: SourceKind
     source_run: SourceRun
     spool: Path
+    selection: Selection
 
     def done(self) -> set[int]:
         return {int(p.stem) for p in self.spool.glob("*.npz")}
@@ -520,7 +521,7 @@ class _SpooledScans:
     def run(self, units: list[int]) -> None:
         assert self.kind.scan is not None
         for unit in units:
-            arrays = self.kind.scan(self.source_run, unit)
+            arrays = self.kind.scan(self.source_run, unit, self.selection, None)
             np.savez(self.spool / f"{unit}.npz", **cast("dict[str, Any]", arrays))
             del arrays
 
@@ -580,7 +581,7 @@ def _plan_source(
                 f"(source.{noun}s_selected); pass the directory of the run it came from",
             )
             return None
-        plan = plan_run(kind, run, selection, _SpooledScans(kind, run, spool))
+        plan = plan_run(kind, run, selection, _SpooledScans(kind, run, spool, selection))
     except AtariZarrError as exc:
         report.add("source", f"cannot plan {source}: {exc}")
         return None

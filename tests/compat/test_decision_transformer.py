@@ -37,7 +37,7 @@ def reference_items(obss, actions, rtgs, done_idxs, timesteps, k, idx):
 
 
 def test_items_are_kzls_on_the_same_arrays(pong_store, pong_truth):
-    data = create_dataset(pong_store.url, 4, 150, 2, seed=1)
+    data = create_dataset(4, 150, trajectories_per_buffer=2, store=pong_store.url, seed=1)
     ds = StateActionReturnDataset(data, 3 * K)
     truth = pong_truth
     rows = data.rows
@@ -84,19 +84,19 @@ def test_items_are_kzls_on_the_same_arrays(pong_store, pong_truth):
 
 
 def test_selection_is_whole_trajectories_of_the_last_buffers(pong_store):
-    data = create_dataset(pong_store.url, 3, 80, 2, seed=0)
+    data = create_dataset(3, 80, trajectories_per_buffer=2, store=pong_store.url, seed=0)
     store = StoreReader(pong_store.url)
     starts = set(store.episodes.starts.tolist())
     assert set(data.pieces.start.tolist()) <= starts and data.pieces.terminated.all()
     assert len(data) >= 80 or len(data.pieces) > 0
-    again = create_dataset(pong_store.url, 3, 80, 2, seed=0)
+    again = create_dataset(3, 80, trajectories_per_buffer=2, store=pong_store.url, seed=0)
     assert again.rows.tolist() == data.rows.tolist()
     with pytest.raises(InvalidArgumentError, match="num_buffers 60 is larger than the"):
-        create_dataset(pong_store.url, 60, 80, 2)
+        create_dataset(60, 80, trajectories_per_buffer=2, store=pong_store.url)
 
 
 def test_uint8_states_and_batches(pong_store):
-    data = create_dataset(pong_store.url, 4, 100, 2)
+    data = create_dataset(4, 100, trajectories_per_buffer=2, store=pong_store.url)
     floats = StateActionReturnDataset(data, 3 * K)
     raw = StateActionReturnDataset(data, 3 * K, uint8=True)
     s8 = raw[3][0]
@@ -146,7 +146,7 @@ class TinyDT(nn.Module):
 @pytest.mark.slow
 def test_a_small_decision_transformer_learns(pong_store):
     torch.manual_seed(0)
-    data = create_dataset(pong_store.url, 6, 400, 3, seed=0)
+    data = create_dataset(6, 400, trajectories_per_buffer=3, store=pong_store.url, seed=0)
     ds = StateActionReturnDataset(data, 3 * K)
     model = TinyDT(ds.vocab_size, K, data.max_timestep)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -168,3 +168,59 @@ def test_a_small_decision_transformer_learns(pong_store):
                 break
     first, last = np.mean(losses[:30]), np.mean(losses[-30:])
     assert np.isfinite(losses).all() and last < 0.7 * first, (first, last)
+
+
+def _same_data(a, b):
+    for name in ("actions", "rtgs", "timesteps", "done_idxs", "returns"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+    np.testing.assert_array_equal(
+        a.store.frames.read(a.rows), b.store.frames.read(b.rows), err_msg="frames"
+    )
+
+
+@pytest.mark.slow
+def test_the_original_call_fetches_only_the_last_buffers(public_copy, tmp_path):
+    """``create_dataset(num_buffers, num_steps, game, data_dir_prefix, trajectories)``,
+    the original's call: no store there, so the run is fetched from RL Unplugged's
+    public copy, only its last ``num_buffers`` shards; the selection equals the one
+    made from the whole run converted here."""
+    from atari_zarr import convert
+
+    fixture = public_copy.runs["Breakout/1"]
+    data = create_dataset(2, 300, "Breakout", str(tmp_path / "dqn_replay") + "/", 2)
+    fetched = {p for m, p, _, n in public_copy.proxy.log if m == "GET" and "run_1-000" in p and n}
+    assert fetched and all("00048-of" in p or "00049-of" in p for p in fetched), fetched
+    assert "subsets/dt-2-300-2-seed123/Breakout/1.zarr" in data.store.where
+    [whole] = convert(fixture.game_dir, str(tmp_path / "whole"), progress=False)
+    _same_data(data, create_dataset(2, 300, trajectories_per_buffer=2, store=whole.url))
+    # the second call reads the cache; download=False finds it too
+    public_copy.proxy.reset()
+    again = create_dataset(2, 300, "Breakout", None, 2, download=False)
+    assert public_copy.proxy.requests == 0
+    _same_data(data, again)
+
+
+def test_dqn_replay_files_under_data_dir_prefix_are_converted_beside_them(
+    pong_run, source_root, pong_store
+):
+    """The original reads ``{data_dir_prefix}{game}/1/replay_logs``: those files are
+    converted once into ``{data_dir_prefix}{game}/1.zarr``, and read from there."""
+    prefix = str(source_root) + "/"
+    data = create_dataset(4, 150, "Pong", prefix, 2, seed=1, download=False)
+    assert data.store.where == str(source_root / "Pong" / "1.zarr")
+    _same_data(
+        data, create_dataset(4, 150, trajectories_per_buffer=2, store=pong_store.url, seed=1)
+    )
+    again = create_dataset(4, 150, "Pong", prefix, 2, seed=1, download=False)
+    _same_data(data, again)
+
+
+def test_a_store_of_another_subset_is_refused(pong_run, source_root, tmp_path):
+    from atari_zarr import convert
+
+    [sub] = convert(str(source_root), str(tmp_path), fraction=0.5, progress=False)
+    with pytest.raises(InvalidArgumentError, match=r"holds a subset \(fraction 0.5") as info:
+        create_dataset(4, 150, trajectories_per_buffer=2, store=sub.url)
+    assert "\n" not in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="needs the game"):
+        create_dataset(4, 150)

@@ -14,7 +14,10 @@ import torch
 from torch import nn
 
 from atari_zarr import AtariZarrDataset, convert
-from atari_zarr.errors import InvalidArgumentError, ReadOnlyDatasetError, StoreFormatError
+from atari_zarr.errors import (
+    ReadOnlyDatasetError,
+    StoreNotFoundError,
+)
 from atari_zarr.testing import write_fixture_run
 
 pytest.importorskip("torchrl")
@@ -68,14 +71,17 @@ def test_available_datasets_paths_and_errors(root, tmp_path):
     assert ds.data_path == f"{root}/Pong/1.zarr"
     assert ds.dataset_id == "Pong/1" and len(ds) == len(ds.dataset)
     with pytest.raises(
-        StoreFormatError, match=r"'Pong/5' is not a store under .*Close matches: \['Pong/1'\], of 2"
+        StoreNotFoundError,
+        match=r"Pong/5 is not in .*close matches there: \['Pong/1'\], of 2 stores.*"
+        r"`atari-zarr pull Pong/5`",
     ) as info:
-        AtariZarrExperienceReplay("Pong/5", root=root)
+        AtariZarrExperienceReplay("Pong/5", root=root, download=False)
     assert "\n" not in str(info.value)
-    with pytest.raises(StoreFormatError, match=r"'Zaxxon/9' .*Close matches: none, of 2"):
+    with pytest.raises(StoreNotFoundError, match=r"Zaxxon/9 .*close matches there: none, of 2"):
+        AtariZarrExperienceReplay("Zaxxon/9", root=root, download=False)
+    # a run RL Unplugged does not have is refused before anything is fetched
+    with pytest.raises(StoreNotFoundError, match=r"RL Unplugged has runs 1 to 5 of Zaxxon"):
         AtariZarrExperienceReplay("Zaxxon/9", root=root)
-    with pytest.raises(InvalidArgumentError, match="needs root="):
-        AtariZarrExperienceReplay("Pong/1")
 
 
 def test_sample_is_ted_with_objective_shapes(root, truth):
@@ -377,3 +383,14 @@ def test_the_rest_of_torchrls_documented_surface(root):
     ds3.set_sampler(RandomSampler())
     assert next(iter(ds3)).batch_size == (8,)
     assert ds3.data_path_root == root and ds3.data_path.endswith("Pong/1.zarr")
+
+
+def test_torchrls_registry_loads_the_drop_in(root):
+    """``load_dataset("atari_zarr:Game/run")`` once ``atari_zarr.torchrl`` is imported."""
+    from torchrl.data.datasets import load_dataset
+
+    import atari_zarr.torchrl  # noqa: F401  (registers the prefix)
+
+    ds = load_dataset("atari_zarr:Pong/1", batch_size=8, root=root, download=False)
+    assert isinstance(ds, AtariZarrExperienceReplay) and ds.dataset_id == "Pong/1"
+    assert ds.sample().shape == (8,)

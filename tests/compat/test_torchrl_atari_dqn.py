@@ -1,10 +1,17 @@
 """TorchRL's own tests of ``AtariDQNExperienceReplay`` (``TestAtariDQN``), against the drop-in.
 
 Each test asserts what TorchRL's ``test/libs/test_datasets.py::TestAtariDQN`` asserts,
-with the same datasets ("Asterix/1", "Pong/4"), parameters and calls; the only change
-is the constructor, which takes ``root=`` (the stores converted from fixture runs)
-instead of downloading. TorchRL's file itself is not copied here; the tests are
-written again from it, call for call.
+with the same datasets ("Asterix/1", "Pong/4"), parameters and calls, twice:
+
+* ``download``: TorchRL's constructor call as it is (no ``root=``, ``download=True`` by
+  default): the runs are fetched from RL Unplugged's public layout, served by
+  fake-gcs-server (``STORAGE_EMULATOR_HOST`` points gcsfs at it; the code's source URL
+  is the public one), into the cache;
+* ``root``: the constructor takes ``root=`` (stores converted from DQN Replay fixture
+  runs), and nothing is downloaded.
+
+TorchRL's file itself is not copied here; the tests are written again from it, call
+for call.
 
 One substitution: TorchRL's preprocessing test resizes frames with ``Resize``, which
 needs torchvision, and torchvision has no CPU build that works beside this project's
@@ -32,6 +39,25 @@ from atari_zarr.torchrl import AtariZarrExperienceReplay as AtariDQNExperienceRe
 
 # TorchRL's class-scoped fixture is an instance method, which pytest 9 deprecates
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestRemovedIn10Warning")
+
+
+@pytest.fixture(params=["download", "root"])
+def where(request, tmp_path_factory):
+    """The constructor's extra arguments: none (download) or ``root=``."""
+    if request.param == "root":
+        return {"root": request.getfixturevalue("root")}
+    public = request.getfixturevalue("rlu_public")
+    home = request.getfixturevalue("download_home")
+    mp = request.getfixturevalue("monkeypatch")
+    mp.setenv("STORAGE_EMULATOR_HOST", public.proxy.endpoint_url)
+    mp.setenv("ATARI_ZARR_HOME", home)
+    return {}
+
+
+@pytest.fixture(scope="module")
+def download_home(tmp_path_factory):
+    """The cache the downloads of this module go to (each run is fetched once)."""
+    return str(tmp_path_factory.mktemp("atari-dqn-home"))
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +97,9 @@ class TestAtariDQN:
 
     @pytest.mark.parametrize("dataset_id", ["Asterix/1", "Pong/4"])
     @pytest.mark.parametrize("num_slices,slice_len", [[None, None], [None, 8], [2, None]])
-    def test_single_dataset(self, dataset_id, slice_len, num_slices, limit_max_runs, root):
+    def test_single_dataset(self, dataset_id, slice_len, num_slices, limit_max_runs, where):
         dataset = AtariDQNExperienceReplay(
-            dataset_id, slice_len=slice_len, num_slices=num_slices, root=root
+            dataset_id, slice_len=slice_len, num_slices=num_slices, **where
         )
         sample = dataset.sample(64)
         for key in (
@@ -93,12 +119,12 @@ class TestAtariDQN:
         assert sample.get_non_tensor("metadata")["dataset_id"] == dataset_id
 
     @pytest.mark.parametrize("num_slices,slice_len", [[None, None], [None, 8], [2, None]])
-    def test_double_dataset(self, slice_len, num_slices, limit_max_runs, root):
+    def test_double_dataset(self, slice_len, num_slices, limit_max_runs, where):
         dataset_pong = AtariDQNExperienceReplay(
-            "Pong/4", slice_len=slice_len, num_slices=num_slices, root=root
+            "Pong/4", slice_len=slice_len, num_slices=num_slices, **where
         )
         dataset_asterix = AtariDQNExperienceReplay(
-            "Asterix/1", slice_len=slice_len, num_slices=num_slices, root=root
+            "Asterix/1", slice_len=slice_len, num_slices=num_slices, **where
         )
         dataset = ReplayBufferEnsemble(
             dataset_pong, dataset_asterix, sample_from_all=True, batch_size=128
@@ -109,7 +135,7 @@ class TestAtariDQN:
         assert sample[1].get_non_tensor("metadata")["dataset_id"] == "Asterix/1"
 
     @pytest.mark.parametrize("dataset_id", ["Pong/4"])
-    def test_atari_preproc(self, dataset_id, tmpdir, root):
+    def test_atari_preproc(self, dataset_id, tmpdir, where):
         dataset = AtariDQNExperienceReplay(
             dataset_id,
             slice_len=None,
@@ -117,7 +143,7 @@ class TestAtariDQN:
             batch_size=64,
             # num_procs=max(0, os.cpu_count() - 4),
             num_procs=0,
-            root=root,
+            **where,
         )
 
         t = Compose(

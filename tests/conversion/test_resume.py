@@ -23,40 +23,8 @@ from atari_zarr.conversion.workdir import LEASE_S, WorkDir, work_url
 from atari_zarr.errors import StoreExistsError, StoreIncompleteError, StoreLockedError
 from atari_zarr.layout import ATTRS_KEY, OBSERVATION
 from atari_zarr.testing import store_files, write_fixture_run
+from atari_zarr.testing.pause import pause_command
 from atari_zarr.verify import verify_store
-
-#: Runs `atari-zarr ARGS` with a dask callback that, in the scheduling thread, blocks
-#: for good once AFTER checkpoint tasks have finished (their data and markers are
-#: written), after printing "paused" on stdout. The test then kills the process.
-PAUSE_SCRIPT = """
-import sys
-import threading
-
-from dask.callbacks import Callback
-
-from atari_zarr.cli import main
-
-after = int(sys.argv[1])
-
-
-class PauseAfterLaps(Callback):
-    def __init__(self):
-        super().__init__()
-        self.laps = 0
-
-    def _posttask(self, key, result, dsk, state, worker_id):
-        if "-lap-" in str(key):
-            self.laps += 1
-            if self.laps == after:
-                print("paused", flush=True)
-                threading.Event().wait()  # until killed
-
-
-if __name__ == "__main__":  # worker processes spawned from here import this file too
-    PauseAfterLaps().register()
-    sys.exit(main(sys.argv[2:]))
-"""
-
 
 @pytest.fixture(scope="module")
 def run5(tmp_path_factory):
@@ -71,13 +39,9 @@ def run5(tmp_path_factory):
 
 def start_paused(src: Path, dest: Path, after: int, *extra: str) -> subprocess.Popen:
     """Start a conversion that pauses once `after` checkpoints are written."""
-    script = dest.parent / "pause_after_laps.py"
-    script.write_text(PAUSE_SCRIPT)
     return subprocess.Popen(
         [
-            sys.executable,
-            str(script),
-            str(after),
+            *pause_command(dest.parent, "-lap-", after),
             "convert",
             str(src),
             str(dest),
@@ -275,30 +239,12 @@ def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, source_r
     """ENOSPC while a shard is written (injected from the test, as the disk would raise it):
     one line naming DEST, the object and the space left; nothing is marked complete; the
     same command then finishes a store equal to one written in one go."""
-    import errno
-
-    from zarr.storage import LocalStore
-
     from atari_zarr.errors import StoreWriteError
-
-    real = LocalStore.set
-    calls = []
-
-    async def full_disk(self, key, value, *args, **kwargs):
-        if "/c/" in key:
-            calls.append(key)
-            if len(calls) == 3:
-                raise OSError(errno.ENOSPC, "No space left on device", f"{self.root}/{key}")
-        return await real(self, key, value, *args, **kwargs)
+    from atari_zarr.testing.faults import full_disk_after
 
     dest = tmp_path / "out"
-    mp = pytest.MonkeyPatch()
-    mp.setattr(LocalStore, "set", full_disk)
-    try:
-        with pytest.raises(StoreWriteError) as info:
-            convert(str(source_root), str(dest), progress=False, scheduler="synchronous")
-    finally:
-        mp.undo()
+    with full_disk_after(3), pytest.raises(StoreWriteError) as info:
+        convert(str(source_root), str(dest), progress=False, scheduler="synchronous")
     text = str(info.value)
     assert "\n" not in text and "the disk is full" in text and "MB free" in text
     assert "Pong/1.zarr" in text and "/c/" in text and "run the same command again" in text
@@ -356,11 +302,9 @@ def test_ctrl_c_is_one_line(run5, tmp_path):
     """SIGINT to the whole command (a terminal's Ctrl-C reaches every process of the
     group): one line, exit 130, no traceback from any worker."""
     dest = tmp_path / "out"
-    script = dest.parent / "pause_after_laps.py"
-    script.write_text(PAUSE_SCRIPT)
     proc = subprocess.Popen(
-        [sys.executable, str(script), "1", "convert", str(run5), str(dest), "--no-progress",
-         "--scheduler", "processes", "--workers", "2"],
+        [*pause_command(dest.parent, "-lap-", 1), "convert", str(run5), str(dest),
+         "--no-progress", "--scheduler", "processes", "--workers", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
     )
     wait_for_pause(proc)

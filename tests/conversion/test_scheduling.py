@@ -132,3 +132,38 @@ def test_cli_progress_bar_and_workers(pong_run, source_root, tmp_path):
     res = run("--scheduler", "bogus")
     assert res.returncode == 1 and "scheduler 'bogus' is not known" in res.stderr
     assert not (tmp_path / "o" / "Pong" / "1.zarr.converting").exists()  # refused up front
+
+
+def _sigint_handler(queue) -> None:
+    import signal
+
+    queue.put(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)
+
+
+def test_pool_workers_ignore_ctrl_c_from_their_first_instruction():
+    """A worker spawned for the pool starts with SIGINT ignored (so Ctrl-C while it is
+    still importing prints no traceback of its own); the main process's handler is back
+    once the worker is started."""
+    import multiprocessing
+    import signal
+
+    from atari_zarr.conversion.scheduling import _QuietContext
+
+    context = _QuietContext(multiprocessing.get_context("spawn"))
+    queue = context.Queue()
+    before = signal.getsignal(signal.SIGINT)
+    worker = context.Process(target=_sigint_handler, args=(queue,))
+    worker.start()
+    try:
+        assert queue.get(timeout=60) is True
+    finally:
+        worker.join(timeout=60)
+    assert signal.getsignal(signal.SIGINT) is before
+    plain = multiprocessing.get_context("spawn")
+    queue = plain.Queue()
+    worker = plain.Process(target=_sigint_handler, args=(queue,))
+    worker.start()
+    try:
+        assert queue.get(timeout=60) is False  # what the quiet context changes
+    finally:
+        worker.join(timeout=60)

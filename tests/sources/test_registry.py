@@ -72,7 +72,7 @@ class _DictScans:
     def run(self, units):
         self.scanned.append(list(units))
         for unit in units:
-            self.kept[unit] = self.kind.scan(self.run_, unit)
+            self.kept[unit] = self.kind.scan(self.run_, unit, Selection(), None)
 
 
 def test_plan_run_is_the_one_scan_then_plan_loop(rlu):

@@ -1,28 +1,33 @@
 """d3rlpy's Atari loaders, reading stores: ``get_atari`` and ``get_atari_transitions``.
 
 d3rlpy's ``d3rlpy.datasets.get_atari`` and ``get_atari_transitions`` load DQN Replay
-through d4rl-atari from the bucket that is gone. These take a store (or a root of
-stores) instead and return what d3rlpy's return: a d3rlpy ``ReplayBuffer`` of
-``Episode`` objects (observations ``(T, 1, 84, 84)`` uint8, actions ``(T, 1)``,
-clipped rewards ``(T, 1)`` float32, ``terminated``), with d3rlpy's transition picker
-and trajectory slicer (``FrameStackTransitionPicker(num_stack)`` unless ``pre_stack``),
-and an environment made with ale-py with DQN's preprocessing (channel first, frames
-stacked when ``num_stack`` is given)::
+through d4rl-atari from the bucket that is gone. These take the same calls and find
+the run in a root of stores, the cache or a mirror, or fetch it from RL Unplugged's
+public copy (:mod:`atari_zarr.pull`), and return what d3rlpy's return: a d3rlpy
+``ReplayBuffer`` of ``Episode`` objects (observations ``(T, 1, 84, 84)`` uint8,
+actions ``(T, 1)``, clipped rewards ``(T, 1)`` float32, ``terminated``), with d3rlpy's
+transition picker and trajectory slicer (``FrameStackTransitionPicker(num_stack)``
+unless ``pre_stack``), and an environment made with ale-py with DQN's preprocessing
+(channel first, frames stacked when ``num_stack`` is given). Migrating is an import::
 
     # before
-    dataset, env = d3rlpy.datasets.get_atari_transitions("breakout", fraction=0.01,
-                                                          index=0, num_stack=4)
+    from d3rlpy.datasets import get_atari_transitions
     # after
     from atari_zarr.compat.d3rlpy import get_atari_transitions
-    dataset, env = get_atari_transitions("./stores", "breakout", fraction=0.01,
-                                         index=0, num_stack=4)
+
+    dataset, env = get_atari_transitions("breakout", fraction=0.01, index=0, num_stack=4)
 
 ``get_atari_transitions`` chooses episodes with d3rlpy's fraction rule
 (:class:`~atari_zarr.subsets.Subset.fraction_of`, the rule of ``convert --fraction``):
-from every checkpoint, its episodes in a random order until ``fraction`` times
-1,000,000 transitions, the last one trimmed. ``index`` is d4rl-atari's run index
-(``-v0`` .. ``-v4``): the store ``{root}/{Game}/{index + 1}.zarr``; ``game`` is
-d3rlpy's lower_snake_case name (``"space_invaders"`` is ``SpaceInvaders``).
+from every checkpoint, its episodes until ``fraction`` times 1,000,000 transitions,
+the last one trimmed. d3rlpy takes them in a random order (Python's unseeded
+``random.shuffle``), which needs every checkpoint whole: 21 to 100 GiB a run to
+download. By default they are taken here in the order they were played
+(``order="played"``), so a download reads only that prefix of each shard (about 1%
+of the run for ``fraction=0.01``); ``order="random"`` gives d3rlpy's shuffle, seeded.
+``index`` is d4rl-atari's run index (``-v0`` .. ``-v4``): run ``index + 1``;
+``game`` is d3rlpy's lower_snake_case name (``"space_invaders"`` is
+``SpaceInvaders``).
 
 Needs the ``d3rlpy`` extra (``pip install 'atari-zarr[d3rlpy]'``), whose d3rlpy pins
 ``gymnasium==1.0.0`` and the legacy ``gym``; see the README for how it is tested.
@@ -30,17 +35,17 @@ Needs the ``d3rlpy`` extra (``pip install 'atari-zarr[d3rlpy]'``), whose d3rlpy 
 
 from __future__ import annotations
 
-import difflib
 import os
+import re
 from typing import Any
 
 import numpy as np
 
-from atari_zarr.episodes import source_parts
-from atari_zarr.errors import InvalidArgumentError, StoreFormatError, import_optional
+from atari_zarr.compat.pieces import asked_pieces, open_asked
+from atari_zarr.errors import InvalidArgumentError, import_optional
+from atari_zarr.pull import GAMES, Download, Request, game_name
 from atari_zarr.read.store import StoreReader
-from atari_zarr.storage.catalog import complete_stores, name_to_url
-from atari_zarr.subsets import CHECKPOINT_ROWS, Pieces, Subset, episode_pieces, select_pieces
+from atari_zarr.subsets import PLAYED, Pieces
 
 __all__ = ["ale_name", "get_atari", "get_atari_transitions", "make_env"]
 
@@ -129,29 +134,50 @@ def make_env(
     return gymnasium.wrappers.ReshapeObservation(env, (1, *env.observation_space.shape))
 
 
+_ENV_NAME = re.compile(r"^(?P<game>[a-z0-9-]+?)-(?P<preset>mixed|medium|expert)-v(?P<index>\d)$")
+
+
+def _preset_checkpoints(game: str, preset: str) -> tuple[int, ...]:
+    """d4rl-atari's presets as RL Unplugged shards (``presets`` of the source kind)."""
+    shards = GAMES[game].shards if game in GAMES else 50
+    return {"mixed": (1,), "medium": (10,), "expert": (shards - 1,)}[preset]
+
+
 def get_atari(
-    store: str | os.PathLike[str],
+    env_name: str | os.PathLike[str] | StoreReader,
     num_stack: int | None = None,
     sticky_action: bool = True,
     pre_stack: bool = False,
     render_mode: str | None = None,
     *,
+    root: str | os.PathLike[str] | None = None,
+    download: Download = True,
+    mirrors: str | list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     make_environment: bool = True,
 ) -> tuple[Any, Any]:
-    """d3rlpy's ``get_atari`` for a store: every episode of it, and an environment.
+    """d3rlpy's ``get_atari``: every episode of a d4rl-atari dataset, and an environment.
 
-    ``store`` takes the place of d4rl-atari's ``env_name`` (``breakout-expert-v0`` is a
-    store converted with ``--checkpoints expert``). Returns ``(ReplayBuffer, env)``;
-    ``env`` is None with ``make_environment=False``.
+    ``env_name`` is d4rl-atari's id, ``"{game}-{mixed|medium|expert}-v{index}"``: run
+    ``index + 1``, checkpoint 1 (mixed), 10 (medium) or the run's last (expert),
+    found or fetched as :func:`get_atari_transitions` does. A store's path (or a
+    :class:`~atari_zarr.read.store.StoreReader`) reads that store whole instead.
+    Returns ``(ReplayBuffer, env)``; ``env`` is None with ``make_environment=False``.
     """
-    reader = (
-        store
-        if isinstance(store, StoreReader)
-        else StoreReader(os.fspath(store), storage_options=storage_options)
-    )
-    table = reader.episodes
-    pieces = episode_pieces(source_parts(reader.metadata) or _whole(reader), table)
+    match = _ENV_NAME.match(str(env_name)) if isinstance(env_name, str) else None
+    checkpoints = None
+    if isinstance(env_name, StoreReader):
+        reader = env_name
+    elif match is None:
+        reader = StoreReader(os.fspath(env_name), storage_options=storage_options)
+    else:
+        game = game_name(match["game"])
+        checkpoints = _preset_checkpoints(game, match["preset"])
+        request = Request.parse(game, run=int(match["index"]) + 1, checkpoints=checkpoints)
+        reader = open_asked(
+            request, root=root, download=download, mirrors=mirrors, storage_options=storage_options
+        )
+    pieces = asked_pieces(reader, checkpoints=checkpoints)
     episodes = _episodes(reader, pieces, pre_stack=pre_stack, num_stack=num_stack)
     env = None
     if make_environment:
@@ -164,15 +190,7 @@ def get_atari(
     return _buffer(episodes, num_stack, pre_stack), env
 
 
-def _whole(reader: StoreReader) -> list:
-    """A store without checkpoints (a recording) is one part."""
-    from atari_zarr.episodes import SourcePart
-
-    return [SourcePart(0, 0, len(reader))]
-
-
 def get_atari_transitions(
-    root: str | os.PathLike[str],
     game_name: str,
     fraction: float = 0.01,
     index: int = 0,
@@ -181,41 +199,64 @@ def get_atari_transitions(
     pre_stack: bool = False,
     render_mode: str | None = None,
     *,
+    root: str | os.PathLike[str] | None = None,
+    store: str | os.PathLike[str] | StoreReader | None = None,
+    download: Download = True,
+    mirrors: str | list[str] | None = None,
+    order: str = PLAYED,
     seed: int = 0,
     storage_options: dict[str, Any] | None = None,
     make_environment: bool = True,
 ) -> tuple[Any, Any]:
     """d3rlpy's ``get_atari_transitions``: a fraction of every checkpoint of one run.
 
+    The original's call works as it is: ``get_atari_transitions("pong", fraction=0.01,
+    index=0)`` finds run ``index + 1`` of the game in ``root`` (default the cache,
+    ``$ATARI_ZARR_HOME``) or a mirror, or fetches it from RL Unplugged's public copy
+    (``download``: True fetches what is missing, ``"force"`` fetches again, False never
+    touches the network); only the part the fraction takes is fetched.
+
+    Parameters
+    ----------
+    game_name, fraction, index, num_stack, sticky_action, pre_stack, render_mode :
+        d3rlpy's.
+    root : str or path, optional
+        A directory (or URL) of stores ``{Game}/{run}.zarr``, where a download goes.
+    store : str, path or StoreReader, optional
+        Read this store instead (a whole run, or the same subset): nothing is looked
+        up or fetched.
+    order : {"played", "random"}
+        ``"played"`` (default): each checkpoint's episodes in the order they were
+        played, until the fraction's count; a download then fetches only that prefix
+        of each shard. ``"random"``: d3rlpy's shuffle of each checkpoint (from
+        ``seed``, not Python's unseeded ``random``), which needs every shard whole.
+    seed : int
+        Seeds ``order="random"``.
+
     Raises
     ------
     InvalidArgumentError
         ``fraction`` outside ``(0, 1]``.
-    StoreFormatError
-        No store of that game and run under ``root`` (the message lists close matches).
+    StoreNotFoundError
+        ``download=False`` and the run is neither in ``root`` nor in a local mirror
+        (the message names the command that fetches it).
     """
-    root = os.fspath(root)
-    subset = Subset.fraction_of(fraction, seed=seed, where=f"{root} ({game_name})")
-    game = ale_name(game_name)
-    name = f"{game}/{int(index) + 1}"
-    available = complete_stores(root, storage_options)
-    if name not in available:
-        close = difflib.get_close_matches(name, available, n=5, cutoff=0.4)
-        raise StoreFormatError(
-            f"{root} holds no store {name} (game {game_name!r}, index {index}: run "
-            f"{int(index) + 1}); close matches: {close or 'none'}, of {len(available)} stores. "
-            f"Convert it with `atari-zarr convert SOURCE {root} --games {game}`."
-        )
-    reader = StoreReader(name_to_url(root, name), storage_options=storage_options)
-    parts = source_parts(reader.metadata) or _whole(reader)
-    capacity = int((reader.metadata.get("conversion") or {}).get("capacity") or CHECKPOINT_ROWS)
-    pieces = select_pieces(
-        subset, parts, reader.episodes, checkpoint_rows=capacity, where=reader.where
+    request = Request.parse(
+        game_name, run=int(index) + 1, fraction=fraction, order=order, seed=seed
     )
+    reader = open_asked(
+        request,
+        store=store,
+        root=root,
+        download=download,
+        mirrors=mirrors,
+        storage_options=storage_options,
+    )
+    pieces = asked_pieces(reader, request.subset)
     episodes = _episodes(reader, pieces, pre_stack=pre_stack, num_stack=num_stack)
     env = None
     if make_environment:
         env = make_env(
-            game, num_stack=num_stack, sticky_action=sticky_action, render_mode=render_mode
+            request.game, num_stack=num_stack, sticky_action=sticky_action, render_mode=render_mode
         )
     return _buffer(episodes, num_stack, pre_stack), env

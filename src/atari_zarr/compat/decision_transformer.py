@@ -3,18 +3,21 @@
 The original (``atari/create_dataset.py``, ``atari/run_dt_atari.py``) loads about
 500,000 transitions through dopamine's ``FixedReplayBuffer`` (TensorFlow) into
 Python lists of 4-frame stacks, about 14 GB of RAM, from the DQN Replay bucket
-that is gone. Here the same selection is made from a converted store, and the
-same items are read lazily from it::
+that is gone. Here the same call makes the same selection from a store (found, or
+fetched from RL Unplugged's public copy: :func:`create_dataset`), and the same
+items are read lazily from it; migrating is an import::
 
-    # before                                        # after
-    obss, actions, returns, done_idxs, rtgs, \\      data = create_dataset(
-        timesteps = create_dataset(                     "stores/Breakout/1.zarr",
-            args.num_buffers, args.num_steps,           args.num_buffers, args.num_steps,
-            args.game, args.data_dir_prefix,            args.trajectories_per_buffer,
-            args.trajectories_per_buffer)               seed=args.seed)
-    train_dataset = StateActionReturnDataset(       train_dataset = StateActionReturnDataset(
-        obss, args.context_length * 3, actions,         data, args.context_length * 3)
-        done_idxs, rtgs, timesteps)
+    # before: from create_dataset import create_dataset
+    from atari_zarr.compat.decision_transformer import (
+        StateActionReturnDataset, create_dataset)
+
+    data = create_dataset(args.num_buffers, args.num_steps, args.game,
+                          args.data_dir_prefix, args.trajectories_per_buffer)
+    train_dataset = StateActionReturnDataset(data, args.context_length * 3)
+
+(the original unpacks six lists, ``obss, actions, returns, done_idxs, rtgs,
+timesteps``, and passes them to its ``StateActionReturnDataset``; here they are the
+attributes of one :class:`DecisionTransformerData`).
 
 ``train_dataset.vocab_size``, ``block_size`` and ``len(data.timesteps)``/
 ``data.max_timestep`` feed ``GPTConfig`` as before, and items are the original's
@@ -54,7 +57,7 @@ Where this differs from the original, on purpose:
 Examples
 --------
 >>> # store_url: a converted Pong/1 fixture store (6 checkpoints of 64 transitions)
->>> data = create_dataset(store_url, num_buffers=6, num_steps=100, trajectories_per_buffer=2)
+>>> data = create_dataset(6, 100, trajectories_per_buffer=2, store=store_url)
 >>> ds = StateActionReturnDataset(data, 3 * 5)
 >>> states, actions, rtgs, timesteps = ds[0]
 >>> states.shape, states.dtype, actions.shape, rtgs.shape, timesteps.shape
@@ -70,10 +73,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from atari_zarr.episodes import source_parts
+from atari_zarr.compat.pieces import asked_pieces, open_asked
+from atari_zarr.conversion.converter import convert
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.layout import store_path
+from atari_zarr.pull import Download, Request
 from atari_zarr.read.store import StoreReader
-from atari_zarr.subsets import Pieces, Subset, select_pieces
+from atari_zarr.storage.catalog import store_state
+from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.paths import join
+from atari_zarr.subsets import Pieces, Subset
 
 __all__ = ["DecisionTransformerData", "StateActionReturnDataset", "create_dataset"]
 
@@ -121,46 +130,78 @@ class DecisionTransformerData:
 
 
 def create_dataset(
-    store: str | os.PathLike[str] | StoreReader,
     num_buffers: int = 50,
     num_steps: int = 500_000,
+    game: str | None = None,
+    data_dir_prefix: str | os.PathLike[str] | None = "./dqn_replay/",
     trajectories_per_buffer: int = 10,
     *,
+    store: str | os.PathLike[str] | StoreReader | None = None,
     seed: int = 123,
+    download: Download = True,
+    home: str | os.PathLike[str] | None = None,
+    mirrors: str | list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
 ) -> DecisionTransformerData:
-    """The original ``create_dataset``'s selection, from a store, without loading frames.
+    """The original ``create_dataset``'s selection, without loading frames.
+
+    The original's call works as it is: ``create_dataset(num_buffers, num_steps, game,
+    data_dir_prefix, trajectories_per_buffer)`` reads run 1 of ``game``, as the
+    original does. It is found, in this order, as the store
+    ``{data_dir_prefix}/{game}/1.zarr``; as DQN Replay files
+    ``{data_dir_prefix}/{game}/1/replay_logs`` (what the original reads), converted
+    once beside them into that store; in the cache or a mirror; or fetched from RL
+    Unplugged's public copy (only the last ``num_buffers`` shards, of which the
+    selection draws; ``download`` as :func:`atari_zarr.pull.resolve` takes it).
 
     Parameters
     ----------
-    store : str, path or StoreReader
-        A converted DQN Replay (or RL Unplugged) store, local or any fsspec URL.
-    num_buffers, num_steps, trajectories_per_buffer : int
+    num_buffers, num_steps, game, data_dir_prefix, trajectories_per_buffer :
         As the original's (defaults: ``run_dt_atari.py``'s).
+    store : str, path or StoreReader, optional
+        Read this store instead (a run converted from DQN Replay or RL Unplugged, or a
+        store of the same selection), local or any fsspec URL.
     seed : int
         Seeds the draws of buffers (the original's ``--seed`` default is 123).
+    download : bool or "force"
+        ``True``: fetch the run when it is missing; ``"force"``: fetch it again;
+        ``False``: never touch the network.
+    home, mirrors :
+        The cache and mirrors (:func:`atari_zarr.pull.resolve`).
     storage_options : dict, optional
-        fsspec options for a URL.
+        fsspec options for a URL ``store``, ``data_dir_prefix`` or mirror.
 
     Raises
     ------
     InvalidArgumentError
-        ``num_buffers`` larger than the checkpoints in the store, or a store without
-        checkpoints (a recording).
+        No ``game`` nor ``store``; ``num_buffers`` larger than the checkpoints in the
+        store, or a store without checkpoints (a recording).
+    StoreNotFoundError
+        ``download=False`` and the run is nowhere without the network.
     """
-    if not isinstance(store, StoreReader):
-        store = StoreReader(os.fspath(store), storage_options=storage_options)
-    parts = source_parts(store.metadata)
-    if not parts:
-        raise InvalidArgumentError(
-            f"{store.where} records no checkpoints (a recording?): the Decision Transformer's "
-            f"selection draws among a run's checkpoints; convert a DQN Replay run, or train on "
-            f"AtariZarrDataset(...).windows(K)"
-        )
     subset = Subset.decision_transformer(
-        num_buffers, num_steps, trajectories_per_buffer, seed=seed, where=store.where
+        num_buffers, num_steps, trajectories_per_buffer, seed=seed, where=str(store or game)
     )
-    pieces = select_pieces(subset, parts, store.episodes, where=store.where)
+    if store is None and game is None:
+        raise InvalidArgumentError(
+            "create_dataset needs the game (as the original: create_dataset(num_buffers, "
+            "num_steps, game, data_dir_prefix, trajectories_per_buffer)) or store=; got neither"
+        )
+    request = Request.parse(str(game or "store"), run=1, subset=subset)
+    local = (
+        _from_prefix(request, str(game), data_dir_prefix, storage_options)
+        if store is None
+        else None
+    )
+    store = local or open_asked(
+        request,
+        store=store,
+        root=home,
+        download=download,
+        mirrors=mirrors,
+        storage_options=storage_options,
+    )
+    pieces = asked_pieces(store, subset, need_parts=True)
     lengths = pieces.length
     rows = (
         np.concatenate([np.arange(a, b) for a, b in zip(pieces.start, pieces.stop, strict=True)])
@@ -181,6 +222,32 @@ def create_dataset(
         done_idxs=done_idxs,
         returns=returns.astype(np.float32),
     )
+
+
+def _from_prefix(
+    request: Request,
+    game: str,
+    prefix: str | os.PathLike[str] | None,
+    options: dict[str, Any] | None,
+) -> StoreReader | None:
+    """The run in ``prefix``: its store, or its DQN Replay files converted beside them."""
+    if prefix is None:
+        return None
+    root = os.fspath(prefix).rstrip("/") or "/"
+    for name in dict.fromkeys([request.game, game]):  # as converted from {prefix}{game}/1
+        url = store_path(root, name, request.run)
+        if store_state(url, options) == "complete":
+            return StoreReader(url, storage_options=options)
+    fs, path = get_fs(join(root, game, "1", "replay_logs"), options)
+    if not fs.exists(path):
+        return None
+    [done] = convert(
+        join(root, game, "1"),
+        root,
+        storage_options=options,
+        progress=False,
+    )
+    return StoreReader(done.url, storage_options=options)
 
 
 class StateActionReturnDataset(torch.utils.data.Dataset):

@@ -1,11 +1,14 @@
 """TorchRL drop-in: :class:`AtariZarrExperienceReplay` (and :class:`AtariZarrStorage`).
 
 ``AtariZarrExperienceReplay`` takes the arguments of TorchRL's
-``AtariDQNExperienceReplay`` with the same meaning, reading converted stores
-(``{root}/{Game}/{run}.zarr``, local or any fsspec URL) instead of downloading and
-memory-mapping the original files. Its samples carry TorchRL's ``metadata`` entry
-(``dataset_id``); ``preprocess`` writes a transformed copy, compressed
-(:mod:`atari_zarr.compat.preprocess`). ``AtariZarrStorage``
+``AtariDQNExperienceReplay`` with the same meaning, reading stores
+(``{root}/{Game}/{run}.zarr``, local or any fsspec URL) instead of memory-mapping
+the original files; what is missing is downloaded as TorchRL's does, from RL
+Unplugged's public copy (:mod:`atari_zarr.pull`). Importing this module registers
+it in TorchRL's dataset registry: ``load_dataset("atari_zarr:Pong/5", batch_size=32)``.
+Its samples carry TorchRL's ``metadata`` entry (``dataset_id``); ``preprocess``
+writes a transformed copy, compressed (:mod:`atari_zarr.compat.preprocess`).
+``AtariZarrStorage``
 (:mod:`atari_zarr.compat.torchrl_storage`) is the read-only TorchRL storage
 underneath; any TorchRL replay buffer can use it.
 
@@ -20,7 +23,6 @@ This module needs the ``torchrl`` extra (``pip install 'atari-zarr[torchrl]'``);
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from collections.abc import Callable
@@ -31,19 +33,10 @@ import torch
 from tensordict import TensorDictBase
 
 from atari_zarr.compat.torchrl_storage import AtariZarrStorage, PreprocessedStorage, refuse
-from atari_zarr.errors import (
-    InvalidArgumentError,
-    StoreFormatError,
-    import_optional,
-)
+from atari_zarr.errors import import_optional
+from atari_zarr.pull import Request, cache_home, resolve
 from atari_zarr.read.dataset import AtariZarrDataset
-from atari_zarr.storage.catalog import (
-    check_entry,
-    complete_store_entries,
-    complete_stores,
-    name_to_url,
-)
-from atari_zarr.storage.paths import redact
+from atari_zarr.storage.catalog import check_entry, complete_stores, name_to_url
 
 # MissingDependencyError naming the extra when TorchRL is not installed
 import_optional("torchrl", extra="torchrl", purpose="atari_zarr.torchrl")
@@ -56,31 +49,47 @@ from torchrl.data.replay_buffers.samplers import (  # noqa: E402
 )
 from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter  # noqa: E402
 
-__all__ = ["AtariZarrExperienceReplay", "AtariZarrStorage", "PreprocessedStorage"]
+__all__ = [
+    "REGISTRY_PREFIX",
+    "AtariZarrExperienceReplay",
+    "AtariZarrStorage",
+    "PreprocessedStorage",
+]
 
 log = logging.getLogger("atari_zarr")
 
 
 class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
-    """TorchRL's ``AtariDQNExperienceReplay``, reading converted atari_zarr stores.
+    """TorchRL's ``AtariDQNExperienceReplay``, reading atari_zarr stores.
 
-    Change the import and point ``root`` at the output of ``atari-zarr convert``;
-    the other arguments keep their meaning. Samples are TED tensordicts
-    (see :class:`~atari_zarr.AtariZarrDataset`): ``observation`` ``[B, 84, 84]``
-    uint8, ``action`` ``[B]`` int64, flags ``[B, 1]`` bool, ``("next", "reward")``
-    ``[B, 1]`` float32, plus ``index`` and ``episode``.
+    Change the import; the arguments keep their meaning. As TorchRL's, it fetches
+    what is missing (``download=True``): the run is converted from RL Unplugged's
+    public copy into ``root`` (default ``$ATARI_ZARR_HOME``, ``~/.cache/atari_zarr``),
+    unless ``root`` or a mirror already holds it (:func:`atari_zarr.pull.resolve`).
+    Samples are TED tensordicts (see :class:`~atari_zarr.AtariZarrDataset`):
+    ``observation`` ``[B, 84, 84]`` uint8, ``action`` ``[B]`` int64, flags ``[B, 1]``
+    bool, ``("next", "reward")`` ``[B, 1]`` float32, plus ``index`` and ``episode``.
 
     Parameters
     ----------
     dataset_id : str
         ``"Game/run"``, e.g. ``"Pong/5"``: the store ``{root}/{Game}/{run}.zarr``.
-        Must be in :attr:`available_datasets`.
     batch_size : int, optional
         Batch size of :meth:`sample` and iteration.
-    root : str or Path
-        Local directory or fsspec URL holding ``{Game}/{run}.zarr`` stores.
+    root : str or Path, optional
+        Local directory or fsspec URL holding ``{Game}/{run}.zarr`` stores, where a
+        download goes (default: the cache, ``$ATARI_ZARR_HOME`` or
+        ``~/.cache/atari_zarr``).
     storage_options : dict, optional
-        fsspec options for a URL root, e.g. ``{"token": "anon"}``.
+        fsspec options for a URL root or mirror, e.g. ``{"token": "anon"}``.
+    download : bool or "force"
+        TorchRL's meaning: ``True`` fetches the run when it is missing (from a
+        mirror, read in place, else converted from RL Unplugged's public copy into
+        ``root``); ``"force"`` converts it again; ``False`` never touches the
+        network, and a missing run is one line naming the command that fetches it.
+    mirrors : str or list of str, optional
+        Roots of stores read in place before anything is downloaded (default
+        ``$ATARI_ZARR_MIRRORS``).
     sampler, writer : optional
         TorchRL sampler (overrides ``num_slices``/``slice_len``/``replacement``) and
         writer (default ``ImmutableDatasetWriter``).
@@ -98,9 +107,9 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
     frame_stack : int
         Frames per observation, stacked by the reader (``[B, k, 84, 84]``); an
         alternative to TorchRL's ``CatFrames``.
-    download, num_procs, mp_start_method :
-        Accepted for compatibility; they have no effect (stores are made with
-        ``atari-zarr convert``).
+    num_procs, mp_start_method :
+        Accepted for compatibility; they have no effect (a download is converted
+        with the conversion's own workers).
     **kwargs :
         Passed to TorchRL's ``TensorDictReplayBuffer`` (``prefetch``,
         ``pin_memory``, ``collate_fn``, ...).
@@ -109,6 +118,8 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
     ----------
     available_datasets : list of str
         The ``"Game/run"`` stores under ``root``.
+    origin : str
+        Where the store was found: ``"cache"`` (``root``), ``"mirror"`` or ``"pulled"``.
     episodes : torch.Tensor
         Episode id of every row (for ``SliceSampler``).
 
@@ -116,6 +127,8 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
     --------
     >>> # dest_root: where `atari-zarr convert` wrote stores (here a small Pong/1 fixture run)
     >>> dataset = AtariZarrExperienceReplay("Pong/1", batch_size=32, root=dest_root, slice_len=8)
+    >>> dataset.origin
+    'cache'
     >>> dataset.available_datasets
     ['Pong/1']
     >>> data = dataset.sample()
@@ -146,37 +159,36 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         replacement: bool = True,
         mp_start_method: str = "fork",
         frame_stack: int = 1,
+        mirrors: str | list[str] | None = None,
         **kwargs: Any,
     ) -> None:
         if "strict_length" in kwargs:
             strict_len = bool(kwargs.pop("strict_length"))
-        if root is None:
-            raise InvalidArgumentError(
-                f"AtariZarrExperienceReplay({dataset_id!r}) needs root=: the directory or URL "
-                f"that `atari-zarr convert` wrote ({{root}}/{{Game}}/{{run}}.zarr); "
-                f"nothing is downloaded"
-            )
-        self.storage_options = dict(storage_options or {})
-        self.root = root
-        self.dataset_id = str(dataset_id)
-        # one request with a catalog.json at root; its entry is checked once the store is open
-        available, entries = complete_store_entries(self.root, self.storage_options)
-        if self.dataset_id not in available:
-            close = difflib.get_close_matches(self.dataset_id, available, n=5, cutoff=0.6)
-            raise StoreFormatError(
-                f"{self.dataset_id!r} is not a store under {redact(self.root)}: expected "
-                f"{redact(self.data_path)}. Close matches: {close or 'none'}, of "
-                f"{len(available)} stores there. "
-                f"Convert it with `atari-zarr convert SOURCE {redact(self.root)}`."
-            )
+        request = Request.parse(str(dataset_id))
+        home = cache_home(root)
+        found = resolve(
+            request,
+            home=home,
+            home_options=storage_options,
+            mirrors=mirrors,
+            mirror_options=storage_options,
+            download=download,  # type: ignore[arg-type]
+            progress=True,
+        )
+        self.storage_options = dict(found.storage_options)
+        self.root = found.root
+        self.dataset_id = request.dataset_id
+        #: Where the store was found: ``"cache"``, ``"mirror"`` or ``"pulled"``.
+        self.origin = found.origin
+        entry = found.entry
         storage = AtariZarrStorage(
             self.data_path,
             storage_options=self.storage_options,
             frame_stack=frame_stack,
             dataset_id=self.dataset_id,
         )
-        if entries is not None:
-            check_entry(entries[self.dataset_id], storage.dataset.metadata, self.data_path)
+        if entry is not None:
+            check_entry(entry, storage.dataset.metadata, self.data_path)
         if writer is None:
             writer = ImmutableDatasetWriter()
         if sampler is None:
@@ -318,3 +330,21 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
             dest=dest,
             metadata=self._storage.metadata(),
         )
+
+
+#: ``torchrl.data.datasets.load_dataset("atari_zarr:Pong/5", ...)`` builds the drop-in.
+REGISTRY_PREFIX = "atari_zarr"
+
+
+def _register() -> None:
+    """Register the drop-in in TorchRL's dataset registry (TorchRL >= 0.14 has one)."""
+    try:
+        from torchrl.data.datasets import register_dataset
+    except ImportError:  # pragma: no cover - TorchRL before 0.14
+        return
+    register_dataset(
+        REGISTRY_PREFIX, "atari_zarr.compat.torchrl:AtariZarrExperienceReplay", replace=True
+    )
+
+
+_register()

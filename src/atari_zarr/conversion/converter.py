@@ -39,6 +39,7 @@ How to convert is one frozen :class:`ConvertOptions`, made once by :func:`conver
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -49,6 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import zarr
 
 from atari_zarr._version import __version__
@@ -93,8 +95,9 @@ from atari_zarr.sources.registry import (
 from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, Timeout, resolve_timeout
 from atari_zarr.storage.filesystem import disk_full_error
+from atari_zarr.storage.paths import is_url
 from atari_zarr.storage.remote import open_zarr_store
-from atari_zarr.subsets import Subset
+from atari_zarr.subsets import CHECKPOINT_ROWS, RANDOM, Subset
 
 __all__ = ["ConvertOptions", "ConvertedStore", "convert", "convert_run"]
 
@@ -137,6 +140,13 @@ class ConvertOptions:
     return_to_go: bool = False
     #: Seconds each call to the source's or the destination's storage may take.
     timeout: float | None = DEFAULT_TIMEOUT
+    #: Scans keep the frames they decode for the write pass, so the source is read once
+    #: (None: when it is read over a network).
+    keep_frames: bool | None = None
+
+    def keeps_frames(self, source_url: str) -> bool:
+        """Whether scans of the source at ``source_url`` keep their frames."""
+        return is_url(source_url) if self.keep_frames is None else bool(self.keep_frames)
 
     def derived(self) -> dict[str, bool]:
         """The optional arrays asked for (part of the plan's digest)."""
@@ -176,6 +186,8 @@ def _subset_options(subset: Subset | None) -> dict[str, Any]:
         out["fraction"] = subset.fraction
         if subset.checkpoint_rows is not None:  # pragma: no cover - Python API only
             out["fraction_rows"] = subset.checkpoint_rows
+        if subset.order != RANDOM:
+            out["fraction_order"] = subset.order
     else:
         out.update(
             dt_buffers=subset.num_buffers,
@@ -210,15 +222,20 @@ def _plan_digest(
     return hashlib.sha256(json.dumps(doc, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def _scan_digest(source: Any) -> str:
-    """Fingerprint of the shards a scan reads: scans are reused only for the same files."""
-    doc = {
+def _scan_digest(source: Any, selection: Selection) -> str:
+    """Fingerprint of the shards a scan reads, and how far: scans are reused only for the
+    same files read as far."""
+    subset = selection.subset
+    doc: dict[str, Any] = {
         "scan_format": 1,
         "source": source.url,
         "game": source.game,
         "run": source.run,
         "shards": source.names(),
     }
+    prefix = None if subset is None else subset.prefix_rows(CHECKPOINT_ROWS)
+    if prefix is not None:  # whole scans keep the fingerprint they always had
+        doc["prefix_rows"] = prefix
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -316,6 +333,7 @@ def _job(kind: SourceKind, source: Any, url: str, options: ConvertOptions, plan:
         dict(options.storage_options),
         tuple(sizes),
         options.timeout,
+        keep_frames=options.keeps_frames(source.url),
     )
 
 
@@ -330,10 +348,12 @@ class _WorkScans:
         #: Fingerprint of the files scanned (None: nothing was asked of the scans).
         self.digest: str | None = None
         self._bar: Any = None
+        #: Source bytes and transitions the scans of this conversion read.
+        self._read = [0, 0]
 
     def done(self) -> set[int]:
         if self.digest is None:  # first use: scans of other files are not reused
-            self.digest = _scan_digest(self.source)
+            self.digest = _scan_digest(self.source, self.options.selection)
             if self.options.overwrite or self.work.scan_digest() != self.digest:
                 self.work.reset_scans(self.digest)
         return self.work.scans_done()
@@ -355,15 +375,30 @@ class _WorkScans:
         job = _job(
             self.kind, self.source, self.url, self.options, Plan([], 0, 0, None, [], {}, {}, None)
         )
-        graph = build_scan_graph(job, units, f"atari-zarr-scan-{uuid.uuid4().hex[:8]}-")
+        graph = build_scan_graph(
+            job, units, f"atari-zarr-scan-{uuid.uuid4().hex[:8]}-", self.options.selection
+        )
         log.info("scanning %d %ss of %s", len(graph), self.kind.part_name, label)
         bar = self._bar
+
+        def on_done(key: Any) -> None:
+            bar.update(1)
+            if self.options.progress:  # what was read so far, in bytes and transitions
+                unit = int(str(key).rsplit("-", 1)[-1])
+                self._read[1] += int(self.work.load_scan(unit, ["real"])["real"].sum())
+                with contextlib.suppress(FileNotFoundError):  # scans kept by older releases
+                    read = self.work.load_scan(unit, ["source_bytes"])["source_bytes"]
+                    self._read[0] += max(0, int(np.asarray(read).reshape(-1)[0]))
+                bar.set_postfix_str(
+                    f"{self._read[0] / 1e6:,.1f} MB read, {self._read[1]:,} transitions"
+                )
+
         run_graph(
             graph,
             list(graph),
             scheduler=self.options.scheduler,
             workers=self.options.workers,
-            on_done=lambda key: bar.update(1),
+            on_done=on_done,
         )
 
     def close(self) -> None:
@@ -555,6 +590,7 @@ def convert(
     fraction: float | None = None,
     subset: Subset | None = None,
     timeout: Timeout = "default",
+    keep_frames: bool | None = None,
 ) -> list[ConvertedStore]:
     """Convert the runs under ``source`` (DQN Replay or RL Unplugged) into stores under ``dest``.
 
@@ -615,6 +651,11 @@ def convert(
         Seconds each call to the source's or the destination's storage may take,
         retries included, in this process and in the workers (default 60; None: no
         limit).
+    keep_frames : bool, optional
+        A source that is scanned before it is written (RL Unplugged) is then read
+        once: the scan decodes the frames and keeps them, compressed, in the work
+        area until the write pass (:mod:`atari_zarr.conversion.kept_frames`). None
+        (default): when ``source`` is read over a network.
 
     Raises
     ------
@@ -660,6 +701,7 @@ def convert(
         full_action_space=full_action_space,
         return_to_go=return_to_go,
         timeout=resolve_timeout(timeout),
+        keep_frames=keep_frames,
     )
     src_options = storage_options if source_storage_options is None else source_storage_options
     names = list(games or []) or None

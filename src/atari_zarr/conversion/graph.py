@@ -18,8 +18,11 @@ area, never through the client. Every task records a marker after its data
 whose marker is there.
 
 Scan graph (:func:`build_scan_graph`, for kinds that scan: RL Unplugged): one task per
-part reads it once without its frames (pass 1) and saves the scan in the work area,
-with a marker, before planning.
+part reads it once, as far as the selection needs, without its frames (pass 1) and
+saves the scan in the work area, with a marker, before planning. With
+``Job.keep_frames`` the scan also decodes the frames and keeps them in the work area
+(:mod:`atari_zarr.conversion.kept_frames`), and the part's write task reads them
+there: a source over a network is then fetched once.
 
 Arrays live in two row spaces: transitions (``N`` rows: ``observation``, the
 per-step arrays) and episodes (``final_observation``, one row per episode). A part
@@ -37,6 +40,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from atari_zarr.conversion.kept_frames import FrameBlocks, KeptFrameBlocks, drop_kept, has_kept
 from atari_zarr.conversion.shards import shard_encoder, write_shard
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import StoreFormatError
@@ -46,7 +50,7 @@ from atari_zarr.layout import (
     get_array,
     spec,
 )
-from atari_zarr.sources.registry import Part, get_kind, part_rows
+from atari_zarr.sources.registry import Part, Selection, get_kind, part_rows
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -205,6 +209,8 @@ class Job:
     #: The conversion the tasks belong to (the work area's id); a task finding another
     #: one there writes nothing. Empty: not checked.
     conversion: str = ""
+    #: Scans keep the frames they read for the write tasks (the source is read once).
+    keep_frames: bool = False
 
     def source(self) -> Any:
         options = json.dumps(self.source_options, sort_keys=True, default=str)
@@ -232,13 +238,15 @@ class Job:
             work.check_owner(self.conversion)
 
 
-def _scan_task(job: Job, unit: int) -> None:
-    """Pass 1 over one part (an RL Unplugged shard): save its scan, mark it done."""
+def _scan_task(job: Job, unit: int, selection: Selection) -> None:
+    """Pass 1 over one part (an RL Unplugged shard): save its scan (and its frames, with
+    ``job.keep_frames``), mark it done."""
     scan = get_kind(job.kind).scan
     if scan is None:  # pragma: no cover - scan graphs are built for kinds that scan
         raise ValueError(f"source kind {job.kind} has no scan pass")
-    arrays = scan(job.source(), unit)
     work = job.work()
+    keep = FrameBlocks(work, unit) if job.keep_frames else None
+    arrays = scan(job.source(), unit, selection, keep)
     work.save_scan(unit, arrays)
     work.mark_scan(unit)
 
@@ -248,7 +256,8 @@ def _part_task(job: Job, part: Part) -> None:
     kind = get_kind(job.kind)
     work = job.work()
     scan = work.load_scan(part.unit) if kind.scans else None
-    steps, stream = part_rows(kind, job.source(), part, scan)
+    kept = KeptFrameBlocks(work, part.unit) if kind.scans and has_kept(work, part.unit) else None
+    steps, stream = part_rows(kind, job.source(), part, scan, kept)
     pieces = write_part(
         job.arrays(), dict(job.sizes), part, steps, stream, lambda: job.check_owner(work)
     )
@@ -256,6 +265,8 @@ def _part_task(job: Job, part: Part) -> None:
     for piece in pieces:
         work.save_piece(piece.array, piece.unit, piece.start, piece.data)
     work.mark(part.key)
+    if kept is not None:
+        drop_kept(work, part.unit)
 
 
 def _unit_task(job: Job, name: str, unit: int, parts: list[tuple[int, int]], *_deps: Any) -> None:
@@ -324,9 +335,12 @@ def build_graph(
     return {tag + k: _retag(v, tag, graph) for k, v in graph.items()}
 
 
-def build_scan_graph(job: Job, indices: Iterable[int], tag: str) -> dict[str, Any]:
-    """One scan task per shard in ``indices``, keys ``{tag}scan-{index}``."""
-    return {f"{tag}{SCAN_PREFIX}{i}": (_scan_task, job, i) for i in indices}
+def build_scan_graph(
+    job: Job, indices: Iterable[int], tag: str, selection: Selection
+) -> dict[str, Any]:
+    """One scan task per shard in ``indices`` (as far as ``selection`` needs), keys
+    ``{tag}scan-{index}``."""
+    return {f"{tag}{SCAN_PREFIX}{i}": (_scan_task, job, i, selection) for i in indices}
 
 
 def _retag(task: tuple[Any, ...], tag: str, graph: dict[str, Any]) -> tuple[Any, ...]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import multiprocessing
+import multiprocessing.context
 import os
 import signal
 import sys
@@ -69,6 +71,59 @@ def _init_worker(parent: int) -> None:
     threading.Thread(target=watch, name="atari-zarr-parent-watch", daemon=True).start()
 
 
+class _QuietStart:
+    """Started with Ctrl-C ignored (see :class:`_QuietContext`)."""
+
+    def start(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            super().start()  # type: ignore[misc]  # pragma: no cover - pools start from main
+            return
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            super().start()  # type: ignore[misc]
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+# module-level classes: a spawned worker's process object is pickled by reference
+class _QuietSpawnProcess(_QuietStart, multiprocessing.context.SpawnProcess):
+    pass
+
+
+class _QuietForkServerProcess(_QuietStart, multiprocessing.context.ForkServerProcess):
+    pass
+
+
+class _QuietForkProcess(_QuietStart, multiprocessing.context.ForkProcess):
+    pass
+
+
+_QUIET = {
+    "spawn": _QuietSpawnProcess,
+    "forkserver": _QuietForkServerProcess,
+    "fork": _QuietForkProcess,
+}
+
+
+class _QuietContext:
+    """A multiprocessing context whose processes start with Ctrl-C ignored.
+
+    A worker that receives SIGINT while it is still starting (a spawned worker imports
+    the package first, about a second) would print its own ``KeyboardInterrupt``
+    traceback under the main process's one line: :func:`_init_worker` runs too late
+    to prevent it. A signal ignored when a process is started stays ignored in it, and
+    Python then installs no ``KeyboardInterrupt`` handler, so the worker is quiet from
+    its first instruction. The main process ignores Ctrl-C only while it starts one.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self._context = context
+        self.Process = _QUIET.get(context.get_start_method(), context.Process)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
 @contextlib.contextmanager
 def process_pool(scheduler: Any, workers: int | None) -> Iterator[None]:
     """Run every graph inside on one process pool, when ``scheduler`` is ``"processes"``.
@@ -95,9 +150,10 @@ def process_pool(scheduler: Any, workers: int | None) -> Iterator[None]:
 
     if os.environ.get("PYTHONHASHSEED") in (None, "0"):
         os.environ["PYTHONHASHSEED"] = "6640"  # as dask.multiprocessing.get does
+    context: Any = _QuietContext(dask.multiprocessing.get_context())
     pool = ProcessPoolExecutor(
         workers or os.cpu_count() or 1,
-        mp_context=dask.multiprocessing.get_context(),
+        mp_context=context,
         initializer=functools.partial(_init_worker, os.getpid()),
     )
     token = _POOL.set(pool)

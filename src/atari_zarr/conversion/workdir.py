@@ -14,6 +14,8 @@ Zarr hierarchy (zarr warns about foreign objects inside a group) and
       scans/inputs.json     fingerprint of the shards the scans below were read from
       scans/done/{i}        shard i is scanned (pass 1 of RL Unplugged)
       scans/{i}/{name}.npy  its per-record and per-step columns
+      frames/{i}/...        its frames, when the scan kept them for the write pass
+                            (:mod:`atari_zarr.conversion.kept_frames`)
 
 Scans are kept when the plan's markers are reset (they depend on the source's
 files only, and planning needs them), and dropped when the shards they were read
@@ -203,6 +205,29 @@ class WorkDir:
         except FileNotFoundError:
             pass  # already gone; release(remove_all=True) removes the work area anyway
 
+    # -- frames a scan kept ---------------------------------------------------------------
+    def save_array(self, *parts: str, data: np.ndarray) -> None:
+        """Keep ``data`` at ``parts`` (under the work area) as Blosc-compressed ``.npy``."""
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, np.ascontiguousarray(data), allow_pickle=False)
+        self._write(self._p(*parts), _PIECE_CODEC.encode(buf.getvalue()))
+
+    def load_array(self, *parts: str) -> np.ndarray:
+        """What :meth:`save_array` kept at ``parts`` (never unpickled)."""
+        with self.fs.open(self._p(*parts), "rb") as f:
+            raw = bytes(_PIECE_CODEC.decode(f.read()))
+        return np.load(io.BytesIO(raw), allow_pickle=False)
+
+    def drop(self, *parts: str) -> None:
+        """Remove what lies at ``parts`` (a tidy-up: never fatal)."""
+        path = self._p(*parts)
+        try:
+            self.fs.invalidate_cache(path)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
     # -- scans (pass 1) ------------------------------------------------------------------
     def scan_digest(self) -> str | None:
         """Fingerprint of the shards the kept scans were read from (None: no scans)."""
@@ -213,9 +238,11 @@ class WorkDir:
             return None
 
     def reset_scans(self, digest: str) -> None:
-        """Forget every scan; record the fingerprint of the shards the next ones read."""
-        if self.fs.exists(self._p("scans")):
-            self.fs.rm(self._p("scans"), recursive=True)
+        """Forget every scan (and the frames scans kept); record the fingerprint of the
+        shards the next ones read."""
+        for sub in ("scans", "frames"):
+            if self.fs.exists(self._p(sub)):
+                self.fs.rm(self._p(sub), recursive=True)
         self._write(self._p("scans", "inputs.json"), json.dumps({"digest": digest}).encode())
 
     def save_scan(self, index: int, arrays: dict[str, np.ndarray]) -> None:
@@ -339,6 +366,14 @@ class WorkDir:
         self.fs.pipe_file(path, data)
         owner = self._read_lock()
         return owner is not None and owner.get("token") == info["token"]
+
+    def holder(self) -> dict[str, Any] | None:
+        """Who holds the lock (host, pid, started, command), None when nobody does or
+        the holder is gone (a stale lock, which the next :meth:`acquire` takes over)."""
+        owner = self._read_lock()
+        if owner is None or self._stale(owner):
+            return None
+        return owner
 
     def acquire(self, command: str) -> None:
         """Take the lock or raise :class:`StoreLockedError` naming its holder."""

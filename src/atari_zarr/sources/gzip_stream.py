@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import gzip
 import zlib
-from typing import IO, cast
+from typing import IO, Any, cast
 
 __all__ = ["GZIP_ERRORS", "gzip_backend", "open_gzip"]
 
@@ -60,7 +60,35 @@ def gzip_backend() -> str:
     return "isal"
 
 
-def open_gzip(raw: IO[bytes]) -> gzip.GzipFile:
+class _Capped:
+    """``raw`` read at most ``cap`` bytes at a time (the readers ask 128-512 KiB)."""
+
+    def __init__(self, raw: IO[bytes], cap: int) -> None:
+        self._raw, self._cap = raw, int(cap)
+
+    def read(self, n: int = -1) -> bytes:
+        return self._raw.read(self._cap if n is None or n < 0 else min(n, self._cap))
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        data = self.read(len(view))
+        view[: len(data)] = data
+        return len(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return bool(self._raw.seekable())
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self._raw.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+
+def open_gzip(raw: IO[bytes], max_read: int | None = None) -> gzip.GzipFile:
     """Read the binary stream ``raw`` as GZIP, inflating as it is read.
 
     Parameters
@@ -68,6 +96,10 @@ def open_gzip(raw: IO[bytes]) -> gzip.GzipFile:
     raw : binary file object
         The compressed bytes (a local or fsspec file). Closing the result leaves
         ``raw`` open.
+    max_read : int, optional
+        Read ``raw`` at most this many bytes at a time, so that a reader that stops
+        early has read little beyond what it inflated (default: the reader's own
+        buffer, 128 KiB for zlib, 512 KiB for isal).
 
     Returns
     -------
@@ -81,8 +113,9 @@ def open_gzip(raw: IO[bytes]) -> gzip.GzipFile:
     >>> open_gzip(io.BytesIO(gzip.compress(b"abc"))).read(2)
     b'ab'
     """
+    source = cast("IO[bytes]", _Capped(raw, max_read)) if max_read else raw
     try:
         from isal import igzip
     except ImportError:  # pragma: no cover - exercised only without the fast extra
-        return gzip.GzipFile(fileobj=raw, mode="rb")
-    return igzip.IGzipFile(fileobj=raw, mode="rb")
+        return gzip.GzipFile(fileobj=source, mode="rb")
+    return igzip.IGzipFile(fileobj=source, mode="rb")

@@ -19,7 +19,17 @@ import numpy as np
 from atari_zarr.layout import spec
 from atari_zarr.sources.dqn_replay.selection import Selection
 
-__all__ = ["Part", "Plan", "ScanArrays", "ScanStore", "SourceKind", "SourceRun", "Stream"]
+__all__ = [
+    "FrameSink",
+    "KeptFrames",
+    "Part",
+    "Plan",
+    "ScanArrays",
+    "ScanStore",
+    "SourceKind",
+    "SourceRun",
+    "Stream",
+]
 
 
 class SourceRun(Protocol):
@@ -57,6 +67,36 @@ class ScanStore(Protocol):
 
 #: Rows of a part: ``(array name, output rows, values)`` blocks, frames and final frames.
 Stream = Iterator[tuple[str, np.ndarray, np.ndarray]]
+
+
+class FrameSink(Protocol):
+    """Where a scan that reads a part's frames once (pass 1) keeps them for the write pass.
+
+    A source that can only be read from its start, over a network, is then fetched
+    once: the scan decodes the frames and hands them here; the write pass reads
+    them back (:class:`KeptFrames`) instead of the source. Conversion keeps them,
+    compressed, in the store's work area.
+    """
+
+    def steps(self, frames: np.ndarray) -> None:
+        """The next real steps' frames ``(n, 84, 84)``, in the order of the part (the
+        array is used again after the call: copy what is kept)."""
+
+    def final(self, frame: np.ndarray | None) -> None:
+        """The frame after one record's last real step (None: not known), record by record."""
+
+    def close(self) -> None:
+        """Every frame is handed over: write what is left."""
+
+
+class KeptFrames(Protocol):
+    """The frames a :class:`FrameSink` kept, read back by the write pass."""
+
+    def steps(self, lo: int, hi: int, out: np.ndarray) -> None:
+        """Real steps ``lo .. hi - 1`` of the part (counted over its records) into ``out``."""
+
+    def final(self, record: int) -> np.ndarray | None:
+        """Record ``record``'s frame after its last real step, None when not known."""
 
 
 @dataclass(frozen=True)
@@ -140,8 +180,11 @@ class SourceKind:
     #: their scans' record fields (empty for kinds without scans); ``load_scan(unit)``
     #: gives a whole scan; ``progress(1)`` after each unit planned.
     plan: Callable[..., Plan]
-    #: ``(run, part, scan) -> (per-step arrays, stream of frames)``, inside a task.
-    rows: Callable[[Any, Part, ScanArrays | None], tuple[dict[str, np.ndarray], Stream]]
+    #: ``(run, part, scan, kept) -> (per-step arrays, stream of frames)``, inside a task;
+    #: ``kept`` is what the part's scan kept of its frames (None: read the source).
+    rows: Callable[
+        [Any, Part, ScanArrays | None, KeptFrames | None], tuple[dict[str, np.ndarray], Stream]
+    ]
     #: ``(run, selected) -> dict``: the store's ``source`` attribute.
     source_attributes: Callable[[Any, list[int]], dict[str, Any]]
     #: What a part is called in messages (``checkpoint``, ``shard``); the ``source``
@@ -158,8 +201,10 @@ class SourceKind:
     #: ``(attributes) -> dict or None``: what ``info`` says of the source beyond its
     #: parts (RL Unplugged: the run's shards, present and missing).
     source_summary: Callable[[Mapping[str, Any]], dict[str, Any] | None] = _no_summary
-    #: ``(run, unit) -> arrays``: pass 1 over one unit; None: planned without scans.
-    scan: Callable[[Any, int], dict[str, np.ndarray]] | None = None
+    #: ``(run, unit, selection, keep) -> arrays``: pass 1 over one unit (as far as the
+    #: selection needs), handing its frames to ``keep`` when given; None: planned
+    #: without scans.
+    scan: Callable[[Any, int, Selection, FrameSink | None], dict[str, np.ndarray]] | None = None
     #: The fields of a scan that planning reads (the rest is for the write tasks).
     scan_fields: tuple[str, ...] = ()
     #: ``(run, selection, scans, batch) -> units``: what to scan next; empty: plan now.

@@ -33,6 +33,8 @@ from atari_zarr.sources.dqn_replay.kind import DQN_REPLAY
 from atari_zarr.sources.dqn_replay.kind import KIND as DQN_REPLAY_KIND
 from atari_zarr.sources.dqn_replay.selection import Selection
 from atari_zarr.sources.kind import (
+    FrameSink,
+    KeptFrames,
     Part,
     Plan,
     ScanArrays,
@@ -51,6 +53,8 @@ __all__ = [
     "DQN_REPLAY",
     "KINDS",
     "RL_UNPLUGGED",
+    "FrameSink",
+    "KeptFrames",
     "Part",
     "Plan",
     "ScanArrays",
@@ -195,15 +199,20 @@ def plan_run(
 
     def read(part: Part) -> tuple[dict[str, np.ndarray], Stream]:
         scan = load_scan(part.unit) if load_scan is not None else None
-        return kind.rows(run, part, scan)
+        return kind.rows(run, part, scan, None)  # per-step arrays only: nothing is read
 
     return apply_subset(plan, selection.subset, read, where=run.url)  # type: ignore[no-any-return]
 
 
 def part_rows(
-    kind: SourceKind, run: SourceRun, part: Part, scan: ScanArrays | None
+    kind: SourceKind,
+    run: SourceRun,
+    part: Part,
+    scan: ScanArrays | None,
+    kept: KeptFrames | None = None,
 ) -> tuple[dict[str, np.ndarray], Stream]:
-    """A planned part's per-step arrays and frames (a subset's part filtered to its pieces)."""
+    """A planned part's per-step arrays and frames (a subset's part filtered to its pieces);
+    ``kept``: the frames its scan kept, read instead of the source."""
     if isinstance(part.spec, SubsetPart):
-        return subset_rows(part, lambda original: kind.rows(run, original, scan))
-    return kind.rows(run, part, scan)
+        return subset_rows(part, lambda original: kind.rows(run, original, scan, kept))
+    return kind.rows(run, part, scan, kept)

@@ -65,6 +65,7 @@ __all__ = [
     "complete_store_entries",
     "complete_stores",
     "content_id",
+    "find_store",
     "list_stores",
     "name_to_url",
     "read_catalog",
@@ -577,6 +578,41 @@ def complete_store_entries(
         return complete_stores(root, storage_options, timeout=timeout, use_catalog=False), None
     entries = {n: e for e in doc["stores"] if (n := _entry_name(e)) is not None}
     return sorted(entries, key=_natural), entries
+
+
+def find_store(
+    root: str,
+    name: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: Timeout = "default",
+) -> tuple[str, CatalogEntry | None] | None:
+    """Where the complete store ``"Game/run"`` lies under ``root``, without listing it.
+
+    The root's ``catalog.json`` first (one request; the store's entry comes back, for
+    :func:`check_entry`), then, when there is none or it does not list the store (a
+    store finished since it was written), the store's own ``zarr.json``. None when the
+    store is not there complete.
+
+    Examples
+    --------
+    >>> # dest_root: a root holding the converted fixture store Pong/1
+    >>> url, entry = find_store(dest_root, "Pong/1")
+    >>> url.endswith("Pong/1.zarr"), entry is None
+    (True, True)
+    >>> find_store(dest_root, "Pong/2") is None
+    True
+    """
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    url = name_to_url(root, name)
+    doc = _read_catalog(fs, path.rstrip("/"), str(root))
+    if doc is not None:
+        entries = {n: e for e in doc["stores"] if (n := _entry_name(e)) is not None}
+        if name in entries:
+            return url, entries[name]
+    if store_state(url, storage_options, timeout=timeout) == "complete":
+        return url, None
+    return None
 
 
 def check_entry(entry: CatalogEntry, attrs: dict[str, Any], url: str) -> bool:

@@ -383,3 +383,24 @@ def spoil_record(path: str | os.PathLike[str], record: int, how: str, **kwargs: 
     """Rewrite record ``record`` of the shard at ``path`` spoiled by :func:`spoil_example`."""
     data = read_shard_records(path)[record]
     replace_record(path, record, spoil_example(data, how, **kwargs))  # type: ignore[arg-type]
+
+
+# -- RL Unplugged's public bucket, served locally ------------------------------------------
+#: The bucket and prefix of RL Unplugged's ordered episodes (``atari_zarr.pull.RLU_URL``).
+PUBLIC_BUCKET, PUBLIC_PREFIX = "rl_unplugged", "atari_episodes_ordered"
+
+
+def upload_public_layout(fs: Any, fixture: WrittenRun, bucket: str = PUBLIC_BUCKET) -> list[str]:
+    """Copy ``fixture``'s shards into ``bucket`` under the public layout's exact names.
+
+    ``{bucket}/atari_episodes_ordered/{Game}/run_{r}-{i:05d}-of-{N:05d}``, as
+    ``gs://rl_unplugged`` has them, so that code whose source is the public URL reads
+    them once gcsfs is pointed at the emulator (``STORAGE_EMULATOR_HOST``). Returns
+    the object paths.
+    """
+    out = []
+    for path in fixture.paths.values():
+        key = f"{bucket}/{PUBLIC_PREFIX}/{fixture.game}/{Path(path).name}"
+        fs.put_file(path, key)
+        out.append(key)
+    return out

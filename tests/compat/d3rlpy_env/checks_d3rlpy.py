@@ -16,8 +16,9 @@ import pytest
 
 from atari_zarr import convert
 from atari_zarr.compat.d3rlpy import get_atari, get_atari_transitions
-from atari_zarr.errors import InvalidArgumentError, StoreFormatError
+from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
 from atari_zarr.read.store import StoreReader
+from atari_zarr.subsets import Subset
 from atari_zarr.testing import write_fixture_run
 
 CAPACITY = 256
@@ -40,15 +41,42 @@ def run(tmp_path_factory):
     return {"source": str(source), "root": str(dest), "store": store.url, "truth": fixture.truth()}
 
 
+def discrete_cql_losses(buffer, *, n_steps: int, per_epoch: int) -> list[float]:
+    """DiscreteCQL trained on ``buffer`` as a d3rlpy user would: each epoch's loss."""
+    cql = d3rlpy.algos.DiscreteCQLConfig(
+        batch_size=32,
+        observation_scaler=d3rlpy.preprocessing.PixelObservationScaler(),
+        compile_graph=False,
+    ).create(device="cpu:0")
+    results = cql.fit(
+        buffer,
+        n_steps=n_steps,
+        n_steps_per_epoch=per_epoch,
+        show_progress=False,
+        save_interval=10**6,
+        logger_adapter=d3rlpy.logging.NoopAdapterFactory(),
+    )
+    return [metrics["loss"] for _, metrics in results]
+
+
 def rows_of(buffer, truth):
     """The store rows of every episode of ``buffer``, found by their frames."""
     index = {truth.observation[r].tobytes(): r for r in range(len(truth))}
     return [np.array([index[o[0].tobytes()] for o in ep.observations]) for ep in buffer.episodes]
 
 
-def test_fraction_keeps_what_convert_fraction_keeps(run, tmp_path):
+@pytest.mark.parametrize("order", ["random", "played"])
+def test_fraction_keeps_what_convert_fraction_keeps(run, tmp_path, order):
+    # d3rlpy's own call; where the stores are (root=) and never downloading are the only
+    # additions
     buffer, env = get_atari_transitions(
-        run["root"], "space_invaders", fraction=0.25, index=0, make_environment=False
+        "space_invaders",
+        fraction=0.25,
+        index=0,
+        order=order,
+        root=run["root"],
+        download=False,
+        make_environment=False,
     )
     assert env is None
     assert isinstance(buffer, d3rlpy.dataset.ReplayBuffer)
@@ -58,7 +86,7 @@ def test_fraction_keeps_what_convert_fraction_keeps(run, tmp_path):
         str(tmp_path / "subset"),
         progress=False,
         scheduler="synchronous",
-        fraction=0.25,
+        subset=Subset.fraction_of(0.25, order=order),
     )
     sub = StoreReader(subset.url)
     table = sub.episodes
@@ -68,7 +96,8 @@ def test_fraction_keeps_what_convert_fraction_keeps(run, tmp_path):
     ]
     # d3rlpy's ReplayBuffer keeps no episode without a transition: a cut piece of one step
     kept = [(a, b, t) for a, b, t in pieces if t or b - a > 1]
-    assert len(kept) < len(pieces)  # the fixture has such a piece: the rule is exercised
+    if order == "random":  # the fixture has such a piece there: the rule is exercised
+        assert len(kept) < len(pieces)
     assert len(buffer.episodes) == len(kept)
     for ep, (a, b, t) in zip(buffer.episodes, kept, strict=True):
         rows = np.arange(a, b)
@@ -83,7 +112,7 @@ def test_fraction_keeps_what_convert_fraction_keeps(run, tmp_path):
 
 def test_episodes_hold_the_stored_transitions(run):
     buffer, _ = get_atari_transitions(
-        run["root"], "space_invaders", fraction=0.5, make_environment=False
+        "space_invaders", fraction=0.5, root=run["root"], download=False, make_environment=False
     )
     truth = run["truth"]
     ends = truth.terminated | truth.truncated
@@ -104,11 +133,11 @@ def test_episodes_hold_the_stored_transitions(run):
 def test_frame_stacks_are_d3rlpys(run):
     """The sampled stacks equal d3rlpy's own pre-stacking of the same episodes."""
     lazy, _ = get_atari_transitions(
-        run["root"], "space_invaders", fraction=0.5, num_stack=4, make_environment=False
+        "space_invaders", fraction=0.5, num_stack=4, root=run["root"], make_environment=False
     )
     eager, _ = get_atari_transitions(
-        run["root"],
         "space_invaders",
+        root=run["root"],
         fraction=0.5,
         num_stack=4,
         pre_stack=True,
@@ -142,22 +171,9 @@ def test_get_atari_is_every_episode_with_an_ale_env(run):
 
 def test_discrete_cql_trains(run):
     buffer, _ = get_atari_transitions(
-        run["root"], "space_invaders", fraction=1.0, num_stack=4, make_environment=False
+        "space_invaders", fraction=1.0, num_stack=4, root=run["root"], make_environment=False
     )
-    cql = d3rlpy.algos.DiscreteCQLConfig(
-        batch_size=32,
-        observation_scaler=d3rlpy.preprocessing.PixelObservationScaler(),
-        compile_graph=False,
-    ).create(device="cpu:0")
-    results = cql.fit(
-        buffer,
-        n_steps=300,
-        n_steps_per_epoch=100,
-        show_progress=False,
-        save_interval=10**6,
-        logger_adapter=d3rlpy.logging.NoopAdapterFactory(),
-    )
-    losses = [metrics["loss"] for _, metrics in results]
+    losses = discrete_cql_losses(buffer, n_steps=300, per_epoch=100)
     assert len(losses) == 3
     assert all(math.isfinite(x) for x in losses)
 
@@ -165,15 +181,50 @@ def test_discrete_cql_trains(run):
 @pytest.mark.parametrize("fraction", [0, -0.1, 1.5, float("nan")])
 def test_fraction_outside_0_1_is_one_line(run, fraction):
     with pytest.raises(InvalidArgumentError, match=r"fraction must be in \(0, 1\]") as err:
-        get_atari_transitions(run["root"], "space_invaders", fraction=fraction)
+        get_atari_transitions("space_invaders", fraction=fraction, root=run["root"])
     assert "\n" not in str(err.value)
 
 
 def test_unknown_game_lists_close_matches(run):
-    with pytest.raises(StoreFormatError) as err:
-        get_atari_transitions(run["root"], "space_invader", make_environment=False)
+    with pytest.raises(StoreNotFoundError) as err:
+        get_atari_transitions(
+            "space_invader", root=run["root"], download=False, make_environment=False
+        )
     text = str(err.value)
     assert "\n" not in text
     assert "SpaceInvaders/1" in text and run["root"] in text
-    with pytest.raises(StoreFormatError, match="SpaceInvaders/1"):
-        get_atari_transitions(run["root"], "space_invaders", index=3, make_environment=False)
+    assert "atari-zarr pull SpaceInvader/1 --fraction 0.01" in text
+    with pytest.raises(StoreNotFoundError, match="SpaceInvaders/1"):
+        get_atari_transitions(
+            "space_invaders", index=3, root=run["root"], download=False, make_environment=False
+        )
+
+
+def test_the_original_call_fetches_from_the_public_copy(tmp_path, monkeypatch):
+    """``get_atari_transitions("pong", fraction=...)`` exactly as d3rlpy's, with nothing
+    converted: the run comes from RL Unplugged's public layout (fake-gcs-server, which
+    the standard emulator variable points gcsfs at), and DiscreteCQL trains on it."""
+    import gcsfs
+
+    from atari_zarr.testing.gcs import FakeGCSServer
+    from atari_zarr.testing.rl_unplugged import upload_public_layout, write_fixture_rlu
+
+    fixture = write_fixture_rlu(
+        str(tmp_path / "src"), "Pong", 1, num_shards=50, present=(0, 1), episodes_per_shard=2
+    )
+    with FakeGCSServer() as server:
+        server.create_bucket("rl_unplugged")
+        upload_public_layout(gcsfs.GCSFileSystem(**server.storage_options()), fixture)
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", server.endpoint_url)
+        monkeypatch.setenv("ATARI_ZARR_HOME", str(tmp_path / "home"))
+        dataset, env = get_atari_transitions("pong", fraction=0.0002)
+        # again: from the cache, the network untouched
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+        again, _ = get_atari_transitions("pong", fraction=0.0002, make_environment=False)
+    assert dataset.transition_count == again.transition_count > 0
+    assert sum(ep.size() for ep in dataset.episodes) == 2 * 200  # 200 rows of each shard
+    obs, _ = env.reset(seed=0)
+    assert np.asarray(obs).shape == (1, 84, 84)
+    env.close()
+    losses = discrete_cql_losses(dataset, n_steps=100, per_epoch=50)
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)

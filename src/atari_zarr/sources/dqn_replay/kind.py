@@ -17,7 +17,7 @@ from atari_zarr.layout import OBSERVATION
 from atari_zarr.sources.dqn_replay import files
 from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_destinations, lap_step_arrays
 from atari_zarr.sources.dqn_replay.selection import Selection, build_plan
-from atari_zarr.sources.kind import Part, Plan, ScanArrays, SourceKind, Stream
+from atari_zarr.sources.kind import KeptFrames, Part, Plan, ScanArrays, SourceKind, Stream
 from atari_zarr.sources.roots import entries, game_dirs_to_detect
 
 __all__ = ["DQN_REPLAY", "KIND"]
@@ -73,7 +73,7 @@ def _dqn_plan(
 
 
 def _dqn_rows(
-    run: files.RunSource, part: Part, scan: ScanArrays | None
+    run: files.RunSource, part: Part, scan: ScanArrays | None, kept: KeptFrames | None = None
 ) -> tuple[dict[str, np.ndarray], Stream]:
     lap = part.spec
     return lap_step_arrays(lap, run.read_small(lap.suffix)), _dqn_frames(run, lap)

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.layout import validate_name
-from atari_zarr.sources.rl_unplugged.tfrecord import open_shard
+from atari_zarr.sources.rl_unplugged.tfrecord import PREFIX_BLOCK, READ_BLOCK, open_shard
 from atari_zarr.sources.roots import open_root, select_games
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
@@ -176,14 +176,19 @@ class RluRun:
         return [(s.name, s.size) for s in self.shards.values()]
 
     @contextmanager
-    def open(self, index: int) -> Iterator[BinaryIO]:
-        """Shard ``index`` as its decompressed stream (:func:`~.tfrecord.open_shard`)."""
+    def open(self, index: int, *, prefix: bool = False) -> Iterator[BinaryIO]:
+        """Shard ``index`` as its decompressed stream (:func:`~.tfrecord.open_shard`).
+
+        ``prefix=True``: only the start of the shard will be read, so it is fetched
+        in smaller ranges (:data:`~.tfrecord.PREFIX_BLOCK`), and little is fetched
+        beyond what is read.
+        """
         shard = self.shards.get(index)
         if shard is None:
             raise SourceNotFoundError(
                 f"{self.where(index)} is not in the run; shards present: {self.suffixes}."
             )
-        with open_shard(self.fs, shard.path) as stream:
+        with open_shard(self.fs, shard.path, PREFIX_BLOCK if prefix else READ_BLOCK) as stream:
             yield stream
 
 
@@ -206,7 +211,10 @@ def _check_totals(shards: list[Shard], where: str) -> None:
 
 
 def _list_shards(fs: Any, path: str, url: str) -> dict[str, list[Shard]]:
-    """Shards in one directory, by run (runs as strings, ``"1"`` for ``run_1-*``)."""
+    """Shards in one directory, by run (runs as strings, ``"1"`` for ``run_1-*``), as they
+    are now (not as a listing cached earlier in the process: a shard replaced since
+    would be read to its old size)."""
+    fs.invalidate_cache(path)
     try:
         entries = fs.ls(path, detail=True)
     except FileNotFoundError:

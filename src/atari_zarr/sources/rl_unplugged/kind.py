@@ -15,7 +15,15 @@ import numpy as np
 
 from atari_zarr.layout import FINAL_OBSERVATION, UNCLIPPED_REWARD
 from atari_zarr.sources.dqn_replay.selection import Selection, parse_checkpoints
-from atari_zarr.sources.kind import Part, Plan, ScanArrays, SourceKind, Stream
+from atari_zarr.sources.kind import (
+    FrameSink,
+    KeptFrames,
+    Part,
+    Plan,
+    ScanArrays,
+    SourceKind,
+    Stream,
+)
 from atari_zarr.sources.rl_unplugged import files
 from atari_zarr.sources.rl_unplugged.planner import (
     RluPlan,
@@ -26,9 +34,11 @@ from atari_zarr.sources.rl_unplugged.planner import (
 )
 from atari_zarr.sources.rl_unplugged.rows import iter_shard_frames, shard_step_arrays
 from atari_zarr.sources.rl_unplugged.scan import RECORD_FIELDS, ShardScan, scan_shard
+from atari_zarr.sources.rl_unplugged.tfrecord import compressed_position
 from atari_zarr.sources.roots import entries, game_dirs_to_detect
+from atari_zarr.subsets import CHECKPOINT_ROWS
 
-__all__ = ["KIND", "RL_UNPLUGGED"]
+__all__ = ["KIND", "RL_UNPLUGGED", "scan_limit"]
 
 RL_UNPLUGGED = "rl-unplugged"
 
@@ -62,10 +72,25 @@ def _rlu_open(
     return files.RluRun(url, game, run, options, timeout=timeout)
 
 
-def _rlu_scan(run: files.RluRun, index: int) -> dict[str, np.ndarray]:
-    """Pass 1 over shard ``index`` of ``run``, as plain arrays."""
-    with run.open(index) as stream:
-        return scan_shard(stream, run.where(index), index).to_arrays()
+def scan_limit(selection: Selection) -> int | None:
+    """Real steps from the start of each shard that hold every row ``selection`` takes
+    (None: the whole shard): a subset that takes a prefix of each checkpoint."""
+    subset = selection.subset
+    return None if subset is None else subset.prefix_rows(CHECKPOINT_ROWS)
+
+
+def _rlu_scan(
+    run: files.RluRun, index: int, selection: Selection, keep: FrameSink | None = None
+) -> dict[str, np.ndarray]:
+    """Pass 1 over shard ``index`` of ``run``, as far as ``selection`` needs, as arrays."""
+    limit = scan_limit(selection)
+    with run.open(index, prefix=limit is not None) as stream:
+        scan = scan_shard(stream, run.where(index), index, limit=limit, keep=keep)
+        read = compressed_position(stream)
+    arrays = scan.to_arrays()
+    # what was read of the file (progress in bytes; a prefix scan stops early)
+    arrays["source_bytes"] = np.array(-1 if read is None else read, dtype=np.int64)
+    return arrays
 
 
 def _rlu_scans_needed(
@@ -125,13 +150,13 @@ def _rlu_plan(
 
 
 def _rlu_rows(
-    run: files.RluRun, part: Part, scan: ScanArrays | None
+    run: files.RluRun, part: Part, scan: ScanArrays | None, kept: KeptFrames | None = None
 ) -> tuple[dict[str, np.ndarray], Stream]:
     if scan is None:  # pragma: no cover - conversion always passes the scan
         raise ValueError(f"shard {part.unit} needs its scan")
     spec: ShardPart = part.spec
     shard = ShardScan.from_arrays(scan)
-    return shard_step_arrays(spec, shard), iter_shard_frames(run, spec, shard)
+    return shard_step_arrays(spec, shard), iter_shard_frames(run, spec, shard, kept=kept)
 
 
 def _rlu_source(run: files.RluRun, selected: list[int]) -> dict[str, Any]:

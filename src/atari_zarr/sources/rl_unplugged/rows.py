@@ -2,6 +2,7 @@
 
 :func:`shard_step_arrays` turns the shard's scan into the per-step arrays of its
 rows (nothing is read); :func:`iter_shard_frames` streams the shard a second time
+(or reads the frames its scan kept, :class:`~atari_zarr.sources.kind.KeptFrames`)
 and yields its frames in blocks, plus the ``final_observation`` row of every episode
 it holds: the terminal observation of a terminal episode, zeros (unknown) for a cut
 one. A block is cut at the store's write units (:data:`BLOCK_ROWS`, a shard of
@@ -13,7 +14,7 @@ Memory: one record's PNG bytes (a few MB) and one block of decoded frames.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from atari_zarr.layout import (
     TRUNCATED,
     UNCLIPPED_REWARD,
 )
+from atari_zarr.sources.kind import KeptFrames
 from atari_zarr.sources.rl_unplugged.example import parse_episode
 from atari_zarr.sources.rl_unplugged.planner import SHARD_STRIDE, ShardPart
 from atari_zarr.sources.rl_unplugged.png import decode_frames
@@ -84,7 +86,11 @@ def shard_step_arrays(part: ShardPart, scan: ShardScan) -> dict[str, np.ndarray]
 
 
 def iter_shard_frames(
-    run: RluRun, part: ShardPart, scan: ShardScan, block_rows: int = BLOCK_ROWS
+    run: RluRun,
+    part: ShardPart,
+    scan: ShardScan,
+    block_rows: int = BLOCK_ROWS,
+    kept: KeptFrames | None = None,
 ) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
     """Stream shard ``part.index`` again: yield ``(array, rows, frames)`` blocks.
 
@@ -92,7 +98,8 @@ def iter_shard_frames(
     ``FINAL_OBSERVATION`` (``rows`` are episode ids). Frames of one block are a fresh
     array. ``OBSERVATION`` blocks end at the multiples of ``block_rows`` (output rows)
     and at the part's end, so a block lies within one unit of ``block_rows`` rows
-    and holds all of it that the part gives.
+    and holds all of it that the part gives. With ``kept``, the frames the scan
+    kept are read instead of the shard.
 
     Raises
     ------
@@ -102,7 +109,6 @@ def iter_shard_frames(
         between the passes).
     """
     where = run.where(part.index)
-    real = part.real(scan)
     row = part.out_start
     episode = part.first_episode
     if part.records == 0:
@@ -117,11 +123,67 @@ def iter_shard_frames(
         stop = min(end, (block_start // block_rows + 1) * block_rows)
         return np.empty((stop - block_start, *FRAME_SHAPE), dtype=np.uint8)
 
+    offsets = scan.record_offsets()
+    for record, n, terminal, frames_of, final_of in _records(run, part, scan, kept, where):
+        seen += 1
+        if n == 0:
+            continue
+        a = 0
+        while a < n:
+            if filled == len(block):
+                block = new_block()
+                filled = 0
+            b = min(n, a + len(block) - filled)
+            frames_of(a, b, block[filled : filled + b - a], int(offsets[record]))
+            filled += b - a
+            a = b
+            if filled == len(block):
+                rows = np.arange(block_start, block_start + filled, dtype=np.int64)
+                yield OBSERVATION, rows, block
+                block_start += filled
+        row += n
+        cut = part.cut_rows is not None and record == part.records - 1
+        final = final_of() if terminal and not cut else None
+        if final is None:
+            final = np.zeros((1, *FRAME_SHAPE), dtype=np.uint8)
+        yield FINAL_OBSERVATION, np.array([episode], dtype=np.int64), final.reshape(1, *FRAME_SHAPE)
+        episode += 1
+    if seen < part.records:
+        raise SourceFormatError(
+            f"{where}: record {seen}: the shard ends after {seen} records, but the first pass "
+            f"read {part.records}; expected the same file in both passes. The shard changed "
+            f"during the conversion: convert again with --overwrite."
+        )
+
+
+def _records(
+    run: RluRun, part: ShardPart, scan: ShardScan, kept: KeptFrames | None, where: str
+) -> Iterator[tuple[int, int, bool, Any, Any]]:
+    """``(record, real steps, terminal, frames_of, final_of)`` of the part's records.
+
+    ``frames_of(a, b, out, offset)`` fills ``out`` with the record's real steps
+    ``a .. b - 1`` (``offset``: its first step over the shard's records);
+    ``final_of()`` gives its frame after the last real step. From the kept frames
+    when given, else from the shard, read again and checked against the scan.
+    """
+    real = part.real(scan)
+    if kept is not None:
+        frames = kept
+
+        def from_kept(a: int, b: int, out: np.ndarray, offset: int) -> None:
+            frames.steps(offset + a, offset + b, out)
+
+        for record in range(part.records):
+
+            def final_from_kept(record: int = record) -> np.ndarray | None:
+                return frames.final(record)
+
+            yield record, int(real[record]), bool(scan.terminal[record]), from_kept, final_from_kept
+        return
     with run.open(part.index) as stream:
         for record, data in iter_records(stream, where):
             if record >= part.records:
                 break
-            seen += 1
             ep = parse_episode(data, where, record)
             if ep.steps != int(scan.steps[record]) or ep.terminal != bool(scan.terminal[record]):
                 raise SourceFormatError(
@@ -130,35 +192,14 @@ def iter_shard_frames(
                     f"{bool(scan.terminal[record])}); expected the same file in both passes. The "
                     f"shard changed during the conversion: convert again with --overwrite."
                 )
-            n = int(real[record])
-            if n == 0:
-                continue
-            a = 0
-            while a < n:
-                if filled == len(block):
-                    block = new_block()
-                    filled = 0
-                b = min(n, a + len(block) - filled)
-                out = block[filled : filled + b - a]
+
+            def from_source(
+                a: int, b: int, out: np.ndarray, offset: int, ep: Any = ep, record: int = record
+            ) -> None:
                 decode_frames(ep.observations[a:b], where, record, out=out, first_step=a)
-                filled += b - a
-                a = b
-                if filled == len(block):
-                    rows = np.arange(block_start, block_start + filled, dtype=np.int64)
-                    yield OBSERVATION, rows, block
-                    block_start += filled
-            row += n
-            cut = part.cut_rows is not None and record == part.records - 1
-            if ep.terminal and not cut:
+
+            def final_from_source(ep: Any = ep, record: int = record) -> np.ndarray:
                 last = ep.steps - 1
-                final = decode_frames(ep.observations[last:], where, record, first_step=last)
-            else:
-                final = np.zeros((1, *FRAME_SHAPE), dtype=np.uint8)
-            yield FINAL_OBSERVATION, np.array([episode], dtype=np.int64), final
-            episode += 1
-    if seen < part.records:
-        raise SourceFormatError(
-            f"{where}: record {seen}: the shard ends after {seen} records, but the first pass "
-            f"read {part.records}; expected the same file in both passes. The shard changed "
-            f"during the conversion: convert again with --overwrite."
-        )
+                return decode_frames(ep.observations[last:], where, record, first_step=last)
+
+            yield record, int(real[record]), ep.terminal, from_source, final_from_source

@@ -10,6 +10,16 @@ as soon as each record is parsed.
 A :class:`ShardScan` is plain numpy arrays (:meth:`ShardScan.to_arrays`), so the
 conversion can keep it in its work area and a resumed conversion does not scan
 again.
+
+Two options make a shard fetched once, and only as far as needed, over a network:
+
+* ``limit``: stop after the record in which the shard's real steps reach
+  ``limit`` (a subset that takes a prefix of every checkpoint,
+  :meth:`~atari_zarr.subsets.Subset.prefix_rows`); the rest of the GZIP stream is
+  never read, so never fetched;
+* ``keep``: decode the frames in this pass and hand them to a
+  :class:`~atari_zarr.sources.kind.FrameSink`, so that the write pass reads them
+  from there instead of streaming the shard again.
 """
 
 from __future__ import annotations
@@ -21,7 +31,10 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.errors import SourceFormatError
+from atari_zarr.layout import FRAME_SHAPE
+from atari_zarr.sources.kind import FrameSink
 from atari_zarr.sources.rl_unplugged.example import parse_episode
+from atari_zarr.sources.rl_unplugged.png import decode_frames
 from atari_zarr.sources.rl_unplugged.tfrecord import iter_records
 
 __all__ = ["RECORD_FIELDS", "STEP_FIELDS", "ShardScan", "clip_reward", "scan_shard"]
@@ -114,7 +127,18 @@ class ShardScan:
         return cls(index=index, **kwargs, **steps)
 
 
-def scan_shard(stream: Any, where: str, index: int) -> ShardScan:
+#: Frames decoded at a time when a scan keeps them (about 7 MB).
+_KEEP_BLOCK = 1024
+
+
+def scan_shard(
+    stream: Any,
+    where: str,
+    index: int,
+    *,
+    limit: int | None = None,
+    keep: FrameSink | None = None,
+) -> ShardScan:
     """Read a shard's decompressed stream once and keep everything but the frames.
 
     Parameters
@@ -125,6 +149,11 @@ def scan_shard(stream: Any, where: str, index: int) -> ShardScan:
         The shard's URL, for messages.
     index : int
         The shard's index in its file name: every Example's ``checkpoint_idx``.
+    limit : int, optional
+        Stop after the record in which the real steps read reach ``limit`` (None:
+        read the whole shard).
+    keep : FrameSink, optional
+        Decode every record's real frames and its final frame, and hand them over.
 
     Raises
     ------
@@ -151,8 +180,11 @@ def scan_shard(stream: Any, where: str, index: int) -> ShardScan:
     actions: list[np.ndarray] = []
     rewards: list[np.ndarray] = []
     unclipped: list[np.ndarray] = []
-    for record, data in iter_records(stream, where):
-        ep = parse_episode(data, where, record, observations=False)
+    real_read = 0
+    buffer = np.empty((_KEEP_BLOCK, *FRAME_SHAPE), dtype=np.uint8) if keep is not None else None
+    records = iter_records(stream, where)
+    for record, data in records if limit is None or limit > 0 else ():
+        ep = parse_episode(data, where, record, observations=keep is not None)
         if ep.checkpoint_idx != index:
             raise SourceFormatError(
                 f"{where}: record {record}: checkpoint_idx is {ep.checkpoint_idx}; expected "
@@ -181,6 +213,23 @@ def scan_shard(stream: Any, where: str, index: int) -> ShardScan:
         actions.append(ep.actions[:n].astype(np.int64))
         rewards.append(clipped)
         unclipped.append(raw)
+        real_read += n
+        if keep is not None and buffer is not None:
+            for a in range(0, n, _KEEP_BLOCK):
+                b = min(n, a + _KEEP_BLOCK)
+                out = buffer[: b - a]
+                decode_frames(ep.observations[a:b], where, record, out=out, first_step=a)
+                keep.steps(out)
+            last = ep.steps - 1
+            keep.final(
+                decode_frames(ep.observations[last:], where, record, first_step=last)[0]
+                if ep.terminal
+                else None
+            )
+        if limit is not None and real_read >= limit:
+            break  # before the next record is read: the rest of the stream is never fetched
+    if keep is not None:
+        keep.close()
     dtypes = {
         "steps": np.int64,
         "real": np.int64,

@@ -38,7 +38,15 @@ from atari_zarr.sources.gzip_stream import GZIP_ERRORS, open_gzip
 if TYPE_CHECKING:
     from atari_zarr.storage.filesystem import FileSystem
 
-__all__ = ["HEADER_SIZE", "READ_BLOCK", "iter_records", "masked_crc32c", "open_shard"]
+__all__ = [
+    "HEADER_SIZE",
+    "PREFIX_BLOCK",
+    "READ_BLOCK",
+    "compressed_position",
+    "iter_records",
+    "masked_crc32c",
+    "open_shard",
+]
 
 #: Bytes before a record's data: its length (uint64) and the length's masked CRC (uint32).
 HEADER_SIZE = 12
@@ -46,6 +54,9 @@ HEADER_SIZE = 12
 FOOTER_SIZE = 4
 #: Compressed bytes read from the file system per request (a ranged GET for remote shards).
 READ_BLOCK = 4 << 20
+#: The same when only a prefix of the shard is read: what is fetched beyond the last
+#: record read is at most about this (plus the GZIP reader's buffer).
+PREFIX_BLOCK = 256 << 10
 #: Added to the rotated CRC by TensorFlow's ``crc32c::Mask``.
 _MASK_DELTA = 0xA282EAD8
 _HEADER = struct.Struct("<QI")
@@ -78,11 +89,12 @@ def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
 
 
 @contextlib.contextmanager
-def open_shard(fs: FileSystem, path: str) -> Iterator[BinaryIO]:
+def open_shard(fs: FileSystem, path: str, block_size: int = READ_BLOCK) -> Iterator[BinaryIO]:
     """Open a shard as its decompressed byte stream, inflated as it is read.
 
     The compressed bytes come from ``fs.open(path, "rb")``: for a remote file
-    system, ranged reads of :data:`READ_BLOCK` bytes, each bounded by the
+    system, ranged reads of ``block_size`` bytes (:data:`READ_BLOCK`, or
+    :data:`PREFIX_BLOCK` when only a prefix will be read), each bounded by the
     deadline. The shard is never held whole. GZIP errors surface while reading,
     in :func:`iter_records`, which names the record.
 
@@ -112,7 +124,7 @@ def open_shard(fs: FileSystem, path: str) -> Iterator[BinaryIO]:
     [b'ep']
     """
     try:
-        raw = fs.open(path, "rb", block_size=READ_BLOCK)
+        raw = fs.open(path, "rb", block_size=block_size)
     except FileNotFoundError:
         raise SourceNotFoundError(
             f"{fs.url(path)}: the shard does not exist (anymore); expected a GZIP TFRecord "
@@ -120,8 +132,19 @@ def open_shard(fs: FileSystem, path: str) -> Iterator[BinaryIO]:
         ) from None
     with contextlib.closing(raw):
         _check_gzip_magic(raw, fs.url(path))
-        with contextlib.closing(open_gzip(raw)) as reader:
+        # reading a prefix: the GZIP reader asks small reads too (it asks 512 KiB)
+        max_read = block_size // 4 if block_size < READ_BLOCK else None
+        with contextlib.closing(open_gzip(raw, max_read)) as reader:
+            reader.compressed_tell = raw.tell  # type: ignore[attr-defined]
             yield cast("BinaryIO", reader)
+
+
+def compressed_position(stream: BinaryIO) -> int | None:
+    """Bytes of the compressed file read so far by ``stream`` (from :func:`open_shard`;
+    None for another stream): what a reader that stops early has fetched, within a
+    block."""
+    tell = getattr(stream, "compressed_tell", None)
+    return int(tell()) if tell is not None else None
 
 
 def _check_gzip_magic(raw: BinaryIO, where: str) -> None:

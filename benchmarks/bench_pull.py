@@ -1,0 +1,193 @@
+"""From nothing to a first batch: a pull from RL Unplugged's public layout at 20 ms a request.
+
+Writes ``--shards`` shards of real ALE Pong play (``run_1-{i:05d}-of-00050``, about
+``--frames`` frames each; the same episodes in every shard, each shard its own
+checkpoint), serves them from fake-gcs-server under the public layout
+(``rl_unplugged/atari_episodes_ordered/Pong``) behind ``CountingProxy`` with
+``--delay`` seconds per request, points gcsfs at it with ``STORAGE_EMULATOR_HOST`` (the
+code keeps its public URL), and times, each into an empty cache:
+
+* ``fraction``: d3rlpy's ``fraction=F`` in the order played, ``resolve`` + open + the
+  first random batch of 256;
+* ``checkpoint``: one whole checkpoint (``--checkpoints K``), the same.
+
+For each: seconds to the first batch, bytes fetched (response bodies of the shard
+objects), the source bytes of what was asked for (each shard's compressed bytes up to
+the end of the last record the request needs), their ratio, and frames converted per
+second and per worker.
+
+Usage::
+
+    python benchmarks/bench_pull.py --shards 10 --frames 30000 --delay 0.02 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+# Before anything imports gcsfs (see docs/gcs-emulator.md).
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+import gcsfs
+import numpy as np
+
+from atari_zarr import AtariZarrDataset
+from atari_zarr.pull import Request, resolve
+from atari_zarr.record.rl_unplugged import played_episodes, shard_name, write_shard
+from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode
+from atari_zarr.sources.rl_unplugged.png import encode_frame
+from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+from atari_zarr.testing.rl_unplugged import read_shard_records
+
+CACHE = Path(__file__).parent / ".cache"
+
+
+def write_shards(root: Path, shards: int, frames: int, seed: int = 0) -> dict[int, Path]:
+    """``shards`` shards of about ``frames`` frames of Pong each (cached between runs)."""
+    game_dir = root / "Pong"
+    paths = {i: game_dir / shard_name(1, i, 50) for i in range(shards)}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    played = []
+    total = 0
+    while total < frames:  # whole games of random play, about 800 steps each
+        [episode] = played_episodes("Pong", seed + len(played), (None,), cap=27_000)
+        played.append(episode)
+        total += len(episode.actions)
+    pngs = [[encode_frame(f) for f in p.frames] for p in played]
+    for i, path in paths.items():
+        records = []
+        for k, (p, images) in enumerate(zip(played, pngs, strict=True)):
+            n = len(p.actions)
+            rewards = np.append(p.rewards, 0.0).astype(np.float32)
+            discounts = np.append(np.ones(n, np.float32), 0.0 if p.terminated else 1.0)
+            keep = n + 1 if p.terminated else n
+            records.append(
+                encode_episode(
+                    Episode(
+                        checkpoint_idx=i,
+                        episode_idx=k,
+                        episode_return=float(p.rewards.sum()),
+                        clipped_episode_return=None,
+                        observations=images[:keep],
+                        actions=np.append(p.actions, 0)[:keep].astype(np.int64),
+                        unclipped_rewards=rewards[:keep],
+                        clipped_rewards=None,
+                        discounts=discounts[:keep].astype(np.float32),
+                    )
+                )
+            )
+        write_shard(path, records)
+    return paths
+
+
+def needed_bytes(path: Path, rows: int | None) -> int:
+    """Compressed bytes of ``path`` up to the end of the record in which its real steps
+    reach ``rows`` (None: the whole file)."""
+    raw = path.read_bytes()
+    if rows is None:
+        return len(raw)
+    from atari_zarr.sources.rl_unplugged.example import parse_episode
+
+    need, real = 0, 0
+    for data in read_shard_records(path):
+        need += 12 + len(data) + 4
+        real += parse_episode(data, str(path), 0, observations=False).real_steps
+        if real >= rows:
+            break
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = 0
+    for at in range(0, len(raw), 1024):
+        out += len(inflate.decompress(raw[at : at + 1024]))
+        if out >= need:
+            return min(len(raw), at + 1024)
+    return len(raw)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shards", type=int, default=10)
+    ap.add_argument("--frames", type=int, default=30_000)
+    ap.add_argument("--fraction", type=float, default=0.01)
+    ap.add_argument("--checkpoint", type=int, default=3)
+    ap.add_argument("--delay", type=float, default=0.02)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    src = CACHE / f"pull-src-{args.shards}x{args.frames}"
+    t = time.perf_counter()
+    paths = write_shards(src, args.shards, args.frames)
+    made = time.perf_counter() - t
+    sizes = {i: p.stat().st_size for i, p in paths.items()}
+    out: dict[str, object] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.processor()}",
+        "shards": args.shards,
+        "frames_per_shard": args.frames,
+        "shard_mb": round(float(np.mean(list(sizes.values()))) / 1e6, 2),
+        "delay_s": args.delay,
+        "workers": args.workers,
+        "fixture_s": round(made, 1),
+    }
+    with FakeGCSServer() as server:
+        server.create_bucket("rl_unplugged")
+        fs = gcsfs.GCSFileSystem(**server.storage_options())
+        for path in paths.values():
+            fs.put_file(str(path), f"rl_unplugged/atari_episodes_ordered/Pong/{path.name}")
+        with CountingProxy(server.endpoint_url, delay=args.delay) as proxy:
+            os.environ["STORAGE_EMULATOR_HOST"] = proxy.endpoint_url
+            cases = {
+                "fraction": (
+                    Request.parse("Pong/1", fraction=args.fraction),
+                    {i: int(args.fraction * 1_000_000) for i in paths},
+                ),
+                "checkpoint": (
+                    Request.parse("Pong/1", checkpoints=[args.checkpoint]),
+                    {args.checkpoint: None},
+                ),
+            }
+            for label, (request, asked) in cases.items():
+                home = tempfile.mkdtemp(prefix="bench-pull-")
+                proxy.reset()
+                t0 = time.perf_counter()
+                found = resolve(
+                    request, home=home, scheduler="processes", workers=args.workers
+                )
+                pulled = time.perf_counter() - t0
+                ds = AtariZarrDataset(found.url)
+                batch = ds.sample(256)
+                first = time.perf_counter() - t0
+                fetched = sum(
+                    n for m, p, _, n in proxy.log if m == "GET" and "/run_1-" in p
+                )
+                source = sum(needed_bytes(paths[i], rows) for i, rows in asked.items())
+                out[label] = {
+                    "request": request.describe(),
+                    "transitions": len(ds),
+                    "first_batch_s": round(first, 2),
+                    "pull_s": round(pulled, 2),
+                    "requests": proxy.requests,
+                    "fetched_mb": round(fetched / 1e6, 2),
+                    "source_mb_asked": round(source / 1e6, 2),
+                    "fetched_over_asked": round(fetched / source, 3),
+                    "frames_per_s_per_worker": round(len(ds) / pulled / args.workers),
+                    "batch": list(batch["observation"].shape),
+                }
+                print(label, out[label], flush=True)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
+        results = Path(__file__).parent / "results" / f"pull-{stamp}.json"
+        results.write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

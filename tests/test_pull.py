@@ -1,0 +1,438 @@
+"""Dataset ids to stores: the cache, mirrors, and pulls from RL Unplugged's public copy.
+
+The public copy is fake-gcs-server holding ``rl_unplugged/atari_episodes_ordered`` with
+the public layout's object names (``public_copy`` in conftest.py); the code's default
+source URL is the public one, and only ``STORAGE_EMULATOR_HOST`` (the variable gcsfs
+honours) sends it to the emulator, through a proxy that counts what is fetched.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from atari_zarr import AtariZarrDataset, convert
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    RemoteAccessError,
+    SourceFormatError,
+    StoreNotFoundError,
+    StoreWriteError,
+)
+from atari_zarr.layout import ARRAYS, ATTRS_KEY
+from atari_zarr.pull import (
+    GAMES,
+    Request,
+    available,
+    game_name,
+    mirror_roots,
+    pull,
+    resolve,
+)
+from atari_zarr.subsets import Subset
+from atari_zarr.testing import store_files
+from atari_zarr.testing.pause import pause_command
+from atari_zarr.testing.ports import fresh_port
+from atari_zarr.testing.rl_unplugged import read_shard_records
+
+pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
+
+#: A fraction whose count (400 rows) is a prefix of two or three Asterix episodes.
+FRACTION = 0.0004
+
+
+def shard_bytes(proxy, run: str = "run_1-") -> int:
+    """Response bytes of the shard objects fetched through the proxy."""
+    return sum(n for method, path, _, n in proxy.log if method == "GET" and run in path)
+
+
+def compressed_prefix(path: str, records: int) -> int:
+    """Compressed bytes of ``path`` that hold its first ``records`` records (to 1 KB)."""
+    need = sum(12 + len(r) + 4 for r in read_shard_records(path)[:records])
+    raw = Path(path).read_bytes()
+    inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    out = 0
+    for at in range(0, len(raw), 1024):
+        out += len(inflate.decompress(raw[at : at + 1024]))
+        if out >= need:
+            return at + 1024
+    return len(raw)
+
+
+def records_for(fixture, shard: int, rows: int) -> int:
+    """Records of a shard that the played-order prefix of ``rows`` rows reads."""
+    total = 0
+    for k, episode in enumerate(fixture.episodes_of(shard)):
+        total += episode.real_steps
+        if total >= rows:
+            return k + 1
+    return len(fixture.episodes_of(shard))
+
+
+def arrays_of(url: str) -> dict[str, np.ndarray]:
+    group = zarr.open_group(url, mode="r")
+    return {name: group[name][...] for name in ARRAYS}
+
+
+# -- ids ---------------------------------------------------------------------------------
+def test_ids_as_the_loaders_spell_them():
+    assert game_name("space_invaders") == game_name("space-invaders") == "SpaceInvaders"
+    assert game_name("up_n_down") == "UpNDown" and game_name("pong") == "Pong"
+    r = Request.parse("Pong/5")
+    assert (r.game, r.run, r.whole, r.label) == ("Pong", "5", True, "")
+    r = Request.parse("breakout", run=3, fraction=0.01)
+    assert r.dataset_id == "Breakout/3" and r.label == "fraction-0.01-played"
+    assert r.command() == "atari-zarr pull Breakout/3 --fraction 0.01"
+    r = Request.parse("Pong/1", fraction=0.1, order="random", seed=2)
+    assert r.label == "fraction-0.1-seed2"
+    assert r.command() == (
+        "atari-zarr pull Pong/1 --fraction 0.1 --fraction-order random --subset-seed 2"
+    )
+    r = Request.parse("Pong/1", checkpoints="0-2,9")
+    assert r.checkpoints == (0, 1, 2, 9) and r.label == "checkpoints-0-2,9"
+    dt = Request.parse("Pong", subset=Subset.decision_transformer(4, 1000, 2, seed=123))
+    assert dt.label == "dt-4-1000-2-seed123"
+    assert dt.source_checkpoints() == (46, 47, 48, 49)  # the last num_buffers shards only
+    assert len(GAMES) == 46 and {g.shards for g in GAMES.values()} == {49, 50}
+    assert [g for g, v in GAMES.items() if v.shards == 49] == ["Carnival", "Gravitar", "StarGunner"]
+    assert mirror_roots(" gs://a/x/ ,, /data ") == ["gs://a/x", "/data"]
+
+
+@pytest.mark.parametrize(
+    "bad", ["Pong/", "/5", "Pong/x", "Pong/0", "Pong/1/2", ("Pong/1", {"checkpoints": "a"})]
+)
+def test_malformed_ids_are_one_line(bad):
+    text, kwargs = (bad, {}) if isinstance(bad, str) else bad
+    with pytest.raises(InvalidArgumentError) as info:
+        Request.parse(text, **kwargs)
+    assert "\n" not in str(info.value)
+
+
+def test_what_cannot_be_pulled_is_refused_before_any_request(public_copy, tmp_path):
+    with pytest.raises(StoreNotFoundError, match="Pongg is not a game of RL Unplugged.*Pong"):
+        pull(Request.parse("pongg/1"), home=tmp_path)
+    with pytest.raises(StoreNotFoundError, match="runs 1 to 5 of Pong, not 6"):
+        pull(Request.parse("Pong/6"), home=tmp_path)
+    with pytest.raises(InvalidArgumentError, match="has 50 shards"):
+        pull(Request.parse("Pong/1", checkpoints=[50]), home=tmp_path)
+    assert public_copy.proxy.requests == 0
+
+
+# -- pulls -------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_fraction_fetches_only_a_prefix_of_each_shard_once(public_copy, tmp_path):
+    """d3rlpy's 1% rule in the order played: every shard is read only as far as the
+    fraction's count, each byte once; the store equals a conversion of the whole files
+    with the same rule; a second call fetches nothing."""
+    proxy = public_copy.proxy
+    fixture = public_copy.runs["Asterix/1"]
+    request = Request.parse("Asterix/1", fraction=FRACTION)
+    found = resolve(request, scheduler="threads", workers=2)
+    assert found.origin == "pulled" and found.exact
+    assert found.url == str(
+        tmp_path / "home" / "subsets" / "fraction-0.0004-played" / "Asterix" / "1.zarr"
+    )
+    rows = int(FRACTION * 1_000_000)
+    needed = {
+        i: compressed_prefix(p, records_for(fixture, i, rows)) for i, p in fixture.paths.items()
+    }
+    total = sum(public_copy.bytes["Asterix/1"].values())
+    got = {i: shard_bytes(proxy, f"run_1-{i:05d}-of-00050") for i in public_copy.bytes["Asterix/1"]}
+    for i, n in got.items():
+        # read once, and no further than the prefix and one read-ahead block past it
+        assert needed[i] <= n <= needed[i] + (256 << 10) + 2048, (i, n, needed[i])
+    assert sum(got.values()) < 0.75 * total
+    # the same rows as the whole files converted with the same rule
+    [local] = convert(
+        fixture.game_dir,
+        str(tmp_path / "local"),
+        subset=Subset.fraction_of(FRACTION, order="played"),
+        scheduler="synchronous",
+        progress=False,
+    )
+    ours, theirs = arrays_of(found.url), arrays_of(local.url)
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    assert len(AtariZarrDataset(found.url)) == 3 * rows
+    proxy.reset()
+    again = resolve(request)
+    assert again.origin == "cache" and again.url == found.url and proxy.requests == 0
+
+
+@pytest.mark.slow
+def test_one_whole_checkpoint_is_one_shard_fetched_once(public_copy):
+    proxy = public_copy.proxy
+    found = resolve(Request.parse("Asterix/1", checkpoints=[1]), scheduler="synchronous")
+    shard = public_copy.bytes["Asterix/1"][1]
+    assert shard_bytes(proxy, "run_1-00001-of-00050") == shard  # streamed once, not twice
+    assert shard_bytes(proxy, "run_1-00000") == shard_bytes(proxy, "run_1-00002") == 0
+    meta = zarr.open_group(found.url, mode="r").attrs[ATTRS_KEY]
+    assert [s["shard"] for s in meta["conversion"]["shards"]] == [1]
+    assert meta["source"]["url"] == "gs://rl_unplugged/atari_episodes_ordered/Asterix"
+
+
+@pytest.mark.slow
+def test_download_false_never_touches_the_network(public_copy):
+    request = Request.parse("Asterix/1", fraction=FRACTION)
+    with pytest.raises(StoreNotFoundError) as info:
+        resolve(request, download=False, mirrors="gs://elsewhere/atari")
+    text = str(info.value)
+    assert "\n" not in text and "download=False" in text
+    assert "`atari-zarr pull Asterix/1 --fraction 0.0004`" in text
+    assert public_copy.proxy.requests == 0
+
+
+@pytest.mark.slow
+def test_force_fetches_again_and_a_whole_run_in_the_cache_serves_parts(public_copy, tmp_path):
+    proxy = public_copy.proxy
+    whole = resolve(Request.parse("Asterix/1"), scheduler="synchronous")
+    assert whole.origin == "pulled"
+    total = sum(public_copy.bytes["Asterix/1"].values())
+    assert shard_bytes(proxy) == total
+    proxy.reset()
+    part = resolve(Request.parse("Asterix/1", fraction=FRACTION), download=False)
+    assert (part.origin, part.url, part.exact) == ("cache", whole.url, False)
+    assert proxy.requests == 0
+    again = resolve(Request.parse("Asterix/1"), download="force", scheduler="synchronous")
+    assert again.origin == "pulled" and shard_bytes(proxy) == total
+
+
+@pytest.mark.slow
+def test_mirrors_are_read_in_place(public_copy, tmp_path, pong_store):
+    """A mirror with a catalog.json answers with one request and is never copied."""
+    import gcsfs
+
+    from atari_zarr.storage.catalog import write_catalog
+
+    server = public_copy.server
+    server.create_bucket("mirror")
+    options = server.storage_options()
+    root = "gs://mirror/atari"
+    fs = gcsfs.GCSFileSystem(**options)
+    fs.put(pong_store.url, "mirror/atari/Pong/1.zarr", recursive=True)
+    write_catalog(root, options)
+    found = resolve(Request.parse("Pong/1"), mirrors=["/nonexistent", root], mirror_options=options)
+    assert (found.origin, found.url, found.entry is not None) == (
+        "mirror",
+        "gs://mirror/atari/Pong/1.zarr",
+        True,
+    )
+    assert not (tmp_path / "home").exists()  # nothing copied into the cache
+    ds = AtariZarrDataset(found.url, storage_options=found.storage_options)
+    assert len(ds) == len(AtariZarrDataset(pong_store.url))
+    # a part of the run: the mirror's whole run, of which the reader takes the part
+    part = resolve(Request.parse("pong", fraction=0.5), mirrors=root, mirror_options=options)
+    assert part.url == found.url and not part.exact
+    # download=False skips mirrors over a network
+    with pytest.raises(StoreNotFoundError):
+        resolve(Request.parse("Pong/1"), mirrors=root, mirror_options=options, download=False)
+    # from the environment, the same
+    os.environ["ATARI_ZARR_MIRRORS"] = root
+    try:
+        assert resolve(Request.parse("Pong/1"), mirror_options=options).origin == "mirror"
+    finally:
+        del os.environ["ATARI_ZARR_MIRRORS"]
+
+
+def test_offline_is_one_line_naming_the_url_and_what_to_do(public_copy, monkeypatch):
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{fresh_port()}")
+    start = time.monotonic()
+    with pytest.raises(RemoteAccessError) as info:
+        resolve(Request.parse("Asterix/1"), scheduler="synchronous", timeout=10)
+    assert time.monotonic() - start < 30
+    text = str(info.value)
+    assert "\n" not in text
+    assert "gs://rl_unplugged/atari_episodes_ordered/Asterix" in text
+    assert "root=" in text and "mirror" in text and "atari-zarr pull Asterix/1" in text
+
+
+@pytest.mark.slow
+def test_a_corrupt_shard_names_shard_and_record_and_nothing_is_complete(
+    public_copy, tmp_path, monkeypatch
+):
+    """A damaged record: one line naming the shard and the record; the store in the cache
+    stays unfinished (never complete); once the shard is whole again, the pull resumes."""
+    import gcsfs
+
+    from atari_zarr.storage.catalog import store_state
+    from atari_zarr.testing.rl_unplugged import corrupt_record_byte
+
+    server = public_copy.server
+    server.create_bucket("broken")
+    fs = gcsfs.GCSFileSystem(**server.storage_options())
+    fixture = public_copy.runs["Asterix/1"]
+    bad = tmp_path / "bad"
+    bad.write_bytes(Path(fixture.paths[1]).read_bytes())
+    corrupt_record_byte(bad, 1)
+    for i, path in fixture.paths.items():
+        fs.put_file(str(bad) if i == 1 else path, f"broken/rlu/Asterix/{Path(path).name}")
+    request = Request.parse("Asterix/1")
+    with pytest.raises(SourceFormatError) as info:
+        pull(request, source="gs://broken/rlu", scheduler="synchronous", progress=False)
+    text = str(info.value)
+    assert "\n" not in text and "run_1-00001-of-00050" in text and "record 1" in text
+    url = str(tmp_path / "home" / "Asterix" / "1.zarr")
+    assert store_state(url) != "complete"
+    with pytest.raises(StoreNotFoundError):  # an unfinished store is never served
+        resolve(request, download=False)
+    fs.put_file(fixture.paths[1], f"broken/rlu/Asterix/{Path(fixture.paths[1]).name}")
+    fs.invalidate_cache()
+    done = pull(request, source="gs://broken/rlu", scheduler="synchronous", progress=False)
+    assert store_state(done.url) == "complete"
+
+
+@pytest.mark.slow
+def test_a_full_disk_is_one_line_and_the_same_pull_resumes(public_copy, tmp_path):
+    from atari_zarr.testing.faults import full_disk_after
+
+    request = Request.parse("Asterix/1")
+    with full_disk_after(2), pytest.raises(StoreWriteError) as info:
+        pull(request, scheduler="synchronous", progress=False)
+    text = str(info.value)
+    assert "\n" not in text and "the disk is full" in text and "Asterix/1.zarr" in text
+    done = pull(request, scheduler="synchronous", progress=False)
+    clean = pull(request, home=tmp_path / "clean", scheduler="synchronous", progress=False)
+    assert store_files(done.url, tmp_path / "home") == store_files(clean.url, tmp_path / "clean")
+
+
+# -- several processes -------------------------------------------------------------------
+PULL_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+from atari_zarr.pull import Request, resolve
+found = resolve(Request.parse(sys.argv[1]), scheduler="synchronous")
+print(found.origin, found.url, flush=True)
+"""
+
+def _spawn(script: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", script, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def _reap(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=60)
+
+
+@pytest.mark.slow
+def test_two_processes_pulling_one_id_convert_it_once(public_copy):
+    """The second waits for the first, says so, and reads what the first converted: each
+    shard is fetched once in all."""
+    public_copy.proxy.delay = 0.05  # the first is still converting when the second asks
+    procs = [_spawn(PULL_SCRIPT, "Asterix/1")]
+    time.sleep(1.0)
+    procs.append(_spawn(PULL_SCRIPT, "Asterix/1"))
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        _reap(*procs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    origins = sorted(out.split()[0] for out, _ in outs)
+    assert origins == ["cache", "pulled"], outs
+    assert len({out.split()[1] for out, _ in outs}) == 1
+    waiter = next(err for out, err in outs if out.startswith("cache"))
+    assert "is being pulled into" in waiter and "waiting for it to finish" in waiter
+    assert shard_bytes(public_copy.proxy) == sum(public_copy.bytes["Asterix/1"].values())
+
+
+@pytest.mark.slow
+def test_ranks_other_than_0_wait_for_rank_0(public_copy):
+    """RANK=1 never pulls: it waits until rank 0's pull is complete, and says so."""
+    follower = _spawn(PULL_SCRIPT, "Asterix/1", env={"RANK": "1"})
+    try:
+        time.sleep(3.0)
+        assert follower.poll() is None  # still waiting
+        assert public_copy.proxy.requests == 0  # and fetched nothing
+        leader = resolve(Request.parse("Asterix/1"), scheduler="synchronous")
+        out, err = follower.communicate(timeout=120)
+    finally:
+        _reap(follower)
+    assert follower.returncode == 0, err
+    assert out.split() == ["cache", leader.url]
+    assert "rank 1 ($RANK) waits for rank 0" in err
+    assert shard_bytes(public_copy.proxy) == sum(public_copy.bytes["Asterix/1"].values())
+
+
+class _Who:
+    """A dataset whose one item is who the worker reading it is, to ``pull``."""
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        from atari_zarr.pull import _follower
+
+        return _follower()
+
+
+def _first(items):
+    return items[0]
+
+
+def test_dataloader_workers_never_pull():
+    import torch
+
+    from atari_zarr.pull import _follower
+
+    loader = torch.utils.data.DataLoader(_Who(), num_workers=1, collate_fn=_first)
+    assert next(iter(loader)) == "DataLoader worker 0"
+    assert _follower() is None
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_pull_then_the_same_pull_resumes_to_the_same_store(public_copy, tmp_path):
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [
+            *pause_command(tmp_path, "-shard-", 1),
+            "pull",
+            "Asterix/1",
+            "--scheduler",
+            "synchronous",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "paused\n", proc.stderr.read()
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        _reap(proc)
+    url = home / "Asterix" / "1.zarr"
+    assert not zarr.open_group(str(url), mode="r").attrs[ATTRS_KEY].get("complete")
+    done = pull(Request.parse("Asterix/1"), scheduler="synchronous", progress=False)
+    clean = pull(
+        Request.parse("Asterix/1"), home=tmp_path / "clean", scheduler="synchronous", progress=False
+    )
+    assert store_files(done.url, home) == store_files(clean.url, tmp_path / "clean")
+
+
+# -- what can be pulled ------------------------------------------------------------------
+def test_available_lists_every_run_with_sizes_where_known(public_copy, tmp_path):
+    rows = available(source_sizes=True)
+    assert len(rows) == 230
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["Pong/1"]["gib"] == 21.0 and by_id["Gravitar/3"]["shards"] == 49
+    listed = by_id["Asterix/1"]["source_bytes"]
+    assert listed == sum(public_copy.bytes["Asterix/1"].values())
+    assert by_id["Pong/4"]["source_bytes"] == sum(public_copy.bytes["Pong/4"].values())
+    assert not any(r["cached"] for r in rows)
