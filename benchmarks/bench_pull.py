@@ -9,12 +9,15 @@ code keeps its public URL), and times, each into an empty cache:
 
 * ``fraction``: d3rlpy's ``fraction=F`` in the order played, ``resolve`` + open + the
   first random batch of 256;
-* ``checkpoint``: one whole checkpoint (``--checkpoints K``), the same.
+* ``checkpoint``: one whole checkpoint (``--checkpoints K``), the same;
+* ``every_shard``: every shard written, whole (the conversion's throughput with
+  ``--workers`` workers, start-up and the network included).
 
 For each: seconds to the first batch, bytes fetched (response bodies of the shard
 objects), the source bytes of what was asked for (each shard's compressed bytes up to
 the end of the last record the request needs), their ratio, and frames converted per
-second and per worker.
+second and per worker (worker start-up and the network included). Then the same
+conversions on one core in this process, the network left out (``one_core_*``).
 
 Usage::
 
@@ -38,11 +41,12 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import gcsfs
 import numpy as np
 
-from atari_zarr import AtariZarrDataset
+from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.pull import Request, resolve
 from atari_zarr.record.rl_unplugged import played_episodes, shard_name, write_shard
 from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode
 from atari_zarr.sources.rl_unplugged.png import encode_frame
+from atari_zarr.subsets import Subset
 from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 from atari_zarr.testing.rl_unplugged import read_shard_records
 
@@ -119,6 +123,12 @@ def main() -> None:
     ap.add_argument("--checkpoint", type=int, default=3)
     ap.add_argument("--delay", type=float, default=0.02)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--scheduler",
+        default="threads",
+        help="threads (what the drop-ins use: convert's default without a dask Client) or "
+        "processes (the CLI's default)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
@@ -135,6 +145,7 @@ def main() -> None:
         "shard_mb": round(float(np.mean(list(sizes.values()))) / 1e6, 2),
         "delay_s": args.delay,
         "workers": args.workers,
+        "scheduler": args.scheduler,
         "fixture_s": round(made, 1),
     }
     with FakeGCSServer() as server:
@@ -153,20 +164,21 @@ def main() -> None:
                     Request.parse("Pong/1", checkpoints=[args.checkpoint]),
                     {args.checkpoint: None},
                 ),
+                "every_shard": (Request.parse("Pong/1"), dict.fromkeys(paths)),
             }
             for label, (request, asked) in cases.items():
                 home = tempfile.mkdtemp(prefix="bench-pull-")
                 proxy.reset()
                 t0 = time.perf_counter()
                 found = resolve(
-                    request, home=home, scheduler="processes", workers=args.workers
+                    request, home=home, scheduler=args.scheduler, workers=args.workers
                 )
                 pulled = time.perf_counter() - t0
                 ds = AtariZarrDataset(found.url)
                 batch = ds.sample(256)
                 first = time.perf_counter() - t0
                 fetched = sum(
-                    n for m, p, _, n in proxy.log if m == "GET" and "/run_1-" in p
+                    n for m, p, _, n in proxy.log if m == "GET" and "run_1-" in p
                 )
                 source = sum(needed_bytes(paths[i], rows) for i, rows in asked.items())
                 out[label] = {
@@ -182,10 +194,33 @@ def main() -> None:
                     "batch": list(batch["observation"].shape),
                 }
                 print(label, out[label], flush=True)
+    # conversion on one core, the network left out: the same shards converted in this
+    # process (synchronous), scans keeping their frames as a pull's do
+    for label, kwargs in (
+        ("one_core_fraction", {"subset": Subset.fraction_of(args.fraction, order="played")}),
+        ("one_core_whole_shards", {}),
+    ):
+        dest = tempfile.mkdtemp(prefix="bench-pull-local-")
+        t0 = time.perf_counter()
+        [store] = convert(
+            str(src / "Pong"),
+            dest,
+            scheduler="synchronous",
+            progress=False,
+            keep_frames=True,
+            **kwargs,
+        )
+        seconds = time.perf_counter() - t0
+        out[label] = {
+            "transitions": store.transitions,
+            "seconds": round(seconds, 2),
+            "frames_per_s": round(store.transitions / seconds),
+        }
+        print(label, out[label], flush=True)
     if args.json:
         print(json.dumps(out, indent=2))
         stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
-        results = Path(__file__).parent / "results" / f"pull-{stamp}.json"
+        results = Path(__file__).parent / "results" / f"pull-{args.scheduler}-{stamp}.json"
         results.write_text(json.dumps(out, indent=2) + "\n")
 
 

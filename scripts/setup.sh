@@ -19,3 +19,7 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
     "$VPY" -m pip install --quiet "torch==2.13.0"
 fi
 "$VPY" -m pip install --quiet -e ".[${extras}]"
+# the test extras also need a browser (the episode player's tests): Debian's chromium
+if [ "$extras" = "test" ]; then
+    bash scripts/chromium.sh
+fi

@@ -436,3 +436,27 @@ def test_available_lists_every_run_with_sizes_where_known(public_copy, tmp_path)
     assert listed == sum(public_copy.bytes["Asterix/1"].values())
     assert by_id["Pong/4"]["source_bytes"] == sum(public_copy.bytes["Pong/4"].values())
     assert not any(r["cached"] for r in rows)
+
+
+@pytest.mark.slow
+def test_a_pull_spreads_its_shards_over_a_dask_cluster(public_copy, tmp_path):
+    """``scheduler=`` a dask.distributed address: the shard tasks run in the cluster's
+    workers (which reach the source and the cache under the same names), and the store
+    is the one a local pull writes."""
+    distributed = pytest.importorskip("distributed")
+    request = Request.parse("Asterix/1")
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=None,
+            scheduler_kwargs={"dashboard_address": ":0"},
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        found = pull(request, scheduler=cluster.scheduler_address, progress=False)
+        pids = client.run(os.getpid)
+    assert os.getpid() not in pids.values() and len(pids) == 2
+    local = pull(request, home=tmp_path / "local", scheduler="synchronous", progress=False)
+    assert store_files(found.url, tmp_path / "home") == store_files(local.url, tmp_path / "local")

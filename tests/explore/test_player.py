@@ -14,7 +14,7 @@ from atari_zarr.testing.browser import HeadlessChromium, find_chromium
 
 needs_chromium = pytest.mark.skipif(
     find_chromium() is None,
-    reason="no Chromium on PATH: apt-get install chromium (.ci/run installs it)",
+    reason="no Chromium on PATH: apt-get install chromium (scripts/setup.sh test installs it)",
 )
 
 

@@ -9,18 +9,21 @@ over a network), the scan decodes the frames once and hands them to a
 pass reads them back with :class:`KeptFrameBlocks` instead of fetching the shard
 again::
 
-    1.zarr.converting/frames/{i}/steps-{k}.npy.blosc   real steps k*BLOCK .. (k+1)*BLOCK-1
+    1.zarr.converting/frames/{i}/steps-{k}.blosc       real steps k*BLOCK .. (k+1)*BLOCK-1
     1.zarr.converting/frames/{i}/finals.npy.blosc      one frame per record (zeros: unknown)
     1.zarr.converting/frames/{i}/known.npy.blosc       which of those are known
 
-What waits is decoded frames compressed as the store compresses them (a few tens of
-bytes per frame), never the shard. A part's frames are dropped once it is written;
+What waits is decoded frames, raw 84x84 bytes compressed with Blosc zstd-3: about 10 µs
+a frame both ways, under half the PNG decode's time; 42 bytes a frame of Pong, a fifth of
+the shard's bytes (random play; the real shards hold about 450 bytes a frame), never the
+shard itself. A part's frames are dropped once it is written;
 the whole work area goes when the store is complete.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numcodecs import Blosc
 
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.layout import FRAME_SHAPE
@@ -30,6 +33,8 @@ __all__ = ["BLOCK", "FrameBlocks", "KeptFrameBlocks", "drop_kept", "has_kept"]
 #: Frames per kept block (29 MB decoded).
 BLOCK = 4096
 _DONE = "complete"
+#: Kept steps: raw frames, quick to compress and to decompress (they wait minutes at most).
+_CODEC = Blosc(cname="zstd", clevel=3, shuffle=Blosc.NOSHUFFLE)
 
 
 def _dir(unit: int) -> str:
@@ -77,7 +82,9 @@ class FrameBlocks:
     def _flush(self) -> None:
         if self._filled:
             data = self._block[: self._filled]
-            self.work.save_array(_dir(self.unit), f"steps-{self._written}.npy.blosc", data=data)
+            self.work.save_bytes(
+                _dir(self.unit), f"steps-{self._written}.blosc", data=_CODEC.encode(data)
+            )
             self._written += 1
             self._filled = 0
 
@@ -107,7 +114,8 @@ class KeptFrameBlocks:
 
     def _load(self, k: int) -> np.ndarray:
         if k != self._index:
-            self._data = self.work.load_array(_dir(self.unit), f"steps-{k}.npy.blosc")
+            raw = _CODEC.decode(self.work.load_bytes(_dir(self.unit), f"steps-{k}.blosc"))
+            self._data = np.frombuffer(raw, dtype=np.uint8).reshape(-1, *FRAME_SHAPE)
             self._index = k
         return self._data
 

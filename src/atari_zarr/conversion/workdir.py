@@ -206,16 +206,24 @@ class WorkDir:
             pass  # already gone; release(remove_all=True) removes the work area anyway
 
     # -- frames a scan kept ---------------------------------------------------------------
+    def save_bytes(self, *parts: str, data: bytes) -> None:
+        """Keep ``data`` at ``parts`` (under the work area), whole or not at all."""
+        self._write(self._p(*parts), data)
+
+    def load_bytes(self, *parts: str) -> bytes:
+        """What :meth:`save_bytes` kept at ``parts``."""
+        with self.fs.open(self._p(*parts), "rb") as f:
+            return bytes(f.read())
+
     def save_array(self, *parts: str, data: np.ndarray) -> None:
         """Keep ``data`` at ``parts`` (under the work area) as Blosc-compressed ``.npy``."""
         buf = io.BytesIO()
         np.lib.format.write_array(buf, np.ascontiguousarray(data), allow_pickle=False)
-        self._write(self._p(*parts), _PIECE_CODEC.encode(buf.getvalue()))
+        self.save_bytes(*parts, data=_PIECE_CODEC.encode(buf.getvalue()))
 
     def load_array(self, *parts: str) -> np.ndarray:
         """What :meth:`save_array` kept at ``parts`` (never unpickled)."""
-        with self.fs.open(self._p(*parts), "rb") as f:
-            raw = bytes(_PIECE_CODEC.decode(f.read()))
+        raw = bytes(_PIECE_CODEC.decode(self.load_bytes(*parts)))
         return np.load(io.BytesIO(raw), allow_pickle=False)
 
     def drop(self, *parts: str) -> None:
