@@ -247,7 +247,7 @@ def test_offline_is_one_line_naming_the_url_and_what_to_do(public_copy, monkeypa
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{fresh_port()}")
     start = time.monotonic()
     with pytest.raises(RemoteAccessError) as info:
-        resolve(Request.parse("Asterix/1"), scheduler="synchronous", timeout=10)
+        resolve(Request.parse("Asterix/1"), scheduler="synchronous", timeout=3)
     assert time.monotonic() - start < 30
     text = str(info.value)
     assert "\n" not in text

@@ -220,8 +220,14 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_video(args: argparse.Namespace) -> int:
+    from atari_zarr.explore.video import video_codec
     from atari_zarr.read.dataset import AtariZarrDataset
 
+    video_codec(args.out)  # a suffix we cannot write: said before anything is read
+    if args.quiet:
+        from atari_zarr.record.envs import quiet_ale
+
+        quiet_ale()  # the action names come from ale-py, which prints a banner
     ds = AtariZarrDataset(
         args.store,
         storage_options=parse_storage_options(args.storage_option),

@@ -224,3 +224,46 @@ def test_a_store_of_another_subset_is_refused(pong_run, source_root, tmp_path):
     assert "\n" not in str(info.value)
     with pytest.raises(InvalidArgumentError, match="needs the game"):
         create_dataset(4, 150)
+
+
+def kzl_rtg(stepwise_returns, done_idxs):
+    """kzl/decision-transformer's returns-to-go loop (``create_dataset.py``), in our words:
+    for the steps ``j`` of the trajectory ending before ``i``, the sum of
+    ``stepwise_returns[j:i+1]``; then it goes on at ``i + 1``."""
+    rtg = np.zeros_like(stepwise_returns)
+    start = 0
+    for i in done_idxs:
+        i = int(i)
+        for j in range(i - 1, start - 1, -1):
+            rtg[j] = stepwise_returns[j : i + 1].sum()
+        start = i + 1
+    return rtg
+
+
+def test_returns_to_go_differ_from_the_originals_exactly_as_documented(pong_store):
+    """The docstring's claim, checked: each trajectory's original returns-to-go add the
+    next trajectory's first reward, and every trajectory after the first keeps 0 at its
+    first step; elsewhere they are ours."""
+    data = create_dataset(6, 400, trajectories_per_buffer=3, store=pong_store.url, seed=0)
+    rewards = data.store.reward[data.rows].astype(np.float64)
+    theirs = kzl_rtg(rewards, data.done_idxs)
+    ours = data.rtgs.astype(np.float64)
+    starts = np.r_[0, data.done_idxs[:-1]]
+    for k, (a, b) in enumerate(zip(starts, data.done_idxs, strict=True)):
+        nxt = rewards[b] if b < len(rewards) else 0.0
+        expected = ours[a:b] + nxt
+        if k > 0:
+            expected[0] = 0.0
+        np.testing.assert_allclose(theirs[a:b], expected, err_msg=f"trajectory {k}")
+    # the difference is there to see: trajectories whose first step's return-to-go is not 0
+    assert (ours[starts[1:]] != 0).any() and (theirs[starts[1:]] == 0).all()
+
+
+def test_a_float_index_is_refused_not_rounded(pong_store):
+    ds = StateActionReturnDataset(
+        create_dataset(4, 150, trajectories_per_buffer=2, store=pong_store.url, seed=1), 3 * K
+    )
+    with pytest.raises(TypeError, match="indices must be integers"):
+        ds[1.5]
+    with pytest.raises(IndexError, match=rf"with {len(ds)} items"):
+        ds[len(ds)]

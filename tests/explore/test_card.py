@@ -74,3 +74,17 @@ def test_reader_options_are_in_the_loading_lines(pong_store, tmp_path):
 
     with pytest.raises(StoreNotFoundError, match="nothing does not exist: expected"):
         card_text(str(tmp_path / "nothing"))
+
+
+def test_card_and_index_refuse_a_store_or_a_game_directory(pong_store_copy, capsys):
+    """A card or a catalog written inside a store, or in a game directory whose loading
+    lines would name stores that are not there, is refused in one line."""
+    store = Path(pong_store_copy.url)
+    for root, expected in ((store, "is a store"), (store.parent, "a game directory")):
+        for verb in ("card", "index"):
+            assert main([verb, str(root)]) == 1
+            err = capsys.readouterr().err.strip()
+            assert err.count("\n") == 0 and expected in err, err
+    assert not (store / "README.md").exists() and not (store / "catalog.json").exists()
+    assert not (store.parent / "README.md").exists()
+    assert main(["index", str(store.parents[1]), "-q"]) == 0  # the root itself is fine

@@ -87,3 +87,21 @@ def test_the_command_line_writes_a_video_and_names_the_valid_range(pong_store, t
     assert bad.returncode == 1
     [line] = bad.stderr.strip().splitlines()
     assert line.startswith("atari-zarr video: error: --episode 99: episode 99 is out of range")
+
+
+def test_the_suffix_is_checked_first_and_quiet_prints_nothing(pong_store, tmp_path):
+    """A suffix that cannot be written is said before the store is read (here it does not
+    even exist); ``-q`` prints nothing at all, ALE's banner included."""
+    bad = subprocess.run(
+        [sys.executable, "-m", "atari_zarr", "video", str(tmp_path / "nope.zarr"),
+         str(tmp_path / "ep.txt")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert bad.returncode == 1 and "suffix '.txt'" in bad.stderr and "nope" not in bad.stderr
+    quiet = subprocess.run(
+        [sys.executable, "-m", "atari_zarr", "video", "-q", pong_store.url,
+         str(tmp_path / "ep.gif"), "--scale", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == "", quiet.stderr
+    assert (tmp_path / "ep.gif").stat().st_size > 0

@@ -246,3 +246,30 @@ def test_window_longer_than_every_episode(pong_store, pong_truth) -> None:
     with pytest.raises(InvalidArgumentError, match=rf"the longest has {longest} steps.*pad=True"):
         AtariZarrDataset(pong_store.url).windows(longest + 1)
     assert len(AtariZarrDataset(pong_store.url).windows(longest + 1, pad=True)) > 0
+
+
+def test_bad_batch_sizes_indices_and_states_are_one_line(pong_store) -> None:
+    """Issue "never wrong, round two", item 12: what used to be a raw RuntimeError, a
+    silent rounding, or a state accepted as it was."""
+    ds = AtariZarrDataset(pong_store.url)
+    w = ds.windows(6)
+    mix = MultiGameDataset([pong_store.url])
+    with pytest.raises(IndexError, match=rf"out of range for .* with {len(w)} windows"):
+        w[len(w)]
+    for sampler in (ds, w, mix):
+        for bad in (-1, 2.5, True, "3"):
+            with pytest.raises(InvalidArgumentError, match="batch_size must be a whole") as info:
+                sampler.sample(bad)
+            assert "\n" not in str(info.value)
+        with pytest.raises(InvalidArgumentError, match="batch_size must be a whole"):
+            next(iter(sampler.sample_iter(2.5, batches=1)))
+        assert len(sampler.sample(np.int64(3))) == len(sampler.sample(torch.tensor(3))) == 3
+    stream = ds.stream(40, unit_rows=64, shuffle_buffer=128)
+    next(iter(stream))
+    state = stream.state_dict()
+    for key, value in (("epoch", -1), ("positions", {0: -40})):
+        spoiled = {**state, key: value}
+        again = ds.stream(40, unit_rows=64, shuffle_buffer=128)
+        with pytest.raises(InvalidArgumentError, match="negative") as info:
+            again.load_state_dict(spoiled)
+        assert "\n" not in str(info.value)

@@ -44,11 +44,17 @@ Where this differs from the original, on purpose:
   first step and starts that trajectory's count one step late.
 * **Length**: ``len(dataset) = N - K`` items; the original gives ``N - 3K``
   (``block_size`` is ``3K`` there, ``K`` in ``__getitem__``).
-* **Returns-to-go** are those of the original (the sum of the clipped rewards from
-  each step to the end of its trajectory); the selected trajectories are whole, so
-  its zero returns-to-go after the last ``done_idx`` never arise. (The ``actions``
-  assigned to ``stepwise_returns`` on a rollback was fixed in the original's
-  "fixed rtg bug" commit; this follows the fixed version.)
+* **Returns-to-go** are the sum of the clipped rewards from each step to the end of
+  its trajectory. The original's loop differs at every trajectory boundary: it sums
+  ``stepwise_returns[j:i+1]`` for the steps ``j`` of a trajectory that ends before
+  ``i`` (``done_idxs`` are exclusive ends), so each trajectory's returns-to-go also
+  count the next trajectory's first reward, and it restarts at ``i + 1``, so every
+  trajectory after the first keeps 0 at its first step. Elsewhere the two agree; they
+  differ by that one reward, which is 0 unless the next trajectory's first step
+  scored. Returns-to-go only look forward, so a trajectory cut from a longer episode
+  has the same returns-to-go as the steps it holds would have in the episode up to
+  the cut. (The ``actions`` assigned to ``stepwise_returns`` on a rollback was fixed
+  in the original's "fixed rtg bug" commit; this follows the fixed version.)
 * **Windows** are the original's: item ``idx`` ends at the first trajectory end
   after ``idx``, or at ``idx + K``. A trajectory shorter than ``K`` therefore gives
   windows that begin in the previous trajectory, as in the original (at the very
@@ -78,6 +84,7 @@ from atari_zarr.conversion.converter import convert
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import store_path
 from atari_zarr.pull import Download, Request
+from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.store import StoreReader
 from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.filesystem import get_fs
@@ -300,12 +307,8 @@ class StateActionReturnDataset(torch.utils.data.Dataset):
         return start[:, None] + np.arange(k, dtype=np.int64)[None, :]
 
     def _check(self, idx: Any) -> np.ndarray:
-        idx = np.atleast_1d(np.asarray(idx, dtype=np.int64))
-        n = len(self)
-        bad = idx[(idx < -n) | (idx >= n)]
-        if bad.size:
-            raise IndexError(f"index {int(bad[0])} is out of range for {n} items")
-        return np.where(idx < 0, idx + n, idx)
+        # the one normalisation: a float is a TypeError, not silently its integer part
+        return normalize_index(idx, len(self), self.data.store.where, unit="items")[0]
 
     def _items(self, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
         steps = self.window(idx)

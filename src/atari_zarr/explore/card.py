@@ -34,7 +34,7 @@ from atari_zarr.errors import import_optional
 from atari_zarr.explore.curves import plot_learning_curves
 from atari_zarr.layout import read_metadata
 from atari_zarr.sources.registry import DQN_REPLAY, KINDS
-from atari_zarr.storage.catalog import CATALOG, CatalogEntry, catalog_entries
+from atari_zarr.storage.catalog import CATALOG, CatalogEntry, catalog_entries, check_root
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import redact
@@ -250,6 +250,7 @@ def write_card(
         Seconds each call to storage may take (default 60).
     """
     plt = import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
+    check_root(root, storage_options, timeout=timeout)
     entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
     text = _card_text(
         root, entries, indexed, storage_options, public_url, reader_options, license, timeout

@@ -34,6 +34,7 @@ __all__ = [
     "caption_lines",
     "episode_frames",
     "episode_video",
+    "video_codec",
     "write_video",
 ]
 
@@ -106,12 +107,7 @@ def write_video(
     """
     av = import_optional("av", extra="video", purpose="writing a video")
     out = Path(path)
-    codec = FORMATS.get(out.suffix.lower())
-    if codec is None:
-        raise InvalidArgumentError(
-            f"{out}: cannot write a video with suffix {out.suffix!r}; expected one of "
-            f"{', '.join(FORMATS)}. Name the file e.g. episode.mp4 or episode.gif."
-        )
+    codec = video_codec(out)
     frames = np.asarray(frames, dtype=np.uint8)
     if frames.ndim != 3 or len(frames) == 0:
         raise InvalidArgumentError(
@@ -184,6 +180,24 @@ def caption_lines(
         )
         lines.append(f"step {t}  {name}  reward {r:g}  return {so_far[t]:g}")
     return lines
+
+
+def video_codec(path: str | os.PathLike[str]) -> str:
+    """The codec of a video written to ``path``, by its suffix; a one-line error for others.
+
+    Examples
+    --------
+    >>> video_codec("ep.gif"), video_codec("ep.MP4")
+    ('gif', 'libx264')
+    """
+    out = Path(path)
+    codec = FORMATS.get(out.suffix.lower())
+    if codec is None:
+        raise InvalidArgumentError(
+            f"{out}: cannot write a video with suffix {out.suffix!r}; expected one of "
+            f"{', '.join(FORMATS)}. Name the file e.g. episode.mp4 or episode.gif."
+        )
+    return codec
 
 
 def episode_video(

@@ -13,7 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.read.batch import collate_batch
-from atari_zarr.read.draw import check_prefetch, draw_ahead
+from atari_zarr.read.draw import check_batch_size, check_prefetch, draw_ahead
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
@@ -226,9 +226,10 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         generator : torch.Generator, optional
             For reproducible batches.
         """
+        size = check_batch_size(batch_size, self.where)
         if len(self) == 0:
             raise IndexError(f"{self.where} holds no transitions; there is nothing to sample")
-        rows = torch.randint(0, len(self), (int(batch_size),), generator=generator)
+        rows = torch.randint(0, len(self), (size,), generator=generator)
         return self[rows]
 
     def fetch_ahead(self, rows: np.ndarray) -> None:
@@ -284,7 +285,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         prefetch = check_prefetch(prefetch, self.where)
         if len(self) == 0:
             raise IndexError(f"{self.where} holds no transitions; there is nothing to sample")
-        n, size = len(self), int(batch_size)
+        n, size = len(self), check_batch_size(batch_size, self.where)
         yield from draw_ahead(
             lambda: torch.randint(0, n, (size,), generator=generator).numpy(),
             self.__getitem__,

@@ -24,9 +24,34 @@ import numpy as np
 
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["check_prefetch", "draw_ahead"]
+__all__ = ["check_batch_size", "check_prefetch", "draw_ahead"]
 
 T = TypeVar("T")
+
+
+def check_batch_size(batch_size: object, where: str) -> int:
+    """``batch_size`` as a number of items to draw, or a one-line error naming ``where``.
+
+    A whole number, 0 or more (a NumPy or torch integer too); a float is refused rather
+    than rounded down.
+
+    Examples
+    --------
+    >>> check_batch_size(256, "ds")
+    256
+    >>> check_batch_size(2.5, "ds")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: batch_size must be a whole number ... got 2.5 for ds
+    """
+    value = batch_size
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        value = value.item()  # a 0-d NumPy or torch number
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(
+            f"batch_size must be a whole number of items, 0 or more; got {batch_size!r} for {where}"
+        )
+    return value
 
 
 def check_prefetch(prefetch: object, where: str) -> int:

@@ -36,8 +36,10 @@ import torch
 __all__ = ["normalize_index"]
 
 
-def normalize_index(idx: Any, n: int, where: str) -> tuple[np.ndarray, bool]:
-    """Rows ``idx`` selects from ``n`` transitions, and whether it was a single item.
+def normalize_index(
+    idx: Any, n: int, where: str, *, unit: str = "transitions"
+) -> tuple[np.ndarray, bool]:
+    """Rows ``idx`` selects from ``n`` items, and whether it was a single item.
 
     Parameters
     ----------
@@ -49,6 +51,9 @@ def normalize_index(idx: Any, n: int, where: str) -> tuple[np.ndarray, bool]:
         Number of transitions.
     where : str
         What is indexed (a store's URL), for the error message.
+    unit : str
+        What the ``n`` items are, for the error message (``"transitions"``,
+        ``"windows"``).
 
     Returns
     -------
@@ -84,7 +89,7 @@ def normalize_index(idx: Any, n: int, where: str) -> tuple[np.ndarray, bool]:
     if arr.dtype == np.bool_:
         if arr.shape != (n,):
             raise IndexError(
-                f"boolean index of shape {arr.shape} does not match the {n} transitions of {where}"
+                f"boolean index of shape {arr.shape} does not match the {n} {unit} of {where}"
             )
         return np.flatnonzero(arr), False
     if arr.dtype.kind not in "iu":
@@ -99,7 +104,7 @@ def normalize_index(idx: Any, n: int, where: str) -> tuple[np.ndarray, bool]:
         lo, hi = arr.min(), arr.max()
         if lo < -n or hi >= n:
             bad = lo if lo < -n else hi
-            raise IndexError(f"index {int(bad)} is out of range for {where} with {n} transitions")
+            raise IndexError(f"index {int(bad)} is out of range for {where} with {n} {unit}")
     rows = np.atleast_1d(arr).astype(np.int64)  # a copy: the batch must not alias idx
     if arr.size and lo < 0:
         rows[rows < 0] += n

@@ -26,7 +26,7 @@ from atari_zarr.errors import (
     StoreNotFoundError,
 )
 from atari_zarr.read.dataset import AtariZarrDataset
-from atari_zarr.read.draw import check_prefetch, draw_ahead
+from atari_zarr.read.draw import check_batch_size, check_prefetch, draw_ahead
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.windows import WindowDataset
@@ -207,6 +207,11 @@ class MultiGameDataset(torch.utils.data.Dataset):
                     check_entry(entries[n], ds.metadata, ds.url)
         return mixed
 
+    @property
+    def _where(self) -> str:
+        """This dataset, in messages."""
+        return f"MultiGameDataset of {len(self.datasets)} stores"
+
     def __len__(self) -> int:
         return int(self.offsets[-1])
 
@@ -214,7 +219,7 @@ class MultiGameDataset(torch.utils.data.Dataset):
         return f"MultiGameDataset(games={self.games}, transitions={len(self)})"
 
     def _rows(self, idx: Any) -> tuple[np.ndarray, bool]:
-        return normalize_index(idx, len(self), f"MultiGameDataset of {len(self.games)} stores")
+        return normalize_index(idx, len(self), self._where)
 
     def _split(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         # side="right" skips empty stores: their offset equals the next store's
@@ -267,7 +272,8 @@ class MultiGameDataset(torch.utils.data.Dataset):
 
     def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
         """A batch: each item's store drawn with the weights, then a uniform row of it."""
-        return self[draw_mixture(self.offsets, self.weights, int(batch_size), generator)]
+        size = check_batch_size(batch_size, self._where)
+        return self[draw_mixture(self.offsets, self.weights, size, generator)]
 
     def sample_iter(
         self,
@@ -291,8 +297,8 @@ class MultiGameDataset(torch.utils.data.Dataset):
         >>> all((a["index"] == mix.sample(8, generator=g2)["index"]).all() for a in got)
         True
         """
-        prefetch = check_prefetch(prefetch, f"MultiGameDataset of {len(self.datasets)} stores")
-        size = int(batch_size)
+        prefetch = check_prefetch(prefetch, self._where)
+        size = check_batch_size(batch_size, self._where)
 
         def fetch_ahead(rows: np.ndarray) -> None:
             game, row = self._split(rows)

@@ -412,9 +412,17 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"{expected} (state version {_STATE_VERSION}), found {found} (version "
                 f"{state.get('version')}); open the stream with the options it was saved with"
             )
+        positions = {int(c): int(p) for c, p in state["positions"].items()}
+        bad = [(k, v) for k, v in (("epoch", int(state["epoch"])), *positions.items()) if v < 0]
+        if bad:
+            raise InvalidArgumentError(
+                f"this state of a stream of {self.where} holds a negative "
+                f"{'epoch' if bad[0][0] == 'epoch' else 'position'} ({bad[0][1]}); expected "
+                f"what state_dict() gave: epoch and positions 0 or more. Pass the state as saved"
+            )
         self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
         self._consumers = state.get("consumers")
-        self.store_positions[g] = {int(c): int(p) for c, p in state["positions"].items()}
+        self.store_positions[g] = positions
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen."""

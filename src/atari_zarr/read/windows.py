@@ -33,7 +33,7 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.read.draw import check_prefetch, draw_ahead
+from atari_zarr.read.draw import check_batch_size, check_prefetch, draw_ahead
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.store import StoreReader
@@ -145,11 +145,11 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def starts(self, idx: Any) -> np.ndarray:
         """First row of each window ``idx``."""
-        items, _ = normalize_index(idx, len(self), self.where)
+        items, _ = normalize_index(idx, len(self), self.where, unit="windows")
         return self.items.starts(items)
 
     def __getitem__(self, idx: Any) -> TensorDict:
-        items, scalar = normalize_index(idx, len(self), self.where)
+        items, scalar = normalize_index(idx, len(self), self.where, unit="windows")
         td = self._store.read_items(
             self.items.starts(items),
             length=self.length,
@@ -165,9 +165,10 @@ class WindowDataset(torch.utils.data.Dataset):
 
     def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
         """A ``[batch_size, K]`` batch of windows drawn uniformly with replacement."""
+        size = check_batch_size(batch_size, self.where)
         if len(self) == 0:
             raise IndexError(f"{self.where} has no window of {self.length} steps to sample")
-        return self[torch.randint(0, len(self), (int(batch_size),), generator=generator)]
+        return self[torch.randint(0, len(self), (size,), generator=generator)]
 
     def fetch_ahead(self, items: np.ndarray) -> None:
         """Start fetching the frames that reading windows ``items`` will need (remote stores)."""
@@ -192,7 +193,7 @@ class WindowDataset(torch.utils.data.Dataset):
         prefetch = check_prefetch(prefetch, self.where)
         if len(self) == 0:
             raise IndexError(f"{self.where} has no window of {self.length} steps to sample")
-        n, size = len(self), int(batch_size)
+        n, size = len(self), check_batch_size(batch_size, self.where)
         return draw_ahead(
             lambda: torch.randint(0, n, (size,), generator=generator).numpy(),
             self.__getitem__,

@@ -62,6 +62,7 @@ __all__ = [
     "StoreState",
     "catalog_entries",
     "check_entry",
+    "check_root",
     "complete_store_entries",
     "complete_stores",
     "content_id",
@@ -481,6 +482,42 @@ def _write_json(fs: FileSystem, target: str, doc: dict[str, Any]) -> None:
     os.replace(tmp, target)  # readers never see it half written
 
 
+def check_root(
+    root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> None:
+    """Refuse ``root`` when it is a store, or a game directory of stores, not a root.
+
+    What is written into a root (``catalog.json``, a card) would land inside a store
+    or beside its runs, and a card's loading lines would name stores that are not
+    there.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``root`` holds a ``zarr.json`` (a store) or ``{run}.zarr`` directories (a game
+        directory); the message names the root to pass instead.
+    """
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    path = path.rstrip("/")
+    shown = redact(str(root), storage_options)
+    if fs.exists(f"{path}/zarr.json"):
+        raise InvalidArgumentError(
+            f"{shown} is a store, not a root of stores: expected the directory holding "
+            f"{{Game}}/{{run}}.zarr (DEST of `atari-zarr convert`). Pass "
+            f"{shown.rstrip('/').rsplit('/', 2)[0]}, two levels up."
+        )
+    try:
+        names = [str(n).rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(path, detail=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if any(n.endswith(_SUFFIX) for n in names):
+        raise InvalidArgumentError(
+            f"{shown} holds {{run}}.zarr stores directly (a game directory), not "
+            f"{{Game}}/{{run}}.zarr: expected the root above it. Pass "
+            f"{shown.rstrip('/').rsplit('/', 1)[0]}."
+        )
+
+
 def write_catalog(
     root: str,
     storage_options: dict[str, Any] | None = None,
@@ -528,6 +565,7 @@ def write_catalog(
         raise StoreNotFoundError(
             f"{root} does not exist: expected the DEST of `atari-zarr convert`. Check the path."
         )
+    check_root(root, storage_options, timeout=timeout)
     doc: dict[str, Any] = {}
     for _ in range(_CATALOG_ROUNDS):
         entries = _complete_under(fs, path, sizes=sizes)
