@@ -220,10 +220,13 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_video(args: argparse.Namespace) -> int:
-    from atari_zarr.explore.video import video_codec
+    from atari_zarr.explore.video import check_fps, check_scale, video_codec
     from atari_zarr.read.dataset import AtariZarrDataset
 
-    video_codec(args.out)  # a suffix we cannot write: said before anything is read
+    # a suffix, a rate or a scale that cannot be written: said before anything is read
+    gif = video_codec(args.out) == "gif"
+    check_fps(args.fps, args.out, gif=gif)
+    check_scale(args.scale, args.out)
     if args.quiet:
         from atari_zarr.record.envs import quiet_ale
 
@@ -311,6 +314,7 @@ def _cmd_card(args: argparse.Namespace) -> int:
         reader_options=parse_storage_options(args.reader_option),
         license=args.license,
         timeout=_timeout(args),
+        overwrite=args.overwrite,
     )
     if not args.quiet:
         print(f"dataset card -> {where}")
@@ -706,6 +710,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a storage option of the loading lines, repeatable (e.g. token=anon)",
     )
     p.add_argument("--license", default="cc-by-4.0", help="license of the front matter")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace ROOT/README.md even when `card` did not write it",
+    )
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     _add_storage_option(p)
     p.set_defaults(func=_cmd_card)

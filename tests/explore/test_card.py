@@ -88,3 +88,35 @@ def test_card_and_index_refuse_a_store_or_a_game_directory(pong_store_copy, caps
     assert not (store / "README.md").exists() and not (store / "catalog.json").exists()
     assert not (store.parent / "README.md").exists()
     assert main(["index", str(store.parents[1]), "-q"]) == 0  # the root itself is fine
+
+
+def test_a_hand_written_readme_is_never_overwritten(pong_store_copy, capsys):
+    root = Path(pong_store_copy.url).parents[1]
+    readme = root / "README.md"
+    readme.write_text("# my notes\n")
+    assert main(["card", str(root)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is not a card" in err and "--overwrite" in err
+    assert readme.read_text() == "# my notes\n"
+    assert main(["card", str(root), "-q", "--overwrite"]) == 0
+    assert "<!-- written by `atari-zarr card`" in readme.read_text()
+    assert main(["card", str(root), "-q"]) == 0  # its own card: refreshed without asking
+
+
+def test_what_is_published_holds_no_planted_secret(pong_store_copy, capsys):
+    """Secrets in the public URL and the reader's options never reach the card, the
+    catalog, or what the commands print."""
+    root = Path(pong_store_copy.url).parents[1]
+    secrets = ["PW-hunter2-77", "SECRET-TOKEN-42"]
+    assert main(["index", str(root)]) == 0
+    assert main([
+        "card", str(root), "--public-url", f"https://bob:{secrets[0]}@host.example/b",
+        "--reader-option", f"token={secrets[1]}",
+    ]) == 0
+    printed = capsys.readouterr()
+    written = [p.read_bytes() for p in root.rglob("*") if p.is_file()]
+    for secret in secrets:
+        for blob in (*written, printed.out.encode(), printed.err.encode()):
+            assert secret.encode() not in blob
+    card = (root / "README.md").read_text()
+    assert "https://***@host.example/b/Pong/1.zarr" in card and "'token': '***'" in card

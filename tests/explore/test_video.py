@@ -105,3 +105,65 @@ def test_the_suffix_is_checked_first_and_quiet_prints_nothing(pong_store, tmp_pa
     )
     assert quiet.returncode == 0 and quiet.stdout == "" and quiet.stderr == "", quiet.stderr
     assert (tmp_path / "ep.gif").stat().st_size > 0
+
+
+def test_rates_scales_and_outs_that_cannot_be_written_are_one_line(pong_store, tmp_path):
+    """Each used to be a traceback, or was accepted; nothing is left behind."""
+    ds = AtariZarrDataset(pong_store.url)
+    (tmp_path / "dir.gif").mkdir()
+    for out, kwargs, expected in (
+        ("ep.gif", {"fps": 120}, "at most 100"),
+        ("ep.mp4", {"fps": 0}, "fps must be a positive number"),
+        ("ep.mp4", {"fps": float("nan")}, "fps must be a positive number"),
+        ("ep.gif", {"scale": 1000}, "scale must be a whole number from 1 to 32"),
+        ("ep.gif", {"scale": 0}, "scale must be"),
+        ("ep.gif", {"scale": 2.5}, "scale must be"),
+        ("dir.gif", {}, "is a directory"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=expected) as info:
+            ds.episode_video(0, tmp_path / out, **kwargs)
+        assert "\n" not in str(info.value)
+    for kwargs in ({"fps": 0}, {"fps": float("nan")}, {"scale": 0}, {"scale": -3}):
+        with pytest.raises(InvalidArgumentError):
+            ds.show_episode(0, **kwargs)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.gif"]
+    cli = subprocess.run(
+        [sys.executable, "-m", "atari_zarr", "video", pong_store.url, str(tmp_path / "x.gif"),
+         "--fps", "120"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert cli.returncode == 1 and cli.stderr.count("\n") == 1 and "at most 100" in cli.stderr
+
+
+def test_a_failed_write_leaves_nothing_and_a_full_disk_is_one_line(
+    pong_store, tmp_path, monkeypatch
+):
+    import errno
+
+    from atari_zarr.errors import StoreWriteError
+
+    real = av.container.OutputContainer.mux
+
+    def full(self, packet):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / ".ep.gif.partial"))
+
+    monkeypatch.setattr(av.container.OutputContainer, "mux", full)
+    with pytest.raises(StoreWriteError, match="the disk is full") as info:
+        AtariZarrDataset(pong_store.url).episode_video(0, tmp_path / "ep.gif")
+    assert "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(av.container.OutputContainer, "mux", real)
+
+
+def test_memory_is_a_block_of_frames_not_the_episode_upscaled(tmp_path):
+    import tracemalloc
+
+    frames = np.random.default_rng(0).integers(0, 255, (256, 84, 84), dtype=np.uint8)
+    whole = frames.size * 8 * 8  # the episode upscaled 8x at once: 116 MB
+    tracemalloc.start()
+    try:
+        write_video(frames, tmp_path / "ep.mp4", scale=8, captions=None)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < whole / 5, (peak, whole)

@@ -269,3 +269,25 @@ def test_an_unknown_protocol_or_missing_backend_names_the_fix(monkeypatch) -> No
     monkeypatch.setitem(__import__("sys").modules, "adlfs", None)
     with pytest.raises(MissingDependencyError, match=r"back end adlfs.*pip install adlfs"):
         get_fs("abfs://container/x")
+
+
+def test_a_whole_file_write_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch):
+    """``write_whole`` (the catalog, the card, its picture): a disk that fills up is one
+    line and leaves neither a half-written file nor its temporary."""
+    import errno
+
+    from atari_zarr.errors import StoreWriteError
+    from atari_zarr.storage import filesystem
+
+    fs, path = get_fs(str(tmp_path))
+    fs.write_whole(f"{path}/catalog.json", b"{}")
+    assert (tmp_path / "catalog.json").read_bytes() == b"{}"
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", dst)
+
+    monkeypatch.setattr(filesystem.os, "replace", full)
+    with pytest.raises(StoreWriteError, match="the disk is full") as info:
+        fs.write_whole(f"{path}/learning_curves.png", b"\x89PNG" * 1000)
+    assert "\n" not in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["catalog.json"]

@@ -30,7 +30,7 @@ from typing import Any
 
 import zarr
 
-from atari_zarr.errors import import_optional
+from atari_zarr.errors import StoreExistsError, import_optional
 from atari_zarr.explore.curves import plot_learning_curves
 from atari_zarr.layout import read_metadata
 from atari_zarr.sources.registry import DQN_REPLAY, KINDS
@@ -40,12 +40,14 @@ from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import redact
 from atari_zarr.storage.remote import open_zarr_store
 
-__all__ = ["CARD", "CURVES", "card_text", "size_category", "write_card"]
+__all__ = ["CARD", "CURVES", "MARK", "card_text", "size_category", "write_card"]
 
 #: The card, at the root.
 CARD = "README.md"
 #: The learning curves' picture, beside it.
 CURVES = "learning_curves.png"
+#: The line that says a card was written here (and may be written again).
+MARK = "<!-- written by `atari-zarr card`: run it again to refresh; edits here are replaced -->"
 
 _SIZES = [
     (1e3, "n<1K"),
@@ -219,7 +221,10 @@ def _card_text(
         f"![learning curves]({CURVES})",
         "",
     ]
-    return "\n".join([*front, "", *body])
+    secrets = {**(storage_options or {}), **dict(reader_options or {})}
+    # what is published goes through the one redaction: URL user info, signed queries,
+    # secret-looking options (a reader's token=anon stays: it is no secret)
+    return redact("\n".join([*front, "", MARK, "", *body]), secrets)
 
 
 def write_card(
@@ -230,8 +235,12 @@ def write_card(
     reader_options: Mapping[str, Any] | None = None,
     license: str = "cc-by-4.0",
     timeout: Timeout = "default",
+    overwrite: bool = False,
 ) -> str:
     """Write ``{root}/README.md`` and ``{root}/learning_curves.png``; the card's URL.
+
+    A ``README.md`` already there is replaced only when it is a card written here (it
+    holds :data:`MARK`), or with ``overwrite=True``: a hand-written one is refused.
 
     Parameters
     ----------
@@ -248,9 +257,30 @@ def write_card(
         The ``license`` of the front matter (DQN Replay and RL Unplugged: CC BY 4.0).
     timeout : float, None or "default"
         Seconds each call to storage may take (default 60).
+    overwrite : bool
+        Replace a ``README.md`` that is not a card written here.
+
+    Raises
+    ------
+    StoreExistsError
+        ``README.md`` exists and is not a card of ours (without ``overwrite``).
     """
     plt = import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
     check_root(root, storage_options, timeout=timeout)
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    path = path.rstrip("/")
+    if not overwrite:
+        try:
+            found = fs.cat_file(f"{path}/{CARD}")
+        except FileNotFoundError:
+            found = None
+        if found is not None and MARK.encode() not in found:
+            raise StoreExistsError(
+                f"{redact(root, storage_options).rstrip('/')}/{CARD} exists and is not a card "
+                f"`atari-zarr card` wrote (it has no line {MARK}); expected none, or a card "
+                f"of ours to refresh. Move it, or pass --overwrite (overwrite=True) to "
+                f"replace it."
+            )
     entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
     text = _card_text(
         root, entries, indexed, storage_options, public_url, reader_options, license, timeout
@@ -270,8 +300,6 @@ def write_card(
     picture = io.BytesIO()
     fig.savefig(picture, format="png", dpi=90)
     plt.close(fig)
-    fs, path = get_fs(root, storage_options, timeout=timeout)
-    path = path.rstrip("/")
-    fs.pipe_file(f"{path}/{CURVES}", picture.getvalue())
-    fs.pipe_file(f"{path}/{CARD}", text.encode())
+    fs.write_whole(f"{path}/{CURVES}", picture.getvalue())  # whole, or not there at all
+    fs.write_whole(f"{path}/{CARD}", text.encode())
     return f"{root.rstrip('/')}/{CARD}"

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.errors import import_optional
-from atari_zarr.explore.video import episode_frames
+from atari_zarr.explore.video import check_fps, check_scale, episode_frames
 
 __all__ = ["EpisodePlayer", "episode_player"]
 
@@ -124,6 +124,9 @@ def episode_player(ds: Any, episode: int, *, scale: int = 4, fps: float = 15.0) 
     IndexError
         ``episode`` is out of range: the message gives the valid range.
     """
+    where = f"{ds.where}: the player of episode {episode}"
+    scale = check_scale(scale, where)
+    fps = float(check_fps(fps, where))
     frames, captions = episode_frames(ds, episode)
     assert captions is not None
     pngs = [_png(f) for f in frames]

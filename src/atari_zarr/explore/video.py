@@ -19,6 +19,7 @@ Examples
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,11 +28,14 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.errors import InvalidArgumentError, import_optional
+from atari_zarr.storage.filesystem import disk_full_error
 
 __all__ = [
     "ALE_ACTIONS",
     "FORMATS",
+    "MAX_SCALE",
     "caption_lines",
+    "check_scale",
     "episode_frames",
     "episode_video",
     "video_codec",
@@ -44,6 +48,10 @@ ALE_ACTIONS = (
     "DOWNLEFT", "UPFIRE", "RIGHTFIRE", "LEFTFIRE", "DOWNFIRE", "UPRIGHTFIRE",
     "UPLEFTFIRE", "DOWNRIGHTFIRE", "DOWNLEFTFIRE",
 )  # fmt: skip
+#: The largest upscale: 84x84 frames become 2,688 pixels wide.
+MAX_SCALE = 32
+#: Frames upscaled at a time while encoding (memory: this many upscaled frames).
+_BLOCK = 16
 #: File suffixes written, and the codec of each.
 FORMATS = {".mp4": "libx264", ".gif": "gif"}
 #: Height of the caption strip, in pixels of the upscaled frame per unit of ``scale``.
@@ -108,52 +116,109 @@ def write_video(
     av = import_optional("av", extra="video", purpose="writing a video")
     out = Path(path)
     codec = video_codec(out)
+    if out.is_dir():
+        raise InvalidArgumentError(
+            f"{out} is a directory; expected the video's file name, e.g. {out / 'episode.mp4'}"
+        )
     frames = np.asarray(frames, dtype=np.uint8)
     if frames.ndim != 3 or len(frames) == 0:
         raise InvalidArgumentError(
             f"{out}: expected frames (T, H, W) with T >= 1, found shape {frames.shape}. Pass "
             f"the frames of an episode."
         )
-    if int(scale) < 1:
-        raise InvalidArgumentError(f"{out}: scale must be at least 1, found {scale}")
+    scale = check_scale(scale, str(out))
+    rate = _rate(fps, codec, str(out))
     if captions is not None and len(captions) != len(frames):
         raise InvalidArgumentError(
             f"{out}: {len(captions)} captions for {len(frames)} frames; expected one per frame"
         )
-    big = _upscale(frames, int(scale))
-    if captions is not None:
-        strip = _caption_strip(captions, big.shape[2], _CAPTION_ROWS * int(scale) + 8)
-        big = np.concatenate([big, strip], axis=1)
-    height, width = big.shape[1:]
-    if codec == "libx264" and (height % 2 or width % 2):  # 4:2:0 needs even sizes
-        big = np.pad(big, ((0, 0), (0, height % 2), (0, width % 2)))
-        height, width = big.shape[1:]
+    strip = _CAPTION_ROWS * scale + 8 if captions is not None else 0
+    height, width = frames.shape[1] * scale + strip, frames.shape[2] * scale
+    pad = (height % 2, width % 2) if codec == "libx264" else (0, 0)  # 4:2:0: even sizes
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
-    with av.open(str(tmp), "w", format=out.suffix.lstrip(".").lower()) as container:
-        stream = container.add_stream(codec, rate=_rate(fps))
-        stream.width, stream.height = width, height
-        if codec == "gif":
-            stream.pix_fmt = "gray"
-        elif lossless:
-            stream.pix_fmt, stream.options = "yuv444p", {"qp": "0", "preset": "veryfast"}
-        else:
-            stream.pix_fmt, stream.options = "yuv420p", {"crf": "18", "preset": "veryfast"}
-        for frame in big:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="gray")):
+    try:
+        with av.open(str(tmp), "w", format=out.suffix.lstrip(".").lower()) as container:
+            stream = container.add_stream(codec, rate=rate)
+            stream.width, stream.height = width + pad[1], height + pad[0]
+            if codec == "gif":
+                stream.pix_fmt = "gray"
+            elif lossless:
+                stream.pix_fmt, stream.options = "yuv444p", {"qp": "0", "preset": "veryfast"}
+            else:
+                stream.pix_fmt, stream.options = "yuv420p", {"crf": "18", "preset": "veryfast"}
+            # frame by frame: memory is one upscaled frame (and a block of caption strips),
+            # not the whole episode upscaled
+            for lo in range(0, len(frames), _BLOCK):
+                block = _upscale(frames[lo : lo + _BLOCK], scale)
+                if captions is not None:
+                    strips = _caption_strip(captions[lo : lo + _BLOCK], width, strip)
+                    block = np.concatenate([block, strips], axis=1)
+                if any(pad):
+                    block = np.pad(block, ((0, 0), (0, pad[0]), (0, pad[1])))
+                for frame in block:
+                    for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="gray")):
+                        container.mux(packet)
+                del block  # before the next is made
+            for packet in stream.encode():
                 container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    os.replace(tmp, out)  # a video is never left half written under its name
+        os.replace(tmp, out)  # a video is never left half written under its name
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()  # nothing left behind either
+        full = disk_full_error(str(out), exc, resume="nothing was left half written")
+        if full is not None:
+            raise full from None
+        raise
     return out
 
 
-def _rate(fps: float) -> Any:
+def check_scale(scale: object, where: str) -> int:
+    """``scale`` as a whole number from 1 to :data:`MAX_SCALE`, or a one-line error.
+
+    Examples
+    --------
+    >>> check_scale(4, "ep.gif")
+    4
+    """
+    if isinstance(scale, bool) or not isinstance(scale, int | np.integer):
+        scale = None
+    if scale is None or not 1 <= int(scale) <= MAX_SCALE:  # type: ignore[call-overload]
+        raise InvalidArgumentError(
+            f"{where}: scale must be a whole number from 1 to {MAX_SCALE} (pixels per "
+            f"pixel; {MAX_SCALE} makes 84x84 frames {84 * MAX_SCALE}x{84 * MAX_SCALE}); "
+            f"found {scale!r}"
+        )
+    return int(scale)  # type: ignore[call-overload]
+
+
+def check_fps(fps: object, where: str, *, gif: bool = False) -> float:
+    """``fps`` as frames per second, or a one-line error: positive and finite; a GIF
+    counts its delays in hundredths of a second, so at most 100 (``gif=True``).
+
+    Examples
+    --------
+    >>> check_fps(15, "ep.gif", gif=True)
+    15.0
+    """
+    try:
+        value = float(fps)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(fps, bool) or not 0 < value < float("inf"):
+        raise InvalidArgumentError(f"{where}: fps must be a positive number, found {fps!r}")
+    if gif and value > 100:
+        raise InvalidArgumentError(
+            f"{where}: a GIF counts its frame delays in hundredths of a second, so fps can be "
+            f"at most 100, found {fps!r}; write an .mp4 for a faster video"
+        )
+    return value
+
+
+def _rate(fps: float, codec: str, where: str) -> Any:
     from fractions import Fraction
 
-    if not float(fps) > 0:
-        raise InvalidArgumentError(f"fps must be positive, found {fps}")
-    return Fraction(float(fps)).limit_denominator(1001)
+    return Fraction(check_fps(fps, where, gif=codec == "gif")).limit_denominator(1001)
 
 
 def caption_lines(

@@ -43,9 +43,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import re
-import uuid
 import warnings
 from typing import Any, Literal, TypedDict
 
@@ -472,14 +470,8 @@ def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None
 
 
 def _write_json(fs: FileSystem, target: str, doc: dict[str, Any]) -> None:
-    data = (json.dumps(doc, indent=1) + "\n").encode()
-    if fs.remote:
-        fs.pipe_file(target, data)  # one PUT: readers see the old object or the new one
-        return
-    tmp = f"{target}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, target)  # readers never see it half written
+    # readers see the old catalog or the new one, never half of it (one PUT on a bucket)
+    fs.write_whole(target, (json.dumps(doc, indent=1) + "\n").encode())
 
 
 def check_root(

@@ -45,6 +45,7 @@ import io
 import os
 import shutil
 import stat
+import uuid
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -391,6 +392,29 @@ class FileSystem:
     def pipe_file(self, path: str, data: bytes) -> None:
         """Write ``data`` as the whole content of ``path``."""
         self._call("writing", "pipe_file", self.url(path), path, bytes(data))
+
+    def write_whole(self, path: str, data: bytes) -> None:
+        """Write ``data`` as ``path``, seen whole or not at all, never left half written.
+
+        On a local disk the bytes go to a file of their own beside ``path``, renamed into
+        place once written, and removed when the write fails (a full disk is the one
+        line of :func:`disk_full_error`); object stores publish whole objects anyway.
+        """
+        if self.remote:
+            self.pipe_file(path, data)
+            return
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            full = disk_full_error(path, exc, resume="nothing was left half written")
+            if full is not None:
+                raise full from None
+            raise local_write_error("writing", path, exc) from None
 
     def create_file(self, path: str, data: bytes) -> bool:
         """Write ``data`` to ``path`` only if nothing is there, in one conditional request
