@@ -19,6 +19,7 @@ import io
 import logging
 import sys
 import traceback
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -781,6 +782,23 @@ def _redacting(options: dict[str, Any]) -> Iterator[None]:
         sys.stdout, sys.stderr = out, err
 
 
+@contextlib.contextmanager
+def _one_line_warnings(verb: str) -> Iterator[None]:
+    """Warnings of this command as ``atari-zarr VERB: warning: ...``, one line each, not
+    Python's ``file:line: UserWarning`` with the source line under it."""
+    previous = warnings.showwarning
+
+    def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
+        text = " ".join(str(message).split())
+        print(f"atari-zarr {verb}: warning: {text}", file=sys.stderr)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
@@ -798,7 +816,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("storage_option", "source_storage_option"):
         with contextlib.suppress(AtariZarrError):  # a malformed pair is reported below
             secrets[name] = parse_storage_options(getattr(args, name, None) or [])
-    with _redacting(secrets):
+    with _redacting(secrets), _one_line_warnings(args.command):
         try:
             return int(args.func(args))
         except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug

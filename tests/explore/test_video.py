@@ -167,3 +167,12 @@ def test_memory_is_a_block_of_frames_not_the_episode_upscaled(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < whole / 5, (peak, whole)
+
+
+def test_an_out_where_no_file_can_be_is_one_line(pong_store):
+    from atari_zarr.errors import StoreWriteError
+
+    for out in ("/proc/ep.gif", "/sys/ep.gif"):
+        with pytest.raises(StoreWriteError) as info:
+            AtariZarrDataset(pong_store.url).episode_video(0, out, scale=1)
+        assert "\n" not in str(info.value) and out in str(info.value)

@@ -501,3 +501,55 @@ def test_the_torchrl_drop_in_checks_its_catalog_entry(source_root, pong_run, tmp
     with pytest.warns(UserWarning, match=r"Pong/1.zarr changed since .*atari-zarr index"):
         replay = AtariZarrExperienceReplay("Pong/1", batch_size=4, root=str(dest))
     assert len(replay) == again.transitions  # the store as it is, not as indexed
+
+
+@pytest.mark.filterwarnings("always::UserWarning")  # the command line prints it, one line
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        "deep",  # JSON nested beyond reason: a RecursionError in json
+        "transitions",  # "transitions": "lots"
+        "fields",  # entries with only path and content
+        "escape",  # a path that leaves the root, listed as complete
+    ],
+)
+def test_a_catalog_that_is_not_what_index_writes_is_not_read(
+    pong_store_copy, spoil, capsys
+) -> None:
+    """Each used to be a traceback (or, for the path, a store outside the root listed as
+    complete): the catalog is not used, with one warning, and the root is listed."""
+    import json
+
+    root = Path(pong_store_copy.url).parents[1]
+    assert cli_main(["index", str(root), "-q"]) == 0
+    catalog = root / "catalog.json"
+    doc = json.loads(catalog.read_text())
+    if spoil == "deep":
+        catalog.write_text('{"format": 1, "stores": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        entry = doc["stores"][0]
+        if spoil == "transitions":
+            entry["transitions"] = "lots"
+        elif spoil == "fields":
+            doc["stores"][0] = {"path": entry["path"], "content": entry["content"]}
+        else:
+            doc["stores"].append({**entry, "path": "../../../../etc/passwd.zarr"})
+        catalog.write_text(json.dumps(doc))
+    assert cli_main(["ls", str(root)]) == 0
+    out, err = capsys.readouterr()
+    assert "passwd" not in out and "Pong/1.zarr" in out
+    [warning] = err.strip().splitlines()
+    assert warning.startswith("atari-zarr ls: warning: ") and "catalog.json" in warning
+    assert "UserWarning" not in err
+
+
+def test_a_card_of_a_catalog_listing_a_deleted_store_is_one_line(pong_store_copy, capsys):
+    import shutil
+
+    root = Path(pong_store_copy.url).parents[1]
+    assert cli_main(["index", str(root), "-q"]) == 0
+    shutil.rmtree(pong_store_copy.url)
+    assert cli_main(["card", str(root)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "lists Pong/1.zarr, which is absent" in err
+    assert "atari-zarr index" in err

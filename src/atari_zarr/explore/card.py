@@ -30,11 +30,17 @@ from typing import Any
 
 import zarr
 
-from atari_zarr.errors import StoreExistsError, import_optional
+from atari_zarr.errors import StoreExistsError, StoreNotFoundError, import_optional
 from atari_zarr.explore.curves import plot_learning_curves
 from atari_zarr.layout import read_metadata
 from atari_zarr.sources.registry import DQN_REPLAY, KINDS
-from atari_zarr.storage.catalog import CATALOG, CatalogEntry, catalog_entries, check_root
+from atari_zarr.storage.catalog import (
+    CATALOG,
+    CatalogEntry,
+    catalog_entries,
+    check_root,
+    store_state,
+)
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import redact
@@ -90,6 +96,14 @@ def _sources(
     lines = []
     for e in entries:
         url = f"{root.rstrip('/')}/{e['path']}"
+        state = store_state(url, options, timeout=timeout)
+        if state != "complete":
+            shown = redact(root, options).rstrip("/")
+            raise StoreNotFoundError(
+                f"{shown}/{CATALOG} lists {e['path']}, which is {state} there; expected the "
+                f"complete stores it lists. Run `atari-zarr index {shown}` to refresh the "
+                f"catalog, then `atari-zarr card` again."
+            )
         group = zarr.open_group(
             open_zarr_store(url, options, read_only=True, timeout=timeout), mode="r"
         )

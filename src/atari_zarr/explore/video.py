@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.errors import InvalidArgumentError, import_optional
-from atari_zarr.storage.filesystem import disk_full_error
+from atari_zarr.storage.filesystem import disk_full_error, local_write_error
 
 __all__ = [
     "ALE_ACTIONS",
@@ -135,9 +135,9 @@ def write_video(
     strip = _CAPTION_ROWS * scale + 8 if captions is not None else 0
     height, width = frames.shape[1] * scale + strip, frames.shape[2] * scale
     pad = (height % 2, width % 2) if codec == "libx264" else (0, 0)  # 4:2:0: even sizes
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.partial")
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         with av.open(str(tmp), "w", format=out.suffix.lstrip(".").lower()) as container:
             stream = container.add_stream(codec, rate=rate)
             stream.width, stream.height = width + pad[1], height + pad[0]
@@ -169,6 +169,8 @@ def write_video(
         full = disk_full_error(str(out), exc, resume="nothing was left half written")
         if full is not None:
             raise full from None
+        if isinstance(exc, OSError):  # a place that cannot hold a file (/proc, read-only)
+            raise local_write_error("writing", str(out), exc) from None
         raise
     return out
 

@@ -444,6 +444,37 @@ def read_catalog(
     return _read_catalog(fs, path.rstrip("/"), str(root))
 
 
+_ENTRY_PATH_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9_.-]+\.zarr$")
+_ENTRY_TYPES: dict[str, tuple[type, ...]] = {
+    "game": (str, type(None)),
+    "run": (str,),
+    "kind": (str, type(None)),
+    "transitions": (int, type(None)),
+    "episodes": (int, type(None)),
+    "stored_bytes": (int, type(None)),
+    "return_mean": (int, float, type(None)),
+    "return_min": (int, float, type(None)),
+    "return_max": (int, float, type(None)),
+    "content": (str,),
+}
+
+
+def _valid_entry(entry: Any) -> bool:
+    """An entry as :func:`write_catalog` writes it: every field of its type, and a path
+    ``{Game}/{run}.zarr`` that stays under the root (no ``..``, no absolute path)."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        return False
+    path = entry["path"]
+    if not _ENTRY_PATH_RE.match(path) or ".." in path.split("/"):
+        return False
+    return all(
+        name in entry
+        and isinstance(entry[name], types)
+        and not (isinstance(entry[name], bool) and bool not in types)
+        for name, types in _ENTRY_TYPES.items()
+    )
+
+
 def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None:
     try:
         raw = fs.cat_file(f"{path}/{CATALOG}")
@@ -452,16 +483,18 @@ def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None
     try:
         doc = json.loads(raw)
         stores = doc["stores"]
-        usable = doc.get("format") == CATALOG_FORMAT and all(
-            isinstance(e, dict) and isinstance(e.get("path"), str) and "content" in e
-            for e in stores
+        usable = (
+            doc.get("format") == CATALOG_FORMAT
+            and isinstance(stores, list)
+            and all(_valid_entry(e) for e in stores)
         )
-    except (ValueError, KeyError, TypeError):
-        usable = False
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        usable = False  # not JSON, JSON nested beyond reason, or not a catalog
     if not usable:
         warnings.warn(
             f"{redact(root)}/{CATALOG} is not a catalog this version reads (format "
-            f"{CATALOG_FORMAT}); listing the root instead. Run `atari-zarr index {redact(root)}` "
+            f"{CATALOG_FORMAT}, entries as `atari-zarr index` writes them); listing the root "
+            f"instead. Run `atari-zarr index {redact(root)}` "
             f"to write it again.",
             stacklevel=3,
         )
