@@ -553,3 +553,46 @@ def test_a_card_of_a_catalog_listing_a_deleted_store_is_one_line(pong_store_copy
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "lists Pong/1.zarr, which is absent" in err
     assert "atari-zarr index" in err
+
+
+@pytest.mark.parametrize(
+    ("where", "what"), [("catalog.json", "fifo"), ("Pong/1.zarr/zarr.json", "dev-zero")]
+)
+def test_a_fifo_or_dev_zero_as_metadata_hangs_nothing(pong_store_copy, tmp_path, where, what):
+    """In place of a root's catalog.json or a store's zarr.json: ls, index, card,
+    from_root and list_datasets end (each in a process of its own, with a deadline), never
+    read it: a bad catalog is not used, a bad store is not a store of ours."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(pong_store_copy.url).parents[1]
+    # a second store, whole, so that the root still has one to list
+    import shutil
+
+    shutil.copytree(pong_store_copy.url, root / "Pong" / "2.zarr")
+    target = root / where
+    target.unlink(missing_ok=True)
+    if what == "fifo":
+        os.mkfifo(target)
+    else:
+        os.symlink("/dev/zero", target)
+    code = (
+        "import warnings\n"
+        "warnings.simplefilter('ignore')\n"
+        "from atari_zarr import MultiGameDataset\n"
+        "from atari_zarr.cli import main\n"
+        "from atari_zarr.compat.torchrl import AtariZarrExperienceReplay\n"
+        f"root = {str(root)!r}\n"
+        "print(sorted(MultiGameDataset.from_root(root).games))\n"
+        "print(AtariZarrExperienceReplay.list_datasets(root))\n"
+        "for verb in ('ls', 'card', 'index'):\n"
+        "    assert main([verb, root, '-q']) == 0, verb\n"
+    )
+    # one process of its own, with a deadline: a read of the FIFO would never end
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    games = done.stdout.splitlines()[0]  # the whole stores are still found
+    assert games == ("['Pong/1']" if "zarr.json" in where else "['Pong/1', 'Pong/1']")

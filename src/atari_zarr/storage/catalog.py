@@ -11,7 +11,8 @@ A destination root holds one store per run, ``{root}/{Game}/{run}.zarr``
     (run its command again to finish it). Never called damaged.
 ``"foreign"``
     Something that can be read and is not ours: a ``zarr.json`` without our
-    attributes (or not JSON), or a directory of other things.
+    attributes (or not JSON, or not a regular file of metadata's size: a FIFO or
+    ``/dev/zero`` in its place is never read), or a directory of other things.
 ``"absent"``
     Nothing there (or an empty directory).
 
@@ -47,7 +48,7 @@ import re
 import warnings
 from typing import Any, Literal, TypedDict
 
-from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
+from atari_zarr.errors import InvalidArgumentError, StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import ACTION, ATTRS_KEY, is_complete, store_path
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import FileSystem, get_fs
@@ -141,7 +142,9 @@ def _our_attrs(raw: bytes) -> dict[str, Any] | None:
 def _inspect(fs: FileSystem, path: str, *, look_inside: bool) -> tuple[StoreState, Any]:
     """``(state, attributes)`` of the location ``path``; remote errors propagate."""
     try:
-        raw = fs.cat_file(f"{path}/{_ROOT_META}")
+        raw = fs.cat_metadata(f"{path}/{_ROOT_META}")  # no FIFO, no /dev/zero
+    except StoreFormatError:
+        return "foreign", None  # a link, a special file or a huge file: not a store of ours
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         if not look_inside:
             return "absent", None
@@ -312,7 +315,7 @@ def _row(fs: FileSystem, p: str, url: str, *, sizes: bool) -> StoreRow:
             row["episodes"] = counts.get("episodes")
         else:
             try:
-                action = json.loads(fs.cat_file(f"{p}/{ACTION}/{_ROOT_META}"))
+                action = json.loads(fs.cat_metadata(f"{p}/{ACTION}/{_ROOT_META}"))
             except (FileNotFoundError, ValueError):
                 action = {}
             row["transitions"] = (action.get("shape") or [None])[0]
@@ -477,9 +480,11 @@ def _valid_entry(entry: Any) -> bool:
 
 def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None:
     try:
-        raw = fs.cat_file(f"{path}/{CATALOG}")
+        raw = fs.cat_metadata(f"{path}/{CATALOG}")  # no FIFO, no /dev/zero
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except StoreFormatError:
+        raw = b""  # a link, a special file or a huge file: not a catalog, the root is listed
     try:
         doc = json.loads(raw)
         stores = doc["stores"]

@@ -173,6 +173,11 @@ async def _boxed(awaitable: Awaitable[T]) -> tuple[bool, Any]:
         return False, exc
 
 
+#: The most bytes a metadata file (``zarr.json``, ``catalog.json``) may hold: the
+#: catalog of every run of the dataset (300 stores) takes about 100 KB.
+METADATA_LIMIT = 64 << 20
+
+
 class FileSystem:
     """An fsspec file system whose every remote call honours a deadline.
 
@@ -387,6 +392,40 @@ class FileSystem:
         if start is not None or end is not None:
             where += f" (bytes {start or 0}-{'' if end is None else end})"
         return cast(bytes, self._call("reading", "cat_file", where, path, start=start, end=end))
+
+    def cat_metadata(self, path: str, limit: int = METADATA_LIMIT) -> bytes:
+        """A metadata file (``zarr.json``, ``catalog.json``): a regular file of at most
+        ``limit`` bytes, read whole.
+
+        A link or a special file in its place (a FIFO would hang the read for ever,
+        ``/dev/zero`` would read until memory runs out) and a file beyond ``limit`` are
+        refused before anything is read; remotely, at most ``limit + 1`` bytes are asked.
+
+        Raises
+        ------
+        FileNotFoundError
+            Nothing is there.
+        StoreFormatError
+            A link, a special file, or more than ``limit`` bytes.
+        """
+        where = self.url(path)
+        if not self.remote:
+            try:
+                found = os.lstat(local_path(where))
+            except (FileNotFoundError, NotADirectoryError):
+                raise FileNotFoundError(where) from None
+            mode, size = found.st_mode, found.st_size
+            if stat.S_ISLNK(mode):
+                raise not_regular_error(where, "a symbolic link")
+            if not stat.S_ISREG(mode):
+                raise not_regular_error(where, "a special file (a FIFO, a device)")
+            if size > limit:
+                raise _too_big(where, size, limit)
+            return self.cat_file(path)
+        data = self.cat_file(path, 0, limit + 1)
+        if len(data) > limit:
+            raise _too_big(where, len(data), limit)
+        return data
 
     # -- changes -------------------------------------------------------------------------
     def pipe_file(self, path: str, data: bytes) -> None:
@@ -633,6 +672,14 @@ def get_fs(
     """
     fs = FileSystem(str(location), storage_options, timeout=timeout)
     return fs, fs.path
+
+
+def _too_big(where: str, size: int, limit: int) -> StoreFormatError:
+    return StoreFormatError(
+        f"{where} holds {'more than ' if size > limit else ''}{size:,} bytes; expected "
+        f"metadata of at most {limit:,}. The file is not what atari-zarr writes: replace it "
+        f"(write the catalog again with `atari-zarr index`, or copy the store again)."
+    )
 
 
 def not_regular_error(path: str | os.PathLike[str], what: str) -> StoreFormatError:
