@@ -137,6 +137,12 @@ class StoreReader:
         coalesce_gap: int = DEFAULT_COALESCE_GAP,
         kept_bytes: int = DEFAULT_KEPT_BYTES,
     ) -> None:
+        #: What opens this store again (pickling: another process reopens it by URL).
+        self._tuning = {
+            "frame_cache_bytes": int(frame_cache_bytes),
+            "coalesce_gap": int(coalesce_gap),
+            "kept_bytes": int(kept_bytes),
+        }
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
         self.cache = None if cache is None else os.fspath(cache)
@@ -245,6 +251,15 @@ class StoreReader:
 
     def __len__(self) -> int:
         return self.n
+
+    def __getstate__(self) -> dict[str, Any]:
+        # file-system handles, locks and memory maps never cross processes: the store is
+        # opened again by its URL (a DataLoader worker, spawned or forked)
+        return {**self.reopen_state(), **self._tuning}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.__init__(state.pop("path_or_url"), **state)  # type: ignore[misc]
 
     def reopen_state(self) -> dict[str, Any]:
         """What opens this store again (in another process)."""
