@@ -443,18 +443,11 @@ def test_a_pull_spreads_its_shards_over_a_dask_cluster(public_copy, tmp_path):
     """``scheduler=`` a dask.distributed address: the shard tasks run in the cluster's
     workers (which reach the source and the cache under the same names), and the store
     is the one a local pull writes."""
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
+    from atari_zarr.testing.cluster import local_cluster
+
     request = Request.parse("Asterix/1")
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            scheduler_kwargs={"dashboard_address": ":0"},
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+    with local_cluster(2) as (cluster, client):
         found = pull(request, scheduler=cluster.scheduler_address, progress=False)
         pids = client.run(os.getpid)
     assert os.getpid() not in pids.values() and len(pids) == 2

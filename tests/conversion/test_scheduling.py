@@ -57,20 +57,11 @@ def test_local_schedulers_write_the_same_bytes(big_run, reference, tmp_path, sch
 
 @pytest.mark.slow
 def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp_path, capsys):
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("distributed")
+    from atari_zarr.testing.cluster import local_cluster
+
     root, _ = big_run
-    with (
-        distributed.LocalCluster(
-            n_workers=2,
-            threads_per_worker=1,
-            processes=True,
-            dashboard_address=None,
-            # the scheduler's HTTP server (metrics) on a free port: 8787, its default, may
-            # be taken on the machine, and distributed's fallback warning fails the test
-            scheduler_kwargs={"dashboard_address": ":0"},
-        ) as cluster,
-        distributed.Client(cluster) as client,
-    ):
+    with local_cluster(2) as (cluster, client):
         [store] = convert(str(root), str(tmp_path / "a"), scheduler=client, progress=True)
         assert store_files(store.url, tmp_path / "a") == reference[1]
         # the bar advanced as futures completed

@@ -55,6 +55,7 @@ def open_asked(
         mirrors=mirrors,
         mirror_options=storage_options,
         download=download,
+        progress=True,  # a download shows its bars, as the originals' did
     )
     return StoreReader(found.url, storage_options=found.storage_options)
 

@@ -161,5 +161,9 @@ class HeadlessChromium(LoopbackServer):
         if status != 200:
             raise RuntimeError(f"chromium could not open {url[:80]}: HTTP {status} {body[:200]!r}")
         page = Page(json.loads(body)["webSocketDebuggerUrl"], self.timeout)
-        page.wait_for("document.readyState === 'complete'", timeout=self.timeout)
+        # a new tab is the blank page first, complete already: wait for ``url`` itself
+        page.wait_for(
+            "location.href !== 'about:blank' && document.readyState === 'complete'",
+            timeout=self.timeout,
+        )
         return page
