@@ -123,7 +123,9 @@ class Game:
 
 
 _SHORT = ("Carnival", "Gravitar", "StarGunner")  # 49 shards: TFDS's _SHORT_GAMES
-# TFDS's catalog page of rlu_atari_checkpoints_ordered ("Dataset size"), where read
+# GiB of a run: TFDS's catalog page of rlu_atari_checkpoints_ordered ("Dataset size") for
+# Alien 1-3, Krull and KungFuMaster; run 1 of Breakout, Pong, Qbert and UpNDown as the
+# project's notes on the source round them. The rest is listed from the source on demand.
 _SIZES: dict[str, tuple[float | None, ...]] = {
     "Alien": (74.09, 74.32, 74.21, None, None),
     "Breakout": (31.0, None, None, None, None),
@@ -816,7 +818,7 @@ def format_available(rows: list[dict[str, Any]]) -> str:
         )
     known = sum(1 for r in rows if r["gib"] is not None or r["source_bytes"] is not None)
     lines.append(
-        f"{len(rows)} runs of {len(GAMES)} games; sizes: TFDS's catalog for {known} of them "
+        f"{len(rows)} runs of {len(GAMES)} games; sizes known for {known} of them "
         f"(--source-sizes lists the source's files for all)"
     )
     return "\n".join(lines)
