@@ -11,7 +11,7 @@ pytest.importorskip("torchrl")
 from torchrl.data import ReplayBuffer
 
 from atari_zarr import AtariZarrDataset
-from atari_zarr.compat.preprocess import UNIT_ROWS, preprocess
+from atari_zarr.compat.preprocess import UNIT_ROWS, fn_fingerprint, preprocess
 from atari_zarr.compat.torchrl_storage import PreprocessedStorage
 from atari_zarr.errors import (
     InvalidArgumentError,
@@ -71,21 +71,23 @@ def test_workers_write_the_same_store(store, tmp_path, method):
 
 def test_num_frames_and_a_finished_dest_is_reused(store, tmp_path):
     ds = AtariZarrDataset(store)
-    out = preprocess(ds, shrink, dest=tmp_path / "d", num_frames=100)
-    assert len(out) == 100
     calls = []
 
     def counted(td):
         calls.append(len(td))
         return shrink(td)
 
-    again = preprocess(ds, counted, dest=tmp_path / "d", num_frames=100)
+    # counted's closure (the list) changes as it runs: version= names what made dest
+    out = preprocess(ds, counted, dest=tmp_path / "d", num_frames=100, version="1")
+    assert len(out) == 100
+    calls.clear()
+    again = preprocess(ds, counted, dest=tmp_path / "d", num_frames=100, version="1")
     assert len(again) == 100 and calls == [1]  # the probe only: the dest was complete
     with pytest.raises(StoreExistsError, match="another source or output"):
-        preprocess(ds, shrink, dest=tmp_path / "d", num_frames=200)
+        preprocess(ds, counted, dest=tmp_path / "d", num_frames=200, version="1")
 
 
-def test_a_failure_names_the_sample_and_a_second_run_resumes(store, tmp_path):
+def test_a_failure_names_the_sample_and_the_same_version_resumes(store, tmp_path):
     ds = AtariZarrDataset(store)
 
     bad_episode = int(ds[5000]["episode"])
@@ -97,7 +99,7 @@ def test_a_failure_names_the_sample_and_a_second_run_resumes(store, tmp_path):
 
     first = int(np.flatnonzero(ds.episodes.numpy() >= bad_episode)[0])
     with pytest.raises(InvalidArgumentError, match=rf"fn fails on sample {first} \(ValueError"):
-        preprocess(ds, fails, dest=tmp_path / "d", num_workers=0)
+        preprocess(ds, fails, dest=tmp_path / "d", num_workers=0, version="1")
     with pytest.raises(StoreIncompleteError, match="unfinished preprocess"):
         PreprocessedStorage(tmp_path / "d")
     seen = []
@@ -106,10 +108,73 @@ def test_a_failure_names_the_sample_and_a_second_run_resumes(store, tmp_path):
         seen.append(int(td["episode"][0]))
         return shrink(td)
 
-    out = preprocess(ds, fine, dest=tmp_path / "d", num_workers=0)
+    out = preprocess(ds, fine, dest=tmp_path / "d", num_workers=0, version="1")
     assert len(out) == len(ds)
     # the first unit was kept: only the probe and the units after it ran again
     assert len(seen) == 1 + -(-(len(ds) - UNIT_ROWS) // 256)
+
+
+def test_another_fn_never_mixes_into_dest(store, tmp_path):
+    """fn_v1 fails on its 20th call; fn_v2 (same keys, other values) starts dest over."""
+    ds = AtariZarrDataset(store)
+    calls = []
+
+    def fn_v1(td):
+        calls.append(1)
+        if len(calls) == 20:
+            raise ValueError("a bad frame")
+        return shrink(td)
+
+    def fn_v2(td):
+        out = shrink(td)
+        out["observation"] = 255 - out["observation"]
+        return out
+
+    with pytest.raises(InvalidArgumentError, match="fix fn and run preprocess again"):
+        preprocess(ds, fn_v1, dest=tmp_path / "d", num_workers=0)
+    with pytest.warns(UserWarning, match="begun by another fn.*starting it over"):
+        out = preprocess(ds, fn_v2, dest=tmp_path / "d", num_workers=0)
+    rows = np.arange(len(ds))
+    assert torch.equal(out[rows]["observation"], fn_v2(ds[rows].exclude("index"))["observation"])
+    # a complete dest: a changed fn is refused in one line, never served the old output
+    with pytest.raises(StoreExistsError, match="another fn .*overwrite=True") as err:
+        preprocess(ds, shrink, dest=tmp_path / "d", num_workers=0)
+    assert "\n" not in str(err.value)
+    # a closure's value is part of fn
+    def scaled(k):
+        return lambda td: shrink(td).apply(lambda t: t * k if t.dtype.is_floating_point else t)
+
+    preprocess(ds, scaled(2.0), dest=tmp_path / "e", num_frames=300, num_workers=0)
+    with pytest.raises(StoreExistsError, match="another fn"):
+        preprocess(ds, scaled(3.0), dest=tmp_path / "e", num_frames=300, num_workers=0)
+    again = preprocess(ds, scaled(2.0), dest=tmp_path / "e", num_frames=300, num_workers=0)
+    assert len(again) == 300
+    # overwrite=True writes it again, with the new fn
+    out = preprocess(ds, shrink, dest=tmp_path / "d", num_workers=0, overwrite=True)
+    assert torch.equal(out[rows]["observation"], shrink(ds[rows].exclude("index"))["observation"])
+
+
+def test_fn_fingerprint_rule():
+    import functools
+
+    def make(k):
+        return lambda td: td * k
+
+    assert fn_fingerprint(make(1)) == fn_fingerprint(make(1))
+    assert fn_fingerprint(make(1)) != fn_fingerprint(make(2))
+    assert fn_fingerprint(functools.partial(max, 1)) != fn_fingerprint(functools.partial(max, 2))
+    assert fn_fingerprint(shrink, version="a") == fn_fingerprint(make(1), version="a")
+    assert fn_fingerprint(shrink) != fn_fingerprint(shrink, version="a")
+
+    class Scale:
+        def __init__(self, k):
+            self.k = k
+
+        def __call__(self, td):
+            return td * self.k
+
+    assert fn_fingerprint(Scale(1)) == fn_fingerprint(Scale(1))
+    assert fn_fingerprint(Scale(1)) != fn_fingerprint(Scale(2))
 
 
 def test_fn_that_changes_the_batch_size(store, tmp_path):

@@ -18,10 +18,13 @@ chunk), and read back lazily by :class:`~atari_zarr.compat.torchrl_storage.Prepr
 * **Workers and progress bars** as TorchRL offers them: ``num_workers`` processes
   (``mp_start_method``, ``max_tasks_per_child``), or a ``pool`` of yours; tasks of
   ``chunksize`` rows or ``num_chunks`` tasks (rounded to whole units); ``pbar``.
-* **Resumable.** Each unit is marked done after it is written; running the same call
-  again does only what is missing, and a dest that is complete for the same source
-  and output is returned as it is. The completion attribute is written last, so an
-  interrupted dest never looks complete.
+* **Resumable, never mixed.** Each unit is marked done after it is written; running
+  the same call again does only what is missing, and a dest that is complete for the
+  same source, output and ``fn`` is returned as it is. The completion attribute is
+  written last, so an interrupted dest never looks complete. ``dest`` records what
+  made it (:func:`fn_fingerprint`): an unfinished dest begun by another ``fn`` is
+  started over (a warning says so), and a complete one is refused in one line
+  (``overwrite=True`` writes it again).
 * **Errors.** ``fn`` raising, or changing the batch size, gives one line naming the
   sample index (the first sample it fails on).
 
@@ -31,11 +34,13 @@ returns a TensorDict of the same batch size, as TorchRL's ``preprocess`` needs.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import multiprocessing as mp
 import os
+import types
 import warnings
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -56,7 +61,7 @@ from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.paths import redact
 from atari_zarr.storage.remote import open_zarr_store
 
-__all__ = ["UNIT_ROWS", "preprocess"]
+__all__ = ["UNIT_ROWS", "fn_fingerprint", "preprocess"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -66,6 +71,105 @@ UNIT_ROWS = 4096
 _BATCH = 256
 # An array whose rows are at least this many bytes is chunked like frames.
 _FRAME_LIKE = 1024
+
+
+def fn_fingerprint(fn: Any, version: str | None = None) -> str:
+    """What made a preprocessed ``dest``: ``version`` if given, else ``fn``'s code.
+
+    The rule, exactly: with ``version=`` given, the fingerprint is that string and
+    nothing else (you say when two functions give the same output). Without it, it is a
+    digest of
+
+    * the function's bytecode, constants and names (nested functions and lambdas
+      included), its qualified name, its default arguments, and the values its closure
+      holds (each by its pickled bytes, else its ``repr``), recursively through
+      functions in the closure;
+    * for ``functools.partial``, the function, ``args`` and ``keywords``; for a bound
+      method, the function and its object; for any other callable (an
+      ``nn.Module``, an object with ``__call__``), its type's ``__call__``/``forward``
+      code and the object's pickled state.
+
+    Not in it: globals and modules ``fn`` calls by name (a helper edited in another
+    module, a model loaded into a global). A closure value that changes as ``fn`` runs
+    (a counter, a cache) changes the fingerprint, and so does another Python version's
+    bytecode. In those cases pass ``version=``.
+
+    Examples
+    --------
+    >>> fn_fingerprint(lambda td: td) == fn_fingerprint(lambda td: td)
+    True
+    >>> fn_fingerprint(lambda td: td) == fn_fingerprint(lambda td: td * 2)
+    False
+    >>> fn_fingerprint(lambda td: td, version="v1") == fn_fingerprint(print, version="v1")
+    True
+    """
+    if version is not None:
+        return "version:" + str(version)
+    h = hashlib.sha256()
+    _digest(fn, h, depth=0)
+    return "code:" + h.hexdigest()[:32]
+
+
+def _digest(obj: Any, h: Any, depth: int) -> None:
+    """Feed ``obj`` (a callable, or a value it holds) into the hash ``h``."""
+    if depth > 20:  # a cycle through closures: what was fed so far decides
+        return
+    if isinstance(obj, functools.partial):
+        h.update(b"partial")
+        _digest(obj.func, h, depth + 1)
+        _value(obj.args, h)
+        _value(sorted(obj.keywords.items()), h)
+    elif isinstance(obj, types.MethodType):
+        h.update(b"method")
+        _digest(obj.__func__, h, depth + 1)
+        _value(obj.__self__, h)
+    elif isinstance(obj, types.FunctionType):
+        h.update(obj.__qualname__.encode())
+        _code(obj.__code__, h)
+        _value(obj.__defaults__, h)
+        _value(sorted((obj.__kwdefaults__ or {}).items()), h)
+        for cell in obj.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:  # an empty cell
+                h.update(b"empty")
+                continue
+            if callable(held) and not isinstance(held, type):
+                _digest(held, h, depth + 1)
+            else:
+                _value(held, h)
+    elif callable(obj) and not isinstance(obj, (type, types.BuiltinFunctionType)):
+        kind = type(obj)
+        h.update(f"{kind.__module__}.{kind.__qualname__}".encode())
+        for name in ("__call__", "forward"):
+            method = getattr(kind, name, None)
+            if isinstance(method, types.FunctionType):
+                _code(method.__code__, h)
+        _value(obj, h)
+    else:
+        h.update(repr(obj).encode())
+
+
+def _code(code: types.CodeType, h: Any) -> None:
+    h.update(code.co_code)
+    h.update(repr(code.co_names).encode())
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code(const, h)
+        elif isinstance(const, frozenset):  # set literals: their order follows the hash seed
+            h.update(repr(sorted(map(repr, const))).encode())
+        else:
+            h.update(repr(const).encode())
+
+
+def _value(value: Any, h: Any) -> None:
+    """A value's pickled bytes (cloudpickle, as the workers get it), else its repr."""
+    import cloudpickle
+
+    try:
+        h.update(hashlib.sha256(cloudpickle.dumps(value)).digest())
+    except Exception:  # an unpicklable value (a lock, a file): its repr is all there is
+        h.update(repr(value).encode())
 
 
 def _leaves(td: TensorDictBase) -> dict[tuple[str, ...], torch.Tensor]:
@@ -131,8 +235,8 @@ class _Task:
                 break
         return InvalidArgumentError(
             f"preprocess of {self.dataset.where}: fn fails on sample {bad} ({type(exc).__name__}: "
-            f"{exc}); fix fn and run preprocess again (the parts done are kept; "
-            f"{redact(self.dest)} is not marked complete)"
+            f"{exc}); fix fn and run preprocess again ({redact(self.dest)} is not marked "
+            f"complete; the parts done are kept only for the same fn, or the same version=)"
         )
 
     def run(self, units: list[tuple[int, int, int]]) -> list[int]:
@@ -184,12 +288,22 @@ def preprocess(
     dest: str | os.PathLike[str],
     metadata: Any = None,
     storage_options: dict[str, Any] | None = None,
+    version: str | None = None,
+    overwrite: bool = False,
 ) -> PreprocessedStorage:
     """Apply ``fn`` to every sample of ``dataset`` (or the first ``num_frames``) into ``dest``.
 
     The arguments are those of TorchRL's ``preprocess``, with the same meaning;
     ``generator``, ``index_with_generator`` and ``worker_threads`` are accepted and
     change nothing (the order samples are processed in does not show in ``dest``).
+
+    ``dest`` never mixes the outputs of two functions. It records
+    :func:`fn_fingerprint` of ``fn`` (or ``version``, when given): a complete ``dest``
+    is returned as it is only for the same fingerprint, source and output, and an
+    unfinished one keeps its parts only for the same fingerprint (else it is started
+    over, with a warning). Pass the same ``version=`` to keep parts across an edit
+    that does not change the output of the rows already written; ``overwrite=True``
+    writes a complete ``dest`` again.
 
     Returns
     -------
@@ -202,7 +316,8 @@ def preprocess(
         ``dim`` is not 0, ``num_frames`` is not a positive count, or ``fn`` fails or
         changes the batch size (naming the sample).
     StoreExistsError
-        ``dest`` holds a complete preprocess of another source or output.
+        ``dest`` holds a complete preprocess of another source, output or ``fn``
+        (without ``overwrite=True``).
     """
     where = dataset.where
     dest = os.fspath(dest)
@@ -233,18 +348,22 @@ def preprocess(
                 "n": n,
                 "spec": spec,
                 "metadata": repr(metadata),
+                "fn": fn_fingerprint(fn, version),
             },
             sort_keys=True,
         ).encode()
     ).hexdigest()
     group_meta = _preprocess_attrs(dest, options)
-    if group_meta is not None and group_meta.get("complete") is True:
+    if group_meta is not None and group_meta.get("complete") is True and not overwrite:
         if group_meta.get("fingerprint") == fingerprint:
             log.info("%s: already preprocessed; reading it", redact(dest))
             return PreprocessedStorage(dest, options)
+        other = "fn" if group_meta.get("fn") not in (None, fn_fingerprint(fn, version)) else None
         raise StoreExistsError(
-            f"{redact(dest)} holds a preprocessed dataset of another source or output; choose "
-            f"another dest, or remove it to write this one"
+            f"{redact(dest)} holds a complete preprocess of another "
+            f"{other or 'source or output'} ({group_meta.get('fn', 'no fn recorded')}; this "
+            f"call is {fn_fingerprint(fn, version)}); pass overwrite=True to write it again, "
+            f"or choose another dest"
         )
     if group_meta is None and store_state(dest, options) != "absent":
         raise StoreExistsError(
@@ -258,6 +377,14 @@ def preprocess(
         done: set[str] = set()
         if group_meta is not None and group_meta.get("fingerprint") == fingerprint:
             done = work.done() if work.plan_digest() == fingerprint else set()
+        elif group_meta is not None and group_meta.get("complete") is False:
+            warnings.warn(
+                f"{redact(dest)} was begun by another fn, source or output "
+                f"({group_meta.get('fn', 'no fn recorded')}; this call is "
+                f"{fn_fingerprint(fn, version)}); starting it over so that no two outputs "
+                f"mix (pass the same version= to keep parts across an edit of fn)",
+                stacklevel=2,
+            )
         if not done:
             work.reset(fingerprint)
             _create(
@@ -272,6 +399,7 @@ def preprocess(
                     "keys": [list(k) for k in probe],
                     "metadata": metadata,
                     "fingerprint": fingerprint,
+                    "fn": fn_fingerprint(fn, version),
                 },
             )
         units = [

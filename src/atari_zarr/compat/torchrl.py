@@ -301,6 +301,8 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         mp_start_method: str | None = None,
         num_frames: int | None = None,
         dest: str | os.PathLike[str],
+        version: str | None = None,
+        overwrite: bool = False,
     ) -> PreprocessedStorage:
         """Apply ``fn`` to every sample once and write the results to ``dest``, compressed.
 
@@ -308,7 +310,9 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         same batch size; ``num_frames`` only the first ones): returns a TorchRL
         storage for a ``ReplayBuffer``. ``dest`` is a Zarr store (a local path or any
         fsspec URL), compressed as the stores are, where TorchRL writes memory maps:
-        see :func:`atari_zarr.compat.preprocess.preprocess`.
+        see :func:`atari_zarr.compat.preprocess.preprocess`. ``version`` and
+        ``overwrite`` are this library's: ``dest`` records what made it and never mixes
+        the outputs of two functions.
         """
         from atari_zarr.compat.preprocess import preprocess
 
@@ -329,6 +333,8 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
             num_frames=num_frames,
             dest=dest,
             metadata=self._storage.metadata(),
+            version=version,
+            overwrite=overwrite,
         )
 
 
