@@ -455,7 +455,8 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         Parameters
         ----------
         batch_size : int
-            Transitions per batch (the last batch of each consumer may be smaller).
+            Transitions per batch (the last batch may be smaller, alike on every
+            consumer).
         seed, epoch : int
             The order of units and of transitions is drawn from these.
         shuffle : bool
@@ -469,8 +470,11 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             This process's part (default: from ``torch.distributed`` when
             initialised, else the whole store). DataLoader workers split it further.
         drop_last : bool
-            Every consumer yields the same number of whole batches (what DDP
-            needs); the few transitions beyond are left out of the epoch.
+            Every consumer (rank x DataLoader worker) yields the same number of
+            batches either way. False (default): consumers short of the largest
+            count repeat one of their own transitions, as ``DistributedSampler``
+            pads. True: only whole batches, and fewer than ``consumers *
+            batch_size`` transitions are left out of the epoch.
         units_ahead : int, optional
             Units fetched and decoded ahead of the one being read (default 4).
         unit_rows : int, optional

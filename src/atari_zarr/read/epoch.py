@@ -9,8 +9,17 @@ their transitions leave.
   default, or runs of ``unit_rows`` rows inside a shard (:func:`unit_bounds`). A
   unit is fetched with one request.
 * **Permutation and split.** The units are permuted by a generator seeded with
-  ``(seed, epoch)`` and dealt round-robin to the ``consumers = world_size *
-  num_workers`` consumers: consumer ``c`` reads ``order[c::consumers]``.
+  ``(seed, epoch)``; in that order their items form one sequence of ``n`` items,
+  cut into ``consumers = world_size * num_workers`` contiguous parts of
+  ``floor(n / consumers)`` or one more: consumer ``c`` reads items
+  ``[c * n // consumers, (c + 1) * n // consumers)`` of the sequence, so the units it
+  reads are a run of the permutation, the first and last possibly in part (a unit cut
+  between two consumers is read by both, each taking its own items). Consumers differ
+  by one item at most.
+* **Padding.** A consumer may be given ``pad`` items more than it has (the stream
+  balances every consumer to the same count, as ``DistributedSampler`` does): they
+  repeat the first items of its first unit, and leave in the shuffled order like the
+  others.
 * **Window.** A consumer's transitions leave in *segments*. Each row of the unit
   at position ``j`` of its list is assigned, at random, to one of the segments
   ``j .. j + window - 1``; a segment's rows leave in a random order. So at any
@@ -33,6 +42,9 @@ Examples
 >>> rows = np.concatenate([bounds[plan.units[p], 0] + r for p, r in parts])
 >>> sorted(rows.tolist()) == list(range(10_000)), rows[:3].tolist() != [0, 1, 2]
 (True, True)
+>>> [EpochPlan(bounds, seed=0, epoch=0, shuffle=True, window=2, consumer=c, consumers=3).rows
+...  for c in range(3)]
+[3333, 3333, 3334]
 """
 
 from __future__ import annotations
@@ -81,7 +93,7 @@ class EpochPlan:
     Parameters
     ----------
     bounds : numpy.ndarray
-        ``(n_units, 2)`` row ranges of every unit of the store (:func:`unit_bounds`).
+        ``(n_units, 2)`` item ranges of every unit of the store (:func:`unit_bounds`).
     seed, epoch : int
         The permutation of units and of rows is drawn from these.
     shuffle : bool
@@ -90,6 +102,8 @@ class EpochPlan:
         Units whose rows are mixed at any time (the shuffle buffer, in units).
     consumer, consumers : int
         This consumer (``rank * num_workers + worker``) and how many there are.
+    pad : int
+        Items to add by repeating this consumer's first ones (0: none).
     """
 
     def __init__(
@@ -102,20 +116,35 @@ class EpochPlan:
         window: int,
         consumer: int,
         consumers: int,
+        pad: int = 0,
     ) -> None:
         self.bounds = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
         self.seed, self.epoch, self.shuffle = int(seed), int(epoch), bool(shuffle)
         self.consumer, self.consumers = int(consumer), int(consumers)
         n = len(self.bounds)
         self.order = _rng(self.seed, self.epoch).permutation(n) if shuffle else np.arange(n)
+        sizes = self.bounds[self.order, 1] - self.bounds[self.order, 0]
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        #: Items of the whole epoch (every consumer's, before padding).
+        self.total = int(ends[-1]) if n else 0
+        #: Where each consumer's part of the epoch's sequence of items begins (and ends).
+        self.cuts = (np.arange(self.consumers + 1, dtype=np.int64) * self.total) // self.consumers
+        lo, hi = int(self.cuts[self.consumer]), int(self.cuts[self.consumer + 1])
+        take = (ends > lo) & (starts < hi) & (sizes > 0)
         #: Units this consumer reads, in order (ids into ``bounds``).
-        self.units = self.order[self.consumer :: self.consumers]
+        self.units = self.order[take]
+        #: Its first item in each of them (0 unless the unit is shared), and how many.
+        self.offsets = np.maximum(lo - starts[take], 0)
+        self.real = np.minimum(ends[take], hi) - starts[take] - self.offsets
         m = len(self.units)
         self.window = max(1, min(int(window), m)) if shuffle else 1
-        sizes = self.bounds[self.units, 1] - self.bounds[self.units, 0]
-        #: Rows this consumer emits in the whole epoch.
-        self.rows = int(sizes.sum())
-        self._sizes = sizes
+        self.pad = int(pad) if m else 0
+        self._sizes = self.real.copy()
+        if self.pad:
+            self._sizes[0] += self.pad
+        #: Items this consumer emits in the whole epoch (padding included).
+        self.rows = int(self._sizes.sum())
         self._segment_sizes: np.ndarray | None = None
 
     @property
@@ -128,27 +157,29 @@ class EpochPlan:
         return range(max(0, s - self.window + 1), s + 1)
 
     def row_segments(self, j: int) -> np.ndarray:
-        """The segment of each row of the unit at position ``j``."""
+        """The segment of each item of the unit at position ``j`` (padding included)."""
         n = int(self._sizes[j])
         if not self.shuffle or self.window == 1:
             return np.full(n, j, dtype=np.int64)
         unit = int(self.units[j])
-        off = _rng(self.seed, self.epoch, unit, _SEGMENT_OF_ROW).integers(0, self.window, n)
+        key = (self.seed, self.epoch, unit, int(self.offsets[j]), n, _SEGMENT_OF_ROW)
+        off = _rng(*key).integers(0, self.window, n)
         return np.clip(j + off, self.window - 1, len(self.units) - 1)
 
     def segment(self, s: int, row_segments: Any = None) -> tuple[np.ndarray, np.ndarray]:
-        """Rows of segment ``s`` in the order they leave.
+        """Items of segment ``s`` in the order they leave.
 
-        Returns ``(position, row)``: the unit's position in :attr:`units` and the row
-        within the unit (0-based), each ``(len,)`` int64. ``row_segments`` maps a
-        position to :meth:`row_segments` already computed (a cache).
+        Returns ``(position, item)``: the unit's position in :attr:`units` and the item
+        within the unit (0-based, :attr:`offsets` included; padding maps to the item it
+        repeats), each ``(len,)`` int64. ``row_segments`` maps a position to
+        :meth:`row_segments` already computed (a cache).
         """
         pos, rows = [], []
         for j in self.needed(s):
             segs = row_segments(j) if row_segments is not None else self.row_segments(j)
             r = np.flatnonzero(segs == s)
             pos.append(np.full(len(r), j, dtype=np.int64))
-            rows.append(r.astype(np.int64))
+            rows.append(r.astype(np.int64) % int(self.real[j]) + int(self.offsets[j]))
         p, r = np.concatenate(pos), np.concatenate(rows)
         if self.shuffle:
             perm = _rng(
@@ -179,6 +210,10 @@ class EpochPlan:
         start = int(ends[k - 1]) if k else 0
         return self.window - 1 + k, int(position - start)
 
-    def position_of_unit(self, unit: int) -> int:
-        """Position in the epoch order of unit id ``unit`` (for any consumer)."""
-        return int(np.flatnonzero(self.order == unit)[0])
+    def consumer_of(self, item: int) -> int:
+        """The consumer that reads item ``item`` (an item number of the store)."""
+        unit = int(np.searchsorted(self.bounds[:, 1], item, side="right"))
+        at = int(np.flatnonzero(self.order == unit)[0])
+        sizes = self.bounds[self.order[:at], 1] - self.bounds[self.order[:at], 0]
+        position = int(sizes.sum()) + item - int(self.bounds[unit, 0])
+        return int(np.searchsorted(self.cuts, position, side="right")) - 1

@@ -64,7 +64,8 @@ __all__ = [
     "stream_over",
 ]
 
-_STATE_VERSION = 1
+# 2: consumers read contiguous parts of the epoch's items (1: units dealt round-robin)
+_STATE_VERSION = 2
 
 
 class EpochStream(torch.utils.data.IterableDataset):
@@ -198,7 +199,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         ]
 
     # -- the plan ---------------------------------------------------------------------
-    def _plan(self, g: int, consumer: int, consumers: int) -> EpochPlan:
+    def _plan(self, g: int, consumer: int, consumers: int, pad: int = 0) -> EpochPlan:
         return EpochPlan(
             self._layouts[g].bounds,
             seed=self.seed,
@@ -207,14 +208,60 @@ class EpochStream(torch.utils.data.IterableDataset):
             window=self.window,
             consumer=consumer,
             consumers=consumers,
+            pad=pad,
         )
 
-    def _consumer_items(self, g: int, consumers: int) -> list[int]:
-        """Items each of ``consumers`` consumers reads from store ``g`` in this epoch."""
-        bounds = self._layouts[g].bounds
-        order = self._plan(g, 0, consumers).order
-        sizes = bounds[:, 1] - bounds[:, 0]
-        return [int(sizes[order[c::consumers]].sum()) for c in range(consumers)]
+    def _consumer_items(self, g: int, consumers: int) -> np.ndarray:
+        """Items each of ``consumers`` consumers reads from store ``g`` (padding not counted)."""
+        return np.diff(self._plan(g, 0, consumers).cuts)
+
+    def balance(self, consumers: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per consumer: the items it yields in the epoch, and the padding among them.
+
+        Every consumer yields the same number of batches. By default each is padded to
+        the largest count (at most one item per store more than its own), repeating its
+        first items, as ``DistributedSampler`` does; with ``drop_last`` each yields the
+        largest number of whole batches all of them can fill, so fewer than
+        ``consumers * batch_size`` items are left out. An epoch too small for that is
+        one line.
+
+        Returns
+        -------
+        (items, pads) : numpy.ndarray, numpy.ndarray
+            ``(consumers,)`` each; ``pads`` is 0 with ``drop_last``.
+        """
+        own = np.sum([self._consumer_items(g, consumers) for g in range(len(self.stores))], 0)
+        own = np.asarray(own, dtype=np.int64).reshape(consumers)
+        what = "windows" if not self.items[0].identity else "transitions"
+        if own.min() == 0:
+            raise InvalidArgumentError(
+                f"an epoch of {self.where} has {self._item_count} {what}, fewer than its "
+                f"{consumers} consumers (world_size x num_workers); use fewer ranks or "
+                f"DataLoader workers, or a larger store"
+            )
+        if self.drop_last:
+            whole = int(own.min()) // self.batch_size * self.batch_size
+            if whole == 0:
+                raise InvalidArgumentError(
+                    f"drop_last=True leaves no batch of {self.batch_size} in an epoch of "
+                    f"{self.where}: each of its {consumers} consumers (world_size x num_workers) "
+                    f"has {int(own.min())} {what} or more; pass a smaller batch_size, use fewer "
+                    f"consumers, or drop_last=False (then the last batches are padded)"
+                )
+            return np.full(consumers, whole, dtype=np.int64), np.zeros(consumers, np.int64)
+        top = int(own.max())
+        return np.full(consumers, top, dtype=np.int64), top - own
+
+    def _pads(self, consumer: int, consumers: int) -> list[int]:
+        """This consumer's padding per store: all on the first store it reads from."""
+        pads = [0] * len(self.stores)
+        extra = int(self.balance(consumers)[1][consumer])
+        if extra:
+            for g in range(len(self.stores)):
+                if self._consumer_items(g, consumers)[consumer] > 0:
+                    pads[g] = extra
+                    break
+        return pads
 
     def _check_consumers(self, consumers: int) -> None:
         started = any(p for p in self.store_positions)
@@ -230,18 +277,19 @@ class EpochStream(torch.utils.data.IterableDataset):
     def __iter__(self) -> Iterator[TensorDict]:
         me = Consumer.current(self.rank, self.world_size)
         self._check_consumers(me.count)
+        self.balance(me.count)  # an epoch too small for its consumers: one line, now
         yield from self._consume(me.index, me.count)
 
     def _readers(self, consumer: int, consumers: int) -> list[UnitReader]:
         decoders = threading.BoundedSemaphore(max(1, cpu_count() - 1))
         readers = []
+        pads = self._pads(consumer, consumers)
         for g, (store, items) in enumerate(zip(self.stores, self.items, strict=True)):
-            plan = self._plan(g, consumer, consumers)
+            plan = self._plan(g, consumer, consumers, pads[g])
             start = self.store_positions[g].get(consumer, 0)
             stop = plan.rows
             if self.drop_last and not self.several:
-                least = min(self._consumer_items(g, consumers))
-                stop = (least // self.batch_size) * self.batch_size
+                stop = int(self.balance(consumers)[0][consumer])
             readers.append(
                 UnitReader(
                     store,
@@ -282,9 +330,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             remaining = np.array([r.remaining for r in readers], dtype=np.int64)
             limit = None
             if self.drop_last and self.several:
-                per_store = [self._consumer_items(g, consumers) for g in range(len(readers))]
-                totals = [sum(rows) for rows in zip(*per_store, strict=True)]
-                limit = min(totals) // self.batch_size
+                limit = int(self.balance(consumers)[0][consumer]) // self.batch_size
             while remaining.sum() > 0:
                 t = self.batches.get(consumer, 0)
                 if limit is not None and t >= limit:
@@ -325,8 +371,8 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     # -- progress ---------------------------------------------------------------------
     def _consumer_of(self, g: int, row: int, consumers: int) -> int:
-        unit = self._layouts[g].unit_of_row(row)
-        return self._plan(g, 0, consumers).position_of_unit(unit) % consumers
+        item = int(self.items[g].count_before(np.array([row]))[0])
+        return self._plan(g, 0, consumers).consumer_of(item)
 
     def record(self, batch: TensorDict, num_workers: int) -> None:
         """Count ``batch`` as seen: for a DataLoader with ``num_workers`` workers.
@@ -488,6 +534,9 @@ class StreamLoader:
     def __iter__(self) -> Iterator[TensorDict]:
         loader = torch.utils.data.DataLoader(self.stream, **self.kwargs)
         workers = loader.num_workers
+        stream = self.stream
+        # an epoch too small for its consumers is one line here, not a worker's traceback
+        stream.balance(Consumer.current(stream.rank, stream.world_size, workers=workers).count)
         for batch in loader:
             if workers:
                 self.stream.record(batch, workers)
