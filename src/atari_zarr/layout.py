@@ -423,8 +423,13 @@ def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
     """Record final attributes, consolidate metadata, then set the completion marker.
 
     The marker is written last, by itself, so a store that a crash interrupted
-    anywhere before it never looks complete.
+    anywhere before it never looks complete. Before it, the crc32c of every object
+    is recorded (:mod:`atari_zarr.fingerprints`), so that an object copied in from
+    another store or conversion is caught by the readers and by ``verify``.
     """
+    from atari_zarr.fingerprints import record
+
+    record(group)
     meta = dict(cast("dict[str, Any]", group.attrs[ATTRS_KEY]))
     meta.update(extra_attrs)
     meta["complete"] = False

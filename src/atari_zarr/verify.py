@@ -15,6 +15,11 @@ finds instead of stopping at the first:
   silently read as zeros);
 * **checksums**: every chunk is decoded, so its crc32c (and the crc32c of every
   shard index) is checked: any flipped byte is caught and located to a chunk;
+* **one writer**: the crc32c of every object is compared with the one its writer
+  recorded (:mod:`atari_zarr.fingerprints`), so an object copied in from another
+  store or conversion is named, although every byte of it is valid; in a local
+  store, a symbolic link anywhere inside (an object or a directory such as ``c/``)
+  is a problem too;
 * **consistency**: episode ids, ``terminated``/``truncated`` flags, increasing
   source rows, and the per-episode lengths, returns and counts in the attributes;
 * with ``source``: the run is found and planned again through the source registry
@@ -37,6 +42,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import tempfile
 from collections import defaultdict
 from collections.abc import Iterator
@@ -79,7 +85,7 @@ from atari_zarr.sources.registry import (
     plan_run,
 )
 from atari_zarr.storage.deadline import Timeout, resolve_timeout
-from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.filesystem import get_fs, not_regular_error
 from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = ["VerifyReport", "verify_store"]
@@ -212,6 +218,29 @@ def _check_presence(
                 f"{name}: {'shard' if spec.shard_rows else 'chunk'} {u} (rows {a}..{b - 1}) is "
                 f"missing from the store ({name}/c/{u}{tail}); readers refuse its rows as damage",
             )
+
+
+def _check_writers(
+    group: zarr.Group, url: str, specs: dict[str, tuple[ArraySpec, int]], report: VerifyReport
+) -> None:
+    """Every object is the one its writer recorded; no link inside a local store."""
+    from atari_zarr.fingerprints import foreign_object_message, mismatches
+
+    local = Path(url) if "://" not in url or url.startswith("file://") else None
+    if local is not None:
+        root = Path(str(local).removeprefix("file://"))
+        for top, dirs, files in os.walk(root):  # never follows a link
+            for entry in [*dirs, *files]:
+                path = Path(top) / entry
+                if path.is_symlink():
+                    report.add("link", str(not_regular_error(path, "a symbolic link")))
+    for name in specs:
+        try:
+            array = get_array(group, name, url)
+        except AtariZarrError:
+            continue  # the layout check reported it
+        for _, key, want, found in mismatches(array):
+            report.add("foreign", foreign_object_message(url, name, key, want, found))
 
 
 def _read_unit(
@@ -410,6 +439,7 @@ def verify_store(
     if not _check_layout(group, url, specs, report):
         return report
     _check_presence(url, storage_options, specs, report, seconds)
+    _check_writers(group, url, specs, report)
     if kind is not None:  # properties of the source, which the store copies faithfully
         report.warnings.extend(kind.warnings(meta))
 

@@ -42,6 +42,7 @@ import zarr
 
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
+from atari_zarr.fingerprints import foreign_object_message, object_crc, recorded
 from atari_zarr.read.fetch import byte_source
 from atari_zarr.read.kept import DEFAULT_KEPT_BYTES, KeptBytes
 from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
@@ -294,6 +295,8 @@ class ChunkEngine:
         self.kept = KeptBytes(kept_bytes if self.merge else 0)
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
+        #: The crc32c its writer recorded for each object (None: none recorded).
+        self.fingerprints = recorded(array) if self.grid is not None else None
         self._stats_lock = threading.Lock()
         #: A chunk with no bytes (no object, or no entry in its shard's index) is damage,
         #: not the fill value: set by :meth:`guard` for a store marked complete.
@@ -404,7 +407,7 @@ class ChunkEngine:
         g = self.grid
         assert g is not None
         try:
-            return parse_shard_index(  # type: ignore[no-any-return]
+            index = parse_shard_index(
                 raw,
                 g.index_size,
                 where=self.where,
@@ -412,8 +415,25 @@ class ChunkEngine:
                 key=g.object_key(shard),
                 remedy=self.remedy,
             )
+            self.check_fingerprint(shard, raw)
         except StoreCorruptError as err:
             raise self._damaged(err) from None
+        return index  # type: ignore[no-any-return]
+
+    def check_fingerprint(self, coord: int, raw: Any) -> None:
+        """Refuse object ``coord`` whose crc32c (the last 4 bytes of ``raw``, its shard
+        index or its whole bytes) is not the one recorded: another writer's object."""
+        want = self.fingerprints
+        if want is None or coord >= len(want) or want[coord] == 0 or len(raw) < 4:
+            return
+        found = object_crc(raw)
+        if found != int(want[coord]):
+            assert self.grid is not None
+            raise StoreCorruptError(
+                foreign_object_message(
+                    self.where, self.name, self.grid.object_key(coord), int(want[coord]), found
+                )
+            )
 
     def index_of_buffer(self, shard: int, buf: Any) -> np.ndarray:
         """The index of a whole shard object ``buf``, parsed, checked and kept."""
@@ -465,6 +485,12 @@ class ChunkEngine:
         if not g.sharded:
             keys = [g.object_key(c) for c in cids]
             data = self.get([ByteRange.whole(k) for k in keys])
+            for c, d in zip(cids, data, strict=True):
+                if d is not None:
+                    try:
+                        self.check_fingerprint(c, d)
+                    except StoreCorruptError as err:
+                        raise self._damaged(err) from None
             return [
                 EncodedChunk(c, d, k, None, None) for c, d, k in zip(cids, data, keys, strict=True)
             ]

@@ -51,6 +51,24 @@ class LocalBytes:
         self.max_maps = max_maps
         self._maps: OrderedDict[str, mmap.mmap | bytes | None] = OrderedDict()
         self._lock = threading.Lock()
+        #: Directories inside the store found to be directories, not links.
+        self._plain_dirs: set[str] = set()
+
+    def _check_dirs(self, key: str) -> None:
+        """Refuse a key under a directory of the store that is a symbolic link (``c/``)."""
+        parts = key.split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            prefix = "/".join(parts[:i])
+            if prefix in self._plain_dirs:
+                continue
+            path = self.root / prefix
+            try:
+                mode = os.lstat(path).st_mode
+            except FileNotFoundError:
+                return  # the object is absent: the caller says so
+            if stat.S_ISLNK(mode):
+                raise not_regular_error(path, "a symbolic link (a directory of the store)")
+            self._plain_dirs.add(prefix)
 
     def _map(self, key: str) -> mmap.mmap | bytes | None:
         with self._lock:
@@ -59,6 +77,7 @@ class LocalBytes:
                 return self._maps[key]
         mm: mmap.mmap | bytes | None
         path = self.root / key
+        self._check_dirs(key)
         try:
             # never a symlink, never blocking: a FIFO would hang the read for ever and
             # a device (/dev/zero) would read without end

@@ -1,0 +1,182 @@
+"""Which writer wrote each object of a store: one crc32c per object, recorded at completion.
+
+Every object of a store in this layout ends with a crc32c that depends on what is in
+it: a frame shard's index (the offset and length of each of its chunks) ends with the
+crc32c of the index, and a chunk of a per-step array (one object each) with the crc32c
+of its compressed bytes. When a writer marks a store complete
+(:func:`atari_zarr.layout.mark_complete`), it records that crc32c of every object of
+every array in the array's attributes, under :data:`FINGERPRINTS_KEY`::
+
+    "atari_zarr_objects": {"crc32c": "<base64 of one little-endian uint32 per object>"}
+
+in the order of the objects along the rows (0: no object there). An object copied in
+from another store or another conversion (of the same game, say) then carries another
+crc32c, although every byte of it is valid: the readers compare the crc32c of each
+object at its first touch (the shard index or chunk they fetch anyway, so nothing more
+is read) and plain ``verify`` compares all of them, so its frames never reach a batch
+beside this store's actions. Objects with the same bytes have the same crc32c: a store
+copied whole, or converted again from the same source, passes.
+
+Stores written before this record (and arrays outside the layout's codecs) have no
+fingerprints, and nothing is compared for them.
+
+Examples
+--------
+>>> import numpy as np, zarr
+>>> from zarr.codecs import BloscCodec, Crc32cCodec
+>>> a = zarr.create_array({}, shape=(100,), chunks=(40,), dtype="int16",
+...                       compressors=[BloscCodec(cname="zstd"), Crc32cCodec()])
+>>> a[:] = np.arange(100)
+>>> crcs = compute(a)
+>>> len(crcs), bool((crcs != 0).all())
+(3, True)
+>>> a.update_attributes({FINGERPRINTS_KEY: encode(crcs)})  # doctest: +ELLIPSIS
+<Array ...>
+>>> bool((recorded(a) == crcs).all()), mismatches(a)
+(True, [])
+>>> a[:40] = 7  # another writer's object
+>>> mismatches(a)  # doctest: +ELLIPSIS
+[(0, 'c/0', ..., ...)]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Any
+
+import numpy as np
+import zarr
+
+from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
+
+__all__ = [
+    "FINGERPRINTS_KEY",
+    "compute",
+    "encode",
+    "foreign_object_message",
+    "mismatches",
+    "object_crc",
+    "record",
+    "recorded",
+]
+
+#: Attribute of an array holding the crc32c of each of its objects.
+FINGERPRINTS_KEY = "atari_zarr_objects"
+# Objects asked for at once when computing fingerprints over a network.
+_CONCURRENCY = 64
+
+
+def _layout(array: zarr.Array) -> tuple[int, int, Any] | None:
+    """``(objects, rows per object, byte request of the crc32c)``, or None: no fingerprints."""
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+    try:
+        chain = row_chunks(array)
+    except UnsupportedChunks:
+        return None
+    n = int(array.shape[0])
+    if chain.shard_rows is not None:
+        index_size = 16 * (chain.shard_rows // chain.chunk_rows) + 4
+        where: Any = (
+            RangeByteRequest(index_size - 4, index_size)
+            if chain.index_at_start
+            else SuffixByteRequest(4)
+        )
+        rows = chain.shard_rows
+    elif chain.checksum:
+        where, rows = SuffixByteRequest(4), chain.chunk_rows
+    else:  # a chunk without a crc32c has nothing cheap to compare
+        return None
+    return -(-n // rows), rows, where
+
+
+def _key(array: zarr.Array, coord: int) -> str:
+    key = array.metadata.encode_chunk_key((coord, *([0] * (array.ndim - 1))))  # type: ignore[union-attr]
+    path = array.store_path.path
+    return f"{path}/{key}" if path else key
+
+
+def object_crc(raw: Any) -> int:
+    """The fingerprint in ``raw``, the last 4 bytes of a shard index or of a chunk object."""
+    return int(np.frombuffer(bytes(raw[-4:]), dtype="<u4")[0])
+
+
+def compute(array: zarr.Array) -> np.ndarray:
+    """The crc32c of every object of ``array`` as stored now (0 where none is stored).
+
+    One small read per object (4 bytes), concurrently.
+    """
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    layout = _layout(array)
+    if layout is None:
+        return np.zeros(0, dtype="<u4")
+    count, _, where = layout
+    store = array.store_path.store
+    proto = default_buffer_prototype()
+    gate = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(coord: int) -> int:
+        async with gate:
+            buf = await store.get(_key(array, coord), prototype=proto, byte_range=where)
+        if buf is None or len(buf) < 4:
+            return 0
+        return object_crc(buf.to_bytes())
+
+    async def all_of() -> list[int]:
+        return list(await asyncio.gather(*(one(c) for c in range(count))))
+
+    return np.asarray(sync(all_of()), dtype="<u4")
+
+
+def encode(crcs: np.ndarray) -> dict[str, str]:
+    """The attribute value recording ``crcs``."""
+    raw = np.asarray(crcs, dtype="<u4").tobytes()
+    return {"crc32c": base64.b64encode(raw).decode("ascii")}
+
+
+def recorded(array: zarr.Array) -> np.ndarray | None:
+    """The fingerprints recorded for ``array``, or None (none recorded, or unreadable)."""
+    value = array.attrs.get(FINGERPRINTS_KEY)
+    if not isinstance(value, dict) or not isinstance(value.get("crc32c"), str):
+        return None
+    try:
+        raw = base64.b64decode(value["crc32c"], validate=True)
+    except ValueError:
+        return None
+    if len(raw) % 4:
+        return None
+    return np.frombuffer(raw, dtype="<u4")
+
+
+def record(group: zarr.Group) -> None:
+    """Record the fingerprints of every array of ``group`` (and of its subgroups)."""
+    for _, array in group.arrays():
+        if _layout(array) is not None:
+            array.update_attributes({FINGERPRINTS_KEY: encode(compute(array))})
+    for _, sub in group.groups():
+        record(sub)
+
+
+def mismatches(array: zarr.Array) -> list[tuple[int, str, int, int]]:
+    """Objects whose crc32c is not the one recorded: ``(coord, key, recorded, found)``."""
+    want = recorded(array)
+    if want is None:
+        return []
+    found = compute(array)
+    out = []
+    for coord in np.flatnonzero((want[: len(found)] != found[: len(want)])).tolist():
+        if want[coord] != 0 and found[coord] != 0:  # an absent object is another check's
+            out.append((coord, _key(array, coord), int(want[coord]), int(found[coord])))
+    return out
+
+
+def foreign_object_message(where: str, name: str, key: str, want: int, found: int) -> str:
+    """One line: the object ``key`` of ``name`` was written by another writer."""
+    return (
+        f"{where}: object {key!r} of array {name!r} is not the one this store's writer wrote "
+        f"(crc32c {found:08x}; the store records {want:08x}): it was copied in from another "
+        f"store or conversion. Copy the store again from where it was made, or convert again"
+    )
