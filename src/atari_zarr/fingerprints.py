@@ -167,7 +167,7 @@ def mismatches(array: zarr.Array) -> list[tuple[int, str, int, int]]:
         return []
     found = compute(array)
     out = []
-    for coord in np.flatnonzero((want[: len(found)] != found[: len(want)])).tolist():
+    for coord in np.flatnonzero(want[: len(found)] != found[: len(want)]).tolist():
         if want[coord] != 0 and found[coord] != 0:  # an absent object is another check's
             out.append((coord, _key(array, coord), int(want[coord]), int(found[coord])))
     return out
