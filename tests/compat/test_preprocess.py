@@ -137,7 +137,7 @@ def test_another_fn_never_mixes_into_dest(store, tmp_path):
     rows = np.arange(len(ds))
     assert torch.equal(out[rows]["observation"], fn_v2(ds[rows].exclude("index"))["observation"])
     # a complete dest: a changed fn is refused in one line, never served the old output
-    with pytest.raises(StoreExistsError, match="another fn .*overwrite=True") as err:
+    with pytest.raises(StoreExistsError, match=r"another fn .*overwrite=True") as err:
         preprocess(ds, shrink, dest=tmp_path / "d", num_workers=0)
     assert "\n" not in str(err.value)
     # a closure's value is part of fn
