@@ -16,7 +16,15 @@ go with it (``counts.episodes``, ``terminated_episodes``, ``truncated_episodes``
   episode).
 * :func:`return_to_go` is the one definition of a row's return-to-go (the sum of
   the rewards from the row to its episode's last stored row): the converter's
-  ``--return-to-go`` array and the readers' windows both use it.
+  ``--return-to-go`` array and the readers' windows both use it. A fragment's
+  returns-to-go are exact: they only look forward.
+* **Fragments.** An episode whose first rows are not in the store (it began in a
+  checkpoint left out, or before a log that was missed) is a *fragment*. The table's
+  ``first_step`` column (:data:`FIRST_STEP`) records the true step of each episode's
+  first stored row: 0 for a whole episode, the number of steps played before it where
+  the source tells, and :data:`UNKNOWN_STEP` (-1) where it does not.
+  :func:`first_steps` is the one reader of it (stores written before it existed get
+  it inferred: an episode after a cut one is unknown).
 
 This module sits on the bottom floor: it imports numpy and :mod:`atari_zarr.errors` only.
 """
@@ -34,6 +42,8 @@ from numpy.typing import ArrayLike
 from atari_zarr.errors import InvalidArgumentError
 
 __all__ = [
+    "FIRST_STEP",
+    "UNKNOWN_STEP",
     "EpisodeLedger",
     "EpisodeTable",
     "SourcePart",
@@ -41,9 +51,16 @@ __all__ = [
     "episode_checkpoints",
     "episode_columns",
     "episode_table",
+    "first_steps",
     "return_to_go",
     "source_parts",
 ]
+
+
+#: Column of the episode table: the true step of each episode's first stored row.
+FIRST_STEP = "first_step"
+#: ``first_step`` of a fragment whose true start the source does not tell.
+UNKNOWN_STEP = -1
 
 
 @dataclass(frozen=True)
@@ -58,11 +75,23 @@ class EpisodeTable:
         ``(E,)`` bool: the episode ended in a terminal state (else it was cut).
     returns : numpy.ndarray or None
         ``(E,)`` float64 sum of each episode's rewards, None where the table has none.
+    first_step : numpy.ndarray or None
+        ``(E,)`` int64 true step of each episode's first stored row (0: whole;
+        :data:`UNKNOWN_STEP`: a fragment of unknown start), None where the table has
+        none (see :func:`first_steps`).
     """
 
     length: np.ndarray
     terminated: np.ndarray
     returns: np.ndarray | None
+    first_step: np.ndarray | None = None
+
+    @property
+    def fragment(self) -> np.ndarray:
+        """``(E,)`` bool: the episode's first rows are not in the store."""
+        if self.first_step is None:
+            return np.zeros(len(self), dtype=bool)
+        return self.first_step != 0
 
     def __len__(self) -> int:
         return int(self.length.shape[0])
@@ -137,7 +166,43 @@ def episode_table(meta: Mapping[str, Any], n: int | None = None) -> EpisodeTable
         return None
     if (length <= 0).any() or (n is not None and int(length.sum()) != n):
         return None
-    return EpisodeTable(length, terminated, returns)
+    first = first_steps(meta, EpisodeTable(length, terminated, returns))
+    return EpisodeTable(length, terminated, returns, first)
+
+
+def first_steps(meta: Mapping[str, Any], table: EpisodeTable) -> np.ndarray | None:
+    """The true step of each episode's first stored row, or None for a table of nothing.
+
+    The store's ``first_step`` column where it has one (integers, -1 or more). A
+    converted store written before that column existed gets it inferred from what
+    the table does tell: an episode that follows a cut one (the data jumped there, or
+    a checkpoint ended) is :data:`UNKNOWN_STEP`, and so is the first one unless the
+    store starts at the source's first checkpoint; the others are whole (0). A
+    recording's episodes are all whole.
+
+    Examples
+    --------
+    >>> table = EpisodeTable(np.array([3, 2, 4]), np.array([False, True, True]), None)
+    >>> first_steps({"episodes": {"first_step": [0, 120, 0]}}, table).tolist()
+    [0, 120, 0]
+    >>> meta = {"conversion": {"checkpoints": [{"suffix": 2, "first_transition": 0,
+    ...                                         "transitions": 9}]}}
+    >>> first_steps(meta, table).tolist()  # inferred: an older store
+    [-1, -1, 0]
+    """
+    episodes = meta.get("episodes")
+    if isinstance(episodes, Mapping) and FIRST_STEP in episodes:
+        column = _column(episodes[FIRST_STEP], "iu", "int64")
+        if column is not None and column.shape == table.length.shape and (column >= -1).all():
+            return column
+    out = np.zeros(len(table), dtype=np.int64)
+    parts = source_parts(meta)
+    if not parts or not len(table):
+        return out
+    out[1:][~table.terminated[:-1]] = UNKNOWN_STEP
+    if parts[0].checkpoint != 0:
+        out[0] = UNKNOWN_STEP
+    return out
 
 
 class EpisodeLedger:
@@ -419,8 +484,9 @@ def episode_checkpoints(meta: Mapping[str, Any], table: EpisodeTable) -> np.ndar
 def episode_columns(meta: Mapping[str, Any], table: EpisodeTable) -> dict[str, np.ndarray]:
     """The columns of a store's per-episode table, as ``AtariZarrDataset.episode_table`` shows.
 
-    ``first_row``, ``length``, ``return``, ``terminated``, ``checkpoint`` (where the
-    store knows it) and the source's own returns (RL Unplugged: ``source_return``,
+    ``first_row``, ``length``, ``return``, ``terminated``, ``first_step`` and
+    ``fragment`` (:func:`first_steps`), ``checkpoint`` (where the store knows it) and
+    the source's own returns (RL Unplugged: ``source_return``,
     ``source_clipped_return``).
     """
     n = len(table)
@@ -430,6 +496,10 @@ def episode_columns(meta: Mapping[str, Any], table: EpisodeTable) -> dict[str, n
         "return": table.returns if table.returns is not None else np.full(n, np.nan),
         "terminated": table.terminated,
     }
+    first = table.first_step if table.first_step is not None else first_steps(meta, table)
+    if first is not None:
+        out[FIRST_STEP] = first
+        out["fragment"] = first != 0
     checkpoints = episode_checkpoints(meta, table)
     if checkpoints is not None:
         out["checkpoint"] = checkpoints
@@ -455,13 +525,19 @@ def checkpoint_summary(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     ``episode_return``; ``returns`` is then ``"source"``), else the sums of the stored
     rewards (DQN Replay's are clipped to [-1, 1], as its agent saw them; ``"rewards"``).
 
+    The statistics cover whole episodes played to their end only: an episode that was
+    cut (by the data's end, a gap, a limit) or that is a fragment (its first steps
+    are not in the store) would pull the mean down, so it is counted apart.
+
     Returns
     -------
     list of dict
-        In checkpoint order: ``checkpoint``, ``episodes``, ``return_mean``,
-        ``return_median``, ``return_q25``, ``return_q75``, ``return_min``,
-        ``return_max`` (None without returns), ``length_mean`` and ``returns`` (what
-        the returns are). Empty without a usable episode table.
+        In checkpoint order: ``checkpoint``, ``episodes`` (all of them),
+        ``complete`` (those the statistics cover), ``cut`` and ``fragments`` (left
+        out), ``return_mean``, ``return_median``, ``return_q25``, ``return_q75``,
+        ``return_min``, ``return_max`` (None without returns or complete episodes),
+        ``length_mean`` and ``returns`` (what the returns are). Empty without a
+        usable episode table.
 
     Examples
     --------
@@ -470,8 +546,9 @@ def checkpoint_summary(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     ...         "conversion": {"checkpoints": [
     ...             {"suffix": 0, "first_transition": 0, "transitions": 6},
     ...             {"suffix": 1, "first_transition": 6, "transitions": 2}]}}
-    >>> [(r["checkpoint"], r["episodes"], r["return_mean"]) for r in checkpoint_summary(meta)]
-    [(0, 2, 2.0), (1, 1, -1.0)]
+    >>> [(r["checkpoint"], r["episodes"], r["complete"], r["return_mean"])
+    ...  for r in checkpoint_summary(meta)]
+    [(0, 2, 2, 2.0), (1, 1, 0, None)]
     """
     table = episode_table(meta)
     if table is None or len(table) == 0:
@@ -481,10 +558,12 @@ def checkpoint_summary(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
     source = episode_columns(meta, table).get("source_return")
     kind = "source" if source is not None and np.isfinite(source).all() else "rewards"
     all_returns = source if kind == "source" else table.returns
+    whole = table.terminated & ~table.fragment
     rows = []
     for label in groups:
         sel = np.ones(len(table), bool) if labels is None else labels == label
-        returns = None if all_returns is None else all_returns[sel].astype(np.float64)
+        use = sel & whole
+        returns = None if all_returns is None else all_returns[use].astype(np.float64)
 
         def stat(fn: Any, values: np.ndarray | None = returns) -> float | None:
             return None if values is None or not values.size else float(fn(values))
@@ -493,13 +572,16 @@ def checkpoint_summary(meta: Mapping[str, Any]) -> list[dict[str, Any]]:
             {
                 "checkpoint": label,
                 "episodes": int(sel.sum()),
+                "complete": int(use.sum()),
+                "cut": int((sel & ~table.terminated & ~table.fragment).sum()),
+                "fragments": int((sel & table.fragment).sum()),
                 "return_mean": stat(np.mean),
                 "return_median": stat(np.median),
                 "return_q25": stat(lambda v: np.quantile(v, 0.25)),
                 "return_q75": stat(lambda v: np.quantile(v, 0.75)),
                 "return_min": stat(np.min),
                 "return_max": stat(np.max),
-                "length_mean": float(table.length[sel].mean()),
+                "length_mean": float(table.length[use].mean()) if use.any() else None,
                 "returns": kind,
             }
         )

@@ -276,16 +276,25 @@ def format_info(info: dict[str, Any], *, episodes: bool = False, checkpoints: bo
         lines.append(f"WARNING      source returns: {line}")
     if checkpoints and info.get("checkpoint_stats"):
         noun = "shard" if info.get("source_shards") else "checkpoint"
-        lines.append(f"{noun:>10}  episodes    mean  median     min     max  mean length")
+        lines.append(
+            f"{noun:>10}  episodes    mean  median     min     max  mean length  cut  fragments"
+        )
         for row in info["checkpoint_stats"]:
             label = "all" if row["checkpoint"] is None else str(row["checkpoint"])
             stats = "  ".join(
                 f"{row[k]:>6.1f}" if row[k] is not None else f"{'-':>6}"
                 for k in ("return_mean", "return_median", "return_min", "return_max")
             )
+            length = row["length_mean"]
+            length_text = f"{length:>11.1f}" if length is not None else f"{'-':>11}"
             lines.append(
-                f"{label:>10}  {row['episodes']:>8,}  {stats}  {row['length_mean']:>11.1f}"
+                f"{label:>10}  {row['episodes']:>8,}  {stats}  {length_text}  "
+                f"{row.get('cut', 0):>3,}  {row.get('fragments', 0):>9,}"
             )
+        lines.append(
+            "            (returns and lengths of whole episodes played to their end; cut "
+            "episodes and fragments are counted apart)"
+        )
     if episodes and info.get("episode_list"):
         lines.append("episode      length     return  end")
         for i, ep in enumerate(info["episode_list"]):

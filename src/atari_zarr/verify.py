@@ -53,7 +53,7 @@ from typing import Any, cast
 import numpy as np
 import zarr
 
-from atari_zarr.episodes import EpisodeLedger, episode_table
+from atari_zarr.episodes import FIRST_STEP, EpisodeLedger, episode_table
 from atari_zarr.errors import AtariZarrError, StoreFormatError
 from atari_zarr.layout import (
     ACTION,
@@ -283,6 +283,23 @@ class _Consistency:
                 "return of one entry per episode, lengths positive); convert the store again",
             )
         self.table = table
+        episodes = meta.get("episodes")
+        if (
+            table is not None
+            and isinstance(episodes, dict)
+            and FIRST_STEP in episodes
+            and not np.array_equal(np.asarray(episodes[FIRST_STEP]), np.asarray(table.first_step))
+        ):
+            report.add(
+                "episodes",
+                f"attribute episodes.{FIRST_STEP} is not one integer of -1 or more per episode "
+                f"(the true step of each episode's first row); convert the store again",
+            )
+        # the episode after a terminal row the source continues at is whole (DQN Replay:
+        # the 3 padding rows dopamine writes after a terminal lie between them)
+        self.check_starts = str(meta.get("kind", DQN_REPLAY)) == DQN_REPLAY
+        self.end_source_row: int | None = None
+        self.end_terminated = False
         self.counts = meta.get("counts", {})
         self.recomputed = EpisodeLedger()  # the per-episode table, from the arrays
         self.episode = 0  # id expected at the next row
@@ -317,6 +334,8 @@ class _Consistency:
             rep.add("actions", f"{ACTION} has negative values in rows {a}..{a + len(src) - 1}")
         ledger = self.recomputed
         first = len(ledger)
+        if self.check_starts and self.table is not None and self.table.first_step is not None:
+            self._check_starts(first, src, term, ends)
         closed = ledger.feed(cols[REWARD], term, trunc)
         for k, end in enumerate(closed.tolist(), start=first):
             self._compare(k, a + end)
@@ -324,6 +343,35 @@ class _Consistency:
             self.episode = int(expected[-1] + ends[-1])
         self.last_source_row = int(src[-1])
         self.last_ended = bool(ends[-1])
+
+    def _check_starts(
+        self, first: int, src: np.ndarray, term: np.ndarray, ends: np.ndarray
+    ) -> None:
+        """An episode right after a terminal row, the source continuing, has first_step 0."""
+        table = self.table
+        assert table is not None and table.first_step is not None
+        begins = np.r_[self.recomputed.current_length == 0 and self.last_ended, ends[:-1]]
+        # the running episode is number `first`; the next one to begin, `first + 1`
+        k = first if begins[0] else first + 1
+        for i in np.flatnonzero(begins).tolist():
+            prev_src = self.end_source_row if i == 0 else int(src[i - 1])
+            prev_term = self.end_terminated if i == 0 else bool(term[i - 1])
+            if (
+                k < len(table)
+                and prev_src is not None
+                and prev_term
+                and int(src[i]) - prev_src == 4
+                and int(table.first_step[k]) != 0
+            ):
+                self.report.add(
+                    "episodes",
+                    f"episode {k} begins right after a terminal row of its source (source row "
+                    f"{int(src[i])}), so it is whole, but episodes.{FIRST_STEP} says "
+                    f"{int(table.first_step[k])}; convert the store again",
+                )
+            k += 1
+        self.end_source_row = int(src[-1])
+        self.end_terminated = bool(term[-1])
 
     def _compare(self, k: int, row: int) -> None:
         """Episode ``k``, just closed at ``row``, against the attributes."""
@@ -677,6 +725,8 @@ def _compare(
     ):
         want = json.loads(json.dumps(want))
         for key in sorted(set(want) | set(stored)):
+            if attr == "episodes" and key == FIRST_STEP and key not in stored:
+                continue  # a store written before the column: its inferred one is not stored
             if want.get(key) != stored.get(key):
                 report.add("source", f"attribute {attr}.{key} differs from the plan of {source}")
     names = [n for n in (*ARRAYS, *planned.kind.optional_arrays) if n in group]

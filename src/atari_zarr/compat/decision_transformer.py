@@ -39,9 +39,18 @@ Where this differs from the original, on purpose:
   added meanwhile. A checkpoint without whole episodes left is no longer drawn
   here (the original would draw it again forever). The draws use NumPy's
   ``default_rng(seed)``, not the global ``np.random``.
-* **Timesteps** are the step within the episode (``row - first row``). The
+* **Timesteps** are the step within the trajectory (``row - first row``). The
   original's loop writes each trajectory's length into the next trajectory's
   first step and starts that trajectory's count one step late.
+* **Fragments.** A trajectory whose episode began before the store's rows (in a
+  checkpoint the store left out, or before a missed log; the store's episode table
+  says so) is taken as a trajectory, as the original takes the tail of an episode
+  at the start of a buffer it reads, and its timesteps count from 0 as the
+  original's do. ``data.fragments`` flags them. The difference: the original's
+  first trajectory of every buffer is such a tail (it reads from buffer index 0),
+  while here only an episode whose start is truly missing from the store is one;
+  an episode that began in the checkpoint before, when the store holds it, belongs
+  to that checkpoint. Their returns-to-go are exact (they only look forward).
 * **Length**: ``len(dataset) = N - K`` items; the original gives ``N - 3K``
   (``block_size`` is ``3K`` there, ``K`` in ``__getitem__``).
 * **Returns-to-go** are the sum of the clipped rewards from each step to the end of
@@ -73,7 +82,7 @@ Examples
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -116,6 +125,12 @@ class DecisionTransformerData:
         ``(T,)`` the end (exclusive) of every trajectory in step order.
     returns : numpy.ndarray
         ``(T,)`` every trajectory's return.
+    fragments : numpy.ndarray
+        ``(T,)`` bool: the trajectory's episode began before the store's rows (in a
+        checkpoint left out, or before a missed log), so it is the tail of an episode,
+        as the original's first trajectory of a buffer usually is. Its timesteps count
+        from 0 here, as the original counts them; the store's windows count its true
+        steps instead.
     """
 
     store: StoreReader
@@ -126,6 +141,7 @@ class DecisionTransformerData:
     timesteps: np.ndarray
     done_idxs: np.ndarray
     returns: np.ndarray
+    fragments: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
 
     def __len__(self) -> int:
         return int(self.rows.shape[0])
@@ -228,6 +244,11 @@ def create_dataset(
         timesteps=(np.arange(len(rows)) - first).astype(np.int64) if len(rows) else rows,
         done_idxs=done_idxs,
         returns=returns.astype(np.float32),
+        fragments=(
+            store.steps_before(store.episode[np.asarray(pieces.start, dtype=np.int64)])[1]
+            if len(pieces)
+            else np.zeros(0, dtype=bool)
+        ),
     )
 
 

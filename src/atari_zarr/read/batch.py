@@ -312,7 +312,7 @@ def finish_batch(obs: Any, nxt: Any, plan: FramePlan, fields: dict[str, Any]) ->
         obs[pad] = 0
         nxt[pad] = 0
     extras: dict[str, Any] = {
-        k: fields.pop(k) for k in ("return_to_go", "timestep", "mask") if k in fields
+        k: fields.pop(k) for k in ("return_to_go", "timestep", "fragment", "mask") if k in fields
     }
     if "return_to_go" in extras:
         extras["return_to_go"] = np.ascontiguousarray(extras["return_to_go"], dtype=np.float32)[

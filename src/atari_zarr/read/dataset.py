@@ -314,6 +314,10 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     def episode(self, i: int) -> TensorDict:
         """Episode ``i`` (negative counts from the end) as one TED TensorDict of shape ``[T]``.
 
+        Its non-tensor entries ``first_step`` and ``fragment`` say whether it is whole:
+        a fragment (its first steps are not in the store) has ``fragment`` True and
+        ``first_step`` the steps played before its first row (-1: unknown).
+
         Examples
         --------
         >>> ds = AtariZarrDataset(store_url)
@@ -326,7 +330,13 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         e = self._episode_number(i)
         table = self._store.episodes
         a, b = int(table.starts[e]), int(table.ends[e]) + 1
-        return self._store.read_items(np.arange(a, b), length=1, stack=self.frame_stack)
+        td = self._store.read_items(np.arange(a, b), length=1, stack=self.frame_stack)
+        first = 0 if table.first_step is None else int(table.first_step[e])
+        # a fragment's first steps are not in the store: how many were played before
+        # (-1: the source does not tell)
+        td.set_non_tensor("first_step", first)
+        td.set_non_tensor("fragment", first != 0)
+        return td
 
     def episode_video(
         self,
@@ -390,7 +400,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
         Columns: ``first_row``, ``length``, ``return`` (sum of ``next/reward``),
         ``terminated`` (False: the episode was cut, by a gap, a limit or the end of
-        the data), ``checkpoint`` (the DQN Replay checkpoint or RL Unplugged shard
+        the data), ``first_step`` and ``fragment`` (the true step of its first row,
+        -1 where the source does not tell; a fragment's first steps are not in the
+        store), ``checkpoint`` (the DQN Replay checkpoint or RL Unplugged shard
         holding its first row; missing for recordings) and, for RL Unplugged stores,
         ``source_return`` and ``source_clipped_return`` (the returns the source
         recorded).
@@ -399,7 +411,7 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         --------
         >>> table = AtariZarrDataset(store_url).episode_table
         >>> list(table.columns)
-        ['first_row', 'length', 'return', 'terminated', 'checkpoint']
+        ['first_row', 'length', 'return', 'terminated', 'first_step', 'fragment', 'checkpoint']
         >>> int(table["length"].sum()) == len(AtariZarrDataset(store_url))
         True
         """

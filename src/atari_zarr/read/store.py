@@ -297,6 +297,19 @@ class StoreReader:
         """First row of the episode of each of ``rows``."""
         return self.episodes.starts[self.episode[rows]]  # type: ignore[no-any-return]
 
+    def steps_before(self, episodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Steps played before each episode's first stored row, and its fragment flag.
+
+        0 for a whole episode; for a fragment the steps its source says were played
+        before it (0 where the source does not tell: its ``timestep`` then counts from
+        its first stored row, and the flag says so).
+        """
+        first = self.episodes.first_step
+        if first is None:
+            return np.zeros(len(episodes), np.int64), np.zeros(len(episodes), bool)
+        f = first[np.asarray(episodes, dtype=np.int64)]
+        return np.maximum(f, 0), f != 0
+
     def return_to_go(self, rows: np.ndarray) -> np.ndarray:
         """``(len(rows),)`` float32: the sum of ``next/reward`` from each row to its episode's end.
 
@@ -437,7 +450,9 @@ class StoreReader:
         }
         if window:
             steps["return_to_go"] = self.return_to_go(safe)
-            steps["timestep"] = safe - self.first_row(safe)
+            before, fragment = self.steps_before(steps["episode"])
+            steps["timestep"] = safe - self.first_row(safe) + before
+            steps["fragment"] = fragment
         fields = item_fields(rows2d, exists, steps, window=window)
         return finish_batch(obs, nxt, plan, fields)
 

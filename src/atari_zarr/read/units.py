@@ -405,9 +405,11 @@ class UnitReader:
         rows2d = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
         if self.windowed:
             steps["return_to_go"] = cols["return_to_go"].take(fi)
-            steps["timestep"] = (starts[:, None] + steps_at - off[:, None]).ravel() - cols[
-                "first"
-            ].take(fi)
+            before, fragment = self.store.steps_before(steps["episode"])
+            steps["timestep"] = (
+                (starts[:, None] + steps_at - off[:, None]).ravel() - cols["first"].take(fi)
+            ) + before
+            steps["fragment"] = fragment
         fields = item_fields(rows2d, exists, steps, window=self.windowed)
         return finish_batch(obs, nxt, plan, fields)
 

@@ -9,8 +9,12 @@ the same engine and batch builder as every other reader:
   (``frame_stack`` applied) for ``K`` consecutive rows of one episode, plus
   ``index`` ``[K]`` (the rows), ``return_to_go`` ``[K, 1]`` float32 (the sum of
   ``next/reward`` from that row to the last stored row of its episode),
-  ``timestep`` ``[K]`` int64 (the row minus its episode's first row) and ``mask``
-  ``[K]`` bool;
+  ``timestep`` ``[K]`` int64 (the episode's true step: the row minus its
+  episode's first row, plus the steps played before that row where the episode is
+  a fragment whose start the source tells), ``fragment`` ``[K]`` bool (the episode's
+  first steps are not in the store: it began in a checkpoint left out, or before a
+  missed log; see :func:`atari_zarr.episodes.first_steps`) and ``mask`` ``[K]``
+  bool. A fragment's ``return_to_go`` is exact: it only looks forward;
 * windows never cross an episode boundary: without ``pad`` the items are every
   start row ``s`` such that ``s .. s + K - 1`` lie in one episode, in row order
   (an episode of length ``L`` gives ``max(0, L - K + 1)`` items); with ``pad``,

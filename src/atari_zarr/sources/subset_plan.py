@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from atari_zarr.episodes import EpisodeLedger, SourcePart
+from atari_zarr.episodes import FIRST_STEP, UNKNOWN_STEP, EpisodeLedger, SourcePart
 from atari_zarr.layout import (
     EPISODE,
     FINAL_OBSERVATION,
@@ -130,6 +130,12 @@ def apply_subset(
     for name, values in plan.episode_columns.items():
         if name not in columns and isinstance(values, list) and len(values) == len(table):
             columns[name] = [values[int(e)] for e in chosen.episode.tolist()]
+    if FIRST_STEP in columns:  # a piece that starts inside its episode starts later in it
+        into = (chosen.start - table.starts[chosen.episode]).tolist()
+        columns[FIRST_STEP] = [
+            UNKNOWN_STEP if first == UNKNOWN_STEP else int(first) + int(k)
+            for first, k in zip(columns[FIRST_STEP], into, strict=True)
+        ]
     return replace(
         plan,
         parts=new_parts,

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from atari_zarr.episodes import FIRST_STEP
 from atari_zarr.layout import OBSERVATION
 from atari_zarr.sources.dqn_replay import files
 from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_destinations, lap_step_arrays
@@ -67,7 +68,7 @@ def _dqn_plan(
         episodes=plan.episodes,
         gaps=plan.gaps,
         conversion=plan.attributes(),
-        episode_columns=plan.episodes.as_attributes(),
+        episode_columns={**plan.episodes.as_attributes(), FIRST_STEP: list(plan.first_steps)},
         source_plan=plan,
     )
 

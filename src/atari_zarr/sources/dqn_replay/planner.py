@@ -22,6 +22,11 @@ The rules, in the order they apply:
   action, reward, terminal) are taken as padding, at most 3.
 * A jump in source rows (a missed log, or a checkpoint left out) is a gap: the
   episode in progress is cut there (``truncated``), as is the last episode.
+* Every episode's true first step is tracked through every checkpoint, selected or
+  not (their small arrays are walked anyway): after a checkpoint left out, the
+  episode the output resumes with is a fragment that began ``first_step`` steps
+  earlier, counted from its start in the checkpoint left out. After a missed log
+  the start is unknown (``-1``) until the next episode begins.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from atari_zarr.episodes import EpisodeLedger
+from atari_zarr.episodes import UNKNOWN_STEP, EpisodeLedger
 from atari_zarr.errors import SourceFormatError
 from atari_zarr.layout import ACTION, EPISODE, REWARD, SOURCE_ROW, TERMINATED, TRUNCATED
 from atari_zarr.sources.dqn_replay.files import RunSource, SmallArrays
@@ -110,6 +115,8 @@ class RunPlan:
     #: Per-episode lengths, returns and end kinds of the rows planned (none running).
     episodes: EpisodeLedger
     dropped: dict[str, int]
+    #: True step of each episode's first row (0: whole; -1: a fragment of unknown start).
+    first_steps: list[int] = field(default_factory=list)
 
     def attributes(self) -> dict[str, Any]:
         """The part of the store attributes that describes the conversion."""
@@ -173,6 +180,12 @@ class _Planner:
         self.gaps: list[dict[str, int]] = []
         self.last_kept_lap: Lap | None = None
         self.dropped = {"padding": 0, "stale": 0, "never_written": 0, "not_selected": 0}
+        #: Source row of the first step of the source's episode in progress (None: unknown).
+        self.episode_start: int | None = None
+        #: The next real row begins an episode (the stream starts, or a terminal was seen).
+        self.awaiting_start = True
+        #: True step of each output episode's first row, in order.
+        self.first_steps: list[int] = []
 
     def cut(self) -> None:
         """Truncate the episode in progress (a gap follows, or the data ends)."""
@@ -217,11 +230,14 @@ class _Planner:
             )
             self.cut()
             self.pad_left = None
+            self.episode_start, self.awaiting_start = None, False
         idx = lap.positions()
         n = len(idx)
         act, rew, term = small.action[idx], small.reward[idx], small.terminal[idx]
         pad = np.zeros(n, dtype=bool)
         lead = self._leading_padding(lap, small, idx) if self.pad_left is None else self.pad_left
+        if self.pad_left is None and lead:  # padding after a gap: an episode begins after it
+            self.awaiting_start = True
         pad[: min(lead, n)] = True
         terminals = np.flatnonzero(term)
         for k in range(1, PADDING_ROWS + 1):
@@ -243,6 +259,27 @@ class _Planner:
             self.pad_left = max(0, lead - n)
         self.next_row = start_row + n
         self.dropped["never_written"] += never
+        # which real rows begin a source episode: the first after a terminal (or the start)
+        real = np.flatnonzero(~pad)
+        begins = np.zeros(len(real), dtype=bool)
+        if len(real):
+            begins[0] = self.awaiting_start
+            begins[1:] = term[real[:-1]] != 0
+        entry_start = self.episode_start
+        if selected and len(real) and self.episodes.current_length == 0:
+            # the output starts an episode at this lap's first real row
+            if begins[0]:
+                self.first_steps.append(0)
+            elif entry_start is not None:
+                self.first_steps.append(start_row + int(real[0]) - entry_start)
+            else:
+                self.first_steps.append(UNKNOWN_STEP)
+        if selected and len(real):
+            self.first_steps.extend([0] * int(begins[1:].sum()))
+        if begins.any():
+            self.episode_start = start_row + int(real[np.flatnonzero(begins)[-1]])
+        if len(real):
+            self.awaiting_start = bool(term[real[-1]])
         if not selected:
             # Walked only for padding and continuity; what follows sees a gap.
             self.dropped["not_selected"] += n
@@ -365,6 +402,7 @@ def plan_run(
         gaps=planner.gaps,
         episodes=planner.episodes,
         dropped=planner.dropped,
+        first_steps=planner.first_steps,
     )
 
 

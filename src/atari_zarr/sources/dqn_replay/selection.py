@@ -314,6 +314,7 @@ def limit_plan(
         plan.episodes.keep(ep)
         _feed_rows(plan, source, ep_start, limit)
         plan.episodes.cut()
+    del plan.first_steps[ep + 1 :]  # the episode cut keeps its first step
     lap.truncate_last = not plan.episodes.terminated[ep]
     dropped = plan.n_rows - limit
     lap.padding = lap.padding[lap.padding < stop - lap.first_pos]

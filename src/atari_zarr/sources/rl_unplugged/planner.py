@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from atari_zarr.episodes import EpisodeLedger
+from atari_zarr.episodes import FIRST_STEP, UNKNOWN_STEP, EpisodeLedger
 from atari_zarr.sources.rl_unplugged.scan import ShardScan
 
 __all__ = [
@@ -352,7 +352,12 @@ def plan_shards(
         "episode_idx": [],
         "episode_return": [],
         "clipped_episode_return": [],
+        FIRST_STEP: [],
     }
+    # the shard before and whether its last episode ended in a terminal state: an episode
+    # that opens a shard is whole after one, and of unknown start otherwise (no public
+    # statement says how the source split episodes at checkpoint boundaries)
+    before: tuple[int, bool] | None = None
     parts: list[ShardPart] = []
     dropped = {"no_real_step": 0, "over_limit": 0}
     n_out = 0
@@ -411,7 +416,9 @@ def plan_shards(
         terminal = scan.terminal[:records].copy()
         if cut is not None:
             terminal[-1] = False
-        for r in np.flatnonzero(has_rows).tolist():
+        opens_whole = index == 0 or (before is not None and before == (index - 1, True))
+        for i, r in enumerate(np.flatnonzero(has_rows).tolist()):
+            table[FIRST_STEP].append(0 if i or opens_whole else UNKNOWN_STEP)
             ledger.length.append(int(keep[r]))
             ledger.returns.append(float(returns[r]))
             ledger.terminated.append(bool(terminal[r]))
@@ -421,6 +428,7 @@ def plan_shards(
                 value = float(getattr(scan, column)[r])
                 table[column].append(None if np.isnan(value) else value)
         n_out += part.rows
+        before = (index, bool(scan.terminal[scan.records - 1])) if scan.records else None
         if part.rows:
             parts.append(part)
             kept.append((scan, records))
