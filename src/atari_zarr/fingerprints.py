@@ -177,6 +177,7 @@ def foreign_object_message(where: str, name: str, key: str, want: int, found: in
     """One line: the object ``key`` of ``name`` was written by another writer."""
     return (
         f"{where}: object {key!r} of array {name!r} is not the one this store's writer wrote "
-        f"(crc32c {found:08x}; the store records {want:08x}): it was copied in from another "
-        f"store or conversion. Copy the store again from where it was made, or convert again"
+        f"(crc32c {found:08x}; the store records {want:08x}): it was changed, or copied in "
+        f"from another store or conversion, since the store was completed. Copy the store "
+        f"again from where it was made, or convert again"
     )
