@@ -18,6 +18,7 @@ FLOORS = [
         "episodes",
         "subsets",
         "codec_chain",
+        "fingerprints",
         "progress",
         "commands",
         "_version",

@@ -176,3 +176,25 @@ def test_an_out_where_no_file_can_be_is_one_line(pong_store):
         with pytest.raises(StoreWriteError) as info:
             AtariZarrDataset(pong_store.url).episode_video(0, out, scale=1)
         assert "\n" not in str(info.value) and out in str(info.value)
+
+
+def test_an_episode_video_reads_its_frames_a_block_at_a_time(tmp_path):
+    """A long episode: memory is a block of frames, not the episode (nor it upscaled)."""
+    import tracemalloc
+
+    from tests.read.test_stream import write_store
+
+    url = write_store(str(tmp_path / "s.zarr"), 3000, seed=0, max_len=3000, final=False)
+    ds = AtariZarrDataset(url)
+    longest = int(ds.episode_table["length"].idxmax())
+    n = int(ds.episode_table["length"][longest])
+    assert n >= 2500
+    raw = n * 84 * 84  # the episode's frames, not upscaled
+    tracemalloc.start()
+    try:
+        out = ds.episode_video(longest, tmp_path / "ep.mp4", scale=1, caption=False)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out.stat().st_size > 0
+    assert peak < raw / 4, (peak, raw)

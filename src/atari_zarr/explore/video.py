@@ -36,6 +36,7 @@ __all__ = [
     "MAX_SCALE",
     "caption_lines",
     "check_scale",
+    "EpisodeFrames",
     "episode_frames",
     "episode_video",
     "video_codec",
@@ -83,7 +84,7 @@ def _caption_strip(texts: Sequence[str], width: int, height: int) -> np.ndarray:
 
 
 def write_video(
-    frames: np.ndarray,
+    frames: np.ndarray | EpisodeFrames,
     path: str | os.PathLike[str],
     *,
     scale: int = 4,
@@ -95,8 +96,8 @@ def write_video(
 
     Parameters
     ----------
-    frames : numpy.ndarray
-        ``(T, H, W)`` uint8.
+    frames : numpy.ndarray or EpisodeFrames
+        ``(T, H, W)`` uint8, or an episode read a block at a time.
     path : path
         ``.mp4`` (H.264) or ``.gif``.
     scale : int
@@ -120,7 +121,8 @@ def write_video(
         raise InvalidArgumentError(
             f"{out} is a directory; expected the video's file name, e.g. {out / 'episode.mp4'}"
         )
-    frames = np.asarray(frames, dtype=np.uint8)
+    if not isinstance(frames, EpisodeFrames):  # else read a block at a time, below
+        frames = np.asarray(frames, dtype=np.uint8)
     if frames.ndim != 3 or len(frames) == 0:
         raise InvalidArgumentError(
             f"{out}: expected frames (T, H, W) with T >= 1, found shape {frames.shape}. Pass "
@@ -288,8 +290,40 @@ def episode_video(
     IndexError
         ``episode`` is out of range: the message gives the valid range.
     """
-    frames, captions = episode_frames(ds, episode, captions=caption)
+    frames = EpisodeFrames(ds, episode)
+    captions = frames.captions() if caption else None
     return write_video(frames, path, scale=scale, fps=fps, captions=captions, lossless=lossless)
+
+
+class EpisodeFrames:
+    """An episode's frames ``(T, 84, 84)``, read from the store a block at a time.
+
+    ``frames[lo:hi]`` reads rows ``lo .. hi - 1`` of the episode (each chunk once), so
+    :func:`write_video` holds one block of frames, never the episode: a 27,000-step
+    episode costs what 16 steps do.
+    """
+
+    def __init__(self, ds: Any, episode: int) -> None:
+        rows = ds.episode_rows(episode)
+        self.ds = ds
+        self.first, self.length = rows.start, len(rows)
+        self.shape = (self.length, 84, 84)
+        self.ndim = 3
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        lo, hi, _ = rows.indices(self.length)
+        return np.asarray(
+            self.ds.read_frames(np.arange(self.first + lo, self.first + hi, dtype=np.int64))
+        )
+
+    def captions(self) -> list[str]:
+        """One :func:`caption_lines` line per step (actions and rewards: a few bytes each)."""
+        rows = np.arange(self.first, self.first + self.length, dtype=np.int64)
+        steps = self.ds.read_steps(rows)
+        return caption_lines(steps["action"], steps["reward"], action_names(self.ds))
 
 
 def episode_frames(

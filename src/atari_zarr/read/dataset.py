@@ -311,6 +311,40 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             )
         return int(i) % n if n else 0
 
+    def episode_rows(self, i: int) -> range:
+        """The rows of episode ``i`` (negative counts from the end).
+
+        Examples
+        --------
+        >>> ds = AtariZarrDataset(store_url)
+        >>> rows = ds.episode_rows(0)
+        >>> rows.start, len(rows) == int(ds.episode_table["length"][0])
+        (0, True)
+        """
+        e = self._episode_number(i)
+        table = self._store.episodes
+        return range(int(table.starts[e]), int(table.ends[e]) + 1)
+
+    def read_steps(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """Per-step values at ``rows``, no frame read: ``action``, ``reward``,
+        ``terminated``, ``truncated`` and ``episode``, each ``(len(rows),)``.
+
+        Examples
+        --------
+        >>> steps = AtariZarrDataset(store_url).read_steps(np.arange(3))
+        >>> sorted(steps), steps["action"].shape
+        (['action', 'episode', 'reward', 'terminated', 'truncated'], (3,))
+        """
+        rows, _ = normalize_index(np.asarray(rows, dtype=np.int64), len(self), self.where)
+        store = self._store
+        return {
+            "action": store.action[rows],
+            "reward": store.reward[rows],
+            "terminated": store.terminated[rows],
+            "truncated": store.truncated[rows],
+            "episode": store.episode[rows],
+        }
+
     def episode(self, i: int) -> TensorDict:
         """Episode ``i`` (negative counts from the end) as one TED TensorDict of shape ``[T]``.
 
