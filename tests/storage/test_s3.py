@@ -6,6 +6,7 @@ Everything talks to 127.0.0.1 only (moto's server, started by the module fixture
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -99,10 +100,17 @@ def test_s3_errors_are_clear_and_bounded(s3: dict[str, Any]) -> None:
             ds[[len(ds) - 2]]
         assert SECRET_KEY not in str(info.value)
         ds[[len(ds) - 2]]  # the next read works again
-    # the proxy is gone: connections are refused; the deadline ends s3fs's retries
-    with pytest.raises(RemoteTimeoutError, match=r"within 3 s") as info:
+    # the proxy is gone: connections are refused. s3fs retries; the read ends by the
+    # deadline at the latest, as a timeout, or earlier when s3fs gives up first (how
+    # fast refusals come back decides which): one line naming the URL either way
+    started = time.monotonic()
+    with pytest.raises((RemoteTimeoutError, RemoteAccessError)) as info:
         ds[[20]]
-    assert url in str(info.value) and SECRET_KEY not in str(info.value)
+    assert time.monotonic() - started < 3 + 2
+    text = str(info.value)
+    assert url in text and SECRET_KEY not in text and "\n" not in text
+    if isinstance(info.value, RemoteTimeoutError):
+        assert "within 3 s" in text
 
 
 def test_missing_object_is_not_a_store(s3: dict[str, Any]) -> None:

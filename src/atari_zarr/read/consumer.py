@@ -23,7 +23,38 @@ import torch
 
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["Consumer", "check_rank"]
+__all__ = ["Consumer", "check_rank", "quiet_worker_exit"]
+
+# Seconds a spawned worker gives its queue's feeder thread to finish the batch it is
+# handing over, as it exits.
+_FEEDER_GRACE_S = 2.0
+_exit_hook = False
+
+
+def quiet_worker_exit() -> None:
+    """In a DataLoader worker, let the batch being handed over finish before the exit.
+
+    A worker broken out of (``break`` in the training loop) exits while its queue's
+    feeder thread may still be handing over a prefetched batch: pickling a tensor into
+    shared memory is C++ code, and a spawned worker's interpreter, ending, stops the
+    thread inside it, which aborts the worker ("terminate called without an active
+    exception") and makes the DataLoader print a traceback. This registers, once per
+    worker process, an exit hook that waits up to 2 s for the feeder: it finishes the
+    batch and then blocks in a plain write, where stopping it is harmless.
+    """
+    global _exit_hook
+    if _exit_hook or torch.utils.data.get_worker_info() is None:
+        return
+    import atexit
+    import threading
+
+    def wait_for_feeder() -> None:
+        for thread in threading.enumerate():
+            if thread.name == "QueueFeederThread" and thread is not threading.current_thread():
+                thread.join(timeout=_FEEDER_GRACE_S)
+
+    atexit.register(wait_for_feeder)
+    _exit_hook = True
 
 
 def check_rank(rank: int | None, world_size: int | None, where: str) -> None:

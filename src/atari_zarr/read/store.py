@@ -60,6 +60,7 @@ from atari_zarr.read.batch import (
 )
 from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.read.columns import StepColumn, open_step_columns
+from atari_zarr.read.consumer import quiet_worker_exit
 from atari_zarr.read.engine import DEFAULT_REMEDY
 from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
 from atari_zarr.read.pool import BufferPool
@@ -425,6 +426,7 @@ class StoreReader:
         -------
         TensorDict
         """
+        quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
         starts = np.asarray(starts, dtype=np.int64)
         plan = self.frame_plan(starts, length, stack, real)
         buffer = FrameBuffer(self.pool, len(starts), length, stack, self.observation.shape[1:])

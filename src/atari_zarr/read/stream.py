@@ -38,7 +38,7 @@ from tensordict import TensorDict
 
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.batch import collate_batch
-from atari_zarr.read.consumer import Consumer, check_rank
+from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
 from atari_zarr.read.engine import cpu_count
 from atari_zarr.read.epoch import EpochPlan
 from atari_zarr.read.items import Items
@@ -275,6 +275,7 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDict]:
+        quiet_worker_exit()
         me = Consumer.current(self.rank, self.world_size)
         self._check_consumers(me.count)
         self.balance(me.count)  # an epoch too small for its consumers: one line, now
