@@ -63,7 +63,7 @@ def test_group_attributes_and_consolidation(store_url):
     assert meta["complete"] is True
     assert (meta["game"], meta["run"]) == ("Pong", "1")
     assert {"capacity", "checkpoints", "gaps", "dropped_rows"} <= set(meta["conversion"])
-    assert {"length", "return", "terminated"} == set(meta["episodes"])
+    assert {"length", "return", "terminated", "first_step"} == set(meta["episodes"])
     assert meta["counts"]["transitions"] == sum(meta["episodes"]["length"])
 
 
