@@ -132,8 +132,10 @@ def test_another_fn_never_mixes_into_dest(store, tmp_path):
 
     with pytest.raises(InvalidArgumentError, match="fix fn and run preprocess again"):
         preprocess(ds, fn_v1, dest=tmp_path / "d", num_workers=0)
-    with pytest.warns(UserWarning, match="begun by another fn.*starting it over"):
-        out = preprocess(ds, fn_v2, dest=tmp_path / "d", num_workers=0)
+    with pytest.raises(StoreExistsError, match="begun by another fn.*overwrite=True") as err:
+        preprocess(ds, fn_v2, dest=tmp_path / "d", num_workers=0)  # refused: never mixed
+    assert "\n" not in str(err.value)
+    out = preprocess(ds, fn_v2, dest=tmp_path / "d", num_workers=0, overwrite=True)
     rows = np.arange(len(ds))
     assert torch.equal(out[rows]["observation"], fn_v2(ds[rows].exclude("index"))["observation"])
     # a complete dest: a changed fn is refused in one line, never served the old output

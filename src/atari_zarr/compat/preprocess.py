@@ -22,9 +22,8 @@ chunk), and read back lazily by :class:`~atari_zarr.compat.torchrl_storage.Prepr
   the same call again does only what is missing, and a dest that is complete for the
   same source, output and ``fn`` is returned as it is. The completion attribute is
   written last, so an interrupted dest never looks complete. ``dest`` records what
-  made it (:func:`fn_fingerprint`): an unfinished dest begun by another ``fn`` is
-  started over (a warning says so), and a complete one is refused in one line
-  (``overwrite=True`` writes it again).
+  made it (:func:`fn_fingerprint`): a dest begun or completed by another ``fn`` is
+  refused in one line, never mixed (``overwrite=True`` writes it again).
 * **Errors.** ``fn`` raising, or changing the batch size, gives one line naming the
   sample index (the first sample it fails on).
 
@@ -235,8 +234,9 @@ class _Task:
                 break
         return InvalidArgumentError(
             f"preprocess of {self.dataset.where}: fn fails on sample {bad} ({type(exc).__name__}: "
-            f"{exc}); fix fn and run preprocess again ({redact(self.dest)} is not marked "
-            f"complete; the parts done are kept only for the same fn, or the same version=)"
+            f"{exc}); fix fn and run preprocess again with overwrite=True ({redact(self.dest)} "
+            f"is not marked complete; its parts are kept only for the same fn, or when both "
+            f"runs pass the same version=)"
         )
 
     def run(self, units: list[tuple[int, int, int]]) -> list[int]:
@@ -300,10 +300,10 @@ def preprocess(
     ``dest`` never mixes the outputs of two functions. It records
     :func:`fn_fingerprint` of ``fn`` (or ``version``, when given): a complete ``dest``
     is returned as it is only for the same fingerprint, source and output, and an
-    unfinished one keeps its parts only for the same fingerprint (else it is started
-    over, with a warning). Pass the same ``version=`` to keep parts across an edit
-    that does not change the output of the rows already written; ``overwrite=True``
-    writes a complete ``dest`` again.
+    unfinished one keeps its parts only for the same fingerprint. A ``dest`` begun or
+    completed by another ``fn`` is refused in one line; ``overwrite=True`` starts it
+    over with this ``fn``. Pass the same ``version=`` to keep parts across an edit that
+    does not change the output of the rows already written.
 
     Returns
     -------
@@ -316,8 +316,8 @@ def preprocess(
         ``dim`` is not 0, ``num_frames`` is not a positive count, or ``fn`` fails or
         changes the batch size (naming the sample).
     StoreExistsError
-        ``dest`` holds a complete preprocess of another source, output or ``fn``
-        (without ``overwrite=True``).
+        ``dest`` holds a complete preprocess of another source, output or ``fn``, or
+        an unfinished one of another ``fn`` (without ``overwrite=True``).
     """
     where = dataset.where
     dest = os.fspath(dest)
@@ -365,6 +365,20 @@ def preprocess(
             f"call is {fn_fingerprint(fn, version)}); pass overwrite=True to write it again, "
             f"or choose another dest"
         )
+    begun_by = None if group_meta is None else group_meta.get("fn")
+    if (
+        group_meta is not None
+        and group_meta.get("complete") is False
+        and not overwrite
+        and begun_by is not None
+        and begun_by != fn_fingerprint(fn, version)
+    ):
+        raise StoreExistsError(
+            f"{redact(dest)} was begun by another fn ({begun_by}; this call is "
+            f"{fn_fingerprint(fn, version)}): the parts it holds would mix with this fn's "
+            f"output. Pass overwrite=True to start it over with this fn, or run again the fn "
+            f"that began it (or the same version=, which keeps its parts across an edit of fn)"
+        )
     if group_meta is None and store_state(dest, options) != "absent":
         raise StoreExistsError(
             f"{redact(dest)} holds something that is not a preprocessed dataset; choose another "
@@ -377,14 +391,6 @@ def preprocess(
         done: set[str] = set()
         if group_meta is not None and group_meta.get("fingerprint") == fingerprint:
             done = work.done() if work.plan_digest() == fingerprint else set()
-        elif group_meta is not None and group_meta.get("complete") is False:
-            warnings.warn(
-                f"{redact(dest)} was begun by another fn, source or output "
-                f"({group_meta.get('fn', 'no fn recorded')}; this call is "
-                f"{fn_fingerprint(fn, version)}); starting it over so that no two outputs "
-                f"mix (pass the same version= to keep parts across an edit of fn)",
-                stacklevel=2,
-            )
         if not done:
             work.reset(fingerprint)
             _create(
