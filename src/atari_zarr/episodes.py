@@ -484,10 +484,10 @@ def episode_checkpoints(meta: Mapping[str, Any], table: EpisodeTable) -> np.ndar
 def episode_columns(meta: Mapping[str, Any], table: EpisodeTable) -> dict[str, np.ndarray]:
     """The columns of a store's per-episode table, as ``AtariZarrDataset.episode_table`` shows.
 
-    ``first_row``, ``length``, ``return``, ``terminated``, ``first_step`` and
-    ``fragment`` (:func:`first_steps`), ``checkpoint`` (where the store knows it) and
-    the source's own returns (RL Unplugged: ``source_return``,
-    ``source_clipped_return``).
+    ``first_row``, ``length``, ``return``, ``terminated``, ``checkpoint`` (where the
+    store knows it), the source's own returns (RL Unplugged: ``source_return``,
+    ``source_clipped_return``), then ``first_step`` and ``fragment``
+    (:func:`first_steps`).
     """
     n = len(table)
     out: dict[str, np.ndarray] = {
@@ -496,10 +496,6 @@ def episode_columns(meta: Mapping[str, Any], table: EpisodeTable) -> dict[str, n
         "return": table.returns if table.returns is not None else np.full(n, np.nan),
         "terminated": table.terminated,
     }
-    first = table.first_step if table.first_step is not None else first_steps(meta, table)
-    if first is not None:
-        out[FIRST_STEP] = first
-        out["fragment"] = first != 0
     checkpoints = episode_checkpoints(meta, table)
     if checkpoints is not None:
         out["checkpoint"] = checkpoints
@@ -512,6 +508,10 @@ def episode_columns(meta: Mapping[str, Any], table: EpisodeTable) -> dict[str, n
             raw = episodes.get(source)
             if isinstance(raw, list) and len(raw) == n:
                 out[name] = np.array([np.nan if v is None else float(v) for v in raw])
+    first = table.first_step if table.first_step is not None else first_steps(meta, table)
+    if first is not None:
+        out[FIRST_STEP] = first
+        out["fragment"] = first != 0
     return out
 
 

@@ -434,18 +434,18 @@ class AtariZarrDataset(torch.utils.data.Dataset):
 
         Columns: ``first_row``, ``length``, ``return`` (sum of ``next/reward``),
         ``terminated`` (False: the episode was cut, by a gap, a limit or the end of
-        the data), ``first_step`` and ``fragment`` (the true step of its first row,
-        -1 where the source does not tell; a fragment's first steps are not in the
-        store), ``checkpoint`` (the DQN Replay checkpoint or RL Unplugged shard
+        the data), ``checkpoint`` (the DQN Replay checkpoint or RL Unplugged shard
         holding its first row; missing for recordings) and, for RL Unplugged stores,
         ``source_return`` and ``source_clipped_return`` (the returns the source
-        recorded).
+        recorded); then ``first_step`` and ``fragment`` (the true step of its first
+        row, -1 where the source does not tell; a fragment's first steps are not in
+        the store: ``docs/format.md``, "Fragments").
 
         Examples
         --------
         >>> table = AtariZarrDataset(store_url).episode_table
         >>> list(table.columns)
-        ['first_row', 'length', 'return', 'terminated', 'first_step', 'fragment', 'checkpoint']
+        ['first_row', 'length', 'return', 'terminated', 'checkpoint', 'first_step', 'fragment']
         >>> int(table["length"].sum()) == len(AtariZarrDataset(store_url))
         True
         """
