@@ -72,8 +72,11 @@ def test_windows_count_true_steps_and_flag_fragments(stores) -> None:
         r = b["index"].numpy()
         got = b["timestep"].numpy()
         assert got.tolist() == np.vectorize(lambda x: step_of[int(src[x])])(r).tolist()
-    ep = ds.episode(int(min(frag_eps)))
-    assert ep.get_non_tensor("fragment") is True and ep.get_non_tensor("first_step") > 0
+    e = int(min(frag_eps))
+    ep = ds.episode(e)
+    assert bool(ep["fragment"].all()) and int(ep["timestep"][0]) == ds.episode_table["first_step"][e]
+    assert ep["timestep"].tolist() == [step_of[int(src[r])] for r in ep["index"].tolist()]
+    assert not bool(ds.episode(0)["fragment"].any()) and int(ds.episode(0)["timestep"][0]) == 0
 
 
 def test_after_a_missed_log_the_start_is_unknown(stores) -> None:

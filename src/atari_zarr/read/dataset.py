@@ -348,9 +348,10 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     def episode(self, i: int) -> TensorDict:
         """Episode ``i`` (negative counts from the end) as one TED TensorDict of shape ``[T]``.
 
-        Its non-tensor entries ``first_step`` and ``fragment`` say whether it is whole:
-        a fragment (its first steps are not in the store) has ``fragment`` True and
-        ``first_step`` the steps played before its first row (-1: unknown).
+        Besides the keys of ``ds[rows]`` it has, as windows do, ``timestep`` ``[T]``
+        (the true step of each row: a fragment, whose first steps are not in the
+        store, starts at the steps played before it, or at 0 where the source does not
+        tell) and ``fragment`` ``[T]`` bool.
 
         Examples
         --------
@@ -365,11 +366,11 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         table = self._store.episodes
         a, b = int(table.starts[e]), int(table.ends[e]) + 1
         td = self._store.read_items(np.arange(a, b), length=1, stack=self.frame_stack)
-        first = 0 if table.first_step is None else int(table.first_step[e])
-        # a fragment's first steps are not in the store: how many were played before
-        # (-1: the source does not tell)
-        td.set_non_tensor("first_step", first)
-        td.set_non_tensor("fragment", first != 0)
+        before, fragment = self._store.steps_before(np.array([e]))
+        # as windows give them: the true step of each row, and whether the episode's
+        # first steps are missing from the store
+        td["timestep"] = torch.arange(int(before[0]), int(before[0]) + (b - a))
+        td["fragment"] = torch.full((b - a,), bool(fragment[0]))
         return td
 
     def episode_video(
