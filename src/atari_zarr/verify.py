@@ -226,9 +226,8 @@ def _check_writers(
     """Every object is the one its writer recorded; no link inside a local store."""
     from atari_zarr.fingerprints import foreign_object_message, mismatches
 
-    local = Path(url) if "://" not in url or url.startswith("file://") else None
-    if local is not None:
-        root = Path(str(local).removeprefix("file://"))
+    if "://" not in url or url.startswith("file://"):
+        root = Path(url.removeprefix("file://"))
         for top, dirs, files in os.walk(root):  # never follows a link
             for entry in [*dirs, *files]:
                 path = Path(top) / entry
