@@ -362,15 +362,13 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         >>> len(ep) == int(ds.episode_table["length"][0])
         True
         """
-        e = self._episode_number(i)
-        table = self._store.episodes
-        a, b = int(table.starts[e]), int(table.ends[e]) + 1
-        td = self._store.read_items(np.arange(a, b), length=1, stack=self.frame_stack)
-        before, fragment = self._store.steps_before(np.array([e]))
+        rows = self.episode_rows(i)
+        td = self._store.read_items(np.asarray(rows), length=1, stack=self.frame_stack)
+        before, fragment = self._store.steps_before(np.array([self._episode_number(i)]))
         # as windows give them: the true step of each row, and whether the episode's
         # first steps are missing from the store
-        td["timestep"] = torch.arange(int(before[0]), int(before[0]) + (b - a))
-        td["fragment"] = torch.full((b - a,), bool(fragment[0]))
+        td["timestep"] = torch.arange(int(before[0]), int(before[0]) + len(rows))
+        td["fragment"] = torch.full((len(rows),), bool(fragment[0]))
         return td
 
     def episode_video(

@@ -252,10 +252,9 @@ class EpochStream(torch.utils.data.IterableDataset):
         top = int(own.max())
         return np.full(consumers, top, dtype=np.int64), top - own
 
-    def _pads(self, consumer: int, consumers: int) -> list[int]:
-        """This consumer's padding per store: all on the first store it reads from."""
+    def _pads(self, consumer: int, consumers: int, extra: int) -> list[int]:
+        """This consumer's ``extra`` padding per store: all on the first store it reads from."""
         pads = [0] * len(self.stores)
-        extra = int(self.balance(consumers)[1][consumer])
         if extra:
             for g in range(len(self.stores)):
                 if self._consumer_items(g, consumers)[consumer] > 0:
@@ -278,19 +277,19 @@ class EpochStream(torch.utils.data.IterableDataset):
         quiet_worker_exit()
         me = Consumer.current(self.rank, self.world_size)
         self._check_consumers(me.count)
-        self.balance(me.count)  # an epoch too small for its consumers: one line, now
         yield from self._consume(me.index, me.count)
 
-    def _readers(self, consumer: int, consumers: int) -> list[UnitReader]:
+    def _readers(self, consumer: int, consumers: int, total: int, extra: int) -> list[UnitReader]:
+        """This consumer's reader of each store: ``total`` items, ``extra`` of them padding."""
         decoders = threading.BoundedSemaphore(max(1, cpu_count() - 1))
         readers = []
-        pads = self._pads(consumer, consumers)
+        pads = self._pads(consumer, consumers, extra)
         for g, (store, items) in enumerate(zip(self.stores, self.items, strict=True)):
             plan = self._plan(g, consumer, consumers, pads[g])
             start = self.store_positions[g].get(consumer, 0)
             stop = plan.rows
             if self.drop_last and not self.several:
-                stop = int(self.balance(consumers)[0][consumer])
+                stop = total
             readers.append(
                 UnitReader(
                     store,
@@ -326,12 +325,14 @@ class EpochStream(torch.utils.data.IterableDataset):
         return counts
 
     def _consume(self, consumer: int, consumers: int) -> Iterator[TensorDict]:
-        readers = self._readers(consumer, consumers)
+        # an epoch too small for its consumers is one line, before anything is read
+        items, pads = self.balance(consumers)
+        readers = self._readers(consumer, consumers, int(items[consumer]), int(pads[consumer]))
         try:
             remaining = np.array([r.remaining for r in readers], dtype=np.int64)
             limit = None
             if self.drop_last and self.several:
-                limit = int(self.balance(consumers)[0][consumer]) // self.batch_size
+                limit = int(items[consumer]) // self.batch_size
             while remaining.sum() > 0:
                 t = self.batches.get(consumer, 0)
                 if limit is not None and t >= limit:

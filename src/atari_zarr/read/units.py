@@ -137,9 +137,6 @@ class UnitLayout:
         self.rows = rows
         self.bounds = counts
 
-    def unit_of_row(self, row: int) -> int:
-        return int(np.searchsorted(self.rows[:, 1], row, side="right"))
-
 
 class UnitReader:
     """One consumer's items of one store, taken ``n`` at a time as TED batches."""
