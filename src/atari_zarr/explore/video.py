@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.errors import InvalidArgumentError, import_optional
+from atari_zarr.layout import FRAME_SHAPE
 from atari_zarr.storage.filesystem import disk_full_error, local_write_error
 
 __all__ = [
@@ -296,7 +297,8 @@ def episode_video(
 
 
 class EpisodeFrames:
-    """An episode's frames ``(T, 84, 84)``, read from the store a block at a time.
+    """An episode's frames ``(T, 84, 84)`` (of frame stacks, the newest), read from the
+    store a block at a time.
 
     ``frames[lo:hi]`` reads rows ``lo .. hi - 1`` of the episode (each chunk once), so
     :func:`write_video` holds one block of frames, never the episode: a 27,000-step
@@ -307,7 +309,7 @@ class EpisodeFrames:
         rows = ds.episode_rows(episode)
         self.ds = ds
         self.first, self.length = rows.start, len(rows)
-        self.shape = (self.length, 84, 84)
+        self.shape = (self.length, *FRAME_SHAPE)
         self.ndim = 3
 
     def __len__(self) -> int:
@@ -337,15 +339,8 @@ def episode_frames(
     IndexError
         ``episode`` is out of range: the message gives the valid range.
     """
-    ep = ds.episode(episode)
-    frames = ep["observation"].numpy()
-    if frames.ndim == 4:  # frame stacks: the newest frame of each
-        frames = frames[:, -1]
-    if not captions:
-        return frames, None
-    actions = ep["action"].numpy().astype(np.int64).reshape(-1)
-    rewards = ep["next", "reward"].numpy().reshape(-1)
-    return frames, caption_lines(actions, rewards, action_names(ds))
+    frames = EpisodeFrames(ds, episode)
+    return frames[:], (frames.captions() if captions else None)
 
 
 def action_names(ds: Any) -> list[str] | None:
