@@ -334,6 +334,7 @@ def preprocess(
             )
         n = min(n, num_frames)
     del generator, index_with_generator, worker_threads  # accepted for TorchRL's signature
+    fn_id = fn_fingerprint(fn, version)  # what made dest, as the caller passed it
     task = _Task(dataset, fn, dest, options, metadata)
     probe = task.apply(np.arange(1, dtype=np.int64))
     spec = {
@@ -348,7 +349,7 @@ def preprocess(
                 "n": n,
                 "spec": spec,
                 "metadata": repr(metadata),
-                "fn": fn_fingerprint(fn, version),
+                "fn": fn_id,
             },
             sort_keys=True,
         ).encode()
@@ -358,11 +359,11 @@ def preprocess(
         if group_meta.get("fingerprint") == fingerprint:
             log.info("%s: already preprocessed; reading it", redact(dest))
             return PreprocessedStorage(dest, options)
-        other = "fn" if group_meta.get("fn") not in (None, fn_fingerprint(fn, version)) else None
+        other = "fn" if group_meta.get("fn") not in (None, fn_id) else None
         raise StoreExistsError(
             f"{redact(dest)} holds a complete preprocess of another "
             f"{other or 'source or output'} ({group_meta.get('fn', 'no fn recorded')}; this "
-            f"call is {fn_fingerprint(fn, version)}); pass overwrite=True to write it again, "
+            f"call is {fn_id}); pass overwrite=True to write it again, "
             f"or choose another dest"
         )
     begun_by = None if group_meta is None else group_meta.get("fn")
@@ -371,11 +372,11 @@ def preprocess(
         and group_meta.get("complete") is False
         and not overwrite
         and begun_by is not None
-        and begun_by != fn_fingerprint(fn, version)
+        and begun_by != fn_id
     ):
         raise StoreExistsError(
             f"{redact(dest)} was begun by another fn ({begun_by}; this call is "
-            f"{fn_fingerprint(fn, version)}): the parts it holds would mix with this fn's "
+            f"{fn_id}): the parts it holds would mix with this fn's "
             f"output. Pass overwrite=True to start it over with this fn, or run again the fn "
             f"that began it (or the same version=, which keeps its parts across an edit of fn)"
         )
@@ -405,7 +406,7 @@ def preprocess(
                     "keys": [list(k) for k in probe],
                     "metadata": metadata,
                     "fingerprint": fingerprint,
-                    "fn": fn_fingerprint(fn, version),
+                    "fn": fn_id,
                 },
             )
         units = [
