@@ -297,8 +297,7 @@ class _Consistency:
         # the episode after a terminal row the source continues at is whole (DQN Replay:
         # the 3 padding rows dopamine writes after a terminal lie between them)
         self.check_starts = str(meta.get("kind", DQN_REPLAY)) == DQN_REPLAY
-        self.end_source_row: int | None = None
-        self.end_terminated = False
+        self.last_terminated = False
         self.counts = meta.get("counts", {})
         self.recomputed = EpisodeLedger()  # the per-episode table, from the arrays
         self.episode = 0  # id expected at the next row
@@ -353,8 +352,8 @@ class _Consistency:
         # the running episode is number `first`; the next one to begin, `first + 1`
         k = first if begins[0] else first + 1
         for i in np.flatnonzero(begins).tolist():
-            prev_src = self.end_source_row if i == 0 else int(src[i - 1])
-            prev_term = self.end_terminated if i == 0 else bool(term[i - 1])
+            prev_src = self.last_source_row if i == 0 else int(src[i - 1])
+            prev_term = self.last_terminated if i == 0 else bool(term[i - 1])
             if (
                 k < len(table)
                 and prev_src is not None
@@ -369,8 +368,7 @@ class _Consistency:
                     f"{int(table.first_step[k])}; convert the store again",
                 )
             k += 1
-        self.end_source_row = int(src[-1])
-        self.end_terminated = bool(term[-1])
+        self.last_terminated = bool(term[-1])
 
     def _compare(self, k: int, row: int) -> None:
         """Episode ``k``, just closed at ``row``, against the attributes."""
