@@ -44,6 +44,7 @@ import numpy as np
 from atari_zarr import convert
 from atari_zarr.layout import ARRAYS, OBSERVATION
 from atari_zarr.read.dataset import AtariZarrDataset
+from atari_zarr.read.options import ReadOptions
 from atari_zarr.testing import write_fixture_run
 from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
@@ -100,13 +101,12 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=50)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--delay", type=float, default=0.0, help="seconds the proxy waits per request")
-    ap.add_argument("--gap", type=int, help="AtariZarrDataset.coalesce_gap (default: its own)")
+    ap.add_argument("--gap", type=int, help="ReadOptions.coalesce_gap (default: its own)")
     ap.add_argument("--ale", metavar="GAME", help="real ALE frames of GAME (slow to record)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    if args.gap is not None:
-        AtariZarrDataset.coalesce_gap = args.gap
+    options = ReadOptions() if args.gap is None else ReadOptions(coalesce_gap=args.gap)
     tmp = Path(tempfile.mkdtemp(prefix="bench-remote-"))
     if args.store:
         store_dir = args.store
@@ -125,8 +125,8 @@ def main() -> None:
         "transitions": n,
         "build_s": round(build_s, 1),
         "delay_s": args.delay,
-        "coalesce_gap": AtariZarrDataset.coalesce_gap,
-        "kept_bytes": AtariZarrDataset.kept_bytes,
+        "coalesce_gap": options.coalesce_gap,
+        "kept_bytes": options.kept_bytes,
     }
     with FakeGCSServer() as srv:
         srv.create_bucket(BUCKET)
@@ -147,7 +147,7 @@ def main() -> None:
             def run(label: str, ds_kwargs: dict, reads: list) -> None:
                 proxy.reset()
                 t0 = time.perf_counter()
-                ds = AtariZarrDataset(url, storage_options=opts, **ds_kwargs)
+                ds = AtariZarrDataset(url, storage_options=opts, options=options, **ds_kwargs)
                 t_open = time.perf_counter() - t0
                 open_req, open_bytes = proxy.requests, proxy.bytes_received
                 proxy.reset()

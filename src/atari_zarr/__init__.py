@@ -33,12 +33,14 @@ if TYPE_CHECKING:
     from atari_zarr.read.batch import collate_batch
     from atari_zarr.read.dataset import AtariZarrDataset
     from atari_zarr.read.mixing import MultiGameDataset
+    from atari_zarr.read.options import ReadOptions
     from atari_zarr.record.collector import ZarrCollector, collect
     from atari_zarr.verify import verify_store
 
 _LAZY = {
     "AtariZarrDataset": "atari_zarr.read.dataset",
     "MultiGameDataset": "atari_zarr.read.mixing",
+    "ReadOptions": "atari_zarr.read.options",
     "ZarrCollector": "atari_zarr.record.collector",
     "collate_batch": "atari_zarr.read.batch",
     "collect": "atari_zarr.record.collector",
@@ -58,6 +60,7 @@ __all__ = [
     "AtariZarrDataset",
     "ConvertedStore",
     "MultiGameDataset",
+    "ReadOptions",
     "ZarrCollector",
     "__version__",
     "collate_batch",

@@ -21,6 +21,7 @@ from atari_zarr.layout import (
     create_store,
 )
 from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.options import ReadOptions
 from atari_zarr.testing import fixture_frame
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -310,7 +311,9 @@ def test_adjacent_chunks_of_a_shard_are_one_request(tmp_path):
         _check_rows(merged, local, rows)
         assert proxy.requests == 2, proxy.log  # one per shard
         assert merged.stats["requests"] == 2 + 2 + 2  # two shard indexes, two chunks, two merged
-        single = ChunkReader(remote, where=url, cache_bytes=0, coalesce_gap=-1)
+        single = ChunkReader(
+            remote, where=url, cache_bytes=0, options=ReadOptions(coalesce_gap=-1, kept_bytes=0)
+        )
         single.read(rows[:1])
         single.read(rows[4:5])
         proxy.reset()
@@ -318,7 +321,9 @@ def test_adjacent_chunks_of_a_shard_are_one_request(tmp_path):
         assert proxy.requests == 6, proxy.log  # one per chunk
         # a gap larger than the tolerance splits the shard's ranges (nothing kept, so
         # that each read below fetches its chunks)
-        small_gap = ChunkReader(remote, where=url, cache_bytes=0, coalesce_gap=0, kept_bytes=0)
+        small_gap = ChunkReader(
+            remote, where=url, cache_bytes=0, options=ReadOptions(coalesce_gap=0, kept_bytes=0)
+        )
         small_gap.read(rows[:1])
         small_gap.read(rows[4:5])
         proxy.reset()

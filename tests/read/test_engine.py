@@ -10,6 +10,7 @@ import zarr
 
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.layout import ARRAYS, OBSERVATION
+from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.engine import ChunkEngine
 from atari_zarr.read.ranges import ByteRange
 from atari_zarr.storage.remote import RemoteStore
@@ -147,7 +148,7 @@ def test_random_reads_fetch_each_byte_once(tmp_path):
 
     mem = fsspec.filesystem("memory")
     stored = sum(len(mem.cat(f"/once-{tmp_path.name}.zarr/c/{s}/0/0")) for s in range(8))
-    engine = ChunkEngine(a, where="w", coalesce_gap=4096)
+    engine = ChunkEngine(a, where="w", options=ReadOptions(coalesce_gap=4096))
     fetched = _random_fetches(engine, data, 40)
     covered = np.zeros((8, max(r.stop for r in fetched)), dtype=np.int64)
     for r in fetched:
@@ -156,7 +157,7 @@ def test_random_reads_fetch_each_byte_once(tmp_path):
     assert sum(r.stop - r.start for r in fetched) <= stored
     assert engine.stats["kept_hits"] > 0
     # what the bytes kept prevent: the same reads without them fetch bytes again
-    again = _random_fetches(ChunkEngine(a, where="w", coalesce_gap=4096, kept_bytes=0), data, 40)
+    again = _random_fetches(ChunkEngine(a, where="w", options=ReadOptions(coalesce_gap=4096, kept_bytes=0)), data, 40)
     covered[:] = 0
     for r in again:
         covered[int(r.key.split("/")[-3]), r.start : r.stop] += 1

@@ -43,6 +43,7 @@ from atari_zarr.read.pool import BufferPool
 __all__ = [
     "FrameBuffer",
     "FramePlan",
+    "assemble_batch",
     "collate_batch",
     "finish_batch",
     "item_fields",
@@ -94,6 +95,8 @@ class FramePlan:
     ) -> None:
         starts = np.asarray(starts, dtype=np.int64)
         first = np.asarray(first, dtype=np.int64)
+        #: ``(B,)`` first row of each item.
+        self.starts = starts
         self.last_done = np.asarray(last_done, dtype=bool)
         self.length, self.stack = int(length), int(stack)
         k, width = self.stack, self.length + self.stack
@@ -321,6 +324,62 @@ def finish_batch(obs: Any, nxt: Any, plan: FramePlan, fields: dict[str, Any]) ->
     if "timestep" in extras:
         extras["timestep"] = np.ascontiguousarray(extras["timestep"], dtype=np.int64)
     return ted_batch(obs, nxt, extra=extras, **fields)
+
+
+def assemble_batch(
+    plan: FramePlan,
+    buffer: FrameBuffer,
+    steps: dict[str, np.ndarray],
+    *,
+    window: bool,
+    steps_before: Any,
+    finals: tuple[np.ndarray, np.ndarray] | None = None,
+) -> TensorDict:
+    """The one assembly of a TED batch, whichever way its frames and steps were read.
+
+    Parameters
+    ----------
+    plan : FramePlan
+        The batch's items (``plan.starts``, ``plan.real``) and frames.
+    buffer : FrameBuffer
+        Every distinct frame of ``plan``, gathered (frames that do not exist are
+        zeroed here).
+    steps : dict of numpy.ndarray
+        Flat ``(B * L,)`` values per position: ``action``, ``reward``,
+        ``terminated``, ``truncated``, ``episode``, ``first`` (the first row of the
+        position's episode) and, for windows, ``return_to_go``; a padding position
+        holds the values of its item's first row.
+    window : bool
+        The window layout (``[B, L]``, with ``return_to_go``, ``timestep``,
+        ``fragment`` and ``mask``); else transitions ``[B]``.
+    steps_before : callable
+        ``steps_before(episodes) -> (steps, fragment)``: the steps each episode
+        played before its first stored row (:meth:`StoreReader.steps_before
+        <atari_zarr.read.store.StoreReader.steps_before>`).
+    finals : (items, frames), optional
+        Kept frames after an episode's end, one per item of ``items``, placed after
+        each such item's last real row.
+    """
+    valid = buffer.flat(plan.valid)
+    if not valid.all():
+        buffer.frames[~valid] = 0
+    if finals is not None and len(finals[0]):
+        items, frames = finals
+        put_final_frames(buffer, items, plan.next_pos[items], frames)
+    obs, nxt = buffer.views(window)
+    starts, length = plan.starts, plan.length
+    rows = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
+    exists = None if not plan.padded else np.arange(length)[None, :] < plan.real[:, None]
+    first = steps.pop("first")
+    if window:
+        safe = rows if exists is None else np.where(exists, rows, starts[:, None])
+        before, fragment = steps_before(steps["episode"])
+        steps["timestep"] = safe.ravel() - first + before
+        steps["fragment"] = fragment
+    else:
+        steps.pop("return_to_go", None)
+    fields = item_fields(rows, exists, steps, window=window)
+    return finish_batch(obs, nxt, plan, fields)
 
 
 def collate_batch(batch: Any) -> Any:

@@ -12,7 +12,8 @@ chunks; this module decides which chunks a batch of rows needs and keeps them:
 * **fetch ahead** (:meth:`ChunkReader.fetch_ahead`): the encoded bytes of rows
   that will be read soon are fetched in the background (over a network, ranges of
   one shard merged into one request), so their requests overlap with the work on
-  the current batch.
+  the current batch. They wait in the engine's one encoded-byte cache
+  (:class:`~atari_zarr.read.kept.KeptBytes`); this module keeps decoded chunks only.
 
 Layouts the engine does not recognise are read through zarr-python, so every
 array zarr can read still reads correctly, only slower. The module is generic:
@@ -24,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -33,8 +33,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.read.engine import ChunkEngine, EncodedChunk, cpu_count
-from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
-from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
+from atari_zarr.read.options import ReadOptions
 
 __all__ = ["ChunkReader"]
 
@@ -44,10 +43,6 @@ log = logging.getLogger("atari_zarr")
 _SPLIT_MIN_CHUNKS = 16
 # Decode-ahead never runs further than this many chunks ahead of the reader.
 _MAX_DECODE_AHEAD = 64
-# Encoded chunks fetched ahead are kept (least recently used dropped first) up to this
-# many bytes: chunks wanted by several batches of a group drawn ahead are fetched once,
-# whatever the decoded-chunk cache evicts meanwhile.
-_MAX_FETCHED_AHEAD = 64 << 20
 # Threads that wait for fetch-ahead requests (the requests themselves run concurrently).
 _IO_THREADS = 4
 
@@ -62,19 +57,18 @@ class ChunkReader:
         read with zarr-python.
     where : str
         URL or path of the store, for error messages.
-    cache_bytes : int
-        Bound on the decoded chunks kept between calls (0 disables the cache).
+    cache_bytes : int, optional
+        Bound on the decoded chunks kept between calls (0 disables the cache);
+        default ``options.frame_cache_bytes``.
     threads : int, optional
-        Decoding threads for large batches; default one per core.
+        Decoding threads for large batches; default ``options.threads``, else one
+        per core.
     decode_ahead : bool
         Decode the next chunks in the background when reads are sequential.
     remedy : str, optional
         What to do about a damaged chunk, ending the error message.
-    coalesce_gap : int
-        Byte ranges of one shard at most this many bytes apart are fetched with one
-        request (remote stores only; negative: never merge).
-    kept_bytes : int
-        Bound on the bytes remote requests brought that are kept in memory.
+    options : ReadOptions, optional
+        How the store is read (the engine's coalescing and encoded-byte bound too).
     engine : ChunkEngine, optional
         The engine of ``array`` to share (its shard indexes and counters); default a
         new one.
@@ -106,23 +100,21 @@ class ChunkReader:
         array: zarr.Array,
         *,
         where: str,
-        cache_bytes: int = 128 << 20,
+        cache_bytes: int | None = None,
         threads: int | None = None,
         decode_ahead: bool = True,
         remedy: str | None = None,
-        coalesce_gap: int = DEFAULT_COALESCE_GAP,
-        kept_bytes: int = DEFAULT_KEPT_BYTES,
+        options: ReadOptions | None = None,
         engine: ChunkEngine | None = None,
     ) -> None:
+        options = options or ReadOptions()
         self.array = array
-        self.engine = engine or ChunkEngine(
-            array, where=where, remedy=remedy, coalesce_gap=coalesce_gap, kept_bytes=kept_bytes
-        )
+        self.engine = engine or ChunkEngine(array, where=where, remedy=remedy, options=options)
         self.where = where
         self.name = self.engine.name
         self.grid = self.engine.grid
-        self.cache_bytes = int(cache_bytes)
-        self.threads = max(1, threads or cpu_count())
+        self.cache_bytes = options.frame_cache_limit() if cache_bytes is None else int(cache_bytes)
+        self.threads = max(1, threads or options.threads or cpu_count())
         self.decode_ahead = decode_ahead
         self._stats = {"hits": 0, "fetched_ahead": 0, "decoded_ahead": 0}
         self._lock = threading.RLock()
@@ -135,10 +127,7 @@ class ChunkReader:
         # Guards _ahead, _pending and the fetch-ahead state only: background threads
         # never take _lock, so a read holding _lock can wait for them.
         self._ahead_lock = threading.Lock()
-        # Encoded chunks fetched ahead, kept up to _MAX_FETCHED_AHEAD bytes, least
-        # recently used dropped first: chunk -> EncodedChunk.
-        self._fetched: OrderedDict[int, EncodedChunk] = OrderedDict()
-        self._fetched_bytes = 0
+        # Chunks being fetched ahead; their bytes land in the engine's KeptBytes.
         self._fetching: dict[int, Future] = {}
         self._io_pool: ThreadPoolExecutor | None = None
         self._io_pool_pid = -1
@@ -287,10 +276,10 @@ class ChunkReader:
         the store again (waiting for a fetch still under way), so the requests of the
         next batches overlap with the work on the current one. Only remote stores are
         fetched ahead (a local store is a memory map); chunks already under way are
-        skipped. Fetched chunks are kept up to a bound (64 MB of encoded bytes,
-        least recently used dropped first), so a chunk that several of the next
-        batches need is fetched once. A failed fetch is dropped silently: the read
-        asks again and reports the error itself.
+        skipped. The bytes wait in the engine's encoded-byte cache (bounded by
+        ``ReadOptions.kept_bytes``, least recently used dropped first), so a chunk
+        that several of the next batches need is fetched once. A failed fetch is
+        dropped silently: the read asks again and reports the error itself.
 
         Parameters
         ----------
@@ -323,7 +312,7 @@ class ChunkReader:
         # their bytes mostly come with a merged range of the same shard anyway.
         cids = np.unique(np.asarray(rows, dtype=np.int64).ravel() // g.chunk_rows)
         with self._ahead_lock:
-            todo = [c for c in cids.tolist() if c not in self._fetched and c not in self._fetching]
+            todo = [c for c in cids.tolist() if c not in self._fetching]
             if not todo:
                 return None
             fut = self._io_executor().submit(self._fetch_ahead, todo)
@@ -342,8 +331,6 @@ class ChunkReader:
         with self._lock, self._ahead_lock:
             self._ahead.clear()
             self._pending.clear()
-            self._fetched.clear()
-            self._fetched_bytes = 0
             self._fetching.clear()
             self._init_cache()
 
@@ -365,59 +352,24 @@ class ChunkReader:
 
     def _fetch_ahead(self, cids: list[int]) -> None:
         try:
-            chunks: list[EncodedChunk] | None = self.engine.fetch(cids)
+            self.engine.fetch(cids)  # the bytes stay in the engine's KeptBytes
+            with self._ahead_lock:
+                self._stats["fetched_ahead"] += len(cids)
         except Exception:  # the read fetches these again and reports the error itself
             log.debug("fetch-ahead of %s chunks %s failed", self.name, cids, exc_info=True)
-            chunks = None
-        with self._ahead_lock:
-            if chunks is not None:
-                for c, chunk in zip(cids, chunks, strict=True):
-                    old = self._fetched.pop(c, None)
-                    if old is not None and old.data is not None:
-                        self._fetched_bytes -= len(old.data)
-                    if chunk.data is not None:
-                        # a copy: a slice would keep its whole merged range alive
-                        chunk = chunk._replace(data=np.array(chunk.data, dtype=np.uint8))
-                        self._fetched_bytes += len(chunk.data)
-                    self._fetched[c] = chunk
-                self._stats["fetched_ahead"] += len(cids)
-                while self._fetched_bytes > _MAX_FETCHED_AHEAD and self._fetched:
-                    _, old = self._fetched.popitem(last=False)
-                    self._fetched_bytes -= 0 if old.data is None else len(old.data)
-            for c in cids:
-                if self._fetching.get(c) is not None:
-                    del self._fetching[c]
-
-    def _take_fetched(self, cids: list[int]) -> list[EncodedChunk | None]:
-        """The chunks of ``cids`` fetched ahead (waiting for fetches under way), or None each."""
-        if not self._fetched and not self._fetching:
-            return [None] * len(cids)
-        with self._ahead_lock:
-            futs = {id(f): f for c in cids if (f := self._fetching.get(c)) is not None}
-        for fut in futs.values():
-            try:
-                fut.result()
-            except Exception:  # pragma: no cover - _fetch_ahead catches its errors
-                pass
-        out: list[EncodedChunk | None] = []
-        with self._ahead_lock:
-            for c in cids:
-                chunk = self._fetched.get(c)
-                if chunk is not None:
-                    self._fetched.move_to_end(c)
-                out.append(chunk)
-        return out
+        finally:
+            with self._ahead_lock:
+                for c in cids:
+                    self._fetching.pop(c, None)
 
     def _sources(self, cids: list[int]) -> list[EncodedChunk]:
-        """The encoded chunks ``cids``: fetched ahead, or fetched now."""
-        ahead = self._take_fetched(cids)
-        missing = [i for i, chunk in enumerate(ahead) if chunk is None]
-        if len(missing) == len(cids):
-            return self.engine.fetch(cids)
-        fetched = self.engine.fetch([cids[i] for i in missing]) if missing else []
-        for i, chunk in zip(missing, fetched, strict=True):
-            ahead[i] = chunk
-        return ahead  # type: ignore[return-value]
+        """The encoded chunks ``cids``, once the fetches ahead of them are in."""
+        if self._fetching:
+            with self._ahead_lock:
+                futs = {id(f): f for c in cids if (f := self._fetching.get(c)) is not None}
+            for fut in futs.values():
+                fut.result()  # _fetch_ahead catches its own errors
+        return self.engine.fetch(cids)
 
     def _cached_slots(self, uniq: np.ndarray) -> np.ndarray:
         """Cache slots of chunks ``uniq`` (sorted, unique), decoding the missing ones."""

@@ -13,18 +13,16 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.read.batch import collate_batch
-from atari_zarr.read.draw import check_batch_size, check_prefetch, draw_ahead
+from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
-from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
-from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
+from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.store import StoreReader, check_frame_stack
 from atari_zarr.storage.paths import redact
 
 if TYPE_CHECKING:
     import pandas
 
-    from atari_zarr.read.stream import EpochStream
     from atari_zarr.read.windows import WindowDataset
 
 __all__ = ["AtariZarrDataset", "collate_batch"]
@@ -32,7 +30,7 @@ __all__ = ["AtariZarrDataset", "collate_batch"]
 log = logging.getLogger("atari_zarr")
 
 
-class AtariZarrDataset(torch.utils.data.Dataset):
+class AtariZarrDataset(ItemDataset):
     """Random access to one store, item by item or in batches, in TorchRL's TED layout.
 
     Row ``i`` is the transition ``(o_i, a_i, r_i, o_{i+1})``. Items are
@@ -60,7 +58,9 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     reads each batch with one frame fetch, and workers (``fork`` or ``spawn``)
     re-open the store from its URL. :meth:`windows` gives windows of consecutive
     steps (sequence models), :meth:`episode` whole episodes, and :meth:`stream` an
-    epoch read shard by shard.
+    epoch read shard by shard. Random access, sampling, the stream and pickling are
+    those of :class:`~atari_zarr.read.core.ItemDataset`, the one dataset behind
+    every front door.
 
     Parameters
     ----------
@@ -74,8 +74,8 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         store, so the next epoch reads it locally. Shared safely by worker processes.
     timeout : float or None, optional
         Seconds each request to a remote store may take, retries included
-        (default 60); ``None`` for no limit. A read
-        that runs out raises :class:`~atari_zarr.errors.RemoteTimeoutError`.
+        (default: ``options.timeout``, 60); ``None`` for no limit. A read that runs
+        out raises :class:`~atari_zarr.errors.RemoteTimeoutError`.
     frame_stack : int
         Number of frames per observation (1: single ``[84, 84]`` frames).
     partial : bool
@@ -85,6 +85,11 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         ``action`` as one of ALE's 18 actions (the store's ``action_full`` array,
         written by ``convert --full-action-space``) instead of an index into the
         game's minimal action set: one action space for several games.
+    options : ReadOptions, optional
+        How the store is read (:class:`~atari_zarr.read.options.ReadOptions`: the
+        decoded-chunk cache, coalescing of remote requests, the encoded bytes kept,
+        ``sample_iter``'s prefetch, the deadline, decoding threads). Frozen, and
+        handed to DataLoader workers with the dataset.
 
     Raises
     ------
@@ -113,18 +118,6 @@ class AtariZarrDataset(torch.utils.data.Dataset):
     torch.Size([2, 4, 84, 84])
     """
 
-    #: Bound on decoded frame chunks kept between batches, per dataset (and per worker).
-    frame_cache_bytes: int = 128 << 20
-    #: Remote stores: frame chunks of one shard at most this many bytes apart are
-    #: fetched with one request. The default is the cost model
-    #: :func:`~atari_zarr.read.ranges.gap_for` for a bucket 20 ms away at 50 MB/s
-    #: (16 KB); set ``AtariZarrDataset.coalesce_gap = gap_for(latency, bandwidth)``
-    #: for another network, or -1 to fetch each chunk by itself.
-    coalesce_gap: int = DEFAULT_COALESCE_GAP
-    #: Remote stores: bound on the bytes requests brought that are kept in memory, per
-    #: dataset (and per worker), so that no byte is fetched twice while kept.
-    kept_bytes: int = DEFAULT_KEPT_BYTES
-
     def __init__(
         self,
         path_or_url: str,
@@ -135,53 +128,78 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         frame_stack: int = 1,
         partial: bool = False,
         full_action_space: bool = False,
+        options: ReadOptions | None = None,
     ) -> None:
-        self.frame_stack = check_frame_stack(frame_stack, redact(str(path_or_url)))
-        self._open(
-            {
-                "path_or_url": str(path_or_url),
-                "storage_options": storage_options,
-                "cache": cache,
-                "timeout": timeout,
-                "partial": partial,
-                "full_action_space": full_action_space,
-            }
-        )
-
-    # -- opening, and re-opening in worker processes ---------------------------------
-    def _open(self, state: dict[str, Any]) -> None:
+        options = options or ReadOptions()
+        if timeout != "default":
+            options = options.replace(timeout=timeout)
+        stack = check_frame_stack(frame_stack, redact(str(path_or_url)))
         store = StoreReader(
-            **state,
-            frame_cache_bytes=self.frame_cache_bytes,
-            coalesce_gap=self.coalesce_gap,
-            kept_bytes=self.kept_bytes,
+            str(path_or_url),
+            storage_options=storage_options,
+            cache=cache,
+            partial=partial,
+            full_action_space=full_action_space,
+            options=options,
         )
-        self._store = store
-        self.url = store.url
-        self.storage_options = store.storage_options
-        self.cache = store.cache
-        self.timeout = store.timeout
-        self.partial = store.partial
-        self.full_action_space = store.full_action_space
-        self.metadata: dict[str, Any] = store.metadata
-        #: The store's URL for messages, credentials removed.
-        self.where = store.where
+        super().__init__([store], [Items.transitions(len(store))], frame_stack=stack)
 
-    def __getstate__(self) -> dict[str, Any]:
-        # zarr stores hold file-system handles and event loops that must not cross a fork.
-        return {**self._store.reopen_state(), "frame_stack": self.frame_stack}
+    @classmethod
+    def _over(cls, store: StoreReader, frame_stack: int) -> AtariZarrDataset:
+        """The dataset of a store already opened."""
+        ds = cls.__new__(cls)
+        ItemDataset.__init__(ds, [store], [Items.transitions(len(store))], frame_stack=frame_stack)
+        return ds
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        self.frame_stack = state.pop("frame_stack", 1)
-        if "url" in state:  # pickled by an earlier release
-            state["path_or_url"] = state.pop("url")
-        self._open(state)
+        if "_stores" not in state:  # pickled by an earlier release: the store's arguments
+            state = dict(state)
+            stack = state.pop("frame_stack", 1)
+            url = state.pop("path_or_url", None) or state.pop("url")
+            options = ReadOptions(timeout=state.pop("timeout", "default"))
+            for old in ("frame_cache_bytes", "coalesce_gap", "kept_bytes"):
+                if old in state:
+                    options = options.replace(**{old: state.pop(old)})
+            self.__init__(url, frame_stack=stack, options=options, **state)  # type: ignore[misc]
+            return
+        super().__setstate__(state)
+
+    # -- the store ------------------------------------------------------------------
+    @property
+    def _store(self) -> StoreReader:
+        return self._stores[0]
+
+    @property
+    def url(self) -> str:
+        """The store's path or URL, as given."""
+        return self._store.url
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return self._store.storage_options
+
+    @property
+    def cache(self) -> str | None:
+        return self._store.cache
+
+    @property
+    def timeout(self) -> float | None:
+        return self._store.timeout
+
+    @property
+    def partial(self) -> bool:
+        return self._store.partial
+
+    @property
+    def full_action_space(self) -> bool:
+        return self._store.full_action_space
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The store's attributes (game, run, counts, per-episode table, ...)."""
+        return self._store.metadata
 
     # -- indexing -------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self._store)
-
     def __repr__(self) -> str:
         game, run = self.metadata.get("game"), self.metadata.get("run")
         return (
@@ -202,97 +220,6 @@ class AtariZarrDataset(torch.utils.data.Dataset):
             ``(len(rows), 84, 84)`` uint8.
         """
         return self._store.frames.read(rows)
-
-    def __getitem__(self, idx: Any) -> TensorDict:
-        rows, scalar = normalize_index(idx, len(self), self.where)
-        td = self._store.read_items(rows, length=1, stack=self.frame_stack)
-        return td[0] if scalar else td
-
-    def __getitems__(self, indices: list[int]) -> TensorDict:
-        """A whole batch at once: what ``DataLoader`` calls with automatic batching.
-
-        Use it with ``collate_fn=collate_batch`` (the default collate would split the
-        batch back into items).
-        """
-        return self[np.asarray(indices, dtype=np.int64)]
-
-    def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
-        """A batch of ``batch_size`` transitions drawn uniformly with replacement.
-
-        Parameters
-        ----------
-        batch_size : int
-            Number of transitions.
-        generator : torch.Generator, optional
-            For reproducible batches.
-        """
-        size = check_batch_size(batch_size, self.where)
-        if len(self) == 0:
-            raise IndexError(f"{self.where} holds no transitions; there is nothing to sample")
-        rows = torch.randint(0, len(self), (size,), generator=generator)
-        return self[rows]
-
-    def fetch_ahead(self, rows: np.ndarray) -> None:
-        """Start fetching the frames that reading ``rows`` will need (remote stores).
-
-        See :meth:`~atari_zarr.read.chunks.ChunkReader.fetch_ahead`.
-        """
-        plan = self._store.frame_plan(np.asarray(rows, dtype=np.int64), 1, self.frame_stack)
-        self._store.frames.fetch_ahead(plan.rows[plan.valid])
-
-    def sample_iter(
-        self,
-        batch_size: int,
-        *,
-        batches: int | None = None,
-        prefetch: int = 4,
-        generator: torch.Generator | None = None,
-    ) -> Iterator[TensorDict]:
-        """Batches of :meth:`sample`, with the next ``prefetch`` batches drawn ahead.
-
-        The rows of each batch are drawn from ``generator`` in order, exactly as
-        repeated ``sample(batch_size, generator=generator)`` calls draw them, so the
-        batches are the same with any ``prefetch``. While one batch is decoded, the
-        encoded frame chunks of the next ``prefetch`` batches are on their way
-        (:meth:`fetch_ahead`, requests of one shard merged), which hides a remote
-        store's latency. A local store reads as with :meth:`sample`.
-
-        Parameters
-        ----------
-        batch_size : int
-            Transitions per batch.
-        batches : int, optional
-            Number of batches (default: without end).
-        prefetch : int
-            Batches drawn ahead, as TorchRL's ``prefetch`` (0: none). They are drawn
-            and fetched in groups of ``prefetch`` batches, a new group when half of
-            the previous one is read, so between ``prefetch / 2`` and ``1.5 *
-            prefetch`` batches are ahead. Memory: the encoded bytes of their
-            shards' ranges.
-        generator : torch.Generator, optional
-            For reproducible batches; drawn ``prefetch`` batches ahead of the one
-            returned.
-
-        Examples
-        --------
-        >>> ds = AtariZarrDataset(store_url)
-        >>> g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-        >>> ahead = list(ds.sample_iter(16, batches=3, prefetch=2, generator=g1))
-        >>> plain = [ds.sample(16, generator=g2) for _ in range(3)]
-        >>> all((a["index"] == b["index"]).all() for a, b in zip(ahead, plain))
-        True
-        """
-        prefetch = check_prefetch(prefetch, self.where)
-        if len(self) == 0:
-            raise IndexError(f"{self.where} holds no transitions; there is nothing to sample")
-        n, size = len(self), check_batch_size(batch_size, self.where)
-        yield from draw_ahead(
-            lambda: torch.randint(0, n, (size,), generator=generator).numpy(),
-            self.__getitem__,
-            self.fetch_ahead,
-            prefetch=prefetch,
-            batches=batches,
-        )
 
     # -- episodes ---------------------------------------------------------------------
     @property
@@ -475,86 +402,6 @@ class AtariZarrDataset(torch.utils.data.Dataset):
         from atari_zarr.read.windows import WindowDataset
 
         return WindowDataset(self._store, length, pad=pad, frame_stack=self.frame_stack)
-
-    def stream(
-        self,
-        batch_size: int,
-        *,
-        seed: int = 0,
-        epoch: int = 0,
-        shuffle: bool = True,
-        shuffle_buffer: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        drop_last: bool = False,
-        units_ahead: int | None = None,
-        unit_rows: int | None = None,
-    ) -> EpochStream:
-        """One epoch as TED batches, each transition exactly once, read unit by unit.
-
-        Whole frame shards are fetched with one request each, ``units_ahead`` in
-        flight, in an order drawn from ``(seed, epoch)``; transitions leave through a
-        shuffle buffer of decoded units. Batches have the keys, shapes and
-        ``frame_stack`` of ``ds[idx]``. See ``docs/streaming.md``.
-
-        Parameters
-        ----------
-        batch_size : int
-            Transitions per batch (the last batch may be smaller, alike on every
-            consumer).
-        seed, epoch : int
-            The order of units and of transitions is drawn from these.
-        shuffle : bool
-            False: the stored order (each consumer's units in order).
-        shuffle_buffer : int, optional
-            Transitions held decoded for mixing (default
-            :data:`~atari_zarr.read.stream.DEFAULT_SHUFFLE_BUFFER`, 4 shards):
-            batches mix ``shuffle_buffer // unit_rows`` units. More is more random
-            and costs ``84 * 84`` bytes per transition.
-        rank, world_size : int, optional
-            This process's part (default: from ``torch.distributed`` when
-            initialised, else the whole store). DataLoader workers split it further.
-        drop_last : bool
-            Every consumer (rank x DataLoader worker) yields the same number of
-            batches either way. False (default): consumers short of the largest
-            count repeat one of their own transitions, as ``DistributedSampler``
-            pads. True: only whole batches, and fewer than ``consumers *
-            batch_size`` transitions are left out of the epoch.
-        units_ahead : int, optional
-            Units fetched and decoded ahead of the one being read (default 4).
-        unit_rows : int, optional
-            Rows per read unit (default: a shard), a multiple of the chunk rows.
-
-        Returns
-        -------
-        EpochStream
-            Iterable of batches, and a ``torch.utils.data.IterableDataset`` with
-            ``state_dict()``/``load_state_dict()``.
-
-        Examples
-        --------
-        >>> ds = AtariZarrDataset(store_url, frame_stack=4)
-        >>> batch = next(iter(ds.stream(32, seed=0)))
-        >>> batch["observation"].shape, batch["next", "observation"].shape
-        (torch.Size([32, 4, 84, 84]), torch.Size([32, 4, 84, 84]))
-        """
-        from atari_zarr.read.stream import stream_over
-
-        return stream_over(
-            [self._store],
-            [Items.transitions(len(self))],
-            batch_size,
-            frame_stack=self.frame_stack,
-            seed=seed,
-            epoch=epoch,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            rank=rank,
-            world_size=world_size,
-            drop_last=drop_last,
-            units_ahead=units_ahead,
-            unit_rows=unit_rows,
-        )
 
     # -- convenience ------------------------------------------------------------------
     @property

@@ -44,8 +44,9 @@ from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.fingerprints import foreign_object_message, object_crc, recorded
 from atari_zarr.read.fetch import byte_source
-from atari_zarr.read.kept import DEFAULT_KEPT_BYTES, KeptBytes
-from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
+from atari_zarr.read.kept import KeptBytes
+from atari_zarr.read.options import ReadOptions
+from atari_zarr.read.ranges import ByteRange, coalesce_ranges
 
 __all__ = [
     "DEFAULT_REMEDY",
@@ -231,14 +232,13 @@ class ChunkEngine:
         URL or path of the store, for error messages (credentials removed).
     remedy : str, optional
         What to do about a damaged chunk, ending the error message.
-    coalesce_gap : int
-        Byte ranges of one shard at most this many bytes apart are fetched with one
-        request (remote stores only; negative: never merge). Default
-        :func:`~atari_zarr.read.ranges.gap_for`'s cost model (16 KB).
-    kept_bytes : int
-        Bound on the bytes remote requests brought that are kept in memory
-        (:class:`~atari_zarr.read.kept.KeptBytes`), so that a chunk a merged request
-        brought is not fetched again; 0 keeps nothing.
+    options : ReadOptions, optional
+        ``coalesce_gap`` (byte ranges of one shard at most this many bytes apart are
+        fetched with one request; remote stores only, -1: never merge) and
+        ``kept_bytes`` (bound on the encoded bytes remote requests brought that are
+        kept in memory, :class:`~atari_zarr.read.kept.KeptBytes`: the one
+        encoded-byte cache of the array, which what is fetched ahead waits in too;
+        0 keeps nothing).
 
     Attributes
     ----------
@@ -269,14 +269,14 @@ class ChunkEngine:
         *,
         where: str,
         remedy: str | None = None,
-        coalesce_gap: int = DEFAULT_COALESCE_GAP,
-        kept_bytes: int = DEFAULT_KEPT_BYTES,
+        options: ReadOptions | None = None,
     ) -> None:
+        options = options or ReadOptions()
         self.array = array
         self.where = where
         self.remedy = remedy or DEFAULT_REMEDY
         self.name = array.path or array.name
-        self.coalesce_gap = int(coalesce_gap)
+        self.coalesce_gap = options.coalesce_gap
         self.stats = {"requests": 0, "fetched_bytes": 0, "decoded": 0, "kept_hits": 0}
         try:
             self.grid: ChunkGrid | None = ChunkGrid(array)
@@ -291,8 +291,8 @@ class ChunkEngine:
         # from batch to batch, so the next epoch would find none of them. Per-chunk
         # ranges there, which it serves again whatever the rows.
         self.merge = self.bytes.remote and not isinstance(store, RangeCacheStore)
-        #: What merged requests brought (remote stores only).
-        self.kept = KeptBytes(kept_bytes if self.merge else 0)
+        #: What remote requests brought: the array's one encoded-byte cache.
+        self.kept = KeptBytes(options.kept_bytes if self.bytes.remote else 0)
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
         #: The crc32c its writer recorded for each object (None: none recorded).
@@ -339,13 +339,13 @@ class ChunkEngine:
     def get(self, ranges: Sequence[ByteRange], *, merge: bool | None = None) -> list[Any]:
         """Bytes of ``ranges`` in one round of requests.
 
-        With ``merge`` (default: remote stores), bounded ranges already kept are taken
-        from memory, the others of one object lying close together are fetched with
-        one request (never bridging bytes kept), and what each request brought is kept.
+        Over a network (unless ``merge=False``), bounded ranges already kept are
+        taken from memory and what each request brought is kept; outside a range
+        cache, the others of one object lying close together are fetched with one
+        request (never bridging bytes kept).
         """
-        merge = self.merge if merge is None else merge
         remote = self.bytes.remote
-        if not merge or self.coalesce_gap < 0:
+        if merge is False or not remote or (not self.merge and not self.kept.max_bytes):
             if remote:
                 self._count("requests", len(ranges))
             return self.bytes.get(ranges)
@@ -364,7 +364,8 @@ class ChunkEngine:
         if len(bounded) < len(ranges) - len(others):
             self._count("kept_hits", len(ranges) - len(others) - len(bounded))
         spans = [(ranges[i].key, int(ranges[i].start), int(ranges[i].stop)) for i in bounded]  # type: ignore[arg-type]
-        merged, parts = coalesce_ranges(spans, self.coalesce_gap, held=self.kept.holds)
+        gap = self.coalesce_gap if self.merge else -1
+        merged, parts = coalesce_ranges(spans, gap, held=self.kept.holds)
         if not merged and not others:
             return out
         data = self.bytes.get([*merged, *(ranges[i] for i in others)])

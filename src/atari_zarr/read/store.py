@@ -51,21 +51,13 @@ from atari_zarr.layout import (
     is_complete,
     read_metadata,
 )
-from atari_zarr.read.batch import (
-    FrameBuffer,
-    FramePlan,
-    finish_batch,
-    item_fields,
-    put_final_frames,
-)
+from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch
 from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.read.columns import StepColumn, open_step_columns
 from atari_zarr.read.consumer import quiet_worker_exit
 from atari_zarr.read.engine import DEFAULT_REMEDY
-from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
+from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
-from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
-from atari_zarr.storage.deadline import resolve_timeout
 from atari_zarr.storage.paths import is_url, redact
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -95,19 +87,15 @@ class StoreReader:
         fsspec options.
     cache : path, optional
         Local directory keeping every byte range fetched from a remote store.
-    timeout : float or None, optional
-        Seconds per request to a remote store (default 60).
     partial : bool
         Open an unfinished recording: its flushed whole episodes only.
     full_action_space : bool
         ``action`` is ALE's 18-action id (the store's ``action_full`` array) instead of
         the index into the game's minimal action set.
-    frame_cache_bytes : int
-        Bound on decoded frame chunks kept between batches.
-    coalesce_gap, kept_bytes : int
-        How far apart two frame chunks may lie to be fetched with one request, and
-        the bound on the bytes requests brought that are kept in memory (remote
-        stores; :class:`~atari_zarr.read.engine.ChunkEngine`).
+    options : ReadOptions, optional
+        How the store is read (:class:`~atari_zarr.read.options.ReadOptions`: the
+        request deadline, the decoded-chunk and encoded-byte bounds, coalescing);
+        kept when the store is opened again in another process.
 
     Raises
     ------
@@ -131,23 +119,16 @@ class StoreReader:
         *,
         storage_options: dict[str, Any] | None = None,
         cache: str | os.PathLike[str] | None = None,
-        timeout: float | str | None = "default",
         partial: bool = False,
         full_action_space: bool = False,
-        frame_cache_bytes: int = 128 << 20,
-        coalesce_gap: int = DEFAULT_COALESCE_GAP,
-        kept_bytes: int = DEFAULT_KEPT_BYTES,
+        options: ReadOptions | None = None,
     ) -> None:
-        #: What opens this store again (pickling: another process reopens it by URL).
-        self._tuning = {
-            "frame_cache_bytes": int(frame_cache_bytes),
-            "coalesce_gap": int(coalesce_gap),
-            "kept_bytes": int(kept_bytes),
-        }
+        #: How this store is read (kept when it is opened again in another process).
+        self.options = options or ReadOptions()
         self.url = str(path_or_url)
         self.storage_options = dict(storage_options or {})
         self.cache = None if cache is None else os.fspath(cache)
-        self.timeout = resolve_timeout(timeout)
+        self.timeout: float | None = self.options.timeout  # type: ignore[assignment]
         self.partial = bool(partial)
         self.full_action_space = bool(full_action_space)
         #: The store's URL for messages, credentials removed.
@@ -199,15 +180,11 @@ class StoreReader:
                 threads=1,
                 decode_ahead=False,
                 remedy=self.remedy,
+                options=self.options,
             )
         )
         self.frames = ChunkReader(
-            self.observation,
-            where=self.where,
-            cache_bytes=frame_cache_bytes,
-            remedy=self.remedy,
-            coalesce_gap=coalesce_gap,
-            kept_bytes=kept_bytes,
+            self.observation, where=self.where, remedy=self.remedy, options=self.options
         )
         #: The frame array's engine, shared by every reader of this store.
         self.engine = self.frames.engine
@@ -256,7 +233,7 @@ class StoreReader:
     def __getstate__(self) -> dict[str, Any]:
         # file-system handles, locks and memory maps never cross processes: the store is
         # opened again by its URL (a DataLoader worker, spawned or forked)
-        return {**self.reopen_state(), **self._tuning}
+        return self.reopen_state()
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
@@ -268,9 +245,9 @@ class StoreReader:
             "path_or_url": self.url,
             "storage_options": self.storage_options,
             "cache": self.cache,
-            "timeout": self.timeout,
             "partial": self.partial,
             "full_action_space": self.full_action_space,
+            "options": self.options,
         }
 
     # -- episodes ---------------------------------------------------------------------
@@ -430,19 +407,16 @@ class StoreReader:
         starts = np.asarray(starts, dtype=np.int64)
         plan = self.frame_plan(starts, length, stack, real)
         buffer = FrameBuffer(self.pool, len(starts), length, stack, self.observation.shape[1:])
-        valid = buffer.flat(plan.valid)
         # every frame is read in one call, straight into the batch's buffer; positions
         # that are padding read a row that exists and are zeroed after
-        rows = np.where(valid, buffer.flat(plan.rows), 0)
+        rows = np.where(buffer.flat(plan.valid), buffer.flat(plan.rows), 0)
         self.frames.read(rows, out=buffer.frames)
-        if not valid.all():
-            buffer.frames[~valid] = 0
-        self._put_finals(plan, buffer, starts)
+        offsets = np.arange(length, dtype=np.int64)[None, :]
+        safe = starts[:, None] + offsets
+        if plan.padded:
+            safe = np.where(offsets < plan.real[:, None], safe, starts[:, None])
+        safe = safe.ravel()
         window = length > 1 if windowed is None else windowed
-        obs, nxt = buffer.views(window)
-        rows2d = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
-        exists = None if real is None else np.arange(length)[None, :] < np.asarray(real)[:, None]
-        safe = (rows2d if exists is None else np.where(exists, rows2d, starts[:, None])).ravel()
         steps = {
             "action": self.action[safe],
             "reward": self.reward[safe],
@@ -450,21 +424,25 @@ class StoreReader:
             "truncated": self.truncated[safe],
             "episode": self.episode[safe],
         }
+        steps["first"] = self.episodes.starts[steps["episode"]]
         if window:
             steps["return_to_go"] = self.return_to_go(safe)
-            before, fragment = self.steps_before(steps["episode"])
-            steps["timestep"] = safe - self.first_row(safe) + before
-            steps["fragment"] = fragment
-        fields = item_fields(rows2d, exists, steps, window=window)
-        return finish_batch(obs, nxt, plan, fields)
+        return assemble_batch(
+            plan,
+            buffer,
+            steps,
+            window=window,
+            steps_before=self.steps_before,
+            finals=self._finals_of(plan),
+        )
 
-    def _put_finals(self, plan: FramePlan, buffer: FrameBuffer, starts: np.ndarray) -> None:
+    def _finals_of(self, plan: FramePlan) -> tuple[np.ndarray, np.ndarray] | None:
         """The kept frame after an episode's end, where the item's last real row ends one."""
         if self.final_observation is None or not plan.last_done.any():
-            return
+            return None
         items = np.flatnonzero(plan.last_done)
-        last = starts[items] + plan.real[items] - 1
-        put_final_frames(buffer, items, plan.next_pos[items], self.final_frames(self.episode[last]))
+        last = plan.starts[items] + plan.real[items] - 1
+        return items, self.final_frames(self.episode[last])
 
 
 def check_frame_stack(value: Any, where: str) -> int:

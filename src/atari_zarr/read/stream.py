@@ -42,6 +42,7 @@ from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
 from atari_zarr.read.engine import cpu_count
 from atari_zarr.read.epoch import EpochPlan
 from atari_zarr.read.items import Items
+from atari_zarr.read.mixture import store_probabilities, tag_store
 from atari_zarr.read.store import StoreReader
 from atari_zarr.read.units import (
     DEFAULT_SHUFFLE_BUFFER,
@@ -116,12 +117,13 @@ class EpochStream(torch.utils.data.IterableDataset):
         unit_rows: int | None = None,
         weights: Sequence[float] | np.ndarray | None = None,
         several: bool | None = None,
+        where: str | None = None,
     ) -> None:
         self.stores = list(stores)
         self.items = list(items)
         #: True: batches carry ``game_id``, ``row`` and a global ``index``.
         self.several = len(self.stores) > 1 if several is None else bool(several)
-        where = (
+        where = where or (
             f"MultiGameDataset of {len(self.stores)} stores" if self.several else stores[0].where
         )
         self.where = where
@@ -147,12 +149,8 @@ class EpochStream(torch.utils.data.IterableDataset):
             np.int64
         )
         self._item_count = int(lengths.sum())
-        if weights is None:
-            w = lengths.astype(np.float64)
-        else:
-            w = np.asarray(weights, dtype=np.float64)
-        w = np.where(lengths > 0, w, 0.0)
-        self.weights = w / w.sum() if w.sum() > 0 else w
+        #: Probability of drawing each store (one store: 1).
+        self.weights = store_probabilities(lengths, weights) if self.several else np.ones(1)
         #: Items emitted per store and consumer in the current epoch.
         self.store_positions: list[dict[int, int]] = [{} for _ in self.stores]
         #: Batches emitted per consumer in the current epoch (several stores).
@@ -346,11 +344,7 @@ class EpochStream(torch.utils.data.IterableDataset):
                     if td is None:  # pragma: no cover - counts never exceed what is left
                         continue
                     if self.several:
-                        idx = td["index"]
-                        td["row"] = idx
-                        # padding positions of windows keep their -1
-                        td["index"] = torch.where(idx >= 0, idx + int(self.offsets[g]), idx)
-                        td["game_id"] = torch.full(td.batch_size, g, dtype=torch.int64)
+                        td = tag_store(td, g, int(self.offsets[g]))
                     parts.append(td)
                     pos = self.store_positions[g]
                     pos[consumer] = pos.get(consumer, 0) + len(td)

@@ -33,13 +33,7 @@ import numpy as np
 from tensordict import TensorDict
 
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.read.batch import (
-    FrameBuffer,
-    FramePlan,
-    finish_batch,
-    item_fields,
-    put_final_frames,
-)
+from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items
 from atari_zarr.read.store import StoreReader
@@ -379,40 +373,34 @@ class UnitReader:
         # halo in front holds the k - 1 frames before the unit
         at = (slots * self.ext + off)[:, None] + np.arange(length + k, dtype=np.int64)[None, :]
         flat = self.slab.reshape(-1, *frame_shape)
-        # one gather of every distinct frame into reused memory; rows that are padding
-        # (or beyond the end of the store) are zeroed after. mode='clip': with the
-        # default mode numpy gathers into a temporary buffer first
+        # one gather of every distinct frame into reused memory (frames that do not
+        # exist are zeroed by assemble_batch). mode='clip': with the default mode
+        # numpy gathers into a temporary buffer first
         np.take(flat, buffer.flat(at), axis=0, out=buffer.frames, mode="clip")
-        valid = buffer.flat(plan.valid)
-        if not valid.all():
-            buffer.frames[~valid] = 0
-        if self.finals and plan.last_done.any():
-            self._put_finals(buffer, plan, slots, last - base)
-        obs, nxt = buffer.views(self.windowed)
         steps_at = off[:, None] + np.arange(length, dtype=np.int64)[None, :]
-        exists = None
-        if real is not None:
-            exists = np.arange(length)[None, :] < real[:, None]
-            steps_at = np.where(exists, steps_at, off[:, None])
+        if plan.padded:
+            steps_at = np.where(
+                np.arange(length)[None, :] < plan.real[:, None], steps_at, off[:, None]
+            )
         fi = (base[:, None] + steps_at).ravel()
-        steps = {
-            name: cols[name].take(fi)
-            for name in ("action", "reward", "terminated", "truncated", "episode")
-        }
-        rows2d = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
+        names = ["action", "reward", "terminated", "truncated", "episode", "first"]
         if self.windowed:
-            steps["return_to_go"] = cols["return_to_go"].take(fi)
-            before, fragment = self.store.steps_before(steps["episode"])
-            steps["timestep"] = (
-                (starts[:, None] + steps_at - off[:, None]).ravel() - cols["first"].take(fi)
-            ) + before
-            steps["fragment"] = fragment
-        fields = item_fields(rows2d, exists, steps, window=self.windowed)
-        return finish_batch(obs, nxt, plan, fields)
+            names.append("return_to_go")
+        steps = {name: cols[name].take(fi) for name in names}
+        finals = self._finals_of(plan, slots, last - base) if self.finals else None
+        return assemble_batch(
+            plan,
+            buffer,
+            steps,
+            window=self.windowed,
+            steps_before=self.store.steps_before,
+            finals=finals,
+        )
 
-    def _put_finals(
-        self, buffer: FrameBuffer, plan: FramePlan, slots: np.ndarray, last: np.ndarray
-    ) -> None:
+    def _finals_of(
+        self, plan: FramePlan, slots: np.ndarray, last: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """Kept frames after episodes' ends that items of this batch end on."""
         items, frames = [], []
         for i in np.flatnonzero(plan.last_done).tolist():
             kept = self.finals.get(int(slots[i]))
@@ -421,9 +409,9 @@ class UnitReader:
             at, finals = kept
             items.append(i)
             frames.append(finals[int(np.searchsorted(at, last[i]))])
-        if items:
-            idx = np.asarray(items, dtype=np.int64)
-            put_final_frames(buffer, idx, plan.next_pos[idx], np.stack(frames))
+        if not items:
+            return None
+        return np.asarray(items, dtype=np.int64), np.stack(frames)
 
     def close(self) -> None:
         pool, self.pool = self.pool, None

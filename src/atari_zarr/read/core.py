@@ -1,0 +1,378 @@
+"""The one dataset: items of one store or several, read at random, sampled and streamed.
+
+:class:`ItemDataset` is a map-style :class:`torch.utils.data.Dataset` over
+``(stores, items, weights)``: the opened stores
+(:class:`~atari_zarr.read.store.StoreReader`), what an item of each is
+(:class:`~atari_zarr.read.items.Items`: a transition, or a window of ``K`` rows),
+and, for several stores, the weight of each. Everything a reader does with items is
+written here once: indexing and the batched ``__getitems__`` of ``DataLoader``,
+:meth:`~ItemDataset.sample`, :meth:`~ItemDataset.sample_iter` with batches drawn
+ahead, :meth:`~ItemDataset.stream` (the epoch stream of :mod:`atari_zarr.read.stream`)
+and pickling for DataLoader workers. The front doors are thin constructors of it:
+
+* :class:`~atari_zarr.AtariZarrDataset`: the transitions of one store, plus its
+  episodes and their pictures;
+* ``AtariZarrDataset.windows(K)`` (:class:`~atari_zarr.read.windows.WindowDataset`):
+  the windows of one store;
+* :class:`~atari_zarr.MultiGameDataset` and its ``windows(K)``: several stores, each
+  item tagged with ``game_id`` (:func:`~atari_zarr.read.mixture.tag_store`), stores
+  drawn by weight (:func:`~atari_zarr.read.mixture.draw_mixture`).
+
+Item ``i`` of several stores is item ``i - offsets[g]`` of store ``g``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict
+
+from atari_zarr.read.draw import check_batch_size, check_prefetch, draw_ahead
+from atari_zarr.read.indexing import normalize_index
+from atari_zarr.read.items import Items
+from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_store
+from atari_zarr.read.options import ReadOptions
+from atari_zarr.read.store import StoreReader
+
+if TYPE_CHECKING:
+    from atari_zarr.read.stream import EpochStream
+
+__all__ = ["ItemDataset"]
+
+
+class ItemDataset(torch.utils.data.Dataset):
+    """Items of one store or several (see the module); the front doors construct it.
+
+    Parameters
+    ----------
+    stores : sequence of StoreReader
+        The opened stores.
+    items : sequence of Items
+        What an item of each store is (one per store).
+    frame_stack : int
+        Frames per observation.
+    several : bool
+        True: items carry ``game_id``, ``row`` and a global ``index``, and
+        :meth:`sample` draws a store by weight first (False: one store, uniform).
+    weights : sequence of float, optional
+        Several stores: relative probability of drawing each (default:
+        proportional to its items).
+    names : sequence of str, optional
+        The stores, for messages.
+    where : str, optional
+        This dataset in messages (default: the one store's URL).
+
+    Examples
+    --------
+    >>> store = StoreReader(store_url)
+    >>> both = ItemDataset([store, store], [Items.transitions(len(store))] * 2, several=True)
+    >>> len(both) == 2 * len(store), both[len(store)]["game_id"].item()
+    (True, 1)
+    """
+
+    def __init__(
+        self,
+        stores: Sequence[StoreReader],
+        items: Sequence[Items],
+        *,
+        frame_stack: int = 1,
+        several: bool = False,
+        weights: Sequence[float] | None = None,
+        names: Sequence[str] | None = None,
+        where: str | None = None,
+    ) -> None:
+        self._stores = list(stores)
+        self.frame_stack = int(frame_stack)
+        self.several = bool(several)
+        self._names = None if names is None else list(names)
+        #: This dataset in messages.
+        self.where = where or self._stores[0].where
+        self._weights_given = None if weights is None else list(weights)
+        self._set_items(list(items))
+
+    def _set_items(self, items: list[Items]) -> None:
+        """Items come from ``items``, one :class:`Items` per store."""
+        self._items = items
+        counts = np.array([len(i) for i in items], dtype=np.int64)
+        #: Global item number of each store's first item.
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        #: Global index of each store's first row (the ``index`` of several stores' items).
+        self.row_offsets = np.concatenate([[0], np.cumsum([len(s) for s in self._stores])]).astype(
+            np.int64
+        )
+        #: Probability of drawing each store (sums to 1; 0 for stores without items).
+        self.weights = (
+            store_probabilities(counts, self._weights_given, self._names)
+            if self.several
+            else np.ones(1)
+        )
+
+    @property
+    def options(self) -> ReadOptions:
+        """How the (first) store is read."""
+        return self._stores[0].options
+
+    @property
+    def _unit(self) -> str:
+        return "transitions" if self._items[0].identity else "windows"
+
+    #: Attributes rebuilt from the stores after unpickling (not pickled).
+    _rebuilt: tuple[str, ...] = ()
+
+    # -- pickling: DataLoader workers (fork or spawn) open the stores again by URL -----
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
+        state["_stores"] = [s.reopen_state() for s in self._stores]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        stores = [StoreReader(**s) for s in state.pop("_stores")]
+        self.__dict__.update(state)
+        self._stores = stores
+
+    # -- indexing ---------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+    def _split(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Store and item within it of each global item."""
+        # side="right" skips stores without items: their offset equals the next store's
+        store = np.searchsorted(self.offsets, items, side="right") - 1
+        return store, items - self.offsets[store]
+
+    def _read_store(self, g: int, local: np.ndarray) -> TensorDict:
+        """Items ``local`` of store ``g``, as this dataset gives them."""
+        items = self._items[g]
+        td = self._stores[g].read_items(
+            items.starts(local),
+            length=items.length,
+            stack=self.frame_stack,
+            real=items.real(local),
+            windowed=not items.identity,
+        )
+        return tag_store(td, g, int(self.row_offsets[g])) if self.several else td
+
+    def read(self, items: np.ndarray) -> TensorDict:
+        """A batch of items (global numbers, in ``[0, len(self))``), each store read once."""
+        items = np.asarray(items, dtype=np.int64)
+        if not self.several:
+            return self._read_store(0, items)
+        store, local = self._split(items)
+        parts, where = [], []
+        for g in np.unique(store).tolist():
+            sel = np.flatnonzero(store == g)
+            parts.append(self._read_store(g, local[sel]))
+            where.append(sel)
+        if not parts:
+            return self._read_store(0, local)
+        if len(parts) == 1:
+            return parts[0]
+        order = np.argsort(np.concatenate(where), kind="stable")
+        return torch.cat(parts)[torch.from_numpy(order)]
+
+    def __getitem__(self, idx: Any) -> TensorDict:
+        items, scalar = normalize_index(idx, len(self), self.where, unit=self._unit)
+        td = self.read(items)
+        return td[0] if scalar else td
+
+    def __getitems__(self, indices: list[int]) -> TensorDict:
+        """A whole batch at once: what ``DataLoader`` calls with automatic batching.
+
+        Use it with ``collate_fn=collate_batch`` (the default collate would split the
+        batch back into items).
+        """
+        return self[np.asarray(indices, dtype=np.int64)]
+
+    def locate(self, idx: Any) -> tuple[np.ndarray, np.ndarray]:
+        """``(store, item within it)`` of each index (any index ``__getitem__`` takes)."""
+        items, _ = normalize_index(idx, len(self), self.where, unit=self._unit)
+        return self._split(items)
+
+    # -- sampling ---------------------------------------------------------------------
+    def _nothing(self) -> IndexError:
+        first = self._items[0]
+        if first.identity:
+            return IndexError(f"{self.where} holds no transitions; there is nothing to sample")
+        return IndexError(f"{self.where} has no window of {first.length} steps to sample")
+
+    def _drawer(self, batch_size: int, generator: torch.Generator | None) -> Any:
+        """What draws the item numbers of one batch (checked once)."""
+        size = check_batch_size(batch_size, self.where)
+        if self.several:
+            offsets, weights = self.offsets, self.weights
+            return lambda: draw_mixture(offsets, weights, size, generator)
+        n = len(self)
+        if n == 0:
+            raise self._nothing()
+        return lambda: torch.randint(0, n, (size,), generator=generator)
+
+    def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
+        """A batch of ``batch_size`` items drawn uniformly with replacement (several
+        stores: each item's store drawn by weight, then a uniform item of it).
+
+        Parameters
+        ----------
+        batch_size : int
+            Number of items.
+        generator : torch.Generator, optional
+            For reproducible batches.
+        """
+        return self[self._drawer(batch_size, generator)()]
+
+    def fetch_ahead(self, items: np.ndarray) -> None:
+        """Start fetching the frames that reading ``items`` will need (remote stores).
+
+        See :meth:`~atari_zarr.read.chunks.ChunkReader.fetch_ahead`.
+        """
+        items = np.asarray(items, dtype=np.int64)
+        store, local = self._split(items) if self.several else (np.zeros_like(items), items)
+        for g in np.unique(store).tolist():
+            sel = local[store == g]
+            its, reader = self._items[g], self._stores[g]
+            plan = reader.frame_plan(its.starts(sel), its.length, self.frame_stack, its.real(sel))
+            reader.frames.fetch_ahead(plan.rows[plan.valid])
+
+    def sample_iter(
+        self,
+        batch_size: int,
+        *,
+        batches: int | None = None,
+        prefetch: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> Iterator[TensorDict]:
+        """Batches of :meth:`sample`, with the next ``prefetch`` batches drawn ahead.
+
+        The items of each batch are drawn from ``generator`` in order, exactly as
+        repeated ``sample(batch_size, generator=generator)`` calls draw them, so the
+        batches are the same with any ``prefetch``. While one batch is decoded, the
+        encoded frame chunks of the next ``prefetch`` batches are on their way
+        (:meth:`fetch_ahead`, requests of one shard merged), which hides a remote
+        store's latency. A local store reads as with :meth:`sample`.
+
+        Parameters
+        ----------
+        batch_size : int
+            Items per batch.
+        batches : int, optional
+            Number of batches (default: without end).
+        prefetch : int, optional
+            Batches drawn ahead, as TorchRL's ``prefetch`` (0: none; default
+            ``ReadOptions.prefetch``, 4). They are drawn and fetched in groups of
+            ``prefetch`` batches, a new group when half of the previous one is read,
+            so between ``prefetch / 2`` and ``1.5 * prefetch`` batches are ahead.
+            Memory: the encoded bytes of their shards' ranges, bounded by
+            ``ReadOptions.kept_bytes``.
+        generator : torch.Generator, optional
+            For reproducible batches; drawn ``prefetch`` batches ahead of the one
+            returned.
+
+        Examples
+        --------
+        >>> from atari_zarr import AtariZarrDataset
+        >>> ds = AtariZarrDataset(store_url)
+        >>> g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+        >>> ahead = list(ds.sample_iter(16, batches=3, prefetch=2, generator=g1))
+        >>> plain = [ds.sample(16, generator=g2) for _ in range(3)]
+        >>> all((a["index"] == b["index"]).all() for a, b in zip(ahead, plain))
+        True
+        """
+        ahead = check_prefetch(self.options.prefetch if prefetch is None else prefetch, self.where)
+        draw = self._drawer(batch_size, generator)
+        return draw_ahead(
+            lambda: draw().numpy(),
+            self.__getitem__,
+            self.fetch_ahead,
+            prefetch=ahead,
+            batches=batches,
+        )
+
+    # -- the epoch stream -------------------------------------------------------------
+    def stream(
+        self,
+        batch_size: int,
+        *,
+        seed: int = 0,
+        epoch: int = 0,
+        shuffle: bool = True,
+        shuffle_buffer: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+        units_ahead: int | None = None,
+        unit_rows: int | None = None,
+    ) -> EpochStream:
+        """One epoch as TED batches, each item exactly once, read unit by unit.
+
+        Whole frame shards are fetched with one request each, ``units_ahead`` in
+        flight, in an order drawn from ``(seed, epoch)``; items leave through a
+        shuffle buffer of decoded units. Batches have the keys, shapes and
+        ``frame_stack`` of ``self[idx]``; a read unit's windows are those that start
+        in it. Several stores: each batch takes from every store a multinomial
+        share by weight (stores that ran out leave the mix). See
+        ``docs/streaming.md``.
+
+        Parameters
+        ----------
+        batch_size : int
+            Items per batch (the last batch may be smaller, alike on every consumer).
+        seed, epoch : int
+            The order of units and of items is drawn from these.
+        shuffle : bool
+            False: the stored order (each consumer's units in order).
+        shuffle_buffer : int, optional
+            Rows held decoded for mixing (default
+            :data:`~atari_zarr.read.stream.DEFAULT_SHUFFLE_BUFFER`, 4 shards):
+            batches mix ``shuffle_buffer // unit_rows`` units. More is more random
+            and costs ``84 * 84`` bytes per row.
+        rank, world_size : int, optional
+            This process's part (default: from ``torch.distributed`` when
+            initialised, else the whole epoch). DataLoader workers split it further.
+        drop_last : bool
+            Every consumer (rank x DataLoader worker) yields the same number of
+            batches either way. False (default): consumers short of the largest
+            count repeat one of their own items, as ``DistributedSampler`` pads.
+            True: only whole batches, and fewer than ``consumers * batch_size`` items
+            are left out of the epoch.
+        units_ahead : int, optional
+            Units fetched and decoded ahead of the one being read (default 4).
+        unit_rows : int, optional
+            Rows per read unit (default: a shard), a multiple of the chunk rows.
+
+        Returns
+        -------
+        EpochStream
+            Iterable of batches, and a ``torch.utils.data.IterableDataset`` with
+            ``state_dict()``/``load_state_dict()``.
+
+        Examples
+        --------
+        >>> from atari_zarr import AtariZarrDataset
+        >>> ds = AtariZarrDataset(store_url, frame_stack=4)
+        >>> batch = next(iter(ds.stream(32, seed=0)))
+        >>> batch["observation"].shape, batch["next", "observation"].shape
+        (torch.Size([32, 4, 84, 84]), torch.Size([32, 4, 84, 84]))
+        """
+        from atari_zarr.read.stream import stream_over
+
+        return stream_over(
+            self._stores,
+            self._items,
+            batch_size,
+            frame_stack=self.frame_stack,
+            seed=seed,
+            epoch=epoch,
+            shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
+            rank=rank,
+            world_size=world_size,
+            drop_last=drop_last,
+            units_ahead=units_ahead,
+            unit_rows=unit_rows,
+            weights=self.weights if self.several else None,
+            several=self.several,
+            where=self.where,
+        )

@@ -1,0 +1,128 @@
+"""How a store is read: :class:`ReadOptions`, one frozen value passed to every reader.
+
+Every tunable of the readers lives here, and nowhere else: the bound on decoded
+frame chunks, how far apart two chunks may lie to be fetched with one request, the
+bound on the encoded bytes kept in memory, how many batches ``sample_iter`` draws
+ahead, the deadline of a remote request and the decoding threads. A dataset takes
+one as ``options=`` and hands it down (its store, its engine, its workers after
+pickling); nothing reads a class attribute a user could change for every reader
+at once.
+
+Examples
+--------
+>>> opts = ReadOptions(frame_cache_bytes="25%", coalesce_gap=-1)
+>>> opts.frame_cache_limit() > 0, opts.coalesce_gap
+(True, -1)
+>>> ReadOptions(prefetch=-1)
+Traceback (most recent call last):
+    ...
+atari_zarr.errors.InvalidArgumentError: ReadOptions: prefetch must be a whole number 0 or \
+more; got -1. Pass a number of batches
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
+from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
+from atari_zarr.storage.deadline import resolve_timeout
+
+__all__ = ["DEFAULT_FRAME_CACHE", "ReadOptions", "memory_bytes"]
+
+#: Default bound on decoded frame chunks kept between batches, per reader.
+DEFAULT_FRAME_CACHE = 128 << 20
+
+
+def memory_bytes() -> int:
+    """This machine's physical memory in bytes (0 where the system does not tell)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
+        return 0
+
+
+def _whole(value: Any, name: str, *, low: int = 0, what: str = "a number of bytes") -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise InvalidArgumentError(
+            f"ReadOptions: {name} must be a whole number {low} or more; got {value!r}. Pass {what}"
+        )
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How a store is read; frozen, so one value can be shared by every reader.
+
+    Parameters
+    ----------
+    frame_cache_bytes : int or str
+        Bound on the decoded frame chunks a reader keeps between batches (per
+        dataset, and per DataLoader worker): bytes, or a share of this machine's
+        memory such as ``"25%"``. 0 keeps none.
+    coalesce_gap : int
+        Remote stores: chunks of one shard at most this many bytes apart are
+        fetched with one request (-1: each chunk by itself). The default is the
+        cost model :func:`~atari_zarr.read.ranges.gap_for` for a bucket 20 ms away
+        at 50 MB/s (16 KB); ``gap_for(latency, bandwidth)`` gives it for another
+        network.
+    kept_bytes : int
+        Remote stores: bound on the encoded bytes requests brought that are kept in
+        memory (one cache per array, in its engine), so that no byte is fetched twice
+        while kept; what :meth:`~atari_zarr.AtariZarrDataset.sample_iter` fetches
+        ahead waits there too.
+    prefetch : int
+        Batches :meth:`~atari_zarr.AtariZarrDataset.sample_iter` draws ahead by
+        default (0: none).
+    timeout : float, None or "default"
+        Seconds each request to a remote store may take, retries included
+        (``"default"``: 60 s, or ``$ATARI_ZARR_TIMEOUT`` through the command line);
+        ``None`` for no limit.
+    threads : int, optional
+        Threads that decode the chunks of one large batch (default: one per core).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A value out of range, in one line naming it.
+    """
+
+    frame_cache_bytes: int | str = DEFAULT_FRAME_CACHE
+    coalesce_gap: int = DEFAULT_COALESCE_GAP
+    kept_bytes: int = DEFAULT_KEPT_BYTES
+    prefetch: int = 4
+    timeout: float | str | None = "default"
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        self.frame_cache_limit()  # checks it
+        _whole(self.coalesce_gap, "coalesce_gap", low=-1)
+        _whole(self.kept_bytes, "kept_bytes")
+        _whole(self.prefetch, "prefetch", what="a number of batches")
+        if self.threads is not None:
+            _whole(self.threads, "threads", low=1, what="a number of threads, or None")
+        object.__setattr__(self, "timeout", resolve_timeout(self.timeout))
+
+    def frame_cache_limit(self) -> int:
+        """``frame_cache_bytes`` in bytes (a share of memory worked out on this machine)."""
+        value = self.frame_cache_bytes
+        if isinstance(value, str):
+            text = value.strip()
+            try:
+                share = float(text[:-1]) if text.endswith("%") else -1.0
+            except ValueError:
+                share = -1.0
+            if not 0 <= share <= 100:
+                raise InvalidArgumentError(
+                    f"ReadOptions: frame_cache_bytes must be bytes or a share of memory such "
+                    f"as '25%'; got {value!r}. Pass an int, or a percentage from 0% to 100%"
+                )
+            return int(memory_bytes() * share / 100)
+        return _whole(value, "frame_cache_bytes")
+
+    def replace(self, **changes: Any) -> ReadOptions:
+        """A copy with ``changes`` (the options are frozen)."""
+        return replace(self, **changes)
