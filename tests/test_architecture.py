@@ -19,6 +19,7 @@ FLOORS = [
         "subsets",
         "codec_chain",
         "fingerprints",
+        "shard_format",
         "progress",
         "commands",
         "_version",

@@ -49,6 +49,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
+from atari_zarr.shard_format import index_size
 
 __all__ = [
     "FINGERPRINTS_KEY",
@@ -77,11 +78,9 @@ def _layout(array: zarr.Array) -> tuple[int, int, Any] | None:
         return None
     n = int(array.shape[0])
     if chain.shard_rows is not None:
-        index_size = 16 * (chain.shard_rows // chain.chunk_rows) + 4
+        size = index_size(chain.shard_rows // chain.chunk_rows)
         where: Any = (
-            RangeByteRequest(index_size - 4, index_size)
-            if chain.index_at_start
-            else SuffixByteRequest(4)
+            RangeByteRequest(size - 4, size) if chain.index_at_start else SuffixByteRequest(4)
         )
         rows = chain.shard_rows
     elif chain.checksum:

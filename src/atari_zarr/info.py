@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.episodes import checkpoint_summary, episode_table
-from atari_zarr.errors import StoreFormatError, StoreNotFoundError
+from atari_zarr.errors import StoreNotFoundError
 from atari_zarr.layout import (
     ARRAYS,
     FLUSHED_KEY,
@@ -22,11 +22,11 @@ from atari_zarr.layout import (
     is_complete,
     read_metadata,
 )
-from atari_zarr.sources.registry import DQN_REPLAY, KINDS
+from atari_zarr.sources.registry import kind_of
 from atari_zarr.storage.catalog import StoreRow
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
-from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.storage.opening import open_store
 
 __all__ = ["format_info", "format_store_list", "open_store_group", "store_info"]
 
@@ -62,16 +62,7 @@ def open_store_group(
             f"(e.g. DEST/Pong/1.zarr). Check the path, or list the stores under a "
             f"directory with `atari-zarr ls DEST`."
         )
-    try:
-        return zarr.open_group(
-            open_zarr_store(url, storage_options, read_only=True, timeout=timeout), mode="r"
-        )
-    except FileNotFoundError as exc:  # zarr's GroupNotFoundError: no zarr.json
-        raise StoreFormatError(
-            f"{url} exists but is not a Zarr store: expected a zarr.json written by "
-            f"`atari-zarr convert`, found none. If it holds stores, list them with "
-            f"`atari-zarr ls {url}`."
-        ) from exc
+    return open_store(url, storage_options, timeout=timeout, require_complete=False).group
 
 
 def store_info(
@@ -120,7 +111,7 @@ def store_info(
     conversion = meta.get("conversion", {})
     flushed = meta.get(FLUSHED_KEY) if not is_complete(meta) else None
     # stores written before kinds were recorded are DQN Replay stores; None for recordings
-    kind = KINDS.get(str(meta.get("kind", DQN_REPLAY)))
+    kind = kind_of(meta)
     return {
         "url": url,
         "game": meta.get("game"),

@@ -69,10 +69,12 @@ from atari_zarr.layout import (
     ArraySpec,
     get_array,
     is_complete,
-    read_metadata,
 )
 from atari_zarr.layout import spec as layout_spec
 from atari_zarr.progress import progress_bar
+from atari_zarr.read.engine import ChunkEngine
+from atari_zarr.read.options import ReadOptions
+from atari_zarr.shard_format import object_key
 from atari_zarr.sources.registry import (
     DQN_REPLAY,
     KINDS,
@@ -81,12 +83,13 @@ from atari_zarr.sources.registry import (
     Selection,
     SourceKind,
     SourceRun,
+    kind_of,
     part_rows,
     plan_run,
 )
 from atari_zarr.storage.deadline import Timeout, resolve_timeout
 from atari_zarr.storage.filesystem import get_fs, not_regular_error
-from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.storage.opening import open_store
 
 __all__ = ["VerifyReport", "verify_store"]
 
@@ -200,24 +203,28 @@ def _check_presence(
     fs, path = get_fs(url, options, timeout=timeout)
     root = path.rstrip("/")
     for name, (spec, rows) in specs.items():
-        prefix = f"{root}/{name}/c"
-        tail = "/0" * len(spec.row_shape)
+        dims = len(spec.row_shape)
         units = list(_units(rows, spec.write_rows))
         if fs.read_only:
             # http(s) cannot list: ask for each object (a HEAD request each)
-            found = {f"{u}{tail}" for u, _, _ in units if fs.exists(f"{prefix}/{u}{tail}")}
+            found = {
+                object_key(name, u, dims)
+                for u, _, _ in units
+                if fs.exists(f"{root}/{object_key(name, u, dims)}")
+            }
         else:
             try:
-                found = {p[len(prefix) + 1 :] for p in fs.find(prefix)}
+                found = {p[len(root) + 1 :] for p in fs.find(f"{root}/{name}/c")}
             except FileNotFoundError:
                 found = set()
-        missing = [(u, a, b) for u, a, b in units if f"{u}{tail}" not in found]
-        for u, a, b in missing:
-            report.add(
-                "missing",
-                f"{name}: {'shard' if spec.shard_rows else 'chunk'} {u} (rows {a}..{b - 1}) is "
-                f"missing from the store ({name}/c/{u}{tail}); readers refuse its rows as damage",
-            )
+        for u, a, b in units:
+            if object_key(name, u, dims) not in found:
+                report.add(
+                    "missing",
+                    f"{name}: {'shard' if spec.shard_rows else 'chunk'} {u} (rows {a}..{b - 1}) "
+                    f"is missing from the store ({object_key(name, u, dims)}); readers refuse "
+                    f"its rows as damage",
+                )
 
 
 def _check_writers(
@@ -242,31 +249,43 @@ def _check_writers(
             report.add("foreign", foreign_object_message(url, name, key, want, found))
 
 
+def _reader(arr: zarr.Array, url: str, report: VerifyReport) -> ChunkEngine:
+    """The engine that reads ``arr`` for the checks (no caches, nothing ahead)."""
+    return ChunkEngine(arr, where=url, remedy=report.remedy, options=ReadOptions(kept_bytes=0))
+
+
 def _read_unit(
-    arr: zarr.Array, name: str, unit: int, a: int, b: int, report: VerifyReport
+    engine: ChunkEngine, name: str, unit: int, a: int, b: int, report: VerifyReport
 ) -> np.ndarray | None:
-    """Decode one write unit; on failure, locate the bad chunk(s)."""
-    try:
-        return np.asarray(arr[a:b])
-    except (ValueError, RuntimeError, OSError) as exc:
-        spec = layout_spec(name)
-        bad = []
-        if spec.shard_rows:
-            for c in range(a, b, spec.chunk_rows):
-                try:
-                    arr[c : min(c + spec.chunk_rows, b)]
-                except (ValueError, RuntimeError, OSError):
-                    bad.append(c)
-        where = (
-            f"chunks at rows {bad[:8]}{' ...' if len(bad) > 8 else ''} of shard {unit}"
-            if bad
-            else f"{'the index of shard' if spec.shard_rows else 'chunk'} {unit}"
-        )
-        report.add(
-            "checksum",
-            f"{name}: {where} (rows {a}..{b - 1}) cannot be decoded: {exc}. {report.remedy}",
-        )
-        return None
+    """Decode one write unit through the engine; every bad chunk (or shard index) located."""
+    spec = layout_spec(name)
+    if engine.grid is None:  # a layout the engine does not read: zarr-python, whole unit
+        try:
+            return np.asarray(engine.array[a:b])
+        except (ValueError, RuntimeError, OSError) as exc:
+            problems: list[tuple[int | None, str]] = [(None, str(exc))]
+            rows = None
+    else:
+        try:
+            rows, problems = engine.inspect(a, b)
+        except StoreFormatError as exc:  # an object that is not a regular file (a link)
+            report.add("unreadable", f"{name}: rows {a}..{b - 1} cannot be read: {exc}")
+            return None
+    if not problems:
+        return rows
+    cr = spec.chunk_rows
+    bad = [c * cr for c, _ in problems if c is not None]
+    where = (
+        f"chunks at rows {bad[:8]}{' ...' if len(bad) > 8 else ''} of shard {unit}"
+        if bad and spec.shard_rows
+        else f"{'the index of shard' if spec.shard_rows else 'chunk'} {unit}"
+    )
+    report.add(
+        "checksum",
+        f"{name}: {where} (rows {a}..{b - 1}) cannot be decoded: it {problems[0][1]}. "
+        f"{report.remedy}",
+    )
+    return None
 
 
 class _Consistency:
@@ -452,10 +471,7 @@ def verify_store(
     seconds = resolve_timeout(timeout)
     report = VerifyReport(url)
     try:
-        group = zarr.open_group(
-            open_zarr_store(url, storage_options, read_only=True, timeout=seconds), mode="r"
-        )
-        meta = read_metadata(group, url, require_complete=False)
+        group, meta = open_store(url, storage_options, timeout=seconds, require_complete=False)
     except AtariZarrError as exc:
         report.add("format", str(exc))
         return report
@@ -477,7 +493,7 @@ def verify_store(
             report.add("counts", "attribute counts.transitions is missing")
     report.checked["transitions"] = n_rows
     # stores written before kinds were recorded are DQN Replay stores
-    kind = KINDS.get(str(meta.get("kind", DQN_REPLAY)))
+    kind = kind_of(meta)
     specs = {name: (spec, n_rows) for name, spec in ARRAYS.items()}
     if kind is not None:
         specs.update(_kind_arrays(kind, group, url, meta, n_rows))
@@ -516,7 +532,7 @@ def _check_steps(
     group: zarr.Group, url: str, meta: dict[str, Any], n_rows: int, report: VerifyReport
 ) -> int:
     names = [n for n in ARRAYS if n != OBSERVATION]
-    arrays = {n: get_array(group, n, url) for n in names}
+    arrays = {n: _reader(get_array(group, n, url), url, report) for n in names}
     rows = ARRAYS[ACTION].write_rows
     assert all(ARRAYS[n].write_rows == rows for n in names)
     cons = _Consistency(meta, report)
@@ -563,9 +579,9 @@ def _check_units(
     """Decode every write unit of ``specs`` (their checksums); return the chunks read."""
     count = 0
     for name, (spec, rows) in specs.items():
-        arr = get_array(group, name, url)
+        engine = _reader(get_array(group, name, url), url, report)
         for unit, a, b in _units(rows, spec.write_rows):
-            _read_unit(arr, name, unit, a, b, report)
+            _read_unit(engine, name, unit, a, b, report)
             count += math.ceil((b - a) / spec.chunk_rows)
             if name == OBSERVATION:  # the rows whose frames are read
                 bar.update(b - a)

@@ -7,9 +7,8 @@ simple to encode directly with the codecs that :mod:`atari_zarr.layout` defines:
 
 * each inner chunk: Blosc (the layout's parameters) then crc32c, appended as 4
   little-endian bytes;
-* the index (index location ``start``): ``(offset, nbytes)`` as little-endian uint64
-  per chunk, in chunk order (the Morton order of a ``(n, 1, 1)`` grid is C order),
-  offsets counted from the start of the shard object, then its crc32c.
+* the index (index location ``start``), as :func:`atari_zarr.shard_format.encode_index`
+  writes it.
 
 :func:`shard_encoder` returns ``None`` unless the array's metadata is exactly that
 (:func:`atari_zarr.codec_chain.row_chunks`, the check the chunk reader uses too,
@@ -29,6 +28,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
+from atari_zarr.shard_format import crc_bytes, encode_index
 
 __all__ = ["shard_encoder", "write_shard"]
 
@@ -76,7 +76,6 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
     >>> encode(frames) == stored.to_bytes()
     True
     """
-    import google_crc32c
     from numcodecs import Blosc
 
     try:
@@ -107,9 +106,6 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
     shard_rows = chain.shard_rows
     n_chunks = shard_rows // chunk_rows
 
-    def crc(data: Any) -> bytes:
-        return np.array([google_crc32c.value(data)], dtype="<u4").tobytes()
-
     def encode(rows: np.ndarray) -> bytes:
         if rows.shape[0] != shard_rows or rows.dtype != np.uint8:
             raise ValueError(f"expected a full shard of {shard_rows} uint8 rows, got {rows.shape}")
@@ -121,13 +117,8 @@ def shard_encoder(array: zarr.Array) -> Callable[[np.ndarray], bytes] | None:
         with _single_threaded_blosc():
             for c in range(n_chunks):
                 data = blosc.encode(rows[c * chunk_rows : (c + 1) * chunk_rows].reshape(-1))
-                chunks.append(data + crc(data))
-        index = np.empty((n_chunks, 2), dtype="<u8")
-        index[:, 1] = [len(c) for c in chunks]
-        index_len = n_chunks * 16 + 4
-        index[:, 0] = index_len + np.concatenate([[0], np.cumsum(index[:-1, 1])])
-        index_bytes = index.tobytes()
-        return b"".join([index_bytes, crc(index_bytes), *chunks])
+                chunks.append(data + crc_bytes(data))
+        return b"".join([encode_index([len(c) for c in chunks]), *chunks])
 
     return encode
 

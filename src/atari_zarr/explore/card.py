@@ -28,12 +28,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import zarr
-
 from atari_zarr.errors import StoreExistsError, StoreNotFoundError, import_optional
 from atari_zarr.explore.curves import plot_learning_curves
-from atari_zarr.layout import read_metadata
-from atari_zarr.sources.registry import DQN_REPLAY, KINDS
+from atari_zarr.sources.registry import kind_of
 from atari_zarr.storage.catalog import (
     CATALOG,
     CatalogEntry,
@@ -43,8 +40,8 @@ from atari_zarr.storage.catalog import (
 )
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.opening import open_store
 from atari_zarr.storage.paths import redact
-from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = ["CARD", "CURVES", "MARK", "card_text", "size_category", "write_card"]
 
@@ -104,11 +101,8 @@ def _sources(
                 f"complete stores it lists. Run `atari-zarr index {shown}` to refresh the "
                 f"catalog, then `atari-zarr card` again."
             )
-        group = zarr.open_group(
-            open_zarr_store(url, options, read_only=True, timeout=timeout), mode="r"
-        )
-        meta = read_metadata(group, url)
-        kind = KINDS.get(str(meta.get("kind", DQN_REPLAY)))
+        meta = open_store(url, options, timeout=timeout).metadata
+        kind = kind_of(meta)
         source = meta.get("source") or {}
         where = redact(str(source.get("url", "?")))
         if kind is None:

@@ -19,13 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import zarr
-
 from atari_zarr.episodes import checkpoint_summary
 from atari_zarr.errors import import_optional
-from atari_zarr.layout import read_metadata
 from atari_zarr.storage.deadline import Timeout
-from atari_zarr.storage.remote import open_zarr_store
+from atari_zarr.storage.opening import open_store
 
 __all__ = ["learning_curve", "plot_learning_curves"]
 
@@ -40,10 +37,7 @@ def learning_curve(
     meta = getattr(store, "metadata", None)
     if meta is None:
         url = str(store)
-        group = zarr.open_group(
-            open_zarr_store(url, storage_options, read_only=True, timeout=timeout), mode="r"
-        )
-        meta = read_metadata(group, url)
+        meta = open_store(url, storage_options, timeout=timeout).metadata
     return f"{meta.get('game')}/{meta.get('run')}", checkpoint_summary(meta)
 
 

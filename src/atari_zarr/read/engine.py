@@ -47,6 +47,7 @@ from atari_zarr.read.fetch import byte_source
 from atari_zarr.read.kept import KeptBytes
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.ranges import ByteRange, coalesce_ranges
+from atari_zarr.shard_format import MISSING, check_crc, index_problem, index_size, parse_index
 
 __all__ = [
     "DEFAULT_REMEDY",
@@ -56,13 +57,10 @@ __all__ = [
     "corrupt_chunk",
     "cpu_count",
     "decode_chunk",
-    "parse_shard_index",
 ]
 
 log = logging.getLogger("atari_zarr")
 
-# An absent inner chunk has offset and length 2**64 - 1 in the shard index (zarr v3 spec).
-MISSING = np.uint64(2**64 - 1)
 #: What a damaged-chunk error tells the user to do, unless the caller knows better.
 DEFAULT_REMEDY = "write it again, or copy the object again if it was transferred."
 # Shard indexes kept per array (4 KB each for 4096-frame shards of 16-frame chunks).
@@ -75,34 +73,6 @@ def cpu_count() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
-
-
-def _crc32c(data: Any) -> int:
-    import google_crc32c
-
-    return google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data)
-
-
-def parse_shard_index(raw: Any, size: int, *, where: str, name: str, key: str, remedy: str) -> Any:
-    """The ``(chunks, 2)`` offset/length table of a shard from its index bytes, checked.
-
-    Raises
-    ------
-    StoreCorruptError
-        The index has the wrong size or fails its crc32c check.
-    """
-    raw = bytes(raw)
-    if len(raw) != size:
-        raise StoreCorruptError(
-            f"{where}: shard {key!r} of array {name!r} is {len(raw)} bytes at its index, "
-            f"expected a {size}-byte shard index. The store is damaged; {remedy}"
-        )
-    if _crc32c(raw[:-4]) != int.from_bytes(raw[-4:], "little"):
-        raise StoreCorruptError(
-            f"{where}: the index of shard {key!r} of array {name!r} fails its crc32c check. "
-            f"The store is damaged; {remedy}"
-        )
-    return np.frombuffer(raw[:-4], dtype="<u8").reshape(-1, 2)
 
 
 def decode_chunk(src: Any, dest: np.ndarray, *, checksum: bool, chunk_nbytes: int) -> str | None:
@@ -125,7 +95,7 @@ def decode_chunk(src: Any, dest: np.ndarray, *, checksum: bool, chunk_nbytes: in
     from numcodecs import blosc
 
     if checksum:
-        if len(src) < 4 or _crc32c(src[:-4]) != int.from_bytes(bytes(src[-4:]), "little"):
+        if not check_crc(src):
             return "fails its crc32c check"
         src = src[:-4]
     # Blosc header: nbytes (decoded) at bytes 4-8, cbytes (encoded) at 12-16.
@@ -183,7 +153,7 @@ class ChunkGrid:
             chain.shard_rows // chain.chunk_rows if chain.shard_rows is not None else 1
         )
         #: Bytes of a shard index: an offset and a length per chunk, and a crc32c.
-        self.index_size = 16 * self.chunks_per_shard + 4
+        self.index_size = index_size(self.chunks_per_shard)
         self.n_chunks = -(-self.shape[0] // self.chunk_rows)
         self.chunk_shape = (self.chunk_rows, *self.row_shape)
         self.chunk_nbytes = int(np.prod(self.chunk_shape)) * self.dtype.itemsize
@@ -408,9 +378,9 @@ class ChunkEngine:
         g = self.grid
         assert g is not None
         try:
-            index = parse_shard_index(
+            index = parse_index(
                 raw,
-                g.index_size,
+                size=g.index_size,
                 where=self.where,
                 name=self.name,
                 key=g.object_key(shard),
@@ -734,6 +704,59 @@ class ChunkEngine:
                 frames[sel] = block[rows[sel] - chunk.cid * cr]
         self.count_decoded(len(span) + (len(extra) if len(rows) else 0), nbytes)
         return frames
+
+    # -- every byte checked: verify -------------------------------------------------------
+    def inspect(self, lo: int, hi: int) -> tuple[np.ndarray | None, list[tuple[int | None, str]]]:
+        """Rows ``[lo, hi)`` decoded, with every check, and what is wrong with their objects.
+
+        What ``verify`` reads a store with: each shard index and chunk is checked
+        (:mod:`atari_zarr.shard_format`, :func:`decode_chunk`) and every problem is
+        listed instead of raised: ``(chunk, what)``, the chunk None for a shard index
+        (then its chunks cannot be located, and no rows are returned). An absent
+        object gives the fill value; the recorded fingerprints are ``verify``'s own
+        check.
+        """
+        g = self.grid
+        assert g is not None, "the generic path reads through zarr"
+        cr, cps = g.chunk_rows, g.chunks_per_shard
+        cids = list(range(lo // cr, (hi - 1) // cr + 1))
+        problems: list[tuple[int | None, str]] = []
+        if g.sharded:
+            shards = sorted({c // cps for c in cids})
+            raws = self.get([self._index_range(s) for s in shards], merge=False)
+            indexes: dict[int, np.ndarray | None] = {}
+            for shard, raw in zip(shards, raws, strict=True):
+                what = None if raw is None else index_problem(raw, g.index_size)
+                if what is not None:
+                    problems.append((None, what))
+                indexes[shard] = (
+                    None if raw is None else np.frombuffer(bytes(raw[:-4]), "<u8").reshape(-1, 2)
+                )
+            if problems:
+                return None, problems
+            located = [self._chunk_in(c, indexes[c // cps]) for c in cids]
+            wanted = [
+                (i, ByteRange(k, o, o + n))
+                for i, (k, o, n) in enumerate(located)
+                if o is not None and n is not None
+            ]
+            got = self.get([r for _, r in wanted], merge=False)
+            data: list[Any] = [None] * len(cids)
+            for (i, _), d in zip(wanted, got, strict=True):
+                data[i] = d
+        else:
+            data = self.get([ByteRange.whole(g.object_key(c)) for c in cids], merge=False)
+        out = np.empty((len(cids) * cr, *g.row_shape), dtype=g.dtype)
+        for i, (c, d) in enumerate(zip(cids, data, strict=True)):
+            dest = out[i * cr : (i + 1) * cr]
+            if d is None:
+                dest[...] = g.fill_value
+                continue
+            what = decode_chunk(d, dest, checksum=g.checksum, chunk_nbytes=g.chunk_nbytes)
+            if what is not None:
+                problems.append((c, what))
+        start = cids[0] * cr
+        return out[lo - start : hi - start], problems
 
     # -- zarr-python, for layouts the engine does not know --------------------------------
     def read_generic(self, rows: np.ndarray) -> np.ndarray:

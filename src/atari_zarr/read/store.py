@@ -33,8 +33,6 @@ from atari_zarr.errors import (
     InvalidArgumentError,
     StoreChangedError,
     StoreCorruptError,
-    StoreFormatError,
-    StoreNotFoundError,
 )
 from atari_zarr.layout import (
     ACTION,
@@ -58,7 +56,8 @@ from atari_zarr.read.consumer import quiet_worker_exit
 from atari_zarr.read.engine import DEFAULT_REMEDY
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
-from atari_zarr.storage.paths import is_url, redact
+from atari_zarr.storage.opening import open_store
+from atari_zarr.storage.paths import redact
 from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = ["StoreReader", "check_frame_stack", "store_remedy"]
@@ -135,27 +134,13 @@ class StoreReader:
         self.where = redact(self.url)
         # A remote store rebuilds its file system after a fork (remote.RemoteStore), so
         # a forked DataLoader worker never shares the parent's sockets or event loop.
-        store = open_zarr_store(
-            self.url, self.storage_options, read_only=True, timeout=self.timeout, cache=self.cache
+        group, meta = open_store(
+            self.url,
+            self.storage_options,
+            timeout=self.timeout,
+            cache=self.cache,
+            require_complete=not self.partial,
         )
-        try:
-            # zarr_format=3: no probes for v2 keys; the root zarr.json carries the
-            # consolidated metadata, so opening costs one request plus the step arrays.
-            group = zarr.open_group(store, mode="r", zarr_format=3)
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(
-                f"{self.where} is not a Zarr store: expected a directory or URL written "
-                f"by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path."
-            ) from None if is_url(self.url) else exc
-        # zarr's validation of the metadata (its GroupNotFoundError is a ValueError too,
-        # caught as not-found above)
-        except ValueError as exc:
-            raise StoreFormatError(
-                f"{self.where}: its zarr.json is not valid Zarr v3 metadata ("
-                f"{' '.join(str(exc).split())[:300]}); expected what `atari-zarr convert` "
-                f"writes. The metadata is damaged: convert the source again."
-            ) from None
-        meta = read_metadata(group, self.url, require_complete=not self.partial)
         n = None  # rows to use: all of a complete store, the flushed prefix of a recording
         if not is_complete(meta):
             if not isinstance(meta.get(FLUSHED_KEY), dict):

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from atari_zarr.layout import spec
-from atari_zarr.sources.dqn_replay.selection import Selection
+from atari_zarr.sources.selection import Selection
 
 __all__ = [
     "FrameSink",

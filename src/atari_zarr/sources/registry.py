@@ -31,7 +31,6 @@ import numpy as np
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.sources.dqn_replay.kind import DQN_REPLAY
 from atari_zarr.sources.dqn_replay.kind import KIND as DQN_REPLAY_KIND
-from atari_zarr.sources.dqn_replay.selection import Selection
 from atari_zarr.sources.kind import (
     FrameSink,
     KeptFrames,
@@ -45,6 +44,7 @@ from atari_zarr.sources.kind import (
 )
 from atari_zarr.sources.rl_unplugged.kind import KIND as RL_UNPLUGGED_KIND
 from atari_zarr.sources.rl_unplugged.kind import RL_UNPLUGGED
+from atari_zarr.sources.selection import Selection
 from atari_zarr.sources.subset_plan import SubsetPart, apply_subset, subset_rows
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
@@ -64,6 +64,7 @@ __all__ = [
     "SourceRun",
     "detect_kind",
     "get_kind",
+    "kind_of",
     "part_rows",
     "plan_run",
 ]
@@ -90,6 +91,19 @@ def get_kind(name: str) -> SourceKind:
             f"--source-kind with one of them, or leave it out to recognise the layout."
         )
     return KINDS[name]
+
+
+def kind_of(meta: dict[str, Any]) -> SourceKind | None:
+    """The source kind that wrote a store with attributes ``meta`` (None: a recording).
+
+    Stores written before kinds were recorded are DQN Replay stores.
+
+    Examples
+    --------
+    >>> kind_of({}).name, kind_of({"kind": "rl-unplugged"}).name, kind_of({"kind": "collected"})
+    ('dqn-replay', 'rl-unplugged', None)
+    """
+    return KINDS.get(str(meta.get("kind", DQN_REPLAY)))
 
 
 def detect_kind(

@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.layout import FINAL_OBSERVATION, UNCLIPPED_REWARD
-from atari_zarr.sources.dqn_replay.selection import Selection, parse_checkpoints
 from atari_zarr.sources.kind import (
     FrameSink,
     KeptFrames,
@@ -36,6 +35,7 @@ from atari_zarr.sources.rl_unplugged.rows import iter_shard_frames, shard_step_a
 from atari_zarr.sources.rl_unplugged.scan import RECORD_FIELDS, ShardScan, scan_shard
 from atari_zarr.sources.rl_unplugged.tfrecord import compressed_position
 from atari_zarr.sources.roots import entries, game_dirs_to_detect
+from atari_zarr.sources.selection import Selection, parse_checkpoints
 from atari_zarr.subsets import CHECKPOINT_ROWS
 
 __all__ = ["KIND", "RL_UNPLUGGED", "scan_limit"]

@@ -1,0 +1,105 @@
+"""A store opened for reading: its group and metadata, with the one set of good errors.
+
+Every reader of a store's metadata (the dataset, ``verify``, ``info``, the learning
+curves, the dataset card, the drop-ins) opens it with :func:`open_store`, so
+"nothing there", "not a store" and "unfinished" read the same everywhere. Which
+source kind wrote it is :func:`atari_zarr.sources.registry.kind_of`.
+
+Examples
+--------
+>>> opened = open_store(store_url)  # the converted Pong/1 fixture store
+>>> opened.metadata["game"], "observation" in opened.group
+('Pong', True)
+>>> open_store(store_url + "-nothing")  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+    ...
+atari_zarr.errors.StoreNotFoundError: ...-nothing is not a Zarr store: expected a directory \
+or URL written by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path, or list the \
+stores under a directory with `atari-zarr ls DEST`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import zarr
+
+from atari_zarr.errors import StoreFormatError, StoreNotFoundError
+from atari_zarr.layout import read_metadata
+from atari_zarr.storage.deadline import Timeout
+from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.paths import is_url, redact
+from atari_zarr.storage.remote import open_zarr_store
+
+__all__ = ["OpenedStore", "open_store"]
+
+
+class OpenedStore(NamedTuple):
+    """A store's zarr group and its atari_zarr attributes."""
+
+    group: zarr.Group
+    metadata: dict[str, Any]
+
+
+def open_store(
+    url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: Timeout = "default",
+    cache: str | os.PathLike[str] | None = None,
+    require_complete: bool = True,
+) -> OpenedStore:
+    """Open the store at ``url`` read-only: one request for a store in a bucket.
+
+    Parameters
+    ----------
+    url : str
+        Path or fsspec URL of a store.
+    storage_options : dict, optional
+        fsspec options.
+    timeout : float, None or "default"
+        Seconds each call to storage may take.
+    cache : path, optional
+        Local directory keeping the byte ranges fetched (remote stores).
+    require_complete : bool
+        Refuse a store whose writer has not finished
+        (:class:`~atari_zarr.errors.StoreIncompleteError`, naming the command that
+        finishes it).
+
+    Raises
+    ------
+    StoreNotFoundError
+        Nothing is at ``url``.
+    StoreFormatError
+        Something is there, but not a Zarr v3 store this version reads.
+    StoreIncompleteError
+        The store is unfinished and ``require_complete``.
+    """
+    url = str(url)
+    where = redact(url)
+    store = open_zarr_store(url, storage_options, read_only=True, timeout=timeout, cache=cache)
+    try:
+        # zarr_format=3: no probes for v2 keys; the root zarr.json carries the
+        # consolidated metadata, so opening costs one request
+        group = zarr.open_group(store, mode="r", zarr_format=3)
+    except FileNotFoundError as exc:  # zarr's GroupNotFoundError: no zarr.json
+        fs, path = get_fs(url, storage_options, timeout=timeout)
+        if not fs.read_only and fs.exists(path):
+            raise StoreFormatError(
+                f"{where} exists but is not a Zarr store: expected a zarr.json written by "
+                f"`atari-zarr convert`, found none. If it holds stores, list them with "
+                f"`atari-zarr ls {where}`."
+            ) from None
+        raise StoreNotFoundError(
+            f"{where} is not a Zarr store: expected a directory or URL written by "
+            f"`atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path, or list the "
+            f"stores under a directory with `atari-zarr ls DEST`."
+        ) from None if is_url(url) else exc
+    except ValueError as exc:  # zarr's validation of the metadata
+        raise StoreFormatError(
+            f"{where}: its zarr.json is not valid Zarr v3 metadata ("
+            f"{' '.join(str(exc).split())[:300]}); expected what `atari-zarr convert` "
+            f"writes. The metadata is damaged: convert the source again."
+        ) from None
+    return OpenedStore(group, read_metadata(group, url, require_complete=require_complete))
