@@ -31,6 +31,13 @@ their transitions leave.
 * **Position.** Everything is a function of ``(seed, epoch, consumers, window,
   units)``, so the progress of a consumer is one number, the rows it has
   emitted; :meth:`EpochPlan.locate` turns it back into a segment and an offset.
+* **What is left** (:class:`Consumed`). Which items of the epoch have been emitted,
+  whatever the consumers that emitted them: whole units, and the items of the few
+  units consumers were in the middle of. :meth:`EpochPlan.consumed` gives a
+  consumer's share of it from its position. A plan made with ``left=`` deals only
+  the items not yet consumed, in the same unit order, among any number of
+  consumers: a job saved on 8 ranks resumes on 6, or with other DataLoader workers,
+  with exactly the rest of its epoch.
 
 Examples
 --------
@@ -53,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EpochPlan", "unit_bounds"]
+__all__ = ["Consumed", "EpochPlan", "unit_bounds"]
 
 # Streams of random numbers: one per purpose, so no two draws share a stream.
 _SEGMENT_OF_ROW = 1
@@ -87,6 +94,106 @@ def _rng(*key: int) -> np.random.Generator:
     return np.random.default_rng([int(k) & 0xFFFFFFFF for k in key])
 
 
+class Consumed:
+    """The items of an epoch already emitted, per read unit: the part of a stream's state
+    that no number of consumers enters.
+
+    Parameters
+    ----------
+    bounds : numpy.ndarray
+        ``(n_units, 2)`` item ranges of the units (as :class:`EpochPlan` takes them).
+
+    Examples
+    --------
+    >>> done = Consumed(np.array([[0, 4], [4, 10]]))
+    >>> done.add(0, np.arange(4)); done.add(1, np.array([2, 3]))
+    >>> done.count, done.remaining(0).size, done.remaining(1).tolist()
+    (6, 0, [0, 1, 4, 5])
+    >>> Consumed.decode(done.encode(), done.sizes).count
+    6
+    """
+
+    def __init__(self, bounds: np.ndarray | None = None, *, sizes: np.ndarray | None = None):
+        if sizes is None:
+            b = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
+            sizes = b[:, 1] - b[:, 0]
+        self.sizes = np.asarray(sizes, dtype=np.int64)
+        #: Units whose every item was emitted.
+        self.done = np.zeros(len(self.sizes), dtype=bool)
+        #: Units in part: which of their items were emitted.
+        self.partial: dict[int, np.ndarray] = {}
+
+    @property
+    def count(self) -> int:
+        """Items emitted."""
+        return int(self.sizes[self.done].sum()) + sum(int(m.sum()) for m in self.partial.values())
+
+    def add(self, unit: int, items: np.ndarray) -> None:
+        """Items ``items`` (numbers within unit ``unit``) were emitted."""
+        unit = int(unit)
+        if self.done[unit] or not len(items):
+            return
+        mask = self.partial.get(unit)
+        if mask is None:
+            mask = np.zeros(int(self.sizes[unit]), dtype=bool)
+        mask[np.asarray(items, dtype=np.int64)] = True
+        if mask.all():
+            self.done[unit] = True
+            self.partial.pop(unit, None)
+        else:
+            self.partial[unit] = mask
+
+    def remaining(self, unit: int) -> np.ndarray | None:
+        """Items of ``unit`` not emitted (numbers within it); None: all of them."""
+        if self.done[unit]:
+            return np.zeros(0, dtype=np.int64)
+        mask = self.partial.get(int(unit))
+        return None if mask is None else np.flatnonzero(~mask)
+
+    def copy(self) -> Consumed:
+        out = Consumed(sizes=self.sizes)
+        out.done = self.done.copy()
+        out.partial = {u: m.copy() for u, m in self.partial.items()}
+        return out
+
+    def encode(self) -> dict[str, Any]:
+        """A JSON-friendly value: bit sets, base64."""
+        import base64
+
+        def bits(mask: np.ndarray) -> str:
+            return base64.b64encode(np.packbits(mask).tobytes()).decode("ascii")
+
+        return {
+            "units": len(self.sizes),
+            "done": bits(self.done),
+            "partial": {str(u): bits(m) for u, m in sorted(self.partial.items())},
+        }
+
+    @classmethod
+    def decode(cls, value: Any, sizes: np.ndarray) -> Consumed:
+        """What :meth:`encode` gave, for units of ``sizes`` items; ValueError if it does not fit."""
+        import base64
+
+        out = cls(sizes=sizes)
+        n = len(out.sizes)
+        if not isinstance(value, dict) or value.get("units") != n:
+            raise ValueError(f"expected the emitted items of {n} units")
+
+        def mask(text: Any, size: int) -> np.ndarray:
+            raw = np.frombuffer(base64.b64decode(str(text), validate=True), dtype=np.uint8)
+            if len(raw) != -(-size // 8):
+                raise ValueError(f"expected {size} bits")
+            return np.unpackbits(raw)[:size].astype(bool)
+
+        out.done = mask(value.get("done", ""), n)
+        for key, text in dict(value.get("partial", {})).items():
+            unit = int(key)
+            if not 0 <= unit < n:
+                raise ValueError(f"unit {unit} is not one of {n}")
+            out.add(unit, np.flatnonzero(mask(text, int(out.sizes[unit]))))
+        return out
+
+
 class EpochPlan:
     """One consumer's part of one epoch: its units, their segments, the order of rows.
 
@@ -104,6 +211,9 @@ class EpochPlan:
         This consumer (``rank * num_workers + worker``) and how many there are.
     pad : int
         Items to add by repeating this consumer's first ones (0: none).
+    left : Consumed, optional
+        Items already emitted in this epoch (a resumed stream): only the others are
+        dealt, in the same unit order (default: none emitted).
     """
 
     def __init__(
@@ -117,15 +227,26 @@ class EpochPlan:
         consumer: int,
         consumers: int,
         pad: int = 0,
+        left: Consumed | None = None,
     ) -> None:
         self.bounds = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
         self.seed, self.epoch, self.shuffle = int(seed), int(epoch), bool(shuffle)
         self.consumer, self.consumers = int(consumer), int(consumers)
         n = len(self.bounds)
         self.order = _rng(self.seed, self.epoch).permutation(n) if shuffle else np.arange(n)
+        self._at = np.empty(n, dtype=np.int64)
+        self._at[self.order] = np.arange(n, dtype=np.int64)
         sizes = self.bounds[self.order, 1] - self.bounds[self.order, 0]
+        #: Items left of units in part (numbers within the unit), where some were emitted.
+        self._lists: dict[int, np.ndarray] = {}
+        if left is not None:
+            sizes = np.where(left.done[self.order], 0, sizes)
+            for unit in left.partial:
+                self._lists[unit] = left.remaining(unit)  # type: ignore[assignment]
+                sizes[self._at[unit]] = len(self._lists[unit])
         ends = np.cumsum(sizes)
         starts = ends - sizes
+        self._before = starts
         #: Items of the whole epoch (every consumer's, before padding).
         self.total = int(ends[-1]) if n else 0
         #: Where each consumer's part of the epoch's sequence of items begins (and ends).
@@ -179,7 +300,7 @@ class EpochPlan:
             segs = row_segments(j) if row_segments is not None else self.row_segments(j)
             r = np.flatnonzero(segs == s)
             pos.append(np.full(len(r), j, dtype=np.int64))
-            rows.append(r.astype(np.int64) % int(self.real[j]) + int(self.offsets[j]))
+            rows.append(self._local(j, r))
         p, r = np.concatenate(pos), np.concatenate(rows)
         if self.shuffle:
             perm = _rng(
@@ -187,6 +308,31 @@ class EpochPlan:
             ).permutation(len(p))
             p, r = p[perm], r[perm]
         return p, r
+
+    def _local(self, j: int, r: np.ndarray) -> np.ndarray:
+        """Item numbers within unit ``j``'s unit of its ``r``-th items (padding wraps)."""
+        local = np.asarray(r, dtype=np.int64) % int(self.real[j]) + int(self.offsets[j])
+        left = self._lists.get(int(self.units[j]))
+        return local if left is None else left[local]
+
+    def consumed(self, position: int) -> dict[int, np.ndarray]:
+        """The items this consumer emitted in its first ``position``: unit -> item numbers
+        within it (padding repeats an item already there)."""
+        s, off = self.locate(position)
+        m = len(self.units)
+        out: dict[int, list[np.ndarray]] = {}
+        for j in range(min(s + 1, m)):
+            n = int(self._sizes[j])
+            if s >= m or j + self.window - 1 < s:  # every item of it left in segments < s
+                r = np.arange(n, dtype=np.int64)
+            else:
+                r = np.flatnonzero(self.row_segments(j) < s)
+            out.setdefault(int(self.units[j]), []).append(self._local(j, r))
+        if s < m and off:
+            p, items = self.segment(s)
+            for j in np.unique(p[:off]).tolist():
+                out.setdefault(int(self.units[j]), []).append(items[:off][p[:off] == j])
+        return {u: np.unique(np.concatenate(parts)) for u, parts in out.items()}
 
     def segment_sizes(self) -> np.ndarray:
         """Rows of every segment (indexed like :attr:`segments`)."""
@@ -213,7 +359,9 @@ class EpochPlan:
     def consumer_of(self, item: int) -> int:
         """The consumer that reads item ``item`` (an item number of the store)."""
         unit = int(np.searchsorted(self.bounds[:, 1], item, side="right"))
-        at = int(np.flatnonzero(self.order == unit)[0])
-        sizes = self.bounds[self.order[:at], 1] - self.bounds[self.order[:at], 0]
-        position = int(sizes.sum()) + item - int(self.bounds[unit, 0])
+        within = item - int(self.bounds[unit, 0])
+        left = self._lists.get(unit)
+        if left is not None:
+            within = int(np.searchsorted(left, within))
+        position = int(self._before[self._at[unit]]) + within
         return int(np.searchsorted(self.cuts, position, side="right")) - 1

@@ -40,7 +40,7 @@ from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
 from atari_zarr.read.engine import cpu_count
-from atari_zarr.read.epoch import EpochPlan
+from atari_zarr.read.epoch import Consumed, EpochPlan
 from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import store_probabilities, tag_store
 from atari_zarr.read.store import StoreReader
@@ -65,8 +65,9 @@ __all__ = [
     "stream_over",
 ]
 
-# 2: consumers read contiguous parts of the epoch's items (1: units dealt round-robin)
-_STATE_VERSION = 2
+# 3: the items emitted, whatever the consumers (elastic resume); 2: consumers read
+# contiguous parts of the epoch's items; 1: units dealt round-robin
+_STATE_VERSION = 3
 
 
 class EpochStream(torch.utils.data.IterableDataset):
@@ -156,6 +157,10 @@ class EpochStream(torch.utils.data.IterableDataset):
         #: Batches emitted per consumer in the current epoch (several stores).
         self.batches: dict[int, int] = {}
         self._consumers: int | None = None
+        #: Items emitted before the current consumers took over (None: none), per store.
+        self._base: list[Consumed | None] = [None] * len(self.stores)
+        #: The items a loaded state had emitted, until the consumers are known.
+        self._loaded: list[Consumed] | None = None
 
     # -- the one-store view -------------------------------------------------------------
     @property
@@ -207,6 +212,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             consumer=consumer,
             consumers=consumers,
             pad=pad,
+            left=self._base[g],
         )
 
     def _consumer_items(self, g: int, consumers: int) -> np.ndarray:
@@ -261,13 +267,16 @@ class EpochStream(torch.utils.data.IterableDataset):
         return pads
 
     def _check_consumers(self, consumers: int) -> None:
-        started = any(p for p in self.store_positions)
-        if self._consumers is not None and self._consumers != consumers and started:
-            raise InvalidArgumentError(
-                f"the stream of {self.where} was saved with {self._consumers} consumers "
-                f"(world_size x num_workers) and is read with {consumers}; resume with the same "
-                f"number of ranks and DataLoader workers"
-            )
+        """Read by ``consumers`` consumers from now on. Other consumers than the ones the
+        progress was made by take over what is left of the epoch (elastic)."""
+        if self._consumers is not None and self._consumers != consumers:
+            started = any(p for p in self.store_positions)
+            if self._loaded is not None or started:
+                left = self._loaded or [self._consumed(g) for g in range(len(self.stores))]
+                self._base = list(left)
+                self.store_positions = [{} for _ in self.stores]
+                self.batches = {}
+        self._loaded = None
         self._consumers = consumers
 
     # -- iteration ------------------------------------------------------------------------
@@ -364,6 +373,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.epoch = positive_int(epoch, "epoch", self.where, zero=True)
         self.store_positions = [{} for _ in self.stores]
         self.batches = {}
+        self._base = [None] * len(self.stores)
+        self._loaded = None
 
     # -- progress ---------------------------------------------------------------------
     def _consumer_of(self, g: int, row: int, consumers: int) -> int:
@@ -404,7 +415,75 @@ class EpochStream(torch.utils.data.IterableDataset):
         """
         return StreamLoader(self, **kwargs)
 
+    # -- the state: progress, and what it means whatever the consumers ------------------
+    def _own(self, consumers: int) -> tuple[range, int]:
+        """This rank's consumers, and the workers of each rank."""
+        me = Consumer.current(self.rank, self.world_size)
+        workers = max(1, consumers // me.world_size)
+        return range(me.rank * workers, (me.rank + 1) * workers), workers
+
+    def _replay(self, consumer: int, consumers: int, batches: int) -> np.ndarray:
+        """Items of each store consumer ``consumer`` emitted in its first ``batches``."""
+        _, pads = self.balance(consumers)
+        extra = self._pads(consumer, consumers, int(pads[consumer]))
+        left = np.array(
+            [self._plan(g, consumer, consumers, extra[g]).rows for g in range(len(self.stores))],
+            dtype=np.int64,
+        )
+        done = np.zeros(len(self.stores), dtype=np.int64)
+        for t in range(batches):
+            counts = self._counts(left - done, t, consumer, consumers)
+            done += counts
+        return done
+
+    def _all_batches(self, consumers: int) -> dict[int, int]:
+        """Batches of every consumer: this rank's as counted, the others' by lockstep (DDP
+        ranks step together, and a rank's DataLoader hands out its workers' batches in
+        turn, so worker ``w`` of every rank has emitted as many as this rank's)."""
+        own, workers = self._own(consumers)
+        return {
+            c: self.batches.get(c if c in own else own.start + c % workers, 0)
+            for c in range(consumers)
+        }
+
+    def _all_positions(self, g: int, consumers: int) -> dict[int, int]:
+        """Items of store ``g`` every consumer emitted (the others' by lockstep)."""
+        own, workers = self._own(consumers)
+        known = self.store_positions[g]
+        out = {}
+        for c in range(consumers):
+            if c in own:
+                out[c] = known.get(c, 0)
+            elif not self.several:
+                out[c] = known.get(own.start + c % workers, 0)
+            else:
+                mate = own.start + c % workers
+                out[c] = int(self._replay(c, consumers, self.batches.get(mate, 0))[g])
+        return out
+
+    def _consumed(self, g: int) -> Consumed:
+        """Every item of store ``g`` emitted in this epoch, whoever emitted it."""
+        base = self._base[g]
+        out = base.copy() if base is not None else Consumed(self._layouts[g].bounds)
+        consumers = self._consumers
+        if consumers is None:
+            return out
+        positions = self._all_positions(g, consumers)
+        if not any(positions.values()):
+            return out
+        _, pads = self.balance(consumers)
+        for c, position in positions.items():
+            if position > 0:
+                extra = self._pads(c, consumers, int(pads[c]))[g]
+                for unit, items in self._plan(g, c, consumers, extra).consumed(position).items():
+                    out.add(unit, items)
+        return out
+
     def _store_state(self, g: int) -> dict[str, Any]:
+        consumers = self._consumers
+        positions = self._all_positions(g, consumers) if consumers else {}
+        base = self._base[g]
+        consumed = self._loaded[g] if self._loaded is not None else self._consumed(g)
         return {
             "version": _STATE_VERSION,
             "seed": self.seed,
@@ -415,28 +494,46 @@ class EpochStream(torch.utils.data.IterableDataset):
             "unit_rows": self.unit_rows,
             "items": self.items[g].token,
             "transitions": len(self.stores[g]),
-            "consumers": self._consumers,
-            "positions": {int(c): int(p) for c, p in self.store_positions[g].items()},
+            "consumers": consumers,
+            "positions": {int(c): int(p) for c, p in positions.items() if p},
+            "base": None if base is None else base.encode(),
+            "consumed": consumed.encode(),
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """What resumes this epoch: seed, epoch, layout, and items emitted per consumer.
+        """What resumes this epoch, on any number of ranks and DataLoader workers.
 
-        ``positions`` maps each consumer that has started (``rank * num_workers +
-        worker``) to the items it has emitted in this epoch; a consumer missing
-        from it starts at 0. With several stores, ``stores`` holds that state for
-        each store and ``batches`` the batches emitted per consumer. A rank only
-        knows its own consumers: each rank saves and loads its own state.
+        ``consumed`` says which items were emitted (whole read units, and the items of
+        the units consumers were in the middle of): it does not depend on the
+        consumers, so a stream loaded with it on other ranks or another ``num_workers``
+        deals exactly the rest of the epoch among its consumers, each item once.
+        ``consumers`` and ``positions`` (items emitted per consumer, ``rank *
+        num_workers + worker``) let a resume with the same consumers continue in the
+        very order of the uninterrupted epoch. With several stores, ``stores`` holds
+        that state for each store and ``batches`` the batches emitted per consumer.
+
+        In a distributed job, every rank's state describes the whole job: ranks step
+        together, so the consumers of other ranks have emitted as many batches as this
+        rank's (rank 0's checkpoint is enough).
         """
         if not self.several:
             return self._store_state(0)
+        consumers = self._consumers
+        batches = self._all_batches(consumers) if consumers else {}
         return {
             "version": _STATE_VERSION,
-            "batches": {int(c): int(n) for c, n in self.batches.items()},
+            "batches": {int(c): int(n) for c, n in batches.items() if n},
             "stores": [self._store_state(g) for g in range(len(self.stores))],
         }
 
-    def _load_store_state(self, g: int, state: dict[str, Any]) -> None:
+    def _refuse(self, expected: Any, found: Any, version: Any) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"this state does not belong to this stream of {self.where}: expected "
+            f"{expected} (state version {_STATE_VERSION}), found {found} (version "
+            f"{version}); open the stream with the options it was saved with"
+        )
+
+    def _load_store_state(self, g: int, state: dict[str, Any]) -> Consumed:
         expected = {
             "transitions": len(self.stores[g]),
             "unit_rows": self.unit_rows,
@@ -449,11 +546,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         found = {k: state.get(k) for k in expected}
         found["items"] = state.get("items", "transitions")  # states saved before windows
         if state.get("version") != _STATE_VERSION or found != expected:
-            raise InvalidArgumentError(
-                f"this state does not belong to this stream of {self.where}: expected "
-                f"{expected} (state version {_STATE_VERSION}), found {found} (version "
-                f"{state.get('version')}); open the stream with the options it was saved with"
-            )
+            raise self._refuse(expected, found, state.get("version"))
         positions = {int(c): int(p) for c, p in state["positions"].items()}
         bad = [(k, v) for k, v in (("epoch", int(state["epoch"])), *positions.items()) if v < 0]
         if bad:
@@ -462,14 +555,26 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"{'epoch' if bad[0][0] == 'epoch' else 'position'} ({bad[0][1]}); expected "
                 f"what state_dict() gave: epoch and positions 0 or more. Pass the state as saved"
             )
+        sizes = np.diff(self._layouts[g].bounds, axis=1).reshape(-1)
+        try:
+            base = None if state.get("base") is None else Consumed.decode(state["base"], sizes)
+            consumed = Consumed.decode(state["consumed"], sizes)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidArgumentError(
+                f"this state of a stream of {self.where} does not say which items were "
+                f"emitted ({exc}); expected what state_dict() gave. Pass the state as saved"
+            ) from None
         self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
         self._consumers = state.get("consumers")
         self.store_positions[g] = positions
+        self._base[g] = base
+        return consumed
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen."""
+        """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen,
+        whatever the number of ranks and DataLoader workers."""
         if not self.several:
-            self._load_store_state(0, state)
+            self._loaded = [self._load_store_state(0, state)]
             self.batches = {}
             return
         stores = state.get("stores", [])
@@ -479,8 +584,7 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"(found {len(stores)} stores, version {state.get('version')}); "
                 f"open the stream with the stores and options it was saved with"
             )
-        for g, sub in enumerate(stores):
-            self._load_store_state(g, sub)
+        self._loaded = [self._load_store_state(g, sub) for g, sub in enumerate(stores)]
         self.batches = {int(c): int(n) for c, n in state["batches"].items()}
 
     def __repr__(self) -> str:
@@ -531,8 +635,11 @@ class StreamLoader:
         loader = torch.utils.data.DataLoader(self.stream, **self.kwargs)
         workers = loader.num_workers
         stream = self.stream
+        consumers = Consumer.current(stream.rank, stream.world_size, workers=workers).count
+        # the workers start from what is left for this many consumers (pickled after this)
+        stream._check_consumers(consumers)
         # an epoch too small for its consumers is one line here, not a worker's traceback
-        stream.balance(Consumer.current(stream.rank, stream.world_size, workers=workers).count)
+        stream.balance(consumers)
         for batch in loader:
             if workers:
                 self.stream.record(batch, workers)
