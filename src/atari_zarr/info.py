@@ -13,7 +13,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.episodes import checkpoint_summary, episode_table
-from atari_zarr.errors import StoreNotFoundError
+from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import (
     ARRAYS,
     FLUSHED_KEY,
@@ -62,7 +62,14 @@ def open_store_group(
             f"(e.g. DEST/Pong/1.zarr). Check the path, or list the stores under a "
             f"directory with `atari-zarr ls DEST`."
         )
-    return open_store(url, storage_options, timeout=timeout, require_complete=False).group
+    try:
+        return open_store(url, storage_options, timeout=timeout, require_complete=False).group
+    except StoreNotFoundError:  # something is there, but no zarr.json
+        raise StoreFormatError(
+            f"{url} exists but is not a Zarr store: expected a zarr.json written by "
+            f"`atari-zarr convert`, found none. If it holds stores, list them with "
+            f"`atari-zarr ls {url}`."
+        ) from None
 
 
 def store_info(

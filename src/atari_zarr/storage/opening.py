@@ -28,7 +28,6 @@ import zarr
 from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import read_metadata
 from atari_zarr.storage.deadline import Timeout
-from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, redact
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -84,13 +83,6 @@ def open_store(
         # consolidated metadata, so opening costs one request
         group = zarr.open_group(store, mode="r", zarr_format=3)
     except FileNotFoundError as exc:  # zarr's GroupNotFoundError: no zarr.json
-        fs, path = get_fs(url, storage_options, timeout=timeout)
-        if not fs.read_only and fs.exists(path):
-            raise StoreFormatError(
-                f"{where} exists but is not a Zarr store: expected a zarr.json written by "
-                f"`atari-zarr convert`, found none. If it holds stores, list them with "
-                f"`atari-zarr ls {where}`."
-            ) from None
         raise StoreNotFoundError(
             f"{where} is not a Zarr store: expected a directory or URL written by "
             f"`atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path, or list the "
