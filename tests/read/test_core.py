@@ -116,8 +116,12 @@ def test_read_options_are_frozen_and_no_class_attribute_tunes_every_reader(pong_
     # a worker opens the store again with the same options
     again = pickle.loads(pickle.dumps(ds))
     assert again.options == ds.options and again._store.frames.cache_bytes == 1 << 20
-    # another dataset is not touched
-    assert AtariZarrDataset(pong_store.url)._store.frames.cache_bytes == 128 << 20
+    # another dataset is not touched: it has the default, a quarter of memory
+    quarter = ReadOptions(frame_cache_bytes="25%").frame_cache_limit()
+    assert AtariZarrDataset(pong_store.url)._store.frames.cache_bytes == quarter
+    # which a MultiGameDataset's stores divide among themselves
+    mix = MultiGameDataset([pong_store.url] * 4)
+    assert all(abs(d._store.frames.cache_bytes - quarter // 4) <= 1 for d in mix.datasets)
 
 
 @pytest.mark.parametrize(
@@ -139,12 +143,31 @@ def test_bad_read_options_are_one_line(kwargs, named) -> None:
     assert "\n" not in message and named in message and "Pass" in message
 
 
-def test_a_share_of_memory_is_worked_out_here() -> None:
+def test_a_share_of_memory_is_worked_out_here_and_divided_among_workers(pong_store) -> None:
     from atari_zarr.read.options import memory_bytes
 
     assert memory_bytes() > 0
     assert ReadOptions(frame_cache_bytes="25%").frame_cache_limit() == memory_bytes() // 4
     assert ReadOptions(frame_cache_bytes="0%").frame_cache_limit() == 0
+    assert ReadOptions(frame_cache_bytes="25%").frame_cache_limit(2) == memory_bytes() // 8
+    assert ReadOptions(frame_cache_bytes=1000).frame_cache_limit(2) == 1000  # bytes are bytes
+    # in a DataLoader worker of two, the store's readers get half the dataset's share
+    ds = AtariZarrDataset(pong_store.url)
+    loader = torch.utils.data.DataLoader(
+        _CacheSize(ds), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    assert set(loader) == {ReadOptions().frame_cache_limit(2)}
+
+
+class _CacheSize(torch.utils.data.Dataset):
+    def __init__(self, ds) -> None:
+        self.ds = ds
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, i: int) -> int:
+        return self.ds._store.frames.cache_bytes
 
 
 def _memory_copy(store_url: str, name: str) -> str:

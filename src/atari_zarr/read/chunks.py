@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
@@ -57,9 +57,10 @@ class ChunkReader:
         read with zarr-python.
     where : str
         URL or path of the store, for error messages.
-    cache_bytes : int, optional
+    cache_bytes : int or callable, optional
         Bound on the decoded chunks kept between calls (0 disables the cache);
-        default ``options.frame_cache_bytes``.
+        default ``options.frame_cache_bytes``. A callable is asked in each process
+        that reads (a forked DataLoader worker sizes its own cache).
     threads : int, optional
         Decoding threads for large batches; default ``options.threads``, else one
         per core.
@@ -100,7 +101,7 @@ class ChunkReader:
         array: zarr.Array,
         *,
         where: str,
-        cache_bytes: int | None = None,
+        cache_bytes: int | Callable[[], int] | None = None,
         threads: int | None = None,
         decode_ahead: bool = True,
         remedy: str | None = None,
@@ -113,7 +114,9 @@ class ChunkReader:
         self.where = where
         self.name = self.engine.name
         self.grid = self.engine.grid
-        self.cache_bytes = options.frame_cache_limit() if cache_bytes is None else int(cache_bytes)
+        if cache_bytes is None:
+            cache_bytes = options.frame_cache_limit()
+        self._cache_limit = cache_bytes if callable(cache_bytes) else (lambda: int(cache_bytes))
         self.threads = max(1, threads or options.threads or cpu_count())
         self.decode_ahead = decode_ahead
         self._stats = {"hits": 0, "fetched_ahead": 0, "decoded_ahead": 0}
@@ -137,6 +140,11 @@ class ChunkReader:
     def stats(self) -> dict[str, int]:
         return {**self._stats, **self.engine.stats}
 
+    @property
+    def cache_bytes(self) -> int:
+        """Bound on the decoded chunks this process keeps."""
+        return int(self._cache_limit())
+
     def _init_cache(self) -> None:
         """The cache is one slab of chunk slots, so a batch gathers with one fancy index.
 
@@ -149,16 +157,28 @@ class ChunkReader:
         n_slots = self.cache_bytes // g.chunk_nbytes if g is not None else 0
         self._n_slots = int(n_slots) if n_slots >= 2 else 0
         self._slab: np.ndarray | None = None
+        while self._n_slots:
+            assert g is not None
+            try:
+                # np.empty of a large size maps pages lazily: memory grows with use.
+                self._slab = np.empty((self._n_slots, *g.chunk_shape), dtype=g.dtype)
+                break
+            except MemoryError:  # no room for the address space asked: a smaller cache
+                self._n_slots = self._n_slots // 2 if self._n_slots >= 4 else 0
         if self._n_slots:
             assert g is not None
-            # np.empty of a large size maps pages lazily: memory grows with use.
-            self._slab = np.empty((self._n_slots, *g.chunk_shape), dtype=g.dtype)
             self._slot_of = np.zeros(g.n_chunks, dtype=np.int32)
             self._owner = np.full(self._n_slots, -1, dtype=np.int64)
             self._ref = np.zeros(self._n_slots, dtype=bool)
             self._epoch = np.zeros(self._n_slots, dtype=np.int64)
         self._batch = 0
         self._hand = 0
+        self._cache_pid = os.getpid()
+
+    def _own_cache(self) -> None:
+        """A process forked from the one that made the cache sizes and fills its own."""
+        if self._cache_pid != os.getpid():
+            self._init_cache()
 
     @property
     def fast(self) -> bool:
@@ -171,6 +191,7 @@ class ChunkReader:
     @property
     def cached_chunks(self) -> int:
         """Number of decoded chunks held in the cache."""
+        self._own_cache()
         return int((self._owner >= 0).sum()) if self._n_slots else 0
 
     # -- public -----------------------------------------------------------------------
@@ -203,6 +224,7 @@ class ChunkReader:
         if rows.size == 0:
             return out
         with self._lock:
+            self._own_cache()
             if (
                 rows.size > 1
                 and rows[-1] - rows[0] == rows.size - 1

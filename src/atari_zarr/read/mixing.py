@@ -111,7 +111,8 @@ class MultiGameDataset(ItemDataset):
                 storage_options=storage_options,
                 frame_stack=frame_stack,
                 full_action_space=full_action_space,
-                options=options,
+                # the stores share the dataset's memory share
+                options=(options or ReadOptions()).divided(len(datasets)),
             )
             for d in datasets
         ]
@@ -167,6 +168,7 @@ class MultiGameDataset(ItemDataset):
         available, entries = complete_store_entries(root, storage_options)
         opened: dict[str, AtariZarrDataset] = {}
         if entries is not None and names is None:
+            shared = (options or ReadOptions()).divided(len(available))
             for n in list(available):
                 try:
                     opened[n] = AtariZarrDataset(
@@ -174,7 +176,7 @@ class MultiGameDataset(ItemDataset):
                         storage_options=storage_options,
                         frame_stack=frame_stack,
                         full_action_space=full_action_space,
-                        options=options,
+                        options=shared,
                     )
                 except (StoreNotFoundError, StoreIncompleteError):
                     warnings.warn(

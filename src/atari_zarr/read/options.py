@@ -33,16 +33,39 @@ from atari_zarr.storage.deadline import resolve_timeout
 
 __all__ = ["DEFAULT_FRAME_CACHE", "ReadOptions", "memory_bytes"]
 
-#: Default bound on decoded frame chunks kept between batches, per reader.
-DEFAULT_FRAME_CACHE = 128 << 20
+#: Default bound on decoded frame chunks kept between batches: a quarter of this
+#: machine's memory per dataset, shared by its DataLoader workers and its stores.
+DEFAULT_FRAME_CACHE = "25%"
 
 
 def memory_bytes() -> int:
-    """This machine's physical memory in bytes (0 where the system does not tell)."""
+    """The memory this process may use, in bytes: the machine's physical memory, or less
+    where a container's memory limit (cgroup v2 or v1) or an address-space limit
+    (``ulimit -v``) says so (0 where the system does not tell)."""
     try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+        found = [int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))]
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
         return 0
+    for limit_file in (
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ):
+        try:
+            with open(limit_file) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            found.append(int(text))
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            found.append(int(soft))
+    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX
+        pass
+    return min(found)
 
 
 def _whole(value: Any, name: str, *, low: int = 0, what: str = "a number of bytes") -> int:
@@ -60,9 +83,12 @@ class ReadOptions:
     Parameters
     ----------
     frame_cache_bytes : int or str
-        Bound on the decoded frame chunks a reader keeps between batches (per
-        dataset, and per DataLoader worker): bytes, or a share of this machine's
-        memory such as ``"25%"``. 0 keeps none.
+        Bound on the decoded frame chunks kept between batches: bytes per store and
+        per process, or a share of this machine's memory for the whole dataset
+        (default ``"25%"``), which its DataLoader workers and, in a
+        ``MultiGameDataset``, its stores divide among themselves. 0 keeps none. A
+        random batch of a store that fits decodes nothing; pages are taken as
+        chunks are decoded, never beyond the bound.
     coalesce_gap : int
         Remote stores: chunks of one shard at most this many bytes apart are
         fetched with one request (-1: each chunk by itself). The default is the
@@ -106,8 +132,9 @@ class ReadOptions:
             _whole(self.threads, "threads", low=1, what="a number of threads, or None")
         object.__setattr__(self, "timeout", resolve_timeout(self.timeout))
 
-    def frame_cache_limit(self) -> int:
-        """``frame_cache_bytes`` in bytes (a share of memory worked out on this machine)."""
+    def frame_cache_limit(self, sharers: int = 1) -> int:
+        """``frame_cache_bytes`` in bytes for one of ``sharers`` readers (a share of
+        memory is worked out on this machine and divided among them; bytes are not)."""
         value = self.frame_cache_bytes
         if isinstance(value, str):
             text = value.strip()
@@ -120,8 +147,16 @@ class ReadOptions:
                     f"ReadOptions: frame_cache_bytes must be bytes or a share of memory such "
                     f"as '25%'; got {value!r}. Pass an int, or a percentage from 0% to 100%"
                 )
-            return int(memory_bytes() * share / 100)
+            return int(memory_bytes() * share / 100) // max(1, int(sharers))
         return _whole(value, "frame_cache_bytes")
+
+    def divided(self, parts: int) -> ReadOptions:
+        """These options for one of ``parts`` stores sharing a dataset's memory share."""
+        value = self.frame_cache_bytes
+        if not isinstance(value, str) or parts <= 1:
+            return self
+        self.frame_cache_limit()  # checked
+        return self.replace(frame_cache_bytes=f"{float(value.strip()[:-1]) / parts!r}%")
 
     def replace(self, **changes: Any) -> ReadOptions:
         """A copy with ``changes`` (the options are frozen)."""

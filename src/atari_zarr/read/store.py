@@ -25,6 +25,7 @@ import threading
 from typing import Any
 
 import numpy as np
+import torch
 import zarr
 from tensordict import TensorDict
 
@@ -169,7 +170,11 @@ class StoreReader:
             )
         )
         self.frames = ChunkReader(
-            self.observation, where=self.where, remedy=self.remedy, options=self.options
+            self.observation,
+            where=self.where,
+            remedy=self.remedy,
+            options=self.options,
+            cache_bytes=self._frame_cache_bytes,
         )
         #: The frame array's engine, shared by every reader of this store.
         self.engine = self.frames.engine
@@ -214,6 +219,12 @@ class StoreReader:
 
     def __len__(self) -> int:
         return self.n
+
+    def _frame_cache_bytes(self) -> int:
+        """The decoded-frame bound of this process: a share of memory is divided among
+        the DataLoader workers that read the dataset (asked again in each of them)."""
+        info = torch.utils.data.get_worker_info()
+        return self.options.frame_cache_limit(1 if info is None else info.num_workers)
 
     def __getstate__(self) -> dict[str, Any]:
         # file-system handles, locks and memory maps never cross processes: the store is
