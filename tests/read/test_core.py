@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import pickle
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from atari_zarr import AtariZarrDataset, MultiGameDataset, ReadOptions, convert
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.testing import write_fixture_rlu
+from tests.read.test_prefetch import _memory_copy
 
 
 @pytest.fixture(scope="module")
@@ -168,16 +168,6 @@ class _CacheSize(torch.utils.data.Dataset):
 
     def __getitem__(self, i: int) -> int:
         return self.ds._store.frames.cache_bytes
-
-
-def _memory_copy(store_url: str, name: str) -> str:
-    import fsspec
-
-    fs = fsspec.filesystem("memory")
-    for path in Path(store_url).rglob("*"):
-        if path.is_file():
-            fs.pipe(f"/{name}/{path.relative_to(store_url)}", path.read_bytes())
-    return f"memory://{name}"
 
 
 def test_memory_stays_within_read_options(pong_store) -> None:

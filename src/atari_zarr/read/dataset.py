@@ -30,6 +30,11 @@ __all__ = ["AtariZarrDataset", "collate_batch"]
 log = logging.getLogger("atari_zarr")
 
 
+def _of_store(name: str, doc: str) -> Any:
+    """A read-only attribute of the dataset that is its store's."""
+    return property(lambda self: getattr(self._stores[0], name), doc=doc)
+
+
 class AtariZarrDataset(ItemDataset):
     """Random access to one store, item by item or in batches, in TorchRL's TED layout.
 
@@ -169,30 +174,13 @@ class AtariZarrDataset(ItemDataset):
     def _store(self) -> StoreReader:
         return self._stores[0]
 
-    @property
-    def url(self) -> str:
-        """The store's path or URL, as given."""
-        return self._store.url
-
-    @property
-    def storage_options(self) -> dict[str, Any]:
-        return self._store.storage_options
-
-    @property
-    def cache(self) -> str | None:
-        return self._store.cache
-
-    @property
-    def timeout(self) -> float | None:
-        return self._store.timeout
-
-    @property
-    def partial(self) -> bool:
-        return self._store.partial
-
-    @property
-    def full_action_space(self) -> bool:
-        return self._store.full_action_space
+    # the store's own values, as it was opened
+    url = _of_store("url", "The store's path or URL, as given.")
+    storage_options = _of_store("storage_options", "fsspec options of the store.")
+    cache = _of_store("cache", "Local directory keeping the byte ranges fetched, or None.")
+    timeout = _of_store("timeout", "Seconds per remote request (None: no limit).")
+    partial = _of_store("partial", "True: an unfinished recording, its flushed episodes.")
+    full_action_space = _of_store("full_action_space", "True: actions are ALE's 18.")
 
     @property
     def metadata(self) -> dict[str, Any]:
