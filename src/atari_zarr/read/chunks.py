@@ -13,7 +13,7 @@ chunks; this module decides which chunks a batch of rows needs and keeps them:
   that will be read soon are fetched in the background (over a network, ranges of
   one shard merged into one request), so their requests overlap with the work on
   the current batch. They wait in the engine's one encoded-byte cache
-  (:class:`~atari_zarr.read.kept.KeptBytes`); this module keeps decoded chunks only.
+  (:class:`~atari_zarr.storage.kept.KeptBytes`); this module keeps decoded chunks only.
 
 Layouts the engine does not recognise are read through zarr-python, so every
 array zarr can read still reads correctly, only slower. The module is generic:

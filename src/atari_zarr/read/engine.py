@@ -43,11 +43,11 @@ import zarr
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.fingerprints import foreign_object_message, object_crc, recorded
-from atari_zarr.read.fetch import byte_source
-from atari_zarr.read.kept import KeptBytes
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.ranges import ByteRange, coalesce_ranges
 from atari_zarr.shard_format import MISSING, check_crc, index_problem, index_size, parse_index
+from atari_zarr.storage.fetch import byte_source
+from atari_zarr.storage.kept import KeptBytes
+from atari_zarr.storage.ranges import ByteRange, coalesce_ranges
 
 __all__ = [
     "DEFAULT_REMEDY",
@@ -206,7 +206,7 @@ class ChunkEngine:
         ``coalesce_gap`` (byte ranges of one shard at most this many bytes apart are
         fetched with one request; remote stores only, -1: never merge) and
         ``kept_bytes`` (bound on the encoded bytes remote requests brought that are
-        kept in memory, :class:`~atari_zarr.read.kept.KeptBytes`: the one
+        kept in memory, :class:`~atari_zarr.storage.kept.KeptBytes`: the one
         encoded-byte cache of the array, which what is fetched ahead waits in too;
         0 keeps nothing).
 

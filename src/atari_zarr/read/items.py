@@ -132,8 +132,3 @@ class Items:
             return np.zeros_like(rows)
         within = np.clip(rows - self._ep_start[e_safe], 0, self._ep_count[e_safe])
         return np.where(inside, self._cum[e_safe] + within, self._count)
-
-    @property
-    def longest(self) -> int:
-        """Rows of the longest episode (0 for transitions' stores without episodes)."""
-        return int(self._ep_len.max()) if not self.identity and len(self._ep_len) else 0

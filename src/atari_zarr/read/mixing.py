@@ -220,11 +220,6 @@ class MultiGameDataset(ItemDataset):
                     check_entry(entries[n], ds.metadata, ds.url)
         return mixed
 
-    @property
-    def _where(self) -> str:
-        """This dataset, in messages."""
-        return self.where
-
     def __repr__(self) -> str:
         return f"MultiGameDataset(games={self.games}, transitions={len(self)})"
 

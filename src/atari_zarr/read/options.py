@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.read.kept import DEFAULT_KEPT_BYTES
-from atari_zarr.read.ranges import DEFAULT_COALESCE_GAP
 from atari_zarr.storage.deadline import resolve_timeout
+from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES
+from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP
 
 __all__ = ["DEFAULT_FRAME_CACHE", "ReadOptions", "memory_bytes"]
 
@@ -92,7 +92,7 @@ class ReadOptions:
     coalesce_gap : int
         Remote stores: chunks of one shard at most this many bytes apart are
         fetched with one request (-1: each chunk by itself). The default is the
-        cost model :func:`~atari_zarr.read.ranges.gap_for` for a bucket 20 ms away
+        cost model :func:`~atari_zarr.storage.ranges.gap_for` for a bucket 20 ms away
         at 50 MB/s (16 KB); ``gap_for(latency, bandwidth)`` gives it for another
         network.
     kept_bytes : int

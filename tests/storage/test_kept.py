@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from atari_zarr.read.kept import KeptBytes
+from atari_zarr.storage.kept import KeptBytes
 
 DATA = {
     "a": (np.arange(4000) % 251).astype(np.uint8),

@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from atari_zarr.read.ranges import (
+from atari_zarr.storage.ranges import (
     DEFAULT_COALESCE_GAP,
     MAX_COALESCED,
     ByteRange,

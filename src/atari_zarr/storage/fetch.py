@@ -1,7 +1,7 @@
 """Where chunk bytes come from: memory maps of a local store, or a zarr store's ``get``.
 
 :func:`byte_source` gives the one object the engine (:mod:`atari_zarr.read.engine`)
-asks for bytes: ``get(ranges)`` takes a batch of :class:`~atari_zarr.read.ranges.ByteRange`
+asks for bytes: ``get(ranges)`` takes a batch of :class:`~atari_zarr.storage.ranges.ByteRange`
 and returns, in the same order, the bytes of each (a read-only buffer) or None where
 the object does not exist.
 
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from atari_zarr.read.ranges import ByteRange
 from atari_zarr.storage.filesystem import not_regular_error
+from atari_zarr.storage.ranges import ByteRange
 
 __all__ = ["ByteSource", "LocalBytes", "StoreBytes", "byte_source"]
 

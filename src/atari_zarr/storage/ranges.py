@@ -6,7 +6,7 @@ object (a shard index stored at its end). :func:`coalesce_ranges` merges ranges 
 one object that lie close together into one request, because over a network a
 request costs far more than the bytes between two chunks; the engine
 (:mod:`atari_zarr.read.engine`) fetches what it returns and keeps what came
-(:mod:`atari_zarr.read.kept`). How far apart two ranges may lie is a cost model,
+(:mod:`atari_zarr.storage.kept`). How far apart two ranges may lie is a cost model,
 :func:`gap_for`: a gap is worth bridging when its bytes take less time to transfer than
 a request costs.
 
@@ -59,7 +59,7 @@ def gap_for(
     ``overhead`` (the client's and the server's work). Fetching ``g`` unrequested
     bytes instead costs ``g / bandwidth`` seconds; bridging pays while ``g`` is
     smaller than the request's cost times ``bandwidth``. The bytes bridged are kept
-    (:mod:`atari_zarr.read.kept`), so a later read does not fetch them again.
+    (:mod:`atari_zarr.storage.kept`), so a later read does not fetch them again.
 
     Parameters
     ----------
