@@ -105,6 +105,107 @@ def build(root: Path, steps: int, game: str = "Pong") -> dict:
     return env
 
 
+def _write_frames(args: tuple[str, int, int, str]) -> None:
+    """Frame shards ``[lo, hi)`` of the store at ``url``, frames cycled from ``frames_npy``."""
+    import zarr
+
+    from atari_zarr.conversion.shards import shard_encoder, write_shard
+    from atari_zarr.layout import OBSERVATION
+
+    url, lo, hi, frames_npy = args
+    recorded = np.load(frames_npy, mmap_mode="r")
+    arr = zarr.open_group(url, mode="r+")[OBSERVATION]
+    encode = shard_encoder(arr)
+    rows = arr.shards[0]
+    for shard in range(lo, hi):
+        a, b = shard * rows, min((shard + 1) * rows, arr.shape[0])
+        frames = np.asarray(recorded[np.arange(a, b) % len(recorded)])
+        if b - a == rows and encode is not None:
+            write_shard(arr, shard, encode(frames))
+        else:
+            arr[a:b] = frames
+
+
+def build_large(root: Path, steps: int, game: str = "Pong") -> dict:
+    """The same data at sizes whose DQN Replay files would not fit this machine's memory:
+    our store written directly (the layout's codecs, frames cycled, episodes of 500-2,500
+    steps), TorchRL's storage by its own ``_preproc_run`` over runs of 1M transitions
+    written one after another (checkpoints numbered on)."""
+    done = root / "env.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    import torch  # noqa: F401
+    import zarr
+    from ale_frames import CACHE_DIR, record_frames
+    from torchrl.data.datasets.atari_dqn import AtariDQNExperienceReplay
+
+    from atari_zarr.layout import (
+        ACTION, EPISODE, REWARD, SOURCE_ROW, TERMINATED, TRUNCATED, create_store, mark_complete,
+    )
+    from atari_zarr.testing import write_fixture_run
+
+    root.mkdir(parents=True, exist_ok=True)
+    recorded = record_frames(game, 20_000, seed=0)
+    frames_npy = CACHE_DIR / f"{game}_20000_0.npy"
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(500, 2_501, size=1 + steps // 500)
+    lengths = lengths[np.cumsum(lengths) <= steps].tolist()
+    lengths.append(steps - sum(lengths))
+    lengths = [x for x in lengths if x > 0]
+    t = time.perf_counter()
+    url = str(root / "zarr" / game / "1.zarr")
+    shutil.rmtree(url, ignore_errors=True)
+    # every chunk written, as the converter writes them (all-zero ones included)
+    zarr.config.set({"array.write_empty_chunks": True})
+    group = create_store(zarr.storage.LocalStore(url), steps, {"game": game, "run": "1"})
+    episode = np.repeat(np.arange(len(lengths)), lengths)
+    ends = np.cumsum(lengths) - 1
+    term = np.zeros(steps, dtype=bool)
+    term[ends] = True
+    group[ACTION][:] = (np.arange(steps) % 6).astype(np.int32)
+    group[REWARD][:] = np.zeros(steps, dtype=np.float32)
+    group[EPISODE][:] = episode
+    group[SOURCE_ROW][:] = np.arange(steps)
+    group[TERMINATED][:] = term
+    group[TRUNCATED][:] = np.zeros(steps, dtype=bool)
+    n_shards = -(-steps // int(group["observation"].shards[0]))
+    cuts = np.linspace(0, n_shards, 3).astype(int)
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(2) as pool:
+        list(pool.map(_write_frames, [(url, int(a), int(b), str(frames_npy))
+                                      for a, b in zip(cuts[:-1], cuts[1:])]))
+    mark_complete(group, {})
+    t_store = time.perf_counter() - t
+    t = time.perf_counter()
+    trl = root / "torchrl" / game / "1"
+    number = 0
+    parts = 0 if (root / "torchrl.done").exists() else -(-steps // 1_000_000)
+    if parts:
+        shutil.rmtree(trl, ignore_errors=True)
+    for part in range(parts):
+        n = min(1_000_000, steps - part * 1_000_000)
+        src = root / f"dqn-{part}"
+        write_fixture_run(
+            str(src), game, "1", capacity=250_000, steps=n,
+            frames=lambda k, off=part * 1_000_000: recorded[(k + off) % len(recorded)],
+            actions=lambda k: k % 6, compresslevel=1,
+        )
+        logs = src / game / "1" / "replay_logs"
+        runs = AtariDQNExperienceReplay._list_runs(logs)
+        for ckpt in runs:
+            AtariDQNExperienceReplay._preproc_run(trl / str(number), runs, ckpt)
+            number += 1
+        shutil.rmtree(src)
+    (root / "torchrl.done").touch()
+    env = {
+        "store": url, "trl_path": str(trl), "n": steps,
+        "build_s": {"store": round(t_store, 1), "torchrl": round(time.perf_counter() - t, 1)},
+    }
+    done.write_text(json.dumps(env))
+    return env
+
+
 def build_lance(env: dict, root: Path, version: str) -> str:
     """The store's frames as a Lance dataset: one zstd binary column (cached)."""
     import lance
@@ -261,7 +362,7 @@ def main() -> None:
     for size in [int(s) for s in args.sizes.split(",")]:
         root = args.data / str(size)
         print(f"{size:,} transitions: building (cached in {root})", flush=True)
-        env = build(root, size)
+        env = build(root, size) if size <= 1_000_000 else build_large(root, size)
         lances = {v: build_lance(env, root, v) for v in args.lance.split(",") if v}
         entry = {
             "build_s": env["build_s"],

@@ -42,11 +42,17 @@ class ByteSource(Protocol):
 
 
 class LocalBytes:
-    """Byte ranges of files under a LocalStore, through memory maps kept open."""
+    """Byte ranges of files under a LocalStore, through memory maps kept open.
+
+    Up to ``max_maps`` maps are kept (least recently used dropped first): every frame
+    shard of a 50M-transition store (12,207) stays mapped, so random reads never reopen
+    a file (about 20 µs each); a map holds no file descriptor, only address space, well
+    under the kernel's 65,530 maps per process.
+    """
 
     remote = False
 
-    def __init__(self, root: str | os.PathLike[str], max_maps: int = 512) -> None:
+    def __init__(self, root: str | os.PathLike[str], max_maps: int = 16384) -> None:
         self.root = Path(root)
         self.max_maps = max_maps
         self._maps: OrderedDict[str, mmap.mmap | bytes | None] = OrderedDict()
