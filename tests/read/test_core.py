@@ -33,8 +33,19 @@ def rlu_url(tmp_path_factory) -> str:
     return store.url
 
 
-def _door(name: str, pong: str, rlu: str, kind: str):
-    url = pong if kind == "dqn_replay" else rlu
+@pytest.fixture(scope="module")
+def collected_url(tmp_path_factory) -> str:
+    """Real ALE play recorded by the collector (final frames kept, episodes truncated)."""
+    from atari_zarr import collect
+    from atari_zarr.record.envs import make_dqn_env
+
+    path = str(tmp_path_factory.mktemp("collected") / "breakout.zarr")
+    collect(make_dqn_env("Breakout", max_episode_steps=90), path, steps=400, seed=3).close()
+    return path
+
+
+def _door(name: str, pong: str, rlu: str, kind: str, collected: str = ""):
+    url = {"dqn_replay": pong, "rl_unplugged": rlu, "collected": collected}[kind]
     if name == "transitions":
         return AtariZarrDataset(url)
     if name == "stacked":
@@ -42,7 +53,7 @@ def _door(name: str, pong: str, rlu: str, kind: str):
     if name == "windows":
         return AtariZarrDataset(url, frame_stack=3).windows(5, pad=True)
     if name == "multi":
-        return MultiGameDataset([pong, rlu], weights=[1, 3], frame_stack=2)
+        return MultiGameDataset([url, pong, rlu], weights=[1, 3, 2], frame_stack=2)
     if name == "multi-windows":
         return MultiGameDataset([url, pong], frame_stack=2).windows(4)
     raise AssertionError(name)
@@ -69,12 +80,12 @@ def _by_item(td):
 DOORS = ["transitions", "stacked", "windows", "multi", "multi-windows"]
 
 
-@pytest.mark.parametrize("kind", ["dqn_replay", "rl_unplugged"])
+@pytest.mark.parametrize("kind", ["dqn_replay", "rl_unplugged", "collected"])
 @pytest.mark.parametrize("door", DOORS)
 def test_every_door_reads_an_item_alike_at_random_in_the_stream_and_after_pickling(
-    pong_store, rlu_url, door, kind
+    pong_store, rlu_url, collected_url, door, kind
 ) -> None:
-    ds = _door(door, pong_store.url, rlu_url, kind)
+    ds = _door(door, pong_store.url, rlu_url, kind, collected_url)
     assert isinstance(ds, ItemDataset)
     every = ds[np.arange(len(ds))]
     # the stream (units read whole, items gathered from a slab) against random access

@@ -44,7 +44,7 @@ from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.fingerprints import foreign_object_message, object_crc, recorded
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.shard_format import MISSING, check_crc, index_problem, index_size, parse_index
+from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.fetch import byte_source
 from atari_zarr.storage.kept import KeptBytes
 from atari_zarr.storage.ranges import ByteRange, coalesce_ranges
@@ -352,7 +352,8 @@ class ChunkEngine:
         return out
 
     # -- shard indexes ------------------------------------------------------------------
-    def _index_range(self, shard: int) -> ByteRange:
+    def index_range(self, shard: int) -> ByteRange:
+        """Where shard ``shard``'s index lies in its object."""
         g = self.grid
         assert g is not None
         key = g.object_key(shard)
@@ -426,14 +427,14 @@ class ChunkEngine:
             else:
                 todo.append(s)
         if todo:
-            raws = self.get([self._index_range(s) for s in todo], merge=False)
+            raws = self.get([self.index_range(s) for s in todo], merge=False)
             for s, raw in zip(todo, raws, strict=True):
                 index = None if raw is None else self._parse_index(s, raw)
                 self._keep_index(s, index)
                 out[s] = index
         return out
 
-    def _chunk_in(self, c: int, index: np.ndarray | None) -> tuple[str, int | None, int | None]:
+    def chunk_in(self, c: int, index: np.ndarray | None) -> tuple[str, int | None, int | None]:
         """``(key, offset, length)`` of chunk ``c`` given its shard's index (None: absent)."""
         g = self.grid
         assert g is not None
@@ -470,7 +471,7 @@ class ChunkEngine:
         ranges: list[ByteRange] = []
         located: list[tuple[int, str, int | None, int | None, int | None]] = []
         for c in cids:
-            key, off, size = self._chunk_in(c, indexes[c // cps])
+            key, off, size = self.chunk_in(c, indexes[c // cps])
             if off is None:
                 located.append((c, key, None, None, None))
             else:
@@ -541,11 +542,11 @@ class ChunkEngine:
                 first.append(rng)
         n_span = len(first)
         index_order = sorted(unknown)
-        first.extend(self._index_range(s) for s in index_order)
+        first.extend(self.index_range(s) for s in index_order)
         ready = [c for c in extra if c // cps in known]
         first_extra = []
         for c in ready:
-            ckey, off, size = self._chunk_in(c, known[c // cps])
+            ckey, off, size = self.chunk_in(c, known[c // cps])
             if off is not None and size is not None:
                 first_extra.append((c, len(first)))
                 first.append(ByteRange(ckey, off, off + size))
@@ -572,7 +573,7 @@ class ChunkEngine:
         for c in extra:
             if c in extra_data or c // cps not in unknown:
                 continue
-            ckey, off, size = self._chunk_in(c, known[c // cps])
+            ckey, off, size = self.chunk_in(c, known[c // cps])
             if off is not None and size is not None:
                 late.append((c, len(second)))
                 second.append(ByteRange(ckey, off, off + size))
@@ -585,7 +586,7 @@ class ChunkEngine:
         index = known[shard]
         span = []
         for c in range(c0, c1):
-            ckey, off, size = self._chunk_in(c, index)
+            ckey, off, size = self.chunk_in(c, index)
             if off is None or span_buf is None:
                 span.append(EncodedChunk(c, None, ckey, None, None))
             else:
@@ -594,7 +595,7 @@ class ChunkEngine:
                 span.append(EncodedChunk(c, span_buf[a : a + size], ckey, off, size))
         out_extra = []
         for c in extra:
-            ckey, off, size = self._chunk_in(c, known[c // cps])
+            ckey, off, size = self.chunk_in(c, known[c // cps])
             out_extra.append(EncodedChunk(c, extra_data.get(c), ckey, off, size))
         return span, out_extra
 
@@ -704,59 +705,6 @@ class ChunkEngine:
                 frames[sel] = block[rows[sel] - chunk.cid * cr]
         self.count_decoded(len(span) + (len(extra) if len(rows) else 0), nbytes)
         return frames
-
-    # -- every byte checked: verify -------------------------------------------------------
-    def inspect(self, lo: int, hi: int) -> tuple[np.ndarray | None, list[tuple[int | None, str]]]:
-        """Rows ``[lo, hi)`` decoded, with every check, and what is wrong with their objects.
-
-        What ``verify`` reads a store with: each shard index and chunk is checked
-        (:mod:`atari_zarr.shard_format`, :func:`decode_chunk`) and every problem is
-        listed instead of raised: ``(chunk, what)``, the chunk None for a shard index
-        (then its chunks cannot be located, and no rows are returned). An absent
-        object gives the fill value; the recorded fingerprints are ``verify``'s own
-        check.
-        """
-        g = self.grid
-        assert g is not None, "the generic path reads through zarr"
-        cr, cps = g.chunk_rows, g.chunks_per_shard
-        cids = list(range(lo // cr, (hi - 1) // cr + 1))
-        problems: list[tuple[int | None, str]] = []
-        if g.sharded:
-            shards = sorted({c // cps for c in cids})
-            raws = self.get([self._index_range(s) for s in shards], merge=False)
-            indexes: dict[int, np.ndarray | None] = {}
-            for shard, raw in zip(shards, raws, strict=True):
-                what = None if raw is None else index_problem(raw, g.index_size)
-                if what is not None:
-                    problems.append((None, what))
-                indexes[shard] = (
-                    None if raw is None else np.frombuffer(bytes(raw[:-4]), "<u8").reshape(-1, 2)
-                )
-            if problems:
-                return None, problems
-            located = [self._chunk_in(c, indexes[c // cps]) for c in cids]
-            wanted = [
-                (i, ByteRange(k, o, o + n))
-                for i, (k, o, n) in enumerate(located)
-                if o is not None and n is not None
-            ]
-            got = self.get([r for _, r in wanted], merge=False)
-            data: list[Any] = [None] * len(cids)
-            for (i, _), d in zip(wanted, got, strict=True):
-                data[i] = d
-        else:
-            data = self.get([ByteRange.whole(g.object_key(c)) for c in cids], merge=False)
-        out = np.empty((len(cids) * cr, *g.row_shape), dtype=g.dtype)
-        for i, (c, d) in enumerate(zip(cids, data, strict=True)):
-            dest = out[i * cr : (i + 1) * cr]
-            if d is None:
-                dest[...] = g.fill_value
-                continue
-            what = decode_chunk(d, dest, checksum=g.checksum, chunk_nbytes=g.chunk_nbytes)
-            if what is not None:
-                problems.append((c, what))
-        start = cids[0] * cr
-        return out[lo - start : hi - start], problems
 
     # -- zarr-python, for layouts the engine does not know --------------------------------
     def read_generic(self, rows: np.ndarray) -> np.ndarray:

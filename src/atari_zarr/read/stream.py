@@ -162,25 +162,6 @@ class EpochStream(torch.utils.data.IterableDataset):
         #: The items a loaded state had emitted, until the consumers are known.
         self._loaded: list[Consumed] | None = None
 
-    # -- the one-store view -------------------------------------------------------------
-    @property
-    def dataset(self) -> StoreReader:
-        return self.stores[0]
-
-    @property
-    def bounds(self) -> np.ndarray:
-        """Row ranges of the read units of the (first) store."""
-        return self._layouts[0].rows
-
-    @property
-    def positions(self) -> dict[int, int]:
-        """Items emitted per consumer in this epoch (the first store)."""
-        return self.store_positions[0]
-
-    @positions.setter
-    def positions(self, value: dict[int, int]) -> None:
-        self.store_positions[0] = value
-
     @property
     def fast(self) -> bool:
         """True when units are read by the engine (False: through zarr-python)."""
