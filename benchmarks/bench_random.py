@@ -67,7 +67,7 @@ def build(root: Path, steps: int, game: str = "Pong") -> dict:
         return json.loads(done.read_text())
     import torch  # noqa: F401  (torchrl needs it first)
     from ale_frames import record_frames
-    from torchrl.data.datasets.atari_dqn import AtariDQNExperienceReplay
+    from read_benchmark import torchrl_storage
 
     from atari_zarr import convert
     from atari_zarr.testing import write_fixture_run
@@ -88,13 +88,8 @@ def build(root: Path, steps: int, game: str = "Pong") -> dict:
     t = time.perf_counter()
     [store] = convert(str(root / "dqn"), str(root / "zarr"), progress=False, workers=2)
     t_convert = time.perf_counter() - t
-    logs = root / "dqn" / game / "1" / "replay_logs"
     trl = root / "torchrl" / game / "1"
-    t = time.perf_counter()
-    runs = AtariDQNExperienceReplay._list_runs(logs)
-    for ckpt in runs:
-        AtariDQNExperienceReplay._preproc_run(trl / str(ckpt), runs, ckpt)
-    t_trl = time.perf_counter() - t
+    t_trl = torchrl_storage(root / "dqn" / game / "1" / "replay_logs", trl)
     shutil.rmtree(root / "dqn")  # the source is not read again
     env = {
         "store": store.url, "trl_path": str(trl), "n": int(store.transitions),

@@ -75,6 +75,18 @@ ROUNDS = 3
 # -- building every format from the same source ------------------------------------------
 
 
+def torchrl_storage(logs: Path, path: Path) -> float:
+    """TorchRL's AtariDQN storage of the run at ``logs``, by TorchRL's own per-checkpoint
+    preprocessing (what it does after its ``gsutil`` download); seconds taken."""
+    from torchrl.data.datasets.atari_dqn import AtariDQNExperienceReplay
+
+    t = time.perf_counter()
+    runs = AtariDQNExperienceReplay._list_runs(logs)
+    for ckpt in runs:
+        AtariDQNExperienceReplay._preproc_run(Path(path) / str(ckpt), runs, ckpt)
+    return time.perf_counter() - t
+
+
 def build(work: Path, game: str, steps: int, capacity: int) -> dict:
     import torch  # noqa: F401  (torchrl needs it first)
     from ale_frames import record_frames
@@ -98,12 +110,8 @@ def build(work: Path, game: str, steps: int, capacity: int) -> dict:
     t_convert = time.perf_counter() - t
 
     # TorchRL: its own per-checkpoint preprocessing into memory-mapped tensordicts.
-    from torchrl.data.datasets.atari_dqn import AtariDQNExperienceReplay
-
     trl_path = work / "torchrl" / game / "1"
-    runs = AtariDQNExperienceReplay._list_runs(logs)
-    for ckpt in runs:
-        AtariDQNExperienceReplay._preproc_run(trl_path / str(ckpt), runs, ckpt)
+    torchrl_storage(logs, trl_path)
     return {
         "store": store.url, "logs": logs, "trl_path": trl_path, "n": store.transitions,
         "t_src": t_src, "t_convert": t_convert,

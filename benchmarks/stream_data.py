@@ -183,14 +183,10 @@ def build_run(
     t_convert = time.perf_counter() - t
     print(f"converted in {t_convert:.0f} s: {store.url}", file=sys.stderr)
 
-    from torchrl.data.datasets.atari_dqn import AtariDQNExperienceReplay
+    from read_benchmark import torchrl_storage
 
     trl_path = root / "torchrl" / game / "1"
-    t = time.perf_counter()
-    runs = AtariDQNExperienceReplay._list_runs(logs)
-    for ckpt in runs:
-        AtariDQNExperienceReplay._preproc_run(trl_path / str(ckpt), runs, ckpt)
-    t_trl = time.perf_counter() - t
+    t_trl = torchrl_storage(logs, trl_path)
     print(f"TorchRL storage in {t_trl:.0f} s", file=sys.stderr)
     meta = {
         "game": game,
