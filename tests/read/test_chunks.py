@@ -332,3 +332,28 @@ def test_adjacent_chunks_of_a_shard_are_one_request(tmp_path):
         proxy.reset()
         _check_rows(small_gap, local, np.array([3, 30]))  # chunks 0 and 3: a gap
         assert proxy.requests == 2, proxy.log
+
+
+def test_a_large_cache_takes_slots_into_use_as_misses_pay_for_them(pong_store):
+    """A fresh slot's first write costs its page faults: the cache starts with 128 MB of
+    slots and takes one more per 8 chunks decoded, up to its bound; hits cost nothing."""
+    from atari_zarr.read import chunks as chunks_module
+
+    frames = zarr.open_group(pong_store.url, mode="r")["observation"]
+    chunk = 16 * 84 * 84
+    r = ChunkReader(frames, where=pong_store.url, cache_bytes=50 * chunk)
+    first = r._active
+    assert first == 50  # the first 128 MB hold more than this bound
+    small = ChunkReader(frames, where=pong_store.url, cache_bytes=10_000 * chunk)
+    start = small._active
+    assert start == (128 << 20) // chunk < small._n_slots
+    n = frames.shape[0]
+    small.read(np.arange(n))  # a range: decoded straight into the output
+    assert small._active == start
+    rows = np.arange(0, n, 16)  # one row per chunk: (nearly) every chunk a miss
+    small.read(rows)
+    grown = small._active - start
+    assert 0 < grown <= len(rows) // chunks_module._MISSES_PER_SLOT + 1
+    before = small._active
+    small.read(rows)  # all hits: nothing more taken
+    assert small._active == before and small.stats["hits"] >= len(rows)
