@@ -87,8 +87,9 @@ class ReadOptions:
         per process, or a share of this machine's memory for the whole dataset
         (default ``"25%"``), which its DataLoader workers and, in a
         ``MultiGameDataset``, its stores divide among themselves. 0 keeps none. A
-        random batch of a store that fits decodes nothing; pages are taken as
-        chunks are decoded, never beyond the bound.
+        random batch of a store that fits decodes nothing. Memory is taken as chunks
+        are decoded, never beyond the bound: 128 MB first, then one more chunk's room
+        per 8 chunks decoded (a fresh page costs more than a decode).
     coalesce_gap : int
         Remote stores: chunks of one shard at most this many bytes apart are
         fetched with one request (-1: each chunk by itself). The default is the
