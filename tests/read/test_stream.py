@@ -147,6 +147,50 @@ def test_plan_covers_every_row_once(window: int, consumers: int) -> None:
     assert sorted(np.concatenate(rows).tolist()) == list(range(5000))
 
 
+def _emitted(plan: EpochPlan, bounds: np.ndarray, upto: int) -> list[int]:
+    """The items a consumer emits first, ``upto`` of them, in its order (the slow way)."""
+    out: list[int] = []
+    for s in plan.segments:
+        pos, r = plan.segment(s)
+        out.extend((bounds[plan.units[pos], 0] + r).tolist())
+    return out[:upto]
+
+
+@pytest.mark.parametrize(("window", "consumers", "pad"), [(1, 3, 0), (3, 4, 2), (50, 2, 1)])
+def test_consumed_names_what_was_emitted_and_a_plan_of_the_rest_deals_the_rest(
+    window: int, consumers: int, pad: int
+) -> None:
+    """What a consumer emitted is named in terms of units and items, whatever the
+    consumers; plans made with it left deal every other item once, among any number."""
+    from atari_zarr.read.epoch import Consumed
+
+    bounds = unit_bounds(5000, shard_rows=1024, unit_rows=256)
+    rng = np.random.default_rng(window)
+    done = Consumed(bounds)
+    emitted: set[int] = set()
+    for c in range(consumers):
+        plan = EpochPlan(bounds, seed=3, epoch=1, shuffle=True, window=window, consumer=c,
+                         consumers=consumers, pad=pad if c == 0 else 0)
+        position = int(rng.integers(0, plan.rows + 1))
+        emitted |= set(_emitted(plan, bounds, position))
+        for unit, items in plan.consumed(position).items():
+            done.add(unit, items)
+    named = {int(bounds[u, 0]) + int(i) for u in range(len(bounds))
+             for i in (range(int(np.diff(bounds[u])[0])) if done.done[u] else
+                       np.flatnonzero(done.partial.get(u, np.zeros(0, bool))))}
+    assert named == emitted and done.count == len(emitted)
+    again = Consumed.decode(done.encode(), done.sizes)
+    assert again.count == done.count
+    for later in (1, 3, 7):
+        rest = []
+        for c in range(later):
+            plan = EpochPlan(bounds, seed=3, epoch=1, shuffle=True, window=window, consumer=c,
+                             consumers=later, left=again)
+            rest += _emitted(plan, bounds, plan.rows)
+            assert plan.consumer_of(rest[-1]) == c if rest else True
+        assert sorted(rest) == sorted(set(range(5000)) - emitted)
+
+
 def test_plan_locate_inverts_positions() -> None:
     bounds = unit_bounds(3000, shard_rows=512, unit_rows=512)
     plan = EpochPlan(bounds, seed=0, epoch=0, shuffle=True, window=3, consumer=0, consumers=1)

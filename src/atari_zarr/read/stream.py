@@ -82,8 +82,9 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     Progress is one number per consumer (``rank * num_workers + worker``) and
     store: the items it has emitted. :meth:`state_dict` holds them with the seed
-    and epoch; a stream given that state by :meth:`load_state_dict` yields exactly
-    the items not yet emitted. Iterating the stream itself counts what it yields;
+    and epoch, and which items they are whatever the consumers; a stream given that
+    state by :meth:`load_state_dict` yields exactly the items not yet emitted, on any
+    number of ranks and DataLoader workers. Iterating the stream itself counts what it yields;
     through a DataLoader with workers, use :meth:`loader` (which counts the batches
     it hands out) or call :meth:`record` on every batch.
 
