@@ -246,7 +246,6 @@ class ChunkReader:
             uniq, inverse = np.unique(cids, return_inverse=True)
             within = rows - cids * cr
             if self._n_slots and len(uniq) <= self._n_slots // 2:
-                self._grow_for(len(uniq))
                 slots = self._cached_slots(uniq)
                 flat = self._slab.reshape(-1, *g.row_shape)  # type: ignore[union-attr]
                 # mode='clip': numpy buffers ``out`` with the default mode (indices are in range)
@@ -342,7 +341,7 @@ class ChunkReader:
             return None
         cids = np.unique(np.asarray(rows, dtype=np.int64).ravel() // g.chunk_rows)
         self._own_cache()
-        if self._n_slots >= 8 * len(cids):
+        if self._active >= 8 * len(cids):
             # chunks decoded in a cache this much larger than what is drawn ahead are
             # still there when read: not fetched again (in a small cache they may be
             # evicted first, and are fetched too)
@@ -427,8 +426,7 @@ class ChunkReader:
         self._stats["hits"] += int(hit.sum())
         miss = np.flatnonzero(~hit)
         if miss.size:
-            self._misses += int(miss.size)
-            self._grow_for(0)
+            self._grow(int(miss.size), len(uniq))
             new = np.array([self._alloc_slot() for _ in range(miss.size)], dtype=np.int64)
             cids = uniq[miss]
             try:
@@ -441,8 +439,9 @@ class ChunkReader:
             slots[miss] = new
         return slots
 
-    def _grow_for(self, batch_chunks: int) -> None:
+    def _grow(self, misses: int, batch_chunks: int) -> None:
         """Take more slots into use: as misses pay for them, and always twice a batch."""
+        self._misses += misses
         want = self._active + self._misses // _MISSES_PER_SLOT
         self._misses %= _MISSES_PER_SLOT
         self._active = min(self._n_slots, max(want, 2 * batch_chunks))

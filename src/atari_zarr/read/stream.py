@@ -254,7 +254,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         if self._consumers is not None and self._consumers != consumers:
             started = any(p for p in self.store_positions)
             if self._loaded is not None or started:
-                left = self._loaded or [self._consumed(g) for g in range(len(self.stores))]
+                left = self._loaded or self._progress()[1]
                 self._base = list(left)
                 self.store_positions = [{} for _ in self.stores]
                 self.batches = {}
@@ -404,9 +404,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         workers = max(1, consumers // me.world_size)
         return range(me.rank * workers, (me.rank + 1) * workers), workers
 
-    def _replay(self, consumer: int, consumers: int, batches: int) -> np.ndarray:
+    def _replay(self, consumer: int, consumers: int, batches: int, pads: np.ndarray) -> np.ndarray:
         """Items of each store consumer ``consumer`` emitted in its first ``batches``."""
-        _, pads = self.balance(consumers)
         extra = self._pads(consumer, consumers, int(pads[consumer]))
         left = np.array(
             [self._plan(g, consumer, consumers, extra[g]).rows for g in range(len(self.stores))],
@@ -414,8 +413,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         )
         done = np.zeros(len(self.stores), dtype=np.int64)
         for t in range(batches):
-            counts = self._counts(left - done, t, consumer, consumers)
-            done += counts
+            done += self._counts(left - done, t, consumer, consumers)
         return done
 
     def _all_batches(self, consumers: int) -> dict[int, int]:
@@ -428,44 +426,45 @@ class EpochStream(torch.utils.data.IterableDataset):
             for c in range(consumers)
         }
 
-    def _all_positions(self, g: int, consumers: int) -> dict[int, int]:
-        """Items of store ``g`` every consumer emitted (the others' by lockstep)."""
-        own, workers = self._own(consumers)
-        known = self.store_positions[g]
-        out = {}
-        for c in range(consumers):
-            if c in own:
-                out[c] = known.get(c, 0)
-            elif not self.several:
-                out[c] = known.get(own.start + c % workers, 0)
-            else:
-                mate = own.start + c % workers
-                out[c] = int(self._replay(c, consumers, self.batches.get(mate, 0))[g])
-        return out
-
-    def _consumed(self, g: int) -> Consumed:
-        """Every item of store ``g`` emitted in this epoch, whoever emitted it."""
-        base = self._base[g]
-        out = base.copy() if base is not None else Consumed(self._layouts[g].bounds)
+    def _progress(self) -> tuple[list[dict[int, int]], list[Consumed]]:
+        """Per store: the items every consumer emitted (the others' by lockstep, with
+        several stores replayed from their batches), and every item emitted in this
+        epoch, whoever emitted it."""
+        stores = range(len(self.stores))
+        consumed = [
+            base.copy() if base is not None else Consumed(self._layouts[g].bounds)
+            for g, base in enumerate(self._base)
+        ]
         consumers = self._consumers
         if consumers is None:
-            return out
-        positions = self._all_positions(g, consumers)
-        if not any(positions.values()):
-            return out
-        _, pads = self.balance(consumers)
-        for c, position in positions.items():
-            if position > 0:
-                extra = self._pads(c, consumers, int(pads[c]))[g]
-                for unit, items in self._plan(g, c, consumers, extra).consumed(position).items():
-                    out.add(unit, items)
-        return out
+            return [{} for _ in stores], consumed
+        own, workers = self._own(consumers)
+        positions: list[dict[int, int]] = [{} for _ in stores]
+        pads = None
+        for c in range(consumers):
+            mate = c if c in own else own.start + c % workers
+            if c in own or not self.several:
+                for g in stores:
+                    positions[g][c] = self.store_positions[g].get(mate, 0)
+                continue
+            if pads is None:
+                pads = self.balance(consumers)[1]
+            done = self._replay(c, consumers, self.batches.get(mate, 0), pads)
+            for g in stores:
+                positions[g][c] = int(done[g])
+        if any(p for by_consumer in positions for p in by_consumer.values()):
+            pads = self.balance(consumers)[1] if pads is None else pads
+            for c in range(consumers):
+                extra = self._pads(c, consumers, int(pads[c]))
+                for g in stores:
+                    if positions[g][c] > 0:
+                        plan = self._plan(g, c, consumers, extra[g])
+                        for unit, items in plan.consumed(positions[g][c]).items():
+                            consumed[g].add(unit, items)
+        return positions, consumed
 
-    def _store_state(self, g: int) -> dict[str, Any]:
-        consumers = self._consumers
-        positions = self._all_positions(g, consumers) if consumers else {}
+    def _store_state(self, g: int, positions: dict[int, int], consumed: Consumed) -> dict[str, Any]:
         base = self._base[g]
-        consumed = self._loaded[g] if self._loaded is not None else self._consumed(g)
         return {
             "version": _STATE_VERSION,
             "seed": self.seed,
@@ -476,7 +475,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             "unit_rows": self.unit_rows,
             "items": self.items[g].token,
             "transitions": len(self.stores[g]),
-            "consumers": consumers,
+            "consumers": self._consumers,
             "positions": {int(c): int(p) for c, p in positions.items() if p},
             "base": None if base is None else base.encode(),
             "consumed": consumed.encode(),
@@ -498,22 +497,19 @@ class EpochStream(torch.utils.data.IterableDataset):
         together, so the consumers of other ranks have emitted as many batches as this
         rank's (rank 0's checkpoint is enough).
         """
+        positions, consumed = self._progress()
+        if self._loaded is not None:  # loaded, not read since: what the state said
+            consumed = self._loaded
+        states = [self._store_state(g, positions[g], consumed[g]) for g in range(len(consumed))]
         if not self.several:
-            return self._store_state(0)
+            return states[0]
         consumers = self._consumers
         batches = self._all_batches(consumers) if consumers else {}
         return {
             "version": _STATE_VERSION,
             "batches": {int(c): int(n) for c, n in batches.items() if n},
-            "stores": [self._store_state(g) for g in range(len(self.stores))],
+            "stores": states,
         }
-
-    def _refuse(self, expected: Any, found: Any, version: Any) -> InvalidArgumentError:
-        return InvalidArgumentError(
-            f"this state does not belong to this stream of {self.where}: expected "
-            f"{expected} (state version {_STATE_VERSION}), found {found} (version "
-            f"{version}); open the stream with the options it was saved with"
-        )
 
     def _load_store_state(self, g: int, state: dict[str, Any]) -> Consumed:
         expected = {
@@ -528,7 +524,11 @@ class EpochStream(torch.utils.data.IterableDataset):
         found = {k: state.get(k) for k in expected}
         found["items"] = state.get("items", "transitions")  # states saved before windows
         if state.get("version") != _STATE_VERSION or found != expected:
-            raise self._refuse(expected, found, state.get("version"))
+            raise InvalidArgumentError(
+                f"this state does not belong to this stream of {self.where}: expected "
+                f"{expected} (state version {_STATE_VERSION}), found {found} (version "
+                f"{state.get('version')}); open the stream with the options it was saved with"
+            )
         positions = {int(c): int(p) for c, p in state["positions"].items()}
         bad = [(k, v) for k, v in (("epoch", int(state["epoch"])), *positions.items()) if v < 0]
         if bad:
