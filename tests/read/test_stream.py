@@ -656,3 +656,15 @@ def test_windows_and_several_stores_resume_elastically(small_store: str, odd_sto
         assert len(want[0]) == len(mixed)
         assert set(starts.tolist()) == set(wanted.tolist())
         assert len(starts) - len(mixed) < 2 * (4 + 3)  # padding: a store and a consumer at most
+
+
+def test_a_state_whose_emitted_items_are_damaged_is_one_line(small_store: str) -> None:
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(64, seed=0, unit_rows=512)
+    next(iter(stream))
+    state = stream.state_dict()
+    for spoiled in ({"units": 3}, {**state["consumed"], "done": "%%%"}, None):
+        again = ds.stream(64, seed=0, unit_rows=512)
+        with pytest.raises(InvalidArgumentError, match="does not say which items were emitted") as err:
+            again.load_state_dict({**state, "consumed": spoiled})
+        assert "\n" not in str(err.value) and "Pass the state as saved" in str(err.value)
