@@ -344,7 +344,8 @@ def main() -> None:
 
     import torch
 
-    from atari_zarr.read.options import ReadOptions, memory_bytes
+    from atari_zarr.read.options import ReadOptions
+    from atari_zarr.resources import memory_bytes
 
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

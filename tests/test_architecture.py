@@ -20,6 +20,8 @@ FLOORS = [
         "codec_chain",
         "fingerprints",
         "shard_format",
+        "arguments",
+        "resources",
         "progress",
         "commands",
         "_version",

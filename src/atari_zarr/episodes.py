@@ -86,6 +86,28 @@ class EpisodeTable:
     returns: np.ndarray | None
     first_step: np.ndarray | None = None
 
+    @classmethod
+    def from_steps(
+        cls, episode: np.ndarray, terminated: np.ndarray, reward: np.ndarray
+    ) -> EpisodeTable:
+        """The table of per-step arrays (an unfinished recording has no other).
+
+        Examples
+        --------
+        >>> t = EpisodeTable.from_steps(np.array([0, 0, 1]), np.array([0, 1, 0], bool),
+        ...                             np.array([1.0, 2.0, 5.0]))
+        >>> t.length.tolist(), t.terminated.tolist(), t.returns.tolist()
+        ([2, 1], [True, False], [3.0, 5.0])
+        """
+        episode = np.asarray(episode)
+        new = np.r_[True, episode[1:] != episode[:-1]] if episode.size else np.zeros(0, bool)
+        starts = np.flatnonzero(new).astype(np.int64)
+        length = np.diff(np.r_[starts, episode.size]).astype(np.int64)
+        ends = starts + length - 1
+        rewards = np.asarray(reward, dtype=np.float64)
+        returns = np.add.reduceat(rewards, starts) if starts.size else np.zeros(0)
+        return cls(length, np.asarray(terminated, dtype=bool)[ends], returns)
+
     @property
     def fragment(self) -> np.ndarray:
         """``(E,)`` bool: the episode's first rows are not in the store."""

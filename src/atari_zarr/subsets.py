@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.episodes import EpisodeTable, SourcePart
 from atari_zarr.errors import InvalidArgumentError
 
@@ -72,12 +73,6 @@ DECISION_TRANSFORMER = "decision-transformer"
 #: Orders of the fraction rule: d3rlpy's shuffle, or the order of play (a prefix).
 RANDOM, PLAYED = "random", "played"
 ORDERS = (RANDOM, PLAYED)
-
-
-def _positive(value: Any, name: str, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise InvalidArgumentError(f"{name} must be a positive integer; got {value!r} for {where}")
-    return int(value)
 
 
 @dataclass(frozen=True)
@@ -140,7 +135,7 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
         rows = (
             None
             if checkpoint_rows is None
-            else _positive(checkpoint_rows, "checkpoint_rows", where)
+            else whole_number(checkpoint_rows, "checkpoint_rows", where)
         )
         if order not in ORDERS:
             raise InvalidArgumentError(
@@ -162,9 +157,9 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
         """kzl/decision-transformer's ``create_dataset`` sampling (defaults: its own)."""
         return cls(
             DECISION_TRANSFORMER,
-            num_buffers=_positive(num_buffers, "num_buffers", where),
-            num_steps=_positive(num_steps, "num_steps", where),
-            trajectories_per_buffer=_positive(
+            num_buffers=whole_number(num_buffers, "num_buffers", where),
+            num_steps=whole_number(num_steps, "num_steps", where),
+            trajectories_per_buffer=whole_number(
                 trajectories_per_buffer, "trajectories_per_buffer", where
             ),
             seed=int(seed),

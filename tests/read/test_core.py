@@ -155,7 +155,7 @@ def test_bad_read_options_are_one_line(kwargs, named) -> None:
 
 
 def test_a_share_of_memory_is_worked_out_here_and_divided_among_workers(pong_store) -> None:
-    from atari_zarr.read.options import memory_bytes
+    from atari_zarr.resources import memory_bytes
 
     assert memory_bytes() > 0
     assert ReadOptions(frame_cache_bytes="25%").frame_cache_limit() == memory_bytes() // 4

@@ -70,7 +70,7 @@ def test_prefetch_zero_and_local_stores(pong_store):
 @pytest.mark.parametrize("prefetch", [-1, 1.5, True])
 def test_prefetch_must_be_a_count(pong_store, prefetch):
     ds = AtariZarrDataset(pong_store.url)
-    with pytest.raises(InvalidArgumentError, match="prefetch must be a non-negative number"):
+    with pytest.raises(InvalidArgumentError, match="prefetch must be a non-negative integer"):
         next(ds.sample_iter(8, prefetch=prefetch))
 
 

@@ -56,6 +56,7 @@ from atari_zarr.errors import InvalidArgumentError, StoreExistsError
 from atari_zarr.layout import codecs_for, for_writing, get_array
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.dataset import AtariZarrDataset
+from atari_zarr.resources import cpu_count
 from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.paths import redact
 from atari_zarr.storage.remote import open_zarr_store
@@ -420,7 +421,7 @@ def preprocess(
         elif num_chunks:
             per_task = max(1, -(-len(units) // int(num_chunks)))
         tasks = list(_chunked(units, per_task))
-        workers = (os.cpu_count() or 1) if num_workers is None else int(num_workers)
+        workers = cpu_count() if num_workers is None else int(num_workers)
         bar = progress_bar(len(units), f"preprocess {where}", unit="unit", enabled=pbar)
         try:
             if pool is not None:

@@ -44,7 +44,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -81,6 +80,7 @@ from atari_zarr.layout import (
     store_path,
 )
 from atari_zarr.progress import progress_bar
+from atari_zarr.resources import cpu_count
 from atari_zarr.sources.registry import (
     DQN_REPLAY,
     Plan,
@@ -423,7 +423,7 @@ def _plan(
             source,
             options.selection,
             scans,
-            batch=options.workers or os.cpu_count() or 1,
+            batch=options.workers or cpu_count(),
             progress=bar.update,
         )
     finally:

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from atari_zarr.errors import InvalidArgumentError, import_optional
+from atari_zarr.resources import cpu_count
 
 __all__ = [
     "LOCAL_SCHEDULERS",
@@ -152,7 +153,7 @@ def process_pool(scheduler: Any, workers: int | None) -> Iterator[None]:
         os.environ["PYTHONHASHSEED"] = "6640"  # as dask.multiprocessing.get does
     context: Any = _QuietContext(dask.multiprocessing.get_context())
     pool = ProcessPoolExecutor(
-        workers or os.cpu_count() or 1,
+        workers or cpu_count(),
         mp_context=context,
         initializer=functools.partial(_init_worker, os.getpid()),
     )
@@ -201,7 +202,7 @@ def describe_scheduler(scheduler: Any, workers: int | None) -> str:
         if scheduler == "synchronous":
             return scheduler
         if scheduler in LOCAL_SCHEDULERS:
-            return f"{scheduler} ({workers or os.cpu_count()} workers)"
+            return f"{scheduler} ({workers or cpu_count()} workers)"
         return f"dask.distributed at {scheduler}"
     return f"dask.distributed client {scheduler!r}"
 
@@ -295,7 +296,7 @@ def _run_local(
         get = dask.local.get_sync
     else:
         get = dask.threaded.get if scheduler == "threads" else dask.multiprocessing.get
-        kwargs["num_workers"] = workers or os.cpu_count() or 1
+        kwargs["num_workers"] = workers or cpu_count()
         # One task per submission: dask's process pool otherwise batches up to 6 ready
         # tasks into one worker, and a task here is a whole checkpoint.
         kwargs["chunksize"] = 1

@@ -45,9 +45,7 @@ __all__ = [
     "FramePlan",
     "assemble_batch",
     "collate_batch",
-    "finish_batch",
     "item_fields",
-    "put_final_frames",
     "ted_batch",
 ]
 
@@ -265,17 +263,6 @@ def _tensordict(entries: dict[str, Any], size: torch.Size) -> TensorDict:
     return TensorDict(entries, batch_size=size)  # pragma: no cover - older tensordict
 
 
-def put_final_frames(
-    buffer: FrameBuffer, items: np.ndarray, positions: np.ndarray, frames: np.ndarray
-) -> None:
-    """Write ``frames`` (one per item of ``items``) at ``positions`` of ``buffer``."""
-    which = np.full((buffer.batch, buffer.width), -1, dtype=np.int64)
-    which[items, positions] = np.arange(len(items))
-    flat = buffer.flat(which)
-    at = np.flatnonzero(flat >= 0)
-    buffer.frames[at] = frames[flat[at]]
-
-
 def item_fields(
     rows: np.ndarray, exists: np.ndarray | None, steps: dict[str, np.ndarray], *, window: bool
 ) -> dict[str, Any]:
@@ -300,30 +287,6 @@ def item_fields(
     if window:
         out["mask"] = np.ones((b, length), dtype=bool) if exists is None else exists.copy()
     return out
-
-
-def finish_batch(obs: Any, nxt: Any, plan: FramePlan, fields: dict[str, Any]) -> TensorDict:
-    """The TensorDict of a batch, padded positions of stacks zeroed."""
-    if plan.padded and plan.length > 1:
-        # observations are views of shared frames: a padded position still shows the
-        # episode's last frames (or its final one); copy and zero them, so padding is
-        # zeros everywhere
-        keep = fields["mask"]
-        obs = obs.clone()
-        nxt = nxt.clone()
-        pad = torch.from_numpy(~keep)
-        obs[pad] = 0
-        nxt[pad] = 0
-    extras: dict[str, Any] = {
-        k: fields.pop(k) for k in ("return_to_go", "timestep", "fragment", "mask") if k in fields
-    }
-    if "return_to_go" in extras:
-        extras["return_to_go"] = np.ascontiguousarray(extras["return_to_go"], dtype=np.float32)[
-            ..., None
-        ]
-    if "timestep" in extras:
-        extras["timestep"] = np.ascontiguousarray(extras["timestep"], dtype=np.int64)
-    return ted_batch(obs, nxt, extra=extras, **fields)
 
 
 def assemble_batch(
@@ -365,7 +328,11 @@ def assemble_batch(
         buffer.frames[~valid] = 0
     if finals is not None and len(finals[0]):
         items, frames = finals
-        put_final_frames(buffer, items, plan.next_pos[items], frames)
+        which = np.full((buffer.batch, buffer.width), -1, dtype=np.int64)
+        which[items, plan.next_pos[items]] = np.arange(len(items))
+        flat = buffer.flat(which)
+        at = np.flatnonzero(flat >= 0)
+        buffer.frames[at] = frames[flat[at]]
     obs, nxt = buffer.views(window)
     starts, length = plan.starts, plan.length
     rows = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]
@@ -373,13 +340,26 @@ def assemble_batch(
     first = steps.pop("first")
     if window:
         safe = rows if exists is None else np.where(exists, rows, starts[:, None])
-        before, fragment = steps_before(steps["episode"])
+        before, steps["fragment"] = steps_before(steps["episode"])
         steps["timestep"] = safe.ravel() - first + before
-        steps["fragment"] = fragment
     else:
         steps.pop("return_to_go", None)
     fields = item_fields(rows, exists, steps, window=window)
-    return finish_batch(obs, nxt, plan, fields)
+    extras: dict[str, Any] = {
+        k: fields.pop(k) for k in ("return_to_go", "timestep", "fragment", "mask") if k in fields
+    }
+    if window:
+        extras["return_to_go"] = np.ascontiguousarray(extras["return_to_go"], np.float32)[..., None]
+        extras["timestep"] = np.ascontiguousarray(extras["timestep"], dtype=np.int64)
+    if plan.padded and length > 1:
+        # observations are views of shared frames: a padded position still shows the
+        # episode's last frames (or its final one); copy and zero them, so padding is
+        # zeros everywhere
+        pad = torch.from_numpy(~extras["mask"])
+        obs, nxt = obs.clone(), nxt.clone()
+        obs[pad] = 0
+        nxt[pad] = 0
+    return ted_batch(obs, nxt, extra=extras, **fields)
 
 
 def collate_batch(batch: Any) -> Any:

@@ -15,9 +15,8 @@ chunks; this module decides which chunks a batch of rows needs and keeps them:
   the current batch. They wait in the engine's one encoded-byte cache
   (:class:`~atari_zarr.storage.kept.KeptBytes`); this module keeps decoded chunks only.
 
-Layouts the engine does not recognise are read through zarr-python, so every
-array zarr can read still reads correctly, only slower. The module is generic:
-any Zarr v3 array, no Atari names.
+Like the engine, it reads any Zarr v3 array (no Atari names), layouts the engine
+does not recognise through zarr-python.
 """
 
 from __future__ import annotations
@@ -32,8 +31,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from atari_zarr.read.engine import ChunkEngine, EncodedChunk, cpu_count
+from atari_zarr.read.engine import ChunkEngine, EncodedChunk
 from atari_zarr.read.options import ReadOptions
+from atari_zarr.resources import cpu_count
 
 __all__ = ["ChunkReader"]
 

@@ -20,12 +20,10 @@ and pickling for DataLoader workers. The front doors are thin constructors of it
 
 Item ``i`` of several stores is item ``i - offsets[g]`` of store ``g``.
 
-``sample_iter`` draws batches ahead (:func:`draw_ahead`): in groups of ``prefetch``, in
-the order repeated ``sample()`` calls draw them, each group's items handed to
-``fetch_ahead`` before the first is read, so the chunks of a group that lie close
-together in a shard share one request. (The other kinds of "ahead": chunks *fetched*
-ahead, ``ChunkReader.fetch_ahead``; *decoded* ahead of a sequential reader; stream units
-read ahead, ``stream(units_ahead=k)``.)
+``sample_iter`` *draws* batches ahead (:func:`draw_ahead`) and hands each group to
+``fetch_ahead``, so close chunks of a shard share one request. (Chunks are *fetched*
+ahead by ``ChunkReader.fetch_ahead``, *decoded* ahead of a sequential reader, and
+stream units *read* ahead by ``stream(units_ahead=k)``.)
 """
 
 from __future__ import annotations
@@ -38,7 +36,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.arguments import whole_number
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_store
@@ -48,7 +46,7 @@ from atari_zarr.read.store import StoreReader
 if TYPE_CHECKING:
     from atari_zarr.read.stream import EpochStream
 
-__all__ = ["ItemDataset", "check_batch_size", "check_prefetch", "draw_ahead"]
+__all__ = ["ItemDataset", "draw_ahead"]
 
 T = TypeVar("T")
 
@@ -211,7 +209,7 @@ class ItemDataset(torch.utils.data.Dataset):
 
     def _drawer(self, batch_size: int, generator: torch.Generator | None) -> Any:
         """What draws the item numbers of one batch (checked once)."""
-        size = check_batch_size(batch_size, self.where)
+        size = whole_number(batch_size, "batch_size", self.where, low=0, unit="items")
         if self.several:
             offsets, weights = self.offsets, self.weights
             return lambda: draw_mixture(offsets, weights, size, generator)
@@ -290,7 +288,8 @@ class ItemDataset(torch.utils.data.Dataset):
         >>> all((a["index"] == b["index"]).all() for a, b in zip(ahead, plain))
         True
         """
-        ahead = check_prefetch(self.options.prefetch if prefetch is None else prefetch, self.where)
+        ahead = self.options.prefetch if prefetch is None else prefetch
+        ahead = whole_number(ahead, "prefetch", self.where, low=0, unit="batches")
         draw = self._drawer(batch_size, generator)
         return draw_ahead(
             lambda: draw().numpy(),
@@ -366,9 +365,13 @@ class ItemDataset(torch.utils.data.Dataset):
         >>> batch["observation"].shape, batch["next", "observation"].shape
         (torch.Size([32, 4, 84, 84]), torch.Size([32, 4, 84, 84]))
         """
-        from atari_zarr.read.stream import stream_over
+        from atari_zarr.read.stream import (
+            DEFAULT_SHUFFLE_BUFFER,
+            DEFAULT_UNITS_AHEAD,
+            EpochStream,
+        )
 
-        return stream_over(
+        return EpochStream(
             self._stores,
             self._items,
             batch_size,
@@ -376,60 +379,16 @@ class ItemDataset(torch.utils.data.Dataset):
             seed=seed,
             epoch=epoch,
             shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
+            shuffle_buffer=DEFAULT_SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer,
             rank=rank,
             world_size=world_size,
             drop_last=drop_last,
-            units_ahead=units_ahead,
+            units_ahead=DEFAULT_UNITS_AHEAD if units_ahead is None else units_ahead,
             unit_rows=unit_rows,
             weights=self.weights if self.several else None,
             several=self.several,
             where=self.where,
         )
-
-
-def check_batch_size(batch_size: object, where: str) -> int:
-    """``batch_size`` as a number of items to draw, or a one-line error naming ``where``.
-
-    A whole number, 0 or more (a NumPy or torch integer too); a float is refused rather
-    than rounded down.
-
-    Examples
-    --------
-    >>> check_batch_size(256, "ds")
-    256
-    >>> check_batch_size(2.5, "ds")
-    Traceback (most recent call last):
-        ...
-    atari_zarr.errors.InvalidArgumentError: batch_size must be a whole number ... got 2.5 for ds
-    """
-    value = batch_size
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
-        value = value.item()  # a 0-d NumPy or torch number
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgumentError(
-            f"batch_size must be a whole number of items, 0 or more; got {batch_size!r} for {where}"
-        )
-    return value
-
-
-def check_prefetch(prefetch: object, where: str) -> int:
-    """``prefetch`` as a number of batches, or a one-line error naming ``where``.
-
-    Examples
-    --------
-    >>> check_prefetch(4, "ds")
-    4
-    >>> check_prefetch(-1, "ds")
-    Traceback (most recent call last):
-        ...
-    atari_zarr.errors.InvalidArgumentError: prefetch must be a non-negative number ... got -1 for ds
-    """
-    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
-        raise InvalidArgumentError(
-            f"prefetch must be a non-negative number of batches; got {prefetch!r} for {where}"
-        )
-    return prefetch
 
 
 def draw_ahead(

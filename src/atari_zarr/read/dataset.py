@@ -12,12 +12,13 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.store import StoreReader, check_frame_stack
+from atari_zarr.read.store import StoreReader
 from atari_zarr.storage.paths import redact
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ class AtariZarrDataset(ItemDataset):
         options = options or ReadOptions()
         if timeout != "default":
             options = options.replace(timeout=timeout)
-        stack = check_frame_stack(frame_stack, redact(str(path_or_url)))
+        stack = whole_number(frame_stack, "frame_stack", redact(str(path_or_url)), unit="frames")
         store = StoreReader(
             str(path_or_url),
             storage_options=storage_options,
@@ -156,19 +157,6 @@ class AtariZarrDataset(ItemDataset):
         ItemDataset.__init__(ds, [store], [Items.transitions(len(store))], frame_stack=frame_stack)
         return ds
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        if "_stores" not in state:  # pickled by an earlier release: the store's arguments
-            state = dict(state)
-            stack = state.pop("frame_stack", 1)
-            url = state.pop("path_or_url", None) or state.pop("url")
-            options = ReadOptions(timeout=state.pop("timeout", "default"))
-            for old in ("frame_cache_bytes", "coalesce_gap", "kept_bytes"):
-                if old in state:
-                    options = options.replace(**{old: state.pop(old)})
-            self.__init__(url, frame_stack=stack, options=options, **state)  # type: ignore[misc]
-            return
-        super().__setstate__(state)
-
     # -- the store ------------------------------------------------------------------
     @property
     def _store(self) -> StoreReader:
@@ -182,10 +170,7 @@ class AtariZarrDataset(ItemDataset):
     partial = _of_store("partial", "True: an unfinished recording, its flushed episodes.")
     full_action_space = _of_store("full_action_space", "True: actions are ALE's 18.")
 
-    @property
-    def metadata(self) -> dict[str, Any]:
-        """The store's attributes (game, run, counts, per-episode table, ...)."""
-        return self._store.metadata
+    metadata = _of_store("metadata", "The store's attributes (game, run, counts, episodes, ...).")
 
     # -- indexing -------------------------------------------------------------------
     def __repr__(self) -> str:

@@ -31,7 +31,6 @@ names).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
@@ -55,7 +54,6 @@ __all__ = [
     "ChunkGrid",
     "EncodedChunk",
     "corrupt_chunk",
-    "cpu_count",
     "decode_chunk",
 ]
 
@@ -65,14 +63,6 @@ log = logging.getLogger("atari_zarr")
 DEFAULT_REMEDY = "write it again, or copy the object again if it was transferred."
 # Shard indexes kept per array (4 KB each for 4096-frame shards of 16-frame chunks).
 _INDEX_CACHE = 16384
-
-
-def cpu_count() -> int:
-    """Cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def decode_chunk(src: Any, dest: np.ndarray, *, checksum: bool, chunk_nbytes: int) -> str | None:
@@ -170,10 +160,6 @@ class ChunkGrid:
             key = self.encode_key((coord, *([0] * len(self.row_shape))))
             key = self._keys[coord] = f"{self.path}/{key}" if self.path else key
         return key
-
-    def chunk_rows_of(self, c: int) -> tuple[int, int]:
-        """First and last row of chunk ``c``."""
-        return c * self.chunk_rows, min((c + 1) * self.chunk_rows, self.shape[0]) - 1
 
 
 class EncodedChunk(NamedTuple):
@@ -667,7 +653,7 @@ class ChunkEngine:
         assert g is not None
         size = chunk.size if chunk.size is not None else len(chunk.data or b"")
         span = (chunk.offset, size) if chunk.offset is not None else None
-        rows = g.chunk_rows_of(chunk.cid)
+        rows = (chunk.cid * g.chunk_rows, min((chunk.cid + 1) * g.chunk_rows, g.shape[0]) - 1)
         return self._damaged(
             corrupt_chunk(
                 self.where, self.name, chunk.cid, rows, chunk.key, span, what, self.remedy

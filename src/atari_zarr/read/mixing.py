@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,7 +21,6 @@ import torch
 
 from atari_zarr.errors import (
     InvalidArgumentError,
-    StoreFormatError,
     StoreIncompleteError,
     StoreNotFoundError,
 )
@@ -33,13 +31,12 @@ from atari_zarr.read.mixture import MixtureSampler, draw_mixture, store_probabil
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.windows import check_window_length
 from atari_zarr.storage.catalog import (
-    CATALOG,
     check_entry,
+    check_names,
     complete_store_entries,
     name_to_url,
-    store_state,
+    warn_stale_entry,
 )
-from atari_zarr.storage.paths import redact
 
 __all__ = ["MixtureSampler", "MultiGameDataset", "draw_mixture", "store_probabilities"]
 
@@ -179,32 +176,10 @@ class MultiGameDataset(ItemDataset):
                         options=shared,
                     )
                 except (StoreNotFoundError, StoreIncompleteError):
-                    warnings.warn(
-                        f"{redact(name_to_url(root, n))} is listed in {redact(str(root))}/"
-                        f"{CATALOG} but is no longer a complete store; it is left out. Run "
-                        f"`atari-zarr index {redact(str(root))}` again to refresh the catalog.",
-                        stacklevel=2,
-                    )
+                    warn_stale_entry(root, n)
                     available.remove(n)
         names = list(available if names is None else names)
-        missing = [n for n in names if n not in available]
-        if missing:
-            unfinished = [
-                n
-                for n in missing
-                if store_state(name_to_url(root, n), storage_options) == "incomplete"
-            ]
-            hint = (
-                f" {unfinished} are unfinished: run the command that started each again to "
-                f"finish it (`atari-zarr info STORE` shows it)."
-                if unfinished
-                else ""
-            )
-            raise StoreFormatError(
-                f"{root} holds no store for {missing}: expected complete "
-                f"{{root}}/{{Game}}/{{run}}.zarr stores; available: {available}.{hint} "
-                f"Convert them with `atari-zarr convert`."
-            )
+        check_names(root, names, available, storage_options)
         urls = [opened.get(n) or name_to_url(root, n) for n in names]
         mixed = cls(
             urls,
@@ -237,14 +212,11 @@ class MultiGameDataset(ItemDataset):
     def windows(self, length: int, *, pad: bool = False) -> MultiGameDataset:
         """Windows of ``length`` steps of every store, mixed as this dataset mixes transitions.
 
-        Items are the windows of :meth:`AtariZarrDataset.windows
-        <atari_zarr.AtariZarrDataset.windows>` (``[K]`` TensorDicts) of every store,
-        numbered store after store, with ``game_id``, ``row`` and the global
-        ``index`` ``[K]``; :meth:`sample`, :meth:`sampler` and :meth:`stream` draw
-        stores with the same weights (default: proportional to their windows). With
-        ``full_action_space=True`` (stores converted with ``--full-action-space``), actions
-        are ALE's 18 actions, one space for every game (Multi-Game Decision
-        Transformer).
+        Items are the ``[K]`` windows of :meth:`AtariZarrDataset.windows
+        <atari_zarr.AtariZarrDataset.windows>` of every store, store after store, with
+        ``game_id``, ``row`` and the global ``index``; stores are drawn with the same
+        weights (default: proportional to their windows). With ``full_action_space``,
+        one action space for every game (Multi-Game Decision Transformer).
 
         Examples
         --------

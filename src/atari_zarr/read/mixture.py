@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 
 __all__ = ["MixtureSampler", "draw_mixture", "store_probabilities", "tag_store"]
@@ -187,12 +188,7 @@ class MixtureSampler(torch.utils.data.Sampler[int]):
         *,
         generator: torch.Generator | None = None,
     ) -> None:
-        if isinstance(num_samples, bool) or not isinstance(num_samples, int | np.integer):
-            raise InvalidArgumentError(
-                f"num_samples must be a non-negative integer; got {num_samples!r}"
-            )
-        if num_samples < 0:
-            raise InvalidArgumentError(f"num_samples must be non-negative; got {num_samples}")
+        whole_number(num_samples, "num_samples", "MixtureSampler", low=0)
         self.probs = store_probabilities(lengths, weights)
         self.offsets = np.concatenate([[0], np.cumsum(np.asarray(lengths, dtype=np.int64))])
         self.num_samples = int(num_samples)

@@ -16,64 +16,28 @@ Examples
 >>> ReadOptions(prefetch=-1)
 Traceback (most recent call last):
     ...
-atari_zarr.errors.InvalidArgumentError: ReadOptions: prefetch must be a whole number 0 or \
-more; got -1. Pass a number of batches
+atari_zarr.errors.InvalidArgumentError: prefetch must be a non-negative integer (batches); got -1 \
+for ReadOptions. Pass an int 0 or more
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Any
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.resources import memory_bytes
 from atari_zarr.storage.deadline import resolve_timeout
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES
 from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP
 
-__all__ = ["DEFAULT_FRAME_CACHE", "ReadOptions", "memory_bytes"]
+__all__ = ["DEFAULT_FRAME_CACHE", "ReadOptions"]
 
 #: Default bound on decoded frame chunks kept between batches: a quarter of this
 #: machine's memory per dataset, shared by its DataLoader workers and its stores.
 DEFAULT_FRAME_CACHE = "25%"
-
-
-def memory_bytes() -> int:
-    """The memory this process may use, in bytes: the machine's physical memory, or less
-    where a container's memory limit (cgroup v2 or v1) or an address-space limit
-    (``ulimit -v``) says so (0 where the system does not tell)."""
-    try:
-        found = [int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))]
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not POSIX
-        return 0
-    for limit_file in (
-        "/sys/fs/cgroup/memory.max",
-        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
-    ):
-        try:
-            with open(limit_file) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit():
-            found.append(int(text))
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-        if soft != resource.RLIM_INFINITY and soft > 0:
-            found.append(int(soft))
-    except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX
-        pass
-    return min(found)
-
-
-def _whole(value: Any, name: str, *, low: int = 0, what: str = "a number of bytes") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise InvalidArgumentError(
-            f"ReadOptions: {name} must be a whole number {low} or more; got {value!r}. Pass {what}"
-        )
-    return int(value)
+_WHERE = "ReadOptions"
 
 
 @dataclass(frozen=True)
@@ -126,11 +90,11 @@ class ReadOptions:
 
     def __post_init__(self) -> None:
         self.frame_cache_limit()  # checks it
-        _whole(self.coalesce_gap, "coalesce_gap", low=-1)
-        _whole(self.kept_bytes, "kept_bytes")
-        _whole(self.prefetch, "prefetch", what="a number of batches")
+        whole_number(self.coalesce_gap, "coalesce_gap", _WHERE, low=-1, unit="bytes")
+        whole_number(self.kept_bytes, "kept_bytes", _WHERE, low=0, unit="bytes")
+        whole_number(self.prefetch, "prefetch", _WHERE, low=0, unit="batches")
         if self.threads is not None:
-            _whole(self.threads, "threads", low=1, what="a number of threads, or None")
+            whole_number(self.threads, "threads", _WHERE, unit="threads, or None")
         object.__setattr__(self, "timeout", resolve_timeout(self.timeout))
 
     def frame_cache_limit(self, sharers: int = 1) -> int:
@@ -149,7 +113,7 @@ class ReadOptions:
                     f"as '25%'; got {value!r}. Pass an int, or a percentage from 0% to 100%"
                 )
             return int(memory_bytes() * share / 100) // max(1, int(sharers))
-        return _whole(value, "frame_cache_bytes")
+        return whole_number(value, "frame_cache_bytes", _WHERE, low=0, unit="bytes, or a share")
 
     def divided(self, parts: int) -> ReadOptions:
         """These options for one of ``parts`` stores sharing a dataset's memory share."""

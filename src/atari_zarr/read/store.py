@@ -1,18 +1,12 @@
 """An opened store, as every reader sees it: :class:`StoreReader`.
 
-Random access (:class:`~atari_zarr.AtariZarrDataset`), the epoch stream and
-windows all read a store through one :class:`StoreReader`: it opens the store
-(checking format, completion and arrays), and holds
-
-* the frame engine (:class:`~atari_zarr.read.engine.ChunkEngine`) and its random
-  access with a decoded-chunk cache (:class:`~atari_zarr.read.chunks.ChunkReader`);
-* the per-step columns, loaded lazily (:mod:`atari_zarr.read.columns`);
-* the per-episode table (:class:`~atari_zarr.episodes.EpisodeTable`): first row,
-  length, end kind and return of every episode, from the attributes (rebuilt from
-  the per-step arrays for an unfinished recording);
-* the return-to-go of every row, computed per episode on first use;
-* :meth:`StoreReader.read_items`: a TED batch of items (transitions, or windows of
-  consecutive rows) read with one frame fetch, built by :mod:`atari_zarr.read.batch`.
+Random access, the epoch stream and windows all read a store through one
+:class:`StoreReader`. It opens the store (format, completion, arrays) and holds the
+frames (:class:`~atari_zarr.read.chunks.ChunkReader` on the
+:class:`~atari_zarr.read.engine.ChunkEngine`), the lazily loaded per-step columns
+(:mod:`atari_zarr.read.columns`), the per-episode table, the return-to-go of every
+row (per episode, on first use), and :meth:`StoreReader.read_items`: a TED batch of
+items read with one frame fetch, built by :mod:`atari_zarr.read.batch`.
 
 It imports nothing above it: the dataset, the stream and windows build on it.
 """
@@ -26,19 +20,13 @@ from typing import Any
 
 import numpy as np
 import torch
-import zarr
 from tensordict import TensorDict
 
 from atari_zarr.episodes import EpisodeTable, episode_table, return_to_go
-from atari_zarr.errors import (
-    InvalidArgumentError,
-    StoreChangedError,
-    StoreCorruptError,
-)
+from atari_zarr.errors import InvalidArgumentError, StoreCorruptError
 from atari_zarr.layout import (
     ACTION,
     ACTION_FULL,
-    ATTRS_KEY,
     EPISODE,
     FINAL_OBSERVATION,
     FLUSHED_KEY,
@@ -57,11 +45,10 @@ from atari_zarr.read.consumer import quiet_worker_exit
 from atari_zarr.read.engine import DEFAULT_REMEDY
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
-from atari_zarr.storage.opening import open_store
+from atari_zarr.storage.opening import changed_or_damaged, open_store
 from atari_zarr.storage.paths import redact
-from atari_zarr.storage.remote import open_zarr_store
 
-__all__ = ["StoreReader", "check_frame_stack", "store_remedy"]
+__all__ = ["StoreReader", "store_remedy"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -253,17 +240,9 @@ class StoreReader:
         if self._episodes is None:
             table = episode_table(self.metadata, self.n)
             if table is None:  # an unfinished recording: from the per-step arrays
-                ep = self.episode.to_numpy()
-                starts = np.flatnonzero(np.r_[True, ep[1:] != ep[:-1]]) if ep.size else ep
-                length = np.diff(np.r_[starts, self.n]).astype(np.int64)
-                ends = starts + length - 1
-                terminated = self.terminated[ends].astype(bool)
-                returns = (
-                    np.add.reduceat(self.reward.to_numpy().astype(np.float64), starts)
-                    if (starts.size)
-                    else np.zeros(0)
+                table = EpisodeTable.from_steps(
+                    self.episode.to_numpy(), self.terminated.to_numpy(), self.reward.to_numpy()
                 )
-                table = EpisodeTable(length, terminated, returns)
             self._episodes = table
         return self._episodes
 
@@ -319,37 +298,9 @@ class StoreReader:
         return self._finals.read(np.asarray(episodes, dtype=np.int64))
 
     def _damage_or_change(self, err: StoreCorruptError) -> Exception:
-        """``err``, or the error saying the store changed while it was being read.
-
-        Damage found in a store this reader opened complete is checked against the
-        store as it is now: gone, unfinished (being written again) or converted again
-        (other attributes) means it was replaced under the reader, not damaged.
-        """
-        why = None
-        try:
-            store = open_zarr_store(
-                self.url, self.storage_options, read_only=True, timeout=self.timeout
-            )
-            now = zarr.open_group(store, mode="r", zarr_format=3).attrs.get(ATTRS_KEY)
-        except FileNotFoundError:
-            why = "it is gone"
-        except Exception:  # the store cannot be read now: report what was found
-            return err
-        if why is None:
-            if not isinstance(now, dict):
-                why = "it is no longer an atari_zarr store"
-            elif not is_complete(now):
-                why = "it is being written again (it is not marked complete now)"
-            elif now != self.metadata:
-                why = "it was written again since it was opened"
-            else:
-                return err
-        # what the reader found, without the store's name and the "damaged" verdict
-        found = str(err).split(". The store is damaged")[0].removeprefix(f"{self.where}: ")
-        return StoreChangedError(
-            f"{self.where} changed while it was being read ({why}): {found}. That is not "
-            f"damage; open the store again, e.g. AtariZarrDataset({self.where!r}), once it is "
-            f"complete"
+        """``err``, or the error saying the store was replaced while it was read."""
+        return changed_or_damaged(
+            err, self.url, self.storage_options, self.metadata, timeout=self.timeout
         )
 
     # -- items ----------------------------------------------------------------------
@@ -439,13 +390,3 @@ class StoreReader:
         items = np.flatnonzero(plan.last_done)
         last = plan.starts[items] + plan.real[items] - 1
         return items, self.final_frames(self.episode[last])
-
-
-def check_frame_stack(value: Any, where: str) -> int:
-    """``frame_stack`` as a positive int, or a one-line error naming the store."""
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-        raise InvalidArgumentError(
-            f"frame_stack must be a positive integer (frames per observation); "
-            f"got {value!r} for {where}"
-        )
-    return int(value)

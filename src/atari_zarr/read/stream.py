@@ -1,29 +1,12 @@
 """An epoch stream over one store or several: whole units read in shuffled order, batches out.
 
-:class:`EpochStream` is an iterable of TED batches that yields every item of its
-stores (every transition, or every window of ``K`` rows) exactly once per epoch,
-across all ranks and DataLoader workers together, and a
-``torch.utils.data.IterableDataset`` with ``state_dict()``/``load_state_dict()``.
-It is made by :meth:`AtariZarrDataset.stream <atari_zarr.AtariZarrDataset.stream>`,
-:meth:`MultiGameDataset.stream <atari_zarr.MultiGameDataset.stream>` and the
-``stream`` of windows; ``AtariZarrStream`` and ``MultiGameStream`` are its names
-for one store and several.
-
-The epoch's order of read units, their split across consumers
-(:class:`~atari_zarr.read.consumer.Consumer`) and the order in which their items
-leave are arithmetic (:mod:`atari_zarr.read.epoch`), over the items each unit
-starts (:class:`~atari_zarr.read.items.Items`); each consumer reads its units of
-each store with a :class:`~atari_zarr.read.units.UnitReader` (whole shards with
-one request, ``units_ahead`` in flight, decoded into one slab, batches gathered
-from it). ``docs/streaming.md`` has the figures.
-
-Several stores: each batch takes from every store a number of items drawn from a
-multinomial with the stores' weights, among the stores that have items left; an
-epoch yields every item of every store once. Batches then carry ``game_id``,
-``row`` and the global ``index`` of ``MultiGameDataset[idx]``.
-
-Layouts the engine does not read itself (unsharded arrays, other codecs) are read
-unit by unit through zarr: the same batches, only slower.
+:class:`EpochStream` yields every item of its stores once per epoch, across all
+ranks and DataLoader workers together. The order of read units, their split among
+consumers (:class:`~atari_zarr.read.consumer.Consumer`) and the order in which
+items leave are arithmetic (:mod:`atari_zarr.read.epoch`); each consumer reads its
+units of each store with a :class:`~atari_zarr.read.units.UnitReader`. Several
+stores: each batch takes from every store a multinomial share by weight, among
+the stores with items left. ``docs/streaming.md`` has the design and the figures.
 """
 
 from __future__ import annotations
@@ -36,10 +19,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
-from atari_zarr.read.engine import cpu_count
 from atari_zarr.read.epoch import Consumed, EpochPlan
 from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import store_probabilities, tag_store
@@ -49,20 +32,17 @@ from atari_zarr.read.units import (
     DEFAULT_UNITS_AHEAD,
     UnitLayout,
     UnitReader,
-    positive_int,
     stream_memory_bound,
 )
+from atari_zarr.resources import cpu_count
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
     "DEFAULT_UNITS_AHEAD",
     "AtariZarrStream",
     "EpochStream",
-    "MultiGameStream",
     "StreamLoader",
-    "positive_int",
     "stream_memory_bound",
-    "stream_over",
 ]
 
 # 3: the items emitted, whatever the consumers (elastic resume); 2: consumers read
@@ -129,13 +109,13 @@ class EpochStream(torch.utils.data.IterableDataset):
             f"MultiGameDataset of {len(self.stores)} stores" if self.several else stores[0].where
         )
         self.where = where
-        self.frame_stack = positive_int(frame_stack, "frame_stack", where)
-        self.batch_size = positive_int(batch_size, "batch_size", where)
-        self.seed = positive_int(seed, "seed", where, zero=True)
-        self.epoch = positive_int(epoch, "epoch", where, zero=True)
+        self.frame_stack = whole_number(frame_stack, "frame_stack", where)
+        self.batch_size = whole_number(batch_size, "batch_size", where)
+        self.seed = whole_number(seed, "seed", where, low=0)
+        self.epoch = whole_number(epoch, "epoch", where, low=0)
         self.shuffle = bool(shuffle)
-        self.shuffle_buffer = positive_int(shuffle_buffer, "shuffle_buffer", where, zero=True)
-        self.units_ahead = positive_int(units_ahead, "units_ahead", where)
+        self.shuffle_buffer = whole_number(shuffle_buffer, "shuffle_buffer", where, low=0)
+        self.units_ahead = whole_number(units_ahead, "units_ahead", where)
         self.drop_last = bool(drop_last)
         check_rank(rank, world_size, where)
         self.rank, self.world_size = rank, world_size
@@ -352,7 +332,7 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a new permutation); progress is reset."""
-        self.epoch = positive_int(epoch, "epoch", self.where, zero=True)
+        self.epoch = whole_number(epoch, "epoch", self.where, low=0)
         self.store_positions = [{} for _ in self.stores]
         self.batches = {}
         self._base = [None] * len(self.stores)
@@ -579,28 +559,6 @@ class EpochStream(torch.utils.data.IterableDataset):
 
 #: The stream of one store (:meth:`AtariZarrDataset.stream`).
 AtariZarrStream = EpochStream
-#: The stream of several stores (:meth:`MultiGameDataset.stream`).
-MultiGameStream = EpochStream
-
-
-def stream_over(
-    stores: Sequence[StoreReader],
-    items: Sequence[Items],
-    batch_size: int,
-    *,
-    shuffle_buffer: int | None = None,
-    units_ahead: int | None = None,
-    **kwargs: Any,
-) -> EpochStream:
-    """An :class:`EpochStream`, with the defaults of ``shuffle_buffer`` and ``units_ahead``."""
-    return EpochStream(
-        stores,
-        items,
-        batch_size,
-        shuffle_buffer=DEFAULT_SHUFFLE_BUFFER if shuffle_buffer is None else shuffle_buffer,
-        units_ahead=DEFAULT_UNITS_AHEAD if units_ahead is None else units_ahead,
-        **kwargs,
-    )
 
 
 class StreamLoader:

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 from tensordict import TensorDict
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
@@ -43,7 +44,6 @@ __all__ = [
     "DEFAULT_UNITS_AHEAD",
     "UnitLayout",
     "UnitReader",
-    "positive_int",
     "stream_memory_bound",
 ]
 
@@ -53,18 +53,6 @@ log = logging.getLogger("atari_zarr")
 DEFAULT_SHUFFLE_BUFFER = 16384
 #: Units fetched and decoded ahead of the one being read.
 DEFAULT_UNITS_AHEAD = 4
-
-
-def positive_int(value: Any, name: str, where: str, *, zero: bool = False) -> int:
-    """``value`` as an int (positive, or non-negative with ``zero``), or a one-line error."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | np.integer)
-        or value < (0 if zero else 1)
-    ):
-        kind = "non-negative" if zero else "positive"
-        raise InvalidArgumentError(f"{name} must be a {kind} integer; got {value!r} for {where}")
-    return int(value)
 
 
 def stream_memory_bound(
@@ -115,7 +103,7 @@ class UnitLayout:
         where = store.where
         if unit_rows is None:
             unit_rows = self.shard_rows
-        unit_rows = positive_int(unit_rows, "unit_rows", where)
+        unit_rows = whole_number(unit_rows, "unit_rows", where, unit="rows")
         if unit_rows % self.chunk_rows or unit_rows > self.shard_rows:
             raise InvalidArgumentError(
                 f"unit_rows must be a multiple of the {self.chunk_rows}-frame chunks of {where}, "

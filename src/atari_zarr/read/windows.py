@@ -22,10 +22,7 @@ the same engine and batch builder as every other reader:
   ``mask`` False (``index`` -1 there);
 * frame stacks are views of the ``K + k`` distinct frames of a window
   (:mod:`atari_zarr.read.batch`): ``.contiguous()`` where a contiguous tensor is
-  needed;
-* :meth:`WindowDataset.sample` draws ``[B, K]`` batches, :meth:`WindowDataset.stream`
-  yields every window once per epoch across ranks and workers (the epoch stream of
-  :mod:`atari_zarr.read.stream`, with its determinism and resume).
+  needed.
 """
 
 from __future__ import annotations
@@ -34,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.indexing import normalize_index
@@ -56,10 +54,7 @@ def check_window_length(length: Any, pad: bool, longest: int, where: str) -> int
     atari_zarr.errors.InvalidArgumentError: windows of 300 steps: no episode of s.zarr is that \
 long (the longest has 100 steps); use a shorter window, or pad=True to pad shorter episodes
     """
-    if isinstance(length, bool) or not isinstance(length, int | np.integer) or length < 1:
-        raise InvalidArgumentError(
-            f"window length must be a positive number of steps; got {length!r} for {where}"
-        )
+    length = whole_number(length, "window length", where, unit="steps")
     if not pad and length > longest:
         raise InvalidArgumentError(
             f"windows of {int(length)} steps: no episode of {where} is that long (the longest "

@@ -46,6 +46,7 @@ import json
 import logging
 import re
 import warnings
+from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError, StoreNotFoundError
@@ -61,6 +62,7 @@ __all__ = [
     "StoreState",
     "catalog_entries",
     "check_entry",
+    "check_names",
     "check_root",
     "complete_store_entries",
     "complete_stores",
@@ -70,6 +72,7 @@ __all__ = [
     "name_to_url",
     "read_catalog",
     "store_state",
+    "warn_stale_entry",
     "write_catalog",
 ]
 
@@ -698,3 +701,40 @@ def check_entry(entry: CatalogEntry, attrs: dict[str, Any], url: str) -> bool:
         stacklevel=2,
     )
     return False
+
+
+def check_names(
+    root: str,
+    names: Sequence[str],
+    available: Sequence[str],
+    storage_options: dict[str, Any] | None = None,
+) -> None:
+    """Refuse ``"Game/run"`` names with no complete store under ``root``, in one line that
+    lists what is there and says which of them are unfinished."""
+    missing = [n for n in names if n not in available]
+    if not missing:
+        return
+    unfinished = [
+        n for n in missing if store_state(name_to_url(root, n), storage_options) == "incomplete"
+    ]
+    hint = (
+        f" {unfinished} are unfinished: run the command that started each again to "
+        f"finish it (`atari-zarr info STORE` shows it)."
+        if unfinished
+        else ""
+    )
+    raise StoreFormatError(
+        f"{root} holds no store for {missing}: expected complete "
+        f"{{root}}/{{Game}}/{{run}}.zarr stores; available: {list(available)}.{hint} "
+        f"Convert them with `atari-zarr convert`."
+    )
+
+
+def warn_stale_entry(root: str, name: str, *, stacklevel: int = 2) -> None:
+    """Warn that ``root``'s catalog lists ``name``, which is no longer a complete store."""
+    warnings.warn(
+        f"{redact(name_to_url(root, name))} is listed in {redact(str(root))}/{CATALOG} but "
+        f"is no longer a complete store; it is left out. Run `atari-zarr index "
+        f"{redact(str(root))}` again to refresh the catalog.",
+        stacklevel=stacklevel + 1,
+    )

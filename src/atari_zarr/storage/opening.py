@@ -25,13 +25,18 @@ from typing import Any, NamedTuple
 
 import zarr
 
-from atari_zarr.errors import StoreFormatError, StoreNotFoundError
-from atari_zarr.layout import read_metadata
+from atari_zarr.errors import (
+    StoreChangedError,
+    StoreCorruptError,
+    StoreFormatError,
+    StoreNotFoundError,
+)
+from atari_zarr.layout import ATTRS_KEY, is_complete, read_metadata
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.paths import is_url, redact
 from atari_zarr.storage.remote import open_zarr_store
 
-__all__ = ["OpenedStore", "open_store"]
+__all__ = ["OpenedStore", "changed_or_damaged", "open_store"]
 
 
 class OpenedStore(NamedTuple):
@@ -88,10 +93,52 @@ def open_store(
             f"`atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path, or list the "
             f"stores under a directory with `atari-zarr ls DEST`."
         ) from None if is_url(url) else exc
-    except ValueError as exc:  # zarr's validation of the metadata
+    except (ValueError, TypeError, KeyError) as exc:  # zarr's validation of the metadata
         raise StoreFormatError(
             f"{where}: its zarr.json is not valid Zarr v3 metadata ("
             f"{' '.join(str(exc).split())[:300]}); expected what `atari-zarr convert` "
             f"writes. The metadata is damaged: convert the source again."
         ) from None
     return OpenedStore(group, read_metadata(group, url, require_complete=require_complete))
+
+
+def changed_or_damaged(
+    err: StoreCorruptError,
+    url: str,
+    storage_options: dict[str, Any] | None,
+    metadata: dict[str, Any],
+    *,
+    timeout: Timeout = "default",
+) -> Exception:
+    """``err``, or the error saying the store was replaced while it was being read.
+
+    Damage found in a store opened complete (with attributes ``metadata``) is
+    checked against the store as it is now: gone, unfinished (being written again)
+    or converted again (other attributes) means it was replaced under the reader
+    (:class:`~atari_zarr.errors.StoreChangedError`), not damaged.
+    """
+    where = redact(str(url))
+    why = None
+    try:
+        store = open_zarr_store(url, storage_options, read_only=True, timeout=timeout)
+        now = zarr.open_group(store, mode="r", zarr_format=3).attrs.get(ATTRS_KEY)
+    except FileNotFoundError:
+        why = "it is gone"
+    except Exception:  # the store cannot be read now: report what was found
+        return err
+    if why is None:
+        if not isinstance(now, dict):
+            why = "it is no longer an atari_zarr store"
+        elif not is_complete(now):
+            why = "it is being written again (it is not marked complete now)"
+        elif now != metadata:
+            why = "it was written again since it was opened"
+        else:
+            return err
+    # what the reader found, without the store's name and the "damaged" verdict
+    found = str(err).split(". The store is damaged")[0].removeprefix(f"{where}: ")
+    return StoreChangedError(
+        f"{where} changed while it was being read ({why}): {found}. That is not "
+        f"damage; open the store again, e.g. AtariZarrDataset({where!r}), once it is "
+        f"complete"
+    )

@@ -1,0 +1,54 @@
+"""Every whole-number argument is checked one way, in one line."""
+
+import numpy as np
+import pytest
+import torch
+
+from atari_zarr.arguments import whole_number
+from atari_zarr.errors import InvalidArgumentError
+
+
+@pytest.mark.parametrize("value", [np.int64(5), torch.tensor(5), np.array(5), 5])
+def test_numpy_and_torch_integers_are_ints(value):
+    got = whole_number(value, "batch_size", "ds", low=0)
+    assert got == 5 and type(got) is int
+
+
+@pytest.mark.parametrize(
+    ("value", "low", "kind"),
+    [
+        (2.5, 0, "a non-negative integer"),
+        (True, 0, "a non-negative integer"),
+        (0, 1, "a positive integer"),
+        (-2, -1, "an integer of at least -1"),
+        ("4", 1, "a positive integer"),
+        (torch.tensor(1.0), 0, "a non-negative integer"),
+    ],
+)
+def test_a_bad_value_is_one_line_naming_it_what_was_expected_and_what_to_do(value, low, kind):
+    with pytest.raises(InvalidArgumentError) as err:
+        whole_number(value, "unit_rows", "s3://b/Pong/1.zarr", low=low, unit="rows")
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"unit_rows must be {kind} (rows); got ")
+    assert "for s3://b/Pong/1.zarr. Pass an int" in message
+
+
+def test_every_reader_argument_goes_through_it(pong_store):
+    from atari_zarr import AtariZarrDataset, ReadOptions
+    from atari_zarr.read.mixture import MixtureSampler
+
+    ds = AtariZarrDataset(pong_store.url)
+    calls = [
+        lambda: AtariZarrDataset(pong_store.url, frame_stack=0),
+        lambda: ds.sample(1.5),
+        lambda: list(ds.sample_iter(4, batches=1, prefetch=-1)),
+        lambda: ds.windows(0),
+        lambda: ds.stream(0),
+        lambda: ds.stream(8, unit_rows=0),
+        lambda: ReadOptions(kept_bytes=-1),
+        lambda: MixtureSampler([3], None, -1),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError, match=r"must be a[n]? [a-z -]*integer.*Pass an int"):
+            call()
