@@ -3,7 +3,7 @@
 One command::
 
     python benchmarks/read_benchmark.py --size small      # ~1 min, checks that everything runs
-    python benchmarks/read_benchmark.py --size full       # the figures in the README
+    python benchmarks/read_benchmark.py --size full       # the figures in docs/benchmarks/read.md
     python benchmarks/read_benchmark.py --codecs          # chunk/shard check of docs/codec-choice.md
     python benchmarks/read_benchmark.py --open-50m        # open time and RSS of a 50M-row store
 

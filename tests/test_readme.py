@@ -60,3 +60,58 @@ def test_extras_install_what_the_demo_and_notebook_import():
     for needed in ("collect", "plot", "notebook", "cloud"):
         assert needed in all_extras
     assert any(dep.startswith("fake-gcs-server") for dep in extras["notebook"])
+
+
+def test_the_readme_fits_on_a_few_screens_and_names_the_docs_script():
+    assert len(README.splitlines()) <= 250
+    assert "bash scripts/docs.sh" in README
+    assert (ROOT / "scripts" / "docs.sh").is_file()
+
+
+#: Every section the README had before the documentation site, and the page holding it now.
+MOVED = {
+    "What it is": "index.md",
+    "Quick start": "getting-started.md",
+    "Your loader, working again": "getting-started.md",
+    "What the demo does": "getting-started.md",
+    "Pull from the public copy": "guides/pull.md",
+    "Convert": "guides/convert.md",
+    "From RL Unplugged": "guides/convert.md",
+    "In parallel, resumable, verifiable": "guides/convert.md",
+    "Read": "guides/read.md",
+    "Train in epochs, straight from a bucket": "guides/stream.md",
+    "Sequences: windows for Decision Transformers and their successors": "guides/windows.md",
+    "Migrating from the Decision Transformer": "guides/migrate-decision-transformer.md",
+    "Record new data": "guides/record.md",
+    "Remote stores and hosting": "guides/remote.md",
+    "Host a dataset": "guides/remote.md",
+    "What the reader and the command line guarantee": "guarantees.md",
+    "Migrating from TorchRL": "guides/migrate-torchrl.md",
+    "Without TorchRL: DataLoader, frame stacks, several games": "guides/migrate-torchrl.md",
+    "Migrating from d3rlpy": "guides/migrate-d3rlpy.md",
+    "Command line": "cli.md",
+    "See the data": "guides/see.md",
+    "Notebook": "guides/see.md",
+    "Benchmarks": "benchmarks/index.md",
+    "Conversion": "benchmarks/conversion.md",
+    "Conversion from RL Unplugged": "benchmarks/conversion-rlu.md",
+    "Random access against TorchRL and Lance": "benchmarks/random.md",
+    "Remote reading": "benchmarks/remote.md",
+    "Streaming an epoch, and random access over a network": "benchmarks/stream.md",
+    "From nothing to a first batch: a pull": "benchmarks/pull.md",
+    "Windows for sequence models": "benchmarks/windows.md",
+    "`preprocess` of the TorchRL drop-in": "benchmarks/preprocess.md",
+    "Development": "development.md",
+    "Limitations": "limitations.md",
+}
+
+
+def test_every_section_the_readme_dropped_has_a_page():
+    for title, page in MOVED.items():
+        text = (ROOT / "docs" / page).read_text()
+        assert re.search(rf"^#+ {re.escape(title)}$", text, re.M), (title, page)
+
+
+def test_every_page_the_readme_links_exists():
+    for target in re.findall(r"\]\(([^)#:]+\.(?:md|ipynb))\)", README):
+        assert (ROOT / target).is_file(), target

@@ -5,7 +5,9 @@ it: a frame shard's index (the offset and length of each of its chunks) ends wit
 crc32c of the index, and a chunk of a per-step array (one object each) with the crc32c
 of its compressed bytes. When a writer marks a store complete
 (:func:`atari_zarr.layout.mark_complete`), it records that crc32c of every object of
-every array in the array's attributes, under :data:`FINGERPRINTS_KEY`::
+every array in the array's attributes, under :data:`FINGERPRINTS_KEY`:
+
+.. code-block:: text
 
     "atari_zarr_objects": {"crc32c": "<base64 of one little-endian uint32 per object>"}
 

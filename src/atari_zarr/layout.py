@@ -1,6 +1,8 @@
 """The store layout: the one place that defines array names, dtypes, chunks and codecs.
 
-One Zarr v3 group per game/run, at ``DEST/{Game}/{run}.zarr``::
+One Zarr v3 group per game/run, at ``DEST/{Game}/{run}.zarr``:
+
+.. code-block:: text
 
     Pong/1.zarr/
       zarr.json              group attributes under "atari_zarr" (+ consolidated metadata)
@@ -93,16 +95,27 @@ FLUSHED_KEY = "flushed"
 #: Height and width of a preprocessed Atari frame (DQN: 84x84 grayscale).
 FRAME_SHAPE = (84, 84)
 
+#: Array of the frames, ``(N, 84, 84)`` uint8: row ``i`` is the observation of transition ``i``.
 OBSERVATION = "observation"
+#: Array of the actions, indices into the game's minimal action set.
 ACTION = "action"
+#: Array of the episode id of every row.
 EPISODE = "episode"
+#: Array of each transition's position in its source's add stream (DQN Replay: ``add_count``).
 SOURCE_ROW = "source_row"
+#: Array of the reward that follows each action (DQN Replay stored it clipped to -1, 0, 1).
 REWARD = "next/reward"
+#: Array of the flag: the episode ended in a terminal state after this row.
 TERMINATED = "next/terminated"
+#: Array of the flag: the episode was cut after this row (a limit, a gap, the data's end).
 TRUNCATED = "next/truncated"
+#: Optional array of the frame after each episode's last row, where the writer kept it.
 FINAL_OBSERVATION = "final_observation"
+#: Optional array of the actions as ALE's 18 (``convert --full-action-space``).
 ACTION_FULL = "action_full"
+#: Optional array of the return-to-go of every row (``convert --return-to-go``).
 RETURN_TO_GO = "return_to_go"
+#: Optional array of the rewards before clipping (RL Unplugged keeps them).
 UNCLIPPED_REWARD = "next/unclipped_reward"
 
 # Frames are uint8: byte shuffle is a no-op and bitshuffle makes zstd 2-3x worse
@@ -175,6 +188,7 @@ class ArraySpec:
 
 _STEP_CHUNK = 1 << 16
 
+#: Every array a store may hold: its name, dtype, chunks and codecs (the one definition).
 ARRAYS: dict[str, ArraySpec] = {
     spec.name: spec
     for spec in (

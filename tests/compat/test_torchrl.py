@@ -296,15 +296,16 @@ def test_prefetch_and_pin_memory_pass_through(root):
     assert ds._prefetch_cap == 2
 
 
-def _readme_block(title: str) -> str:
-    readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
-    with open(readme, encoding="utf-8") as f:
+def _guide_block(page: str) -> str:
+    """The first Python block of a page of the site (``docs/guides/PAGE.md``)."""
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "guides", f"{page}.md")
+    with open(path, encoding="utf-8") as f:
         text = f.read()
-    section = text.split(f"## {title}\n", 1)[1]
-    return section.split("```python\n", 1)[1].split("```", 1)[0]
+    block = text.split("```{not-run} python\n", 1)[1].split("```", 1)[0]
+    return block.split("\n", 1)[1] if block.startswith(":reason:") else block
 
 
-def test_readme_migration_code_runs(tmp_path, monkeypatch, capsys):
+def test_the_guides_migration_code_runs(tmp_path, monkeypatch, capsys):
     # TorchRL's own docstring examples, with only the import and the root changed
     src = tmp_path / "dqn"
     for game in ("Pong", "Asterix"):
@@ -313,13 +314,13 @@ def test_readme_migration_code_runs(tmp_path, monkeypatch, capsys):
         )
     convert(str(src), str(tmp_path / "stores"), progress=False)
     monkeypatch.chdir(tmp_path)
-    code = _readme_block("Migrating from TorchRL")
+    code = _guide_block("migrate-torchrl")
     assert (
         "from atari_zarr.torchrl import AtariZarrExperienceReplay as AtariDQNExperienceReplay"
         in code
     )
     namespace: dict = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/guides/migrate-torchrl.md", "exec"), namespace)
     sample = namespace["sample"]
     assert sample.batch_size == (2, 64)
     assert (sample["index", "buffer_ids"][0] == 0).all()

@@ -8,12 +8,10 @@ public copy (:mod:`atari_zarr.pull`), and return what d3rlpy's return: a d3rlpy
 actions ``(T, 1)``, clipped rewards ``(T, 1)`` float32, ``terminated``), with d3rlpy's
 transition picker and trajectory slicer (``FrameStackTransitionPicker(num_stack)``
 unless ``pre_stack``), and an environment made with ale-py with DQN's preprocessing
-(channel first, frames stacked when ``num_stack`` is given). Migrating is an import::
+(channel first, frames stacked when ``num_stack`` is given). Migrating is an import
+(before: ``from d3rlpy.datasets import get_atari_transitions``):
 
-    # before
-    from d3rlpy.datasets import get_atari_transitions
-    # after
-    from atari_zarr.compat.d3rlpy import get_atari_transitions
+>>> from atari_zarr.compat.d3rlpy import get_atari_transitions
 
     dataset, env = get_atari_transitions("breakout", fraction=0.01, index=0, num_stack=4)
 
@@ -30,7 +28,8 @@ of the run for ``fraction=0.01``); ``order="random"`` gives d3rlpy's shuffle, se
 ``SpaceInvaders``).
 
 Needs the ``d3rlpy`` extra (``pip install 'atari-zarr[d3rlpy]'``), whose d3rlpy pins
-``gymnasium==1.0.0`` and the legacy ``gym``; see the README for how it is tested.
+``gymnasium==1.0.0`` and the legacy ``gym``; ``docs/guides/migrate-d3rlpy.md`` says how it is
+tested.
 """
 
 from __future__ import annotations

@@ -5,11 +5,15 @@ The original (``atari/create_dataset.py``, ``atari/run_dt_atari.py``) loads abou
 Python lists of 4-frame stacks, about 14 GB of RAM, from the DQN Replay bucket
 that is gone. Here the same call makes the same selection from a store (found, or
 fetched from RL Unplugged's public copy: :func:`create_dataset`), and the same
-items are read lazily from it; migrating is an import::
+items are read lazily from it; migrating is an import (before: ``from create_dataset
+import create_dataset``):
 
-    # before: from create_dataset import create_dataset
-    from atari_zarr.compat.decision_transformer import (
-        StateActionReturnDataset, create_dataset)
+>>> from atari_zarr.compat.decision_transformer import StateActionReturnDataset, create_dataset
+
+and the original's calls stay (``args`` and the model are the original script's):
+
+.. not-run:: python
+    :reason: the original script's args; tests/compat/test_decision_transformer.py runs these calls
 
     data = create_dataset(args.num_buffers, args.num_steps, args.game,
                           args.data_dir_prefix, args.trajectories_per_buffer)

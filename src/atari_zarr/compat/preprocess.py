@@ -4,7 +4,9 @@ TorchRL's ``AtariDQNExperienceReplay.preprocess(fn, ..., dest=...)`` maps ``fn``
 the dataset with worker processes and returns a new storage of the results, as
 memory maps: a 50M-transition run would become a 350 GB memory map. Here the results
 are written as a Zarr store, compressed as the stores are (Blosc zstd, crc32c per
-chunk), and read back lazily by :class:`~atari_zarr.compat.torchrl_storage.PreprocessedStorage`::
+chunk), and read back lazily by :class:`~atari_zarr.compat.torchrl_storage.PreprocessedStorage`:
+
+.. code-block:: text
 
     dest/
       zarr.json                   attribute "atari_zarr_preprocess": source, keys, rows,

@@ -97,7 +97,7 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         Applied by :meth:`sample` (e.g. ``CatFrames`` over slices).
     num_slices, slice_len : int, optional
         Sample slices of episodes with TorchRL's ``SliceSampler``; slices never cross
-        an episode (the sampler gets :attr:`episodes` as trajectories).
+        an episode (the sampler gets :attr:`AtariZarrExperienceReplay.episodes` as trajectories).
     strict_len : bool
         If False, episodes shorter than a slice may appear (shorter slices). TorchRL's
         spelling ``strict_length`` is accepted too.

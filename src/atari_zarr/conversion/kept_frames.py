@@ -7,7 +7,9 @@ conversion keeps frames (``convert(keep_frames=...)``, on by default for sources
 over a network), the scan decodes the frames once and hands them to a
 :class:`FrameBlocks` writer; they wait in the work area, compressed, and the write
 pass reads them back with :class:`KeptFrameBlocks` instead of fetching the shard
-again::
+again:
+
+.. code-block:: text
 
     1.zarr.converting/frames/{i}/steps-{k}.blosc       real steps k*BLOCK .. (k+1)*BLOCK-1
     1.zarr.converting/frames/{i}/finals.npy.blosc      one frame per record (zeros: unknown)

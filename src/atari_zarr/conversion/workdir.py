@@ -3,7 +3,9 @@
 A conversion of ``DEST/Pong/1.zarr`` keeps its bookkeeping next to the store, in
 ``DEST/Pong/1.zarr.converting/``, never inside it, so the store itself stays a plain
 Zarr hierarchy (zarr warns about foreign objects inside a group) and
-``--overwrite``, which empties the store, cannot delete the lock::
+``--overwrite``, which empties the store, cannot delete the lock:
+
+.. code-block:: text
 
     1.zarr.converting/
       lock.json             who is converting: host, pid, token, start, heartbeat

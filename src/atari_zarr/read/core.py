@@ -334,7 +334,7 @@ class ItemDataset(torch.utils.data.Dataset):
             False: the stored order (each consumer's units in order).
         shuffle_buffer : int, optional
             Rows held decoded for mixing (default
-            :data:`~atari_zarr.read.stream.DEFAULT_SHUFFLE_BUFFER`, 4 shards):
+            :data:`~atari_zarr.read.units.DEFAULT_SHUFFLE_BUFFER`, 4 shards):
             batches mix ``shuffle_buffer // unit_rows`` units. More is more random
             and costs ``84 * 84`` bytes per row.
         rank, world_size : int, optional

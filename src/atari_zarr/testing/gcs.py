@@ -194,11 +194,11 @@ class FakeGCSServer(LoopbackServer):
     ----------
     port : int
         Port the server listens on.
-    endpoint_url : str
-        ``http://127.0.0.1:<port>``; pass as gcsfs ``endpoint_url``.
 
     Notes
     -----
+    ``endpoint_url`` (``http://127.0.0.1:<port>``) is what gcsfs takes as its
+    ``endpoint_url``.
     Start, stop, :meth:`kill`, :meth:`pause`, :meth:`resume` and :meth:`read_log` are
     those of :class:`~atari_zarr.testing.process.LoopbackServer`. :meth:`start` logs a
     warning when gcsfs was imported with its bucket-probing file system class

@@ -40,13 +40,10 @@ class MotoS3Server(LoopbackServer):
         Most seconds to wait for the server to answer (a bound, not a wait: it is
         usually ready within 1-2 s).
 
-    Attributes
-    ----------
-    endpoint_url : str
-        ``http://127.0.0.1:<port>``: s3fs's ``endpoint_url``.
-
     Notes
     -----
+    ``endpoint_url`` (``http://127.0.0.1:<port>``) is what s3fs takes as its
+    ``endpoint_url``.
     Start, stop, :meth:`kill`, :meth:`pause`, :meth:`resume` and :meth:`read_log` are
     those of :class:`~atari_zarr.testing.process.LoopbackServer`; :meth:`start` raises
     :class:`~atari_zarr.errors.MissingDependencyError` if ``moto[server]`` is not

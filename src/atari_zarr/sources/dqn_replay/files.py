@@ -1,7 +1,9 @@
 """Find and read DQN Replay checkpoints: ``{root}/{Game}/{run}/replay_logs/``.
 
 Each checkpoint ``N`` is six gzip'd ``.npy`` files written by dopamine's
-circular replay buffer (see ``docs/format.md``)::
+circular replay buffer (see ``docs/format.md``):
+
+.. code-block:: text
 
     $store$_observation_ckpt.N.gz   (C, 84, 84) uint8
     $store$_action_ckpt.N.gz        (C,) int32

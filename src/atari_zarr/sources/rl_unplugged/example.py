@@ -8,19 +8,19 @@ TensorFlow, generated code or ``protoc``.
 An Example holds these features (TFDS's ``atari_utils.atari_example_to_rlds`` is
 the reference for their meaning):
 
-=========================  ==========  =========================================
-feature                    kind        per
-=========================  ==========  =========================================
-``checkpoint_idx``         int64       episode (the shard's index)
-``episode_idx``            int64       episode
-``episode_return``         float       episode (optional here)
-``clipped_episode_return`` float       episode (absent in newer releases)
-``observations``           bytes list  step: one PNG, 84x84x1 uint8
-``actions``                int64 list  step
-``unclipped_rewards``      float list  step
-``clipped_rewards``        float list  step (absent in newer releases)
-``discounts``              float list  step
-=========================  ==========  =========================================
+============================  ==========  =========================================
+feature                       kind        per
+============================  ==========  =========================================
+``checkpoint_idx``            int64       episode (the shard's index)
+``episode_idx``               int64       episode
+``episode_return``            float       episode (optional here)
+``clipped_episode_return``    float       episode (absent in newer releases)
+``observations``              bytes list  step: one PNG, 84x84x1 uint8
+``actions``                   int64 list  step
+``unclipped_rewards``         float list  step
+``clipped_rewards``           float list  step (absent in newer releases)
+``discounts``                 float list  step
+============================  ==========  =========================================
 
 If ``discounts[-1] == 0`` the episode ended in a terminal state and its last step
 carries only the terminal observation: its action and reward are not real.

@@ -2,7 +2,9 @@
 
 A run of RL Unplugged's ordered Atari episodes (TFDS ``rlu_atari_checkpoints_ordered``)
 is ``N`` shard files beside the other runs of its game, one per DQN checkpoint in
-time order (``N`` is 50, or 49 for Carnival, Gravitar and StarGunner)::
+time order (``N`` is 50, or 49 for Carnival, Gravitar and StarGunner):
+
+.. code-block:: text
 
     gs://rl_unplugged/atari_episodes_ordered/Pong/run_1-00000-of-00050
     gs://rl_unplugged/atari_episodes_ordered/Pong/run_1-00001-of-00050

@@ -1,9 +1,14 @@
 """RL Unplugged as a source kind: the hooks conversion and verification call.
 
-The files (:mod:`.files`), the records (:mod:`.tfrecord`, :mod:`.example`,
-:mod:`.png`), the scan (:mod:`.scan`), the plan (:mod:`.planner`) and the rows
-(:mod:`.rows`) are this kind's own; this module is what it shows the rest of the
-package, :data:`KIND`, which :mod:`atari_zarr.sources.registry` lists.
+The files (:mod:`~atari_zarr.sources.rl_unplugged.files`), the records
+(:mod:`~atari_zarr.sources.rl_unplugged.tfrecord`,
+:mod:`~atari_zarr.sources.rl_unplugged.example`,
+:mod:`~atari_zarr.sources.rl_unplugged.png`), the scan
+(:mod:`~atari_zarr.sources.rl_unplugged.scan`), the plan
+(:mod:`~atari_zarr.sources.rl_unplugged.planner`) and the rows
+(:mod:`~atari_zarr.sources.rl_unplugged.rows`) are this kind's own; this module is what
+it shows the rest of the package, :data:`KIND`, which :mod:`atari_zarr.sources.registry`
+lists.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """TFRecord shards: the GZIP stream, the record framing and its masked CRC-32C checksums.
 
 A shard of RL Unplugged's Atari episodes is one GZIP stream. Decompressed, it is a
-sequence of records, each framed the way TensorFlow's ``TFRecordWriter`` frames it::
+sequence of records, each framed the way TensorFlow's ``TFRecordWriter`` frames it:
+
+.. code-block:: text
 
     uint64 length                      little endian
     uint32 masked_crc32c(length bytes)

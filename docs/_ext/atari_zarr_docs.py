@@ -1,0 +1,256 @@
+"""What the atari_zarr site adds to Sphinx.
+
+* ``not-run``: a code block shown but not run, with the reason (``:reason:``,
+  required). Every other code block must run: a ``>>>`` example (the test suite runs
+  those of ``docs/**/*.md`` and of the docstrings) or a notebook cell (executed by
+  myst-nb). A block that does neither is a warning, so an error in a strict build.
+  Blocks of ``text`` (diagrams, layouts, messages) are not code.
+* ``cli-reference``: every verb of ``atari-zarr``, its usage and its options, read
+  from the argparse parser itself (it cannot drift from the command line).
+* ``bench-results PREFIX``: the figures of the newest
+  ``benchmarks/results/PREFIX-*.json``, with its date and machine.
+* The notebook is executed on a demo store made at the start of the build
+  (``$ATARI_ZARR_STORE``, which the notebook reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from docutils import nodes
+from docutils.parsers.rst import directives
+from sphinx import addnodes
+from sphinx.application import Sphinx
+from sphinx.util import logging
+from sphinx.util.docutils import SphinxDirective
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+
+
+# -- code blocks that run, or say why not ---------------------------------------------
+class NotRun(SphinxDirective):
+    """A code block that the build does not run; ``:reason:`` says why."""
+
+    has_content = True
+    optional_arguments = 1
+    option_spec = {"reason": directives.unchanged_required}
+
+    def run(self) -> list[nodes.Node]:
+        reason = self.options.get("reason", "").strip()
+        code = "\n".join(self.content)
+        node = nodes.literal_block(code, code, language=self.arguments[0] if self.arguments else "text")
+        node["not_run"] = reason
+        node["classes"].append("not-run")
+        self.set_source_info(node)
+        if not reason:
+            log.warning(
+                "a not-run code block must say why it is not run (:reason: ...)",
+                location=node,
+                type="atari_zarr",
+                subtype="code",
+            )
+        return [node]
+
+
+def _runs(node: nodes.literal_block) -> bool:
+    """True when the block is run, shown as generated, or said not to run."""
+    if node.get("not_run") or node.get("generated"):
+        return True
+    if node.get("language") in ("text", "none"):  # a diagram, a layout, a message: not code
+        return True
+    if node.astext().lstrip().startswith(">>>"):  # run by the doctests of docs/**/*.md
+        return True
+    parent = node.parent
+    while parent is not None:
+        if isinstance(parent, addnodes.desc_content):  # a docstring: run by doctest-modules
+            return True
+        if parent.get("nb_element") is not None:  # a notebook cell or its output
+            return True
+        parent = parent.parent
+    return False
+
+
+def check_code_blocks(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    for node in doctree.findall(nodes.literal_block):
+        if not _runs(node):
+            log.warning(
+                "this code block neither runs nor says why not: write it as a >>> example, "
+                "or as ```{not-run} LANGUAGE with a :reason: line",
+                location=node,
+                type="atari_zarr",
+                subtype="code",
+            )
+
+
+# -- the command line, from its parser ---------------------------------------------------
+def _help(action: argparse.Action, prog: str) -> str:
+    text = action.help or ""
+    if text == argparse.SUPPRESS:
+        return ""
+    try:
+        return text % {**vars(action), "prog": prog}
+    except (KeyError, TypeError, ValueError):
+        return text
+
+
+def _flags(action: argparse.Action) -> str:
+    if action.option_strings:
+        flags = ", ".join(action.option_strings)
+        if action.nargs != 0:
+            flags += f" {action.metavar or action.dest.upper()}"
+        return flags
+    return str(action.metavar or action.dest)
+
+
+def _table(rows: list[tuple[str, str]], head: tuple[str, str]) -> nodes.table:
+    table = nodes.table()
+    group = nodes.tgroup(cols=2)
+    table += group
+    group += nodes.colspec(colwidth=30)
+    group += nodes.colspec(colwidth=70)
+    thead = nodes.thead()
+    group += thead
+    body = nodes.tbody()
+    group += body
+    for target, cells in ((thead, [head]), (body, rows)):
+        for left, right in cells:
+            row = nodes.row()
+            for i, cell in enumerate((left, right)):
+                entry = nodes.entry()
+                entry += nodes.paragraph("", "", nodes.literal(cell, cell) if i == 0 else nodes.Text(cell))
+                row += entry
+            target += row
+    return table
+
+
+class CliReference(SphinxDirective):
+    """Every verb of ``atari-zarr``: its usage and options, from the argparse parser."""
+
+    def run(self) -> list[nodes.Node]:
+        from atari_zarr.cli import build_parser
+
+        parser = build_parser()
+        out: list[nodes.Node] = []
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        helps = {a.dest: a.help or "" for a in sub._choices_actions}
+        globals_ = [
+            (_flags(a), _help(a, parser.prog))
+            for a in parser._actions
+            if not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)
+        ]
+        out.append(self._section("atari-zarr", "cli-atari-zarr", parser.format_usage(), parser.description or "", globals_))
+        for name, p in sub.choices.items():
+            rows = [
+                (_flags(a), _help(a, p.prog))
+                for a in p._actions
+                if not isinstance(a, argparse._HelpAction)
+            ]
+            text = p.description or helps.get(name, "")
+            out.append(self._section(f"atari-zarr {name}", f"cli-{name}", p.format_usage(), text, rows))
+        return out
+
+    def _section(self, title: str, ident: str, usage: str, text: str, rows: list[tuple[str, str]]) -> nodes.section:
+        section = nodes.section(ids=[ident])
+        section += nodes.title(title, title)
+        if text:
+            for para in re.split(r"\n\s*\n", text.strip()):
+                section += nodes.paragraph("", " ".join(para.split()))
+        usage = usage.strip()
+        block = nodes.literal_block(usage, usage, language="text")
+        block["generated"] = True
+        section += block
+        if rows:
+            section += _table(rows, ("option", "what it does"))
+        return section
+
+
+# -- benchmark figures, from their result files ---------------------------------------
+def _fmt(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value)
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if value == 0 or 0.01 <= abs(value) < 1e7:
+            return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return f"{value:.3g}"
+    return str(value)
+
+
+def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(value, dict):
+        rows: list[tuple[str, str]] = []
+        for key, inner in value.items():
+            rows += _flatten(inner, f"{prefix}{key} / ")
+        return rows
+    if isinstance(value, list):
+        if all(not isinstance(v, dict | list) for v in value):
+            shown = ", ".join(_fmt(v) for v in value[:12]) + (" ..." if len(value) > 12 else "")
+            return [(prefix.rstrip(" /"), f"[{shown}]")]
+        rows = []
+        for i, inner in enumerate(value):
+            rows += _flatten(inner, f"{prefix}{i} / ")
+        return rows
+    return [(prefix.rstrip(" /"), _fmt(value))]
+
+
+def newest_result(prefix: str) -> Path | None:
+    """The newest ``benchmarks/results/PREFIX-*.json`` (file names carry the time)."""
+    found = sorted(
+        p for p in RESULTS.glob(f"{prefix}-*.json") if re.fullmatch(rf"{re.escape(prefix)}-\d{{8}}T\d{{4}}\.json", p.name)
+    )
+    return found[-1] if found else None
+
+
+class BenchResults(SphinxDirective):
+    """The figures of the newest result file of a benchmark, as a table."""
+
+    required_arguments = 1
+    option_spec = {"file": directives.unchanged}
+
+    def run(self) -> list[nodes.Node]:
+        name = self.options.get("file")
+        path = RESULTS / name if name else newest_result(self.arguments[0])
+        if path is None or not path.is_file():
+            log.warning(f"no result file for {self.arguments[0]!r} in {RESULTS}", location=self.get_location())
+            return []
+        self.env.note_dependency(str(path))
+        doc = json.loads(path.read_text())
+        machine = doc.get("machine")
+        if isinstance(machine, dict):
+            machine = machine.get("summary") or ", ".join(f"{k} {v}" for k, v in machine.items())
+        rel = path.relative_to(REPO)
+        intro = nodes.paragraph()
+        intro += nodes.Text("Every figure of ")
+        intro += nodes.literal(str(rel), str(rel))
+        intro += nodes.Text(f", measured {doc.get('date', '(no date)')} on {machine or '(machine not recorded)'}.")
+        rows = [(k, v) for k, v in _flatten({k: v for k, v in doc.items() if k not in ("date", "machine")})]
+        return [intro, _table(rows, ("figure", "value"))]
+
+
+# -- the demo store the notebook reads ---------------------------------------------------
+def make_demo_store(app: Sphinx) -> None:
+    if os.environ.get("ATARI_ZARR_STORE"):
+        return
+    from atari_zarr.demo import run_demo
+
+    where = Path(app.outdir).parent / "demo"
+    result = run_demo(str(where), steps=2000, progress=False, echo=False)
+    os.environ["ATARI_ZARR_STORE"] = result.store
+
+
+def setup(app: Sphinx) -> dict[str, Any]:
+    app.add_directive("not-run", NotRun)
+    app.add_directive("cli-reference", CliReference)
+    app.add_directive("bench-results", BenchResults)
+    app.connect("doctree-resolved", check_code_blocks)
+    app.connect("builder-inited", make_demo_store)
+    return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

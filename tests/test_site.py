@@ -1,0 +1,230 @@
+"""The documentation site: built strictly from the repository, then opened in a real Chromium.
+
+The build is the one ``scripts/docs.sh`` runs (``-W --keep-going -n``): a warning, a
+broken internal link, an unresolved cross-reference of an atari_zarr name, a notebook
+cell that fails, or a code block that neither runs nor says why not, fails it.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from atari_zarr.testing.browser import HeadlessChromium, find_chromium
+
+ROOT = Path(__file__).parent.parent
+DOCS = ROOT / "docs"
+
+needs_chromium = pytest.mark.skipif(
+    find_chromium() is None,
+    reason="no Chromium on PATH: apt-get install chromium (scripts/setup.sh test installs it)",
+)
+
+
+def sphinx_build(source: Path, out: Path, *, timeout: float = 900) -> subprocess.CompletedProcess:
+    """The strict build of scripts/docs.sh, of ``source`` into ``out/html``."""
+    env = {k: v for k, v in os.environ.items() if k != "ATARI_ZARR_STORE"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sphinx",
+            "-W",
+            "--keep-going",
+            "-n",
+            "-q",
+            "-b",
+            "html",
+            "-d",
+            str(out / "doctrees"),
+            str(source),
+            str(out / "html"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    res = sphinx_build(DOCS, out)
+    assert res.returncode == 0, f"the strict build failed:\n{res.stderr[-6000:]}"
+    return out / "html"
+
+
+@pytest.fixture(scope="module")
+def served(site: Path) -> Iterator[str]:
+    handler = functools.partial(QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[HeadlessChromium]:
+    with HeadlessChromium() as chromium:
+        yield chromium
+
+
+# -- the build ------------------------------------------------------------------------
+@pytest.mark.slow
+def test_every_page_of_the_site_is_built(site: Path):
+    for page in [
+        "index",
+        "getting-started",
+        "guides/convert",
+        "guides/read",
+        "guides/stream",
+        "guides/windows",
+        "guides/remote",
+        "guides/see",
+        "guides/migrate-torchrl",
+        "guides/migrate-d3rlpy",
+        "guides/migrate-decision-transformer",
+        "guides/record",
+        "format",
+        "guarantees",
+        "api/index",
+        "api/dataset",
+        "cli",
+        "architecture",
+        "changelog",
+        "notebooks/explore",
+        "benchmarks/index",
+    ]:
+        assert (site / f"{page}.html").is_file(), page
+    # every module of the package has its API page
+    modules = {p.stem for p in (site / "api" / "generated").glob("atari_zarr.*.html")}
+    for path in (ROOT / "src" / "atari_zarr").rglob("*.py"):
+        rel = path.relative_to(ROOT / "src").with_suffix("")
+        name = ".".join(p for p in rel.parts if p != "__init__")
+        if name.count(".") >= 1 and not name.split(".")[-1].startswith("_"):
+            assert name in modules, f"{name} has no API page"
+
+
+@pytest.mark.slow
+def test_the_cli_reference_is_the_parser(site: Path):
+    from atari_zarr.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    html = (site / "cli.html").read_text()
+    for verb, p in sub.choices.items():
+        assert f'id="cli-{verb}"' in html, verb
+        for action in p._actions:
+            for flag in action.option_strings:
+                assert flag in html, f"{verb} {flag}"
+
+
+@pytest.mark.slow
+def test_benchmark_pages_show_their_newest_result_files(site: Path):
+    results = ROOT / "benchmarks" / "results"
+    for prefix, page in [("random", "random"), ("windows", "windows"), ("catalog", "catalog")]:
+        newest = sorted(results.glob(f"{prefix}-*T????.json"))[-1]
+        html = (site / "benchmarks" / f"{page}.html").read_text()
+        assert newest.name in html, (page, newest.name)
+        assert json.loads(newest.read_text())["date"] in html
+
+
+@pytest.mark.slow
+def test_the_notebook_page_holds_its_executed_outputs(site: Path):
+    html = (site / "notebooks" / "explore.html").read_text()
+    assert "atari-zarr-player" in html  # the episode player, as executed at build time
+    figures = re.findall(r'<img[^>]+src="[^"]*\.png"', html)
+    assert len(figures) >= 6, figures  # the notebook's matplotlib figures
+    assert "Traceback" not in html
+
+
+def test_a_code_block_that_neither_runs_nor_says_why_fails_the_build(tmp_path: Path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "conf.py").write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {str(DOCS / "_ext")!r})
+            extensions = ["myst_parser", "atari_zarr_docs"]
+            """
+        )
+    )
+    (src / "index.md").write_text(
+        "# Page\n\n```python\nprint('shown, never run')\n```\n\n"
+        "```{not-run} bash\n:reason: needs a bucket\natari-zarr ls gs://b\n```\n\n"
+        "```python\n>>> 1 + 1\n2\n```\n"
+    )
+    res = sphinx_build(src, tmp_path / "out", timeout=300)
+    assert res.returncode != 0
+    assert "index.md:3" in res.stderr and "neither runs nor says why not" in res.stderr
+    assert res.stderr.count("neither runs") == 1  # the not-run block and the example pass
+    (src / "index.md").write_text("# Page\n\n```{not-run} bash\natari-zarr ls\n```\n")
+    res = sphinx_build(src, tmp_path / "out2", timeout=300)
+    assert res.returncode != 0 and "must say why it is not run" in res.stderr
+
+
+# -- in a real browser -------------------------------------------------------------------
+@pytest.mark.slow
+@needs_chromium
+def test_search_finds_windows(served: str, browser: HeadlessChromium):
+    page = browser.open(f"{served}/search.html?q=windows")
+    links = "Array.from(document.querySelectorAll('#search-results ul.search li a'))"
+    # objects are listed first, then the pages whose text holds the word
+    page.wait_for(f"{links}.some(a => a.getAttribute('href').includes('guides/windows'))", 60)
+    found = page.evaluate(f"{links}.map(a => a.getAttribute('href'))")
+    assert any("api/dataset" in href and "windows" in href for href in found), found
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_player_on_the_notebook_page_plays(served: str, browser: HeadlessChromium):
+    page = browser.open(f"{served}/notebooks/explore.html")
+    root = "document.querySelector('.atari-zarr-player')"
+    page.wait_for(f"{root} && {root}.querySelector('.azp-frame').complete")
+    first = page.evaluate(f"{root}.querySelector('.azp-frame').src")
+    assert page.evaluate(f"{root}.getAttribute('data-step')") == "0"
+    page.evaluate(f"{root}.querySelector('.azp-play').click()")
+    page.wait_for(f"Number({root}.getAttribute('data-step')) >= 3", timeout=30)
+    assert page.evaluate(f"{root}.querySelector('.azp-frame').src") != first
+    caption = page.evaluate(f"{root}.querySelector('.azp-caption').textContent")
+    assert caption.startswith("step ")
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_api_page_of_the_dataset_lists_sample_stream_and_windows(
+    served: str, browser: HeadlessChromium
+):
+    page = browser.open(f"{served}/api/dataset.html")
+    names = page.evaluate(
+        "Array.from(document.querySelectorAll('dt[id^=\"atari_zarr.AtariZarrDataset.\"]'))"
+        ".map(d => d.id)"
+    )
+    for method in ("sample", "stream", "windows", "sample_iter", "episode"):
+        assert f"atari_zarr.AtariZarrDataset.{method}" in names, names
+    visible = page.evaluate(
+        "document.getElementById('atari_zarr.AtariZarrDataset.windows').offsetHeight > 0"
+    )
+    assert visible
