@@ -148,6 +148,13 @@ def test_benchmark_pages_show_their_newest_result_files(site: Path):
         html = (site / "benchmarks" / f"{page}.html").read_text()
         assert newest.name in html, (page, newest.name)
         assert json.loads(newest.read_text())["date"] in html
+    # the random-access page's tables are drawn from its result file, not copied
+    doc = json.loads((results / "random-20261126T0457.json").read_text())
+    html = (site / "benchmarks" / "random.html").read_text()
+    for size, rates in doc["sizes"].items():
+        for reader, rate in rates["rates"].items():
+            assert f"{round(rate['best']):,}" in html, (size, reader)
+        assert f"{rates['bytes']['atari_zarr store'] / 1e6:,.1f} MB" in html
 
 
 @pytest.mark.slow

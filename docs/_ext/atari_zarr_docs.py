@@ -210,11 +210,67 @@ def newest_result(prefix: str) -> Path | None:
     return found[-1] if found else None
 
 
+def _grid(head: list[str], rows: list[list[str]]) -> nodes.table:
+    """A table of text: a header row, then rows; columns after the first are numbers."""
+    table = nodes.table(classes=["bench-table"])
+    group = nodes.tgroup(cols=len(head))
+    table += group
+    for i in range(len(head)):
+        group += nodes.colspec(colwidth=40 if i == 0 else 12)
+    for part, cells in ((nodes.thead(), [head]), (nodes.tbody(), rows)):
+        group += part
+        for values in cells:
+            row = nodes.row()
+            for value in values:
+                entry = nodes.entry()
+                entry += nodes.paragraph("", value)
+                row += entry
+            part += row
+    return table
+
+
+def _sizes(doc: dict[str, Any]) -> list[str]:
+    return sorted(doc["sizes"], key=int)
+
+
+def _size_label(n: str) -> str:
+    v = int(n)
+    return f"{v // 1_000_000}M" if v % 1_000_000 == 0 else f"{v // 1000}k"
+
+
+def random_rates(doc: dict[str, Any]) -> nodes.table:
+    """Transitions/s of every reader (best of its rounds), one column per store size."""
+    sizes = _sizes(doc)
+    names = list(doc["sizes"][sizes[0]]["rates"])
+    rows = [[n, *(_fmt(round(doc["sizes"][s]["rates"][n]["best"])) for s in sizes)] for n in names]
+    busy = list(doc["sizes"][sizes[0]].get("busy_default_threads", {}))
+    if busy:
+        rows.append(["a second process busy, torch's default threads:", *([""] * len(sizes))])
+        rows += [
+            [n, *(_fmt(round(doc["sizes"][s]["busy_default_threads"][n])) for s in sizes)]
+            for n in busy
+        ]
+    head = ["transitions/s, random 256 (best of the rounds)", *map(_size_label, sizes)]
+    return _grid(head, rows)
+
+
+def random_bytes(doc: dict[str, Any]) -> nodes.table:
+    """Bytes of every store of the same rows, one column per size."""
+    sizes = _sizes(doc)
+    names = list(doc["sizes"][sizes[0]]["bytes"])
+    rows = [[n, *(f"{doc['sizes'][s]['bytes'][n] / 1e6:,.1f} MB" for s in sizes)] for n in names]
+    return _grid(["bytes", *map(_size_label, sizes)], rows)
+
+
+#: Tables drawn from a result file by name (``:table:``); without one, every figure.
+TABLES = {"random-rates": random_rates, "random-bytes": random_bytes}
+
+
 class BenchResults(SphinxDirective):
     """The figures of the newest result file of a benchmark, as a table."""
 
     required_arguments = 1
-    option_spec = {"file": directives.unchanged}
+    option_spec = {"file": directives.unchanged, "table": directives.unchanged}
 
     def run(self) -> list[nodes.Node]:
         name = self.options.get("file")
@@ -224,6 +280,12 @@ class BenchResults(SphinxDirective):
             return []
         self.env.note_dependency(str(path))
         doc = json.loads(path.read_text())
+        table = self.options.get("table")
+        if table is not None:
+            if table not in TABLES:
+                log.warning(f"no table {table!r}; known: {sorted(TABLES)}", location=self.get_location())
+                return []
+            return [TABLES[table](doc)]
         machine = doc.get("machine")
         if isinstance(machine, dict):
             machine = machine.get("summary") or ", ".join(f"{k} {v}" for k, v in machine.items())
