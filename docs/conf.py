@@ -80,4 +80,3 @@ html_theme_options = {
 html_static_path: list[str] = []
 templates_path = ["_templates"]
 html_show_sourcelink = False
-

@@ -35,7 +35,12 @@ class PageExamples(DoctestTextfile):
     def collect(self):  # type: ignore[no-untyped-def]
         import doctest
 
-        from _pytest.doctest import _get_checker, _get_continue_on_failure, _get_runner, get_optionflags
+        from _pytest.doctest import (
+            _get_checker,
+            _get_continue_on_failure,
+            _get_runner,
+            get_optionflags,
+        )
 
         text = page_examples(self.path.read_text())
         runner = _get_runner(

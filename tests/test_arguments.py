@@ -50,5 +50,7 @@ def test_every_reader_argument_goes_through_it(pong_store):
         lambda: MixtureSampler([3], None, -1),
     ]
     for call in calls:
-        with pytest.raises(InvalidArgumentError, match=r"must be a[n]? [a-z -]*integer.*Pass an int"):
+        with pytest.raises(
+            InvalidArgumentError, match=r"must be a[n]? [a-z -]*integer.*Pass an int"
+        ):
             call()

@@ -46,7 +46,9 @@ class NotRun(SphinxDirective):
     def run(self) -> list[nodes.Node]:
         reason = self.options.get("reason", "").strip()
         code = "\n".join(self.content)
-        node = nodes.literal_block(code, code, language=self.arguments[0] if self.arguments else "text")
+        node = nodes.literal_block(
+            code, code, language=self.arguments[0] if self.arguments else "text"
+        )
         node["not_run"] = reason
         node["classes"].append("not-run")
         self.set_source_info(node)
@@ -125,7 +127,9 @@ def _table(rows: list[tuple[str, str]], head: tuple[str, str]) -> nodes.table:
             row = nodes.row()
             for i, cell in enumerate((left, right)):
                 entry = nodes.entry()
-                entry += nodes.paragraph("", "", nodes.literal(cell, cell) if i == 0 else nodes.Text(cell))
+                entry += nodes.paragraph(
+                    "", "", nodes.literal(cell, cell) if i == 0 else nodes.Text(cell)
+                )
                 row += entry
             target += row
     return table
@@ -146,7 +150,15 @@ class CliReference(SphinxDirective):
             for a in parser._actions
             if not isinstance(a, argparse._SubParsersAction | argparse._HelpAction)
         ]
-        out.append(self._section("atari-zarr", "cli-atari-zarr", parser.format_usage(), parser.description or "", globals_))
+        out.append(
+            self._section(
+                "atari-zarr",
+                "cli-atari-zarr",
+                parser.format_usage(),
+                parser.description or "",
+                globals_,
+            )
+        )
         for name, p in sub.choices.items():
             rows = [
                 (_flags(a), _help(a, p.prog))
@@ -154,10 +166,14 @@ class CliReference(SphinxDirective):
                 if not isinstance(a, argparse._HelpAction)
             ]
             text = p.description or helps.get(name, "")
-            out.append(self._section(f"atari-zarr {name}", f"cli-{name}", p.format_usage(), text, rows))
+            out.append(
+                self._section(f"atari-zarr {name}", f"cli-{name}", p.format_usage(), text, rows)
+            )
         return out
 
-    def _section(self, title: str, ident: str, usage: str, text: str, rows: list[tuple[str, str]]) -> nodes.section:
+    def _section(
+        self, title: str, ident: str, usage: str, text: str, rows: list[tuple[str, str]]
+    ) -> nodes.section:
         section = nodes.section(ids=[ident])
         section += nodes.title(title, title)
         if text:
@@ -205,7 +221,9 @@ def _flatten(value: Any, prefix: str = "") -> list[tuple[str, str]]:
 def newest_result(prefix: str) -> Path | None:
     """The newest ``benchmarks/results/PREFIX-*.json`` (file names carry the time)."""
     found = sorted(
-        p for p in RESULTS.glob(f"{prefix}-*.json") if re.fullmatch(rf"{re.escape(prefix)}-\d{{8}}T\d{{4}}\.json", p.name)
+        p
+        for p in RESULTS.glob(f"{prefix}-*.json")
+        if re.fullmatch(rf"{re.escape(prefix)}-\d{{8}}T\d{{4}}\.json", p.name)
     )
     return found[-1] if found else None
 
@@ -276,14 +294,19 @@ class BenchResults(SphinxDirective):
         name = self.options.get("file")
         path = RESULTS / name if name else newest_result(self.arguments[0])
         if path is None or not path.is_file():
-            log.warning(f"no result file for {self.arguments[0]!r} in {RESULTS}", location=self.get_location())
+            log.warning(
+                f"no result file for {self.arguments[0]!r} in {RESULTS}",
+                location=self.get_location(),
+            )
             return []
         self.env.note_dependency(str(path))
         doc = json.loads(path.read_text())
         table = self.options.get("table")
         if table is not None:
             if table not in TABLES:
-                log.warning(f"no table {table!r}; known: {sorted(TABLES)}", location=self.get_location())
+                log.warning(
+                    f"no table {table!r}; known: {sorted(TABLES)}", location=self.get_location()
+                )
                 return []
             return [TABLES[table](doc)]
         machine = doc.get("machine")
@@ -293,8 +316,13 @@ class BenchResults(SphinxDirective):
         intro = nodes.paragraph()
         intro += nodes.Text("Every figure of ")
         intro += nodes.literal(str(rel), str(rel))
-        intro += nodes.Text(f", measured {doc.get('date', '(no date)')} on {machine or '(machine not recorded)'}.")
-        rows = [(k, v) for k, v in _flatten({k: v for k, v in doc.items() if k not in ("date", "machine")})]
+        intro += nodes.Text(
+            f", measured {doc.get('date', '(no date)')} on {machine or '(machine not recorded)'}."
+        )
+        rows = [
+            (k, v)
+            for k, v in _flatten({k: v for k, v in doc.items() if k not in ("date", "machine")})
+        ]
         return [intro, _table(rows, ("figure", "value"))]
 
 

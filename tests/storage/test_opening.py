@@ -17,7 +17,10 @@ from atari_zarr.errors import (
 from atari_zarr.layout import ATTRS_KEY
 from atari_zarr.storage.opening import changed_or_damaged, open_store
 
-DAMAGE = "{url}: chunk 3 of array 'observation' (rows 48-63), stored in 'observation/c/0/0/0', fails its crc32c check. The store is damaged; write it again."
+DAMAGE = (
+    "{url}: chunk 3 of array 'observation' (rows 48-63), stored in 'observation/c/0/0/0', "
+    "fails its crc32c check. The store is damaged; write it again."
+)
 
 
 def test_open_store_gives_group_metadata_and_one_line_errors(pong_store, tmp_path):
