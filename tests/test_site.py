@@ -155,6 +155,14 @@ def test_benchmark_pages_show_their_newest_result_files(site: Path):
         for reader, rate in rates["rates"].items():
             assert f"{round(rate['best']):,}" in html, (size, reader)
         assert f"{rates['bytes']['atari_zarr store'] / 1e6:,.1f} MB" in html
+    doc = json.loads((results / "catalog-20261125T1307.json").read_text())
+    html = (site / "benchmarks" / "catalog.html").read_text()
+    for key in ("ls_listed", "ls_catalog", "from_root_listed", "from_root_catalog"):
+        assert f"{doc[key]['seconds']:.2f} s, {doc[key]['requests']:,} request" in html, key
+    doc = json.loads((results / "preprocess-20261125T0957.json").read_text())
+    html = (site / "benchmarks" / "preprocess.html").read_text()
+    for run in doc["runs"]:
+        assert f"{run['transitions_per_s']:,}" in html and f"{run['seconds']:.1f} s" in html
 
 
 @pytest.mark.slow

@@ -280,8 +280,46 @@ def random_bytes(doc: dict[str, Any]) -> nodes.table:
     return _grid(["bytes", *map(_size_label, sizes)], rows)
 
 
+def catalog_finding(doc: dict[str, Any]) -> nodes.table:
+    """Time and requests to find a root's stores, listed and with ``catalog.json``."""
+    rows = []
+    for key, label in [
+        ("ls", "`atari-zarr ls ROOT` (sizes included)"),
+        ("available_datasets", "`available_datasets` (TorchRL drop-in)"),
+        ("from_root", "`MultiGameDataset.from_root` (then opens each store)"),
+    ]:
+        cells = [
+            f"{doc[f'{key}_{how}']['seconds']:.2f} s, {doc[f'{key}_{how}']['requests']:,} "
+            f"request{'s' if doc[f'{key}_{how}']['requests'] != 1 else ''}"
+            for how in ("listed", "catalog")
+        ]
+        rows.append([label, *cells])
+    return _grid(["find the stores", "listed", "with catalog.json"], rows)
+
+
+def preprocess_runs(doc: dict[str, Any]) -> nodes.table:
+    """``preprocess`` by number of workers: rate, time and bytes."""
+    rows = [
+        [
+            str(run["workers"]),
+            _fmt(run["transitions_per_s"]),
+            f"{run['seconds']:.1f} s",
+            f"{run['dest_bytes'] / 1e6:,.1f} MB",
+            f"{run['memmap_bytes'] / 1e9:,.2f} GB",
+        ]
+        for run in doc["runs"]
+    ]
+    head = ["workers", "transitions/s", "wall time", "dest on disk", "TorchRL's memory maps"]
+    return _grid(head, rows)
+
+
 #: Tables drawn from a result file by name (``:table:``); without one, every figure.
-TABLES = {"random-rates": random_rates, "random-bytes": random_bytes}
+TABLES = {
+    "random-rates": random_rates,
+    "random-bytes": random_bytes,
+    "catalog": catalog_finding,
+    "preprocess": preprocess_runs,
+}
 
 
 class BenchResults(SphinxDirective):
