@@ -24,7 +24,6 @@ from typing import Any
 
 from docutils import nodes
 from docutils.parsers.rst import directives
-from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
@@ -70,10 +69,9 @@ def _runs(node: nodes.literal_block) -> bool:
         return True
     if node.astext().lstrip().startswith(">>>"):  # run by the doctests of docs/**/*.md
         return True
+    # (a docstring's >>> examples are doctest blocks, run by the suite's doctest-modules)
     parent = node.parent
     while parent is not None:
-        if isinstance(parent, addnodes.desc_content):  # a docstring: run by doctest-modules
-            return True
         if parent.get("nb_element") is not None:  # a notebook cell or its output
             return True
         parent = parent.parent

@@ -40,7 +40,9 @@ class AtariZarrDataset(ItemDataset):
     """Random access to one store, item by item or in batches, in TorchRL's TED layout.
 
     Row ``i`` is the transition ``(o_i, a_i, r_i, o_{i+1})``. Items are
-    :class:`tensordict.TensorDict` objects with::
+    :class:`tensordict.TensorDict` objects with:
+
+    .. code-block:: text
 
         observation           [B, 84, 84] uint8
         action                [B] int64
