@@ -32,7 +32,9 @@ __all__ = [
 CHECKPOINT_PRESETS: dict[str, list[int]] = {"mixed": [1], "medium": [10], "expert": [50]}
 
 
-def expand_presets(spec: str | Iterable[int] | None) -> str | Iterable[int] | None:
+def expand_presets(
+    spec: str | Iterable[int] | None, presets: Mapping[str, Iterable[int]] | None = None
+) -> str | Iterable[int] | None:
     """Replace preset names in a checkpoint selection by their suffixes.
 
     Parameters
@@ -40,6 +42,9 @@ def expand_presets(spec: str | Iterable[int] | None) -> str | Iterable[int] | No
     spec : str, iterable of int or None
         A selection as :func:`parse_checkpoints` takes it, where comma-separated
         parts may also be ``mixed``, ``medium`` or ``expert``.
+    presets : mapping, optional
+        The suffixes of each preset name (default :data:`CHECKPOINT_PRESETS`, DQN
+        Replay's 51 checkpoints; a run of another length has its own).
 
     Examples
     --------
@@ -52,11 +57,12 @@ def expand_presets(spec: str | Iterable[int] | None) -> str | Iterable[int] | No
     """
     if not isinstance(spec, str) or spec.strip().lower() == "all":
         return spec
+    presets = CHECKPOINT_PRESETS if presets is None else presets
     parts: list[str] = []
     for part in spec.split(","):
         key = part.strip().lower()
-        if key in CHECKPOINT_PRESETS:
-            parts.extend(str(s) for s in CHECKPOINT_PRESETS[key])
+        if key in presets:
+            parts.extend(str(s) for s in presets[key])
         else:
             parts.append(part.strip())
     return ",".join(parts)

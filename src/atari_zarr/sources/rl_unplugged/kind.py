@@ -40,7 +40,7 @@ from atari_zarr.sources.rl_unplugged.rows import iter_shard_frames, shard_step_a
 from atari_zarr.sources.rl_unplugged.scan import RECORD_FIELDS, ShardScan, scan_shard
 from atari_zarr.sources.rl_unplugged.tfrecord import compressed_position
 from atari_zarr.sources.roots import entries, game_dirs_to_detect
-from atari_zarr.sources.selection import Selection, parse_checkpoints
+from atari_zarr.sources.selection import Selection, expand_presets, parse_checkpoints
 from atari_zarr.subsets import CHECKPOINT_ROWS
 
 __all__ = ["KIND", "RL_UNPLUGGED", "scan_limit"]
@@ -56,17 +56,7 @@ def _is_rlu(fs: Any, path: str, games: list[str] | None = None) -> bool:
 
 
 def _rlu_select(run: files.RluRun, selection: Selection) -> list[int]:
-    spec: Any = selection.checkpoints
-    if isinstance(spec, str) and spec.strip().lower() != "all":
-        presets = files.presets(run.num_shards)
-        parts: list[str] = []
-        for part in spec.split(","):
-            key = part.strip().lower()
-            if key in presets:
-                parts.extend(str(s) for s in presets[key])
-            else:
-                parts.append(part.strip())
-        spec = ",".join(parts)
+    spec = expand_presets(selection.checkpoints, files.presets(run.num_shards))
     chosen = parse_checkpoints(spec, run.suffixes)
     return list(run.suffixes) if chosen is None else chosen
 
