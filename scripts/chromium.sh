@@ -8,6 +8,8 @@ if command -v chromium >/dev/null 2>&1; then
 fi
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-$SUDO apt-get install -y -q chromium \
-  || { $SUDO apt-get update -q && $SUDO apt-get install -y -q chromium; } \
+# only what the browser needs to run headless: no recommends (they pull ~100 packages,
+# systemd among them)
+$SUDO apt-get install -y -q --no-install-recommends chromium \
+  || { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends chromium; } \
   || echo "chromium could not be installed: the browser tests will be skipped, with the reason"

@@ -102,8 +102,8 @@ def pong_store_copy(pong_store: ConvertedStore, dest_root: Path) -> ConvertedSto
 class PublicCopy:
     """RL Unplugged's public bucket served by fake-gcs-server, behind a counting proxy.
 
-    ``runs`` are the fixture runs uploaded (``"Asterix/1"``, ``"Pong/4"``,
-    ``"Breakout/1"``), their
+    ``runs`` are the fixture runs uploaded (``"Asterix/1"`` and ``"Pong/4"`` whole,
+    ``"Breakout/1"`` with its last three shards only), their
     shards named exactly as ``gs://rl_unplugged/atari_episodes_ordered`` has them;
     ``bytes`` the size of each shard object by run and shard.
     """
@@ -126,9 +126,11 @@ def rlu_public(tmp_path_factory: pytest.TempPathFactory):
         server.create_bucket("rl_unplugged")
         fs = gcsfs.GCSFileSystem(**server.storage_options())
         runs, sizes = {}, {}
+        # whole runs (every shard present) are what a whole-run pull stores; the shards
+        # past the first few hold one short cut episode each
         for game, run, present, episodes, seed in (
-            ("Asterix", 1, (0, 1, 2), 6, 0),
-            ("Pong", 4, (0, 1), 2, 4),
+            ("Asterix", 1, range(50), {0: 6, 1: 6, 2: 6}, 0),
+            ("Pong", 4, range(50), {0: 2, 1: 2}, 4),
             ("Breakout", 1, (47, 48, 49), 4, 1),  # the last shards: the Decision Transformer's
         ):
             fixture = write_fixture_rlu(

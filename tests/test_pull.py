@@ -27,7 +27,7 @@ from atari_zarr.errors import (
     StoreNotFoundError,
     StoreWriteError,
 )
-from atari_zarr.layout import ARRAYS, ATTRS_KEY
+from atari_zarr.layout import ARRAYS, ATTRS_KEY, store_path
 from atari_zarr.pull import (
     GAMES,
     Request,
@@ -63,7 +63,7 @@ def compressed_prefix(path: str, records: int) -> int:
     for at in range(0, len(raw), 1024):
         out += len(inflate.decompress(raw[at : at + 1024]))
         if out >= need:
-            return at + 1024
+            return min(at + 1024, len(raw))
     return len(raw)
 
 
@@ -144,12 +144,12 @@ def test_a_fraction_fetches_only_a_prefix_of_each_shard_once(public_copy, tmp_pa
     needed = {
         i: compressed_prefix(p, records_for(fixture, i, rows)) for i, p in fixture.paths.items()
     }
-    total = sum(public_copy.bytes["Asterix/1"].values())
     got = {i: shard_bytes(proxy, f"run_1-{i:05d}-of-00050") for i in public_copy.bytes["Asterix/1"]}
     for i, n in got.items():
         # read once, and no further than the prefix and one read-ahead block past it
         assert needed[i] <= n <= needed[i] + (256 << 10) + 2048, (i, n, needed[i])
-    assert sum(got.values()) < 0.75 * total
+    big = (0, 1, 2)  # the shards of several episodes: only their prefix is read
+    assert sum(got[i] for i in big) < 0.75 * sum(public_copy.bytes["Asterix/1"][i] for i in big)
     # the same rows as the whole files converted with the same rule
     [local] = convert(
         fixture.game_dir,
@@ -162,7 +162,10 @@ def test_a_fraction_fetches_only_a_prefix_of_each_shard_once(public_copy, tmp_pa
     assert ours.keys() == theirs.keys()
     for name in ours:
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
-    assert len(AtariZarrDataset(found.url)) == 3 * rows
+    # the fraction's count of every checkpoint, or all of a shorter one
+    shard_rows = [sum(e.real_steps for e in fixture.episodes_of(i)) for i in fixture.paths]
+    assert len(fixture.paths) == 50
+    assert len(AtariZarrDataset(found.url)) == sum(min(rows, n) for n in shard_rows)
     proxy.reset()
     again = resolve(request)
     assert again.origin == "cache" and again.url == found.url and proxy.requests == 0
@@ -455,3 +458,141 @@ def test_a_pull_spreads_its_shards_over_a_dask_cluster(public_copy, tmp_path):
     assert os.getpid() not in pids.values() and len(pids) == 2
     local = pull(request, home=tmp_path / "local", scheduler="synchronous", progress=False)
     assert store_files(found.url, tmp_path / "home") == store_files(local.url, tmp_path / "local")
+
+
+# -- what a hostile user tried (each refused or bounded, in one line) --------------------
+def test_a_run_missing_a_shard_is_refused_naming_it_before_any_fetch(public_copy, tmp_path):
+    """The table knows a run's shard count: a whole run whose source lacks a shard fails
+    in one line naming the missing object, fetches no shard and leaves nothing complete;
+    the shards that are there can still be pulled by name."""
+    import gcsfs
+
+    from atari_zarr.errors import SourceNotFoundError
+    from atari_zarr.storage.catalog import store_state
+
+    server = public_copy.server
+    server.create_bucket("gappy")
+    fs = gcsfs.GCSFileSystem(**server.storage_options())
+    fixture = public_copy.runs["Asterix/1"]
+    for i, path in fixture.paths.items():
+        if i != 3:
+            fs.put_file(path, f"gappy/rlu/Asterix/{Path(path).name}")
+    texts = []
+    for request in (Request.parse("Asterix/1"), Request.parse("Asterix/1", fraction=FRACTION)):
+        public_copy.proxy.reset()
+        with pytest.raises(SourceNotFoundError) as info:
+            pull(request, source="gs://gappy/rlu", scheduler="synchronous", progress=False)
+        text = str(info.value)
+        assert "\n" not in text
+        assert "gs://gappy/rlu/Asterix/run_1-00003-of-00050" in text, text
+        assert "never stored as the run" in text
+        assert shard_bytes(public_copy.proxy) == 0  # listed, nothing fetched
+        url = store_path(request.root(str(tmp_path / "home")), "Asterix", "1")
+        assert store_state(url) != "complete"
+        texts.append(text)
+    # the whole run's error names the pull of the shards that are there
+    assert "`atari-zarr pull Asterix/1 --checkpoints 0-2,4-49`" in texts[0], texts[0]
+    part = pull(
+        Request.parse("Asterix/1", checkpoints=[4]),
+        source="gs://gappy/rlu",
+        scheduler="synchronous",
+        progress=False,
+    )
+    assert store_state(part.url) == "complete"
+
+
+def test_a_fraction_of_no_rows_is_refused_before_any_request(public_copy):
+    for call in (
+        lambda: Request.parse("Pong/1", fraction=1e-9),
+        lambda: Subset.fraction_of(0.01, checkpoint_rows=64, where="Pong/1"),
+    ):
+        with pytest.raises(InvalidArgumentError) as info:
+            call()
+        text = str(info.value)
+        assert "\n" not in text and "0 transitions" in text and "Pong/1" in text
+    assert public_copy.proxy.requests == 0
+
+
+def test_huge_checkpoint_ranges_are_refused_before_they_are_spelled_out():
+    for dataset_id in ("Pong/1", "NotAGame/1"):
+        with pytest.raises(InvalidArgumentError) as info:
+            Request.parse(dataset_id, checkpoints="0-100000000000")
+        assert "\n" not in str(info.value) and "100000000000" in str(info.value)
+    with pytest.raises(InvalidArgumentError, match="50 shards"):
+        Request.parse("Pong/1", checkpoints="3-50")
+    with pytest.raises(InvalidArgumentError):
+        Request.parse("Pong/1", checkpoints="5-3")
+
+
+def test_every_checkpoint_is_the_whole_run():
+    assert Request.parse("Asterix/1", checkpoints="0-49") == Request.parse("Asterix/1")
+    assert Request.parse("Gravitar/1", checkpoints=range(49)).whole  # 49 shards
+    assert not Request.parse("Asterix/1", checkpoints="0-48").whole
+
+
+def test_a_tilde_is_the_home_directory(public_copy, tmp_path, monkeypatch):
+    from atari_zarr.pull import cache_home
+
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATARI_ZARR_HOME", "~/az")
+    assert cache_home() == str(tmp_path / "user" / "az")
+    assert cache_home("~/other") == str(tmp_path / "user" / "other")
+    found = resolve(Request.parse("Asterix/1", checkpoints=[1]), scheduler="synchronous")
+    assert found.url.startswith(str(tmp_path / "user" / "az"))
+    assert not (tmp_path / "~").exists()
+    again = resolve(Request.parse("Asterix/1", checkpoints=[1]), home="~/az", download=False)
+    assert again.url == found.url
+
+
+def test_download_false_never_advises_pulling_what_does_not_exist(tmp_path):
+    with pytest.raises(StoreNotFoundError) as info:
+        resolve(Request.parse("pong", run=6), home=tmp_path, download=False)
+    text = str(info.value)
+    assert "\n" not in text and "runs 1 to 5" in text and "atari-zarr pull" not in text
+
+
+@pytest.mark.slow
+def test_the_timeout_of_the_environment_bounds_the_drop_ins(public_copy, monkeypatch):
+    """``$ATARI_ZARR_TIMEOUT`` is what ``timeout="default"`` means, for the drop-ins too;
+    and they take ``timeout=``."""
+    from atari_zarr.compat.decision_transformer import create_dataset
+    from atari_zarr.errors import RemoteTimeoutError
+
+    public_copy.proxy.delay = 20.0  # every request held far past the deadline
+    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "2")
+    start = time.monotonic()
+    with pytest.raises(RemoteTimeoutError) as info:
+        create_dataset(2, 300, "Breakout", None, 2)
+    assert "within 2 s" in str(info.value)
+    monkeypatch.delenv("ATARI_ZARR_TIMEOUT")
+    with pytest.raises(RemoteTimeoutError) as info:
+        create_dataset(2, 300, "Breakout", None, 2, timeout=1.5)
+    assert "within 1.5 s" in str(info.value)
+    assert time.monotonic() - start < 20  # neither waited for a held request
+    public_copy.proxy.delay = 0.0
+
+
+@pytest.mark.slow
+def test_every_checkpoint_asked_is_the_cached_run_and_a_pull_keeps_the_catalog(
+    public_copy, tmp_path, pong_store
+):
+    """Asked as every checkpoint, the whole run in the cache answers (nothing fetched);
+    a pull into a cache someone indexed rewrites its catalog, which then lists it."""
+    import shutil
+
+    from atari_zarr.storage.catalog import complete_stores, read_catalog, write_catalog
+
+    home = tmp_path / "home"
+    shutil.copytree(pong_store.url, home / "Pong" / "1.zarr")
+    write_catalog(str(home))
+    whole = resolve(Request.parse("Asterix/1"), scheduler="synchronous")
+    assert whole.origin == "pulled"
+    doc = read_catalog(str(home))
+    assert doc is not None
+    assert sorted(e["path"] for e in doc["stores"]) == ["Asterix/1.zarr", "Pong/1.zarr"]
+    assert complete_stores(str(home)) == ["Asterix/1", "Pong/1"]
+    public_copy.proxy.reset()
+    again = resolve(Request.parse("Asterix/1", checkpoints="0-49"))
+    assert (again.origin, again.url, again.exact) == ("cache", whole.url, True)
+    assert public_copy.proxy.requests == 0

@@ -34,6 +34,16 @@ def test_scripts_do_what_the_readme_says():
     assert "atari-zarr-demo/frames.png" in README and "atari-zarr-demo/returns.png" in README
 
 
+def test_the_browser_is_installed_alone_and_the_readme_says_so():
+    """The tests' one system package is Debian's chromium, without its ~100 recommends."""
+    script = (ROOT / "scripts" / "chromium.sh").read_text()
+    installs = [line for line in script.splitlines() if "apt-get install" in line]
+    assert installs and all("--no-install-recommends" in line for line in installs), installs
+    quick = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    assert "chromium" in quick and "--no-install-recommends" in quick
+    assert "Nothing is downloaded but the Python packages" not in README
+
+
 def test_scripts_are_valid_bash():
     for script in [*sorted((ROOT / "scripts").glob("*.sh")), ROOT / ".ci" / "run"]:
         res = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)

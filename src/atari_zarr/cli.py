@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import io
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -719,6 +720,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
     _add_storage_option(p)
     p.set_defaults(func=_cmd_card)
+    for verb in sub.choices.values():  # -q after the verb, wherever it has no -q of its own
+        if "-q" not in verb._option_string_actions:
+            verb.add_argument(
+                "--quiet",
+                "-q",
+                action="store_true",
+                help="as atari-zarr -q: nothing but errors and what was asked for",
+            )
     return parser
 
 
@@ -804,13 +813,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     # `atari-zarr -q VERB` and `atari-zarr VERB -q` mean the same.
-    if args.quiet_all:
+    if args.quiet_all or getattr(args, "quiet", False):
         args.quiet = True
         args.no_progress = True
-    quiet = bool(getattr(args, "quiet", False))
+    quiet = bool(args.quiet)
+    # our own records at WARNING (ERROR with -q); other libraries' (fsspec's, gcsfs's,
+    # aiohttp's retries) only when asked, with -v
     logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.ERROR if quiet else logging.WARNING,
+        level=logging.INFO if args.verbose else logging.CRITICAL + 1,
         format="%(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("atari_zarr").setLevel(
+        logging.INFO if args.verbose else logging.ERROR if quiet else logging.WARNING
     )
     secrets: dict[str, Any] = {}
     for name in ("storage_option", "source_storage_option"):
@@ -818,7 +832,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             secrets[name] = parse_storage_options(getattr(args, name, None) or [])
     with _redacting(secrets), _one_line_warnings(args.command):
         try:
-            return int(args.func(args))
+            code = int(args.func(args))
+            sys.stdout.flush()  # a closed pipe shows here, not at exit
+            return code
+        except BrokenPipeError:  # `atari-zarr ls | head`: the reader left, nothing is wrong
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit raises nothing
+            return 141  # as a process ended by SIGPIPE
         except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
             print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)
             return 1

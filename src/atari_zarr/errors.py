@@ -45,8 +45,29 @@ __all__ = [
     "StoreNotFoundError",
     "StoreWriteError",
 ]
-# (import_optional and install_hint, the helpers for optional dependencies, are imported
-# by name: __all__ lists the errors, which the package exports at its top)
+# (import_optional and install_hint, the helpers for optional dependencies, and
+# damaged_advice are imported by name: __all__ lists the errors, which the package
+# exports at its top)
+
+
+def damaged_advice(where: str) -> str:
+    """What to do about a damaged source object at ``where``: a local file can be
+    downloaded again; an object in a bucket or on a server gives the same bytes again.
+
+    Examples
+    --------
+    >>> damaged_advice("/data/rlu/Pong/run_1-00003-of-00050")
+    'The shard is damaged or was cut short: download it again.'
+    >>> damaged_advice("gs://b/Pong/run_1-00003-of-00050").split(":")[0]
+    'The object is damaged where it is stored, so fetching it again gives the same bytes'
+    """
+    if "://" in where and not where.startswith("file://"):
+        return (
+            "The object is damaged where it is stored, so fetching it again gives the same "
+            "bytes: read the run from another copy (a mirror, mirrors=), or leave this "
+            "checkpoint out (--checkpoints), and tell the source's owner."
+        )
+    return "The shard is damaged or was cut short: download it again."
 
 
 class AtariZarrError(Exception):

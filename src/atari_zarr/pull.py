@@ -59,14 +59,22 @@ from atari_zarr.commands import command_line
 from atari_zarr.conversion.converter import convert
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import (
+    AtariZarrError,
     InvalidArgumentError,
     RemoteAccessError,
+    SourceNotFoundError,
     StoreExistsError,
     StoreLockedError,
     StoreNotFoundError,
 )
 from atari_zarr.layout import store_path
-from atari_zarr.storage.catalog import CatalogEntry, complete_stores, find_store, store_state
+from atari_zarr.storage.catalog import (
+    CatalogEntry,
+    complete_stores,
+    find_store,
+    refresh_catalog,
+    store_state,
+)
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.paths import is_url, join, redact
 from atari_zarr.subsets import PLAYED, Subset
@@ -174,11 +182,23 @@ def game_name(name: str) -> str:
 
 
 def cache_home(home: str | os.PathLike[str] | None = None) -> str:
-    """The cache's root: ``home``, else ``$ATARI_ZARR_HOME``, else ``~/.cache/atari_zarr``."""
+    """The cache's root: ``home``, else ``$ATARI_ZARR_HOME``, else ``~/.cache/atari_zarr``.
+
+    A leading ``~`` of a local path is the user's home directory.
+
+    Examples
+    --------
+    >>> cache_home("~/stores") == os.path.expanduser("~/stores")
+    True
+    >>> cache_home("gs://bucket/~x")
+    'gs://bucket/~x'
+    """
     if home is not None:
-        return os.fspath(home) if not isinstance(home, str) else home
-    found = os.environ.get(HOME_ENV, "").strip()
-    return found or os.path.join(os.path.expanduser("~"), ".cache", "atari_zarr")
+        found = os.fspath(home)
+    else:
+        found = os.environ.get(HOME_ENV, "").strip() or os.path.join("~", ".cache", "atari_zarr")
+    # "~/x" is the user's home, never a directory named "~" in the working directory
+    return found if is_url(found) else os.path.expanduser(found)
 
 
 def mirror_roots(mirrors: str | Sequence[str] | None = None) -> list[str]:
@@ -269,8 +289,11 @@ class Request:
                 f"1 to 5 (d3rlpy's index 0 to 4)"
             )
         chosen: tuple[int, ...] | None = None
+        known = GAMES.get(game_name(game))
         if checkpoints is not None:
-            chosen = _parse_checkpoints(checkpoints, text)
+            chosen = _parse_checkpoints(checkpoints, text, known.shards if known else None)
+            if known is not None and chosen == tuple(range(known.shards)):
+                chosen = None  # every checkpoint is the whole run: one store, not two
         if fraction is not None:
             if subset is not None:
                 raise InvalidArgumentError(
@@ -354,23 +377,39 @@ class Request:
         return tuple(range(max(0, shards - subset.num_buffers), shards))
 
 
-def _parse_checkpoints(spec: str | Iterable[int], where: str) -> tuple[int, ...]:
-    values: list[int] = []
+#: Shard indices have five digits in RL Unplugged's names: no run has more shards.
+MAX_SHARDS = 100_000
+
+
+def _parse_checkpoints(
+    spec: str | Iterable[int], where: str, shards: int | None = None
+) -> tuple[int, ...]:
+    """Shard indices from ``"0-9,49"`` or a list; each below ``shards`` (when known), and
+    never more than :data:`MAX_SHARDS`, checked before a range is spelled out."""
+    limit = MAX_SHARDS if shards is None else shards
+    pairs: list[tuple[int, int]] = []
     try:
         if isinstance(spec, str):
             for piece in spec.split(","):
                 a, dash, b = piece.strip().partition("-")
-                values.extend(range(int(a), int(b) + 1) if dash else [int(a)])
+                pairs.append((int(a), int(b)) if dash else (int(a), int(a)))
         else:
-            values = [int(v) for v in spec]
+            pairs = [(int(v), int(v)) for v in spec]
     except (TypeError, ValueError):
-        values = []
-    if not values or min(values) < 0:
+        pairs = []
+    if not pairs or min(a for a, _ in pairs) < 0 or any(b < a for a, b in pairs):
         raise InvalidArgumentError(
             f"checkpoints {spec!r} of {where} are not shard indices; expected e.g. '0-9,49' "
             f"or [0, 1] (shard i holds checkpoint i, 0 to 49)"
         )
-    return tuple(sorted(set(values)))
+    top = max(b for _, b in pairs)
+    if top >= limit:
+        raise InvalidArgumentError(
+            f"checkpoints {spec!r} of {where} go up to {top}, but the run has "
+            f"{'at most ' if shards is None else ''}{limit} shards (0 to {limit - 1}); "
+            f"choose among those"
+        )
+    return tuple(sorted({v for a, b in pairs for v in range(a, b + 1)}))
 
 
 def _game(request: Request) -> Game:
@@ -510,12 +549,18 @@ def resolve(
                 return found
         if download is False:
             where = [redact(root)] + [redact(m) for m in roots if _local(m)]
+            try:
+                _game(request)
+                advice = (
+                    f"download=False never touches the network: fetch it with "
+                    f"`{request.command()}`, or pass download=True."
+                )
+            except AtariZarrError as exc:  # nothing to pull: say why, advise no pull
+                advice = f"It cannot be pulled either: {exc}"
             raise StoreNotFoundError(
                 f"{request.describe()} is not in {' nor in '.join(where)}: expected a complete "
                 f"store {store_path(request.root(root), request.game, request.run)}"
-                f"{_close_matches(request, root, home_options, timeout)}. download=False never "
-                f"touches the network: fetch it with `{request.command()}`, or pass "
-                f"download=True."
+                f"{_close_matches(request, root, home_options, timeout)}. {advice}"
             )
     return pull(
         request,
@@ -643,8 +688,10 @@ def pull(
         return Resolved(url, root, options)
     game_url = join(source.rstrip("/"), game.name)
     checkpoints = request.source_checkpoints()
+    source_options = dict(RLU_STORAGE_OPTIONS if source_options is None else source_options)
     while True:
         try:
+            _check_source(request, game, game_url, source_options, checkpoints, timeout)
             [store] = convert(
                 game_url,
                 root,
@@ -654,9 +701,7 @@ def pull(
                 source_kind="rl-unplugged",
                 overwrite=overwrite,
                 storage_options=options,
-                source_storage_options=dict(
-                    RLU_STORAGE_OPTIONS if source_options is None else source_options
-                ),
+                source_storage_options=source_options,
                 scheduler=scheduler,
                 workers=workers,
                 progress=progress,
@@ -677,7 +722,44 @@ def pull(
                 f"mirror (mirrors= or ${MIRRORS_ENV}); or run `{request.command()}` on a "
                 f"machine that reaches it and copy {redact(root)}."
             ) from None
+        # a root someone indexed lists what was just pulled (available_datasets, ls)
+        refresh_catalog(root, options, timeout=timeout)
         return Resolved(store.url, root, options, origin="pulled")
+
+
+def _check_source(
+    request: Request,
+    game: Game,
+    game_url: str,
+    options: dict[str, Any],
+    checkpoints: tuple[int, ...] | None,
+    timeout: Timeout,
+) -> None:
+    """Refuse a pull whose source lacks a shard it needs (one listing, before any fetch):
+    a run pulled whole is whole, and a part has every checkpoint it names."""
+    from atari_zarr.sources.rl_unplugged.files import RluRun
+
+    try:
+        run = RluRun(game_url, game.name, request.run, options, timeout=timeout)
+    except FileNotFoundError:
+        run = None
+    needed = range(game.shards) if checkpoints is None else checkpoints
+    present = set() if run is None or run.num_shards != game.shards else set(run.shards)
+    missing = [i for i in needed if i not in present]
+    if not missing:
+        return
+    name = join(redact(game_url), f"run_{request.run}-{missing[0]:05d}-of-{game.shards:05d}")
+    more = f" (and {len(missing) - 1} more of its {len(needed)})" if len(missing) > 1 else ""
+    there = [i for i in needed if i in present]
+    advice = f"read the run from a mirror that holds it (mirrors= or ${MIRRORS_ENV})"
+    if there and request.whole:
+        part = Request(request.game, request.run, tuple(there))
+        advice = f"pull the shards that are there with `{part.command()}`, or {advice}"
+    raise SourceNotFoundError(
+        f"{request.describe()} needs {name}{more}, which the source does not hold: expected "
+        f"shards {_spans(needed)} of {game.shards}. Nothing was fetched (a partial run is "
+        f"never stored as the run): {advice}."
+    )
 
 
 def _snake(game: str) -> str:

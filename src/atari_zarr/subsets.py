@@ -75,6 +75,18 @@ RANDOM, PLAYED = "random", "played"
 ORDERS = (RANDOM, PLAYED)
 
 
+
+def _fraction_rows(fraction: float, checkpoint_rows: int, where: str) -> int:
+    """d3rlpy's count, ``int(fraction * checkpoint_rows)``; refused when it is 0 rows."""
+    rows = int(checkpoint_rows * fraction)
+    if rows < 1:
+        raise InvalidArgumentError(
+            f"fraction {fraction:g} of checkpoints of {checkpoint_rows:,} transitions takes 0 "
+            f"transitions of each for {where}; expected at least one: pass a fraction of "
+            f"{1 / checkpoint_rows:.3g} or more"
+        )
+    return rows
+
 @dataclass(frozen=True)
 class Subset:
     """A rule that chooses episodes of a run (see the module docstring).
@@ -142,6 +154,7 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
                 f'order must be one of {list(ORDERS)}; got {order!r} for {where} ("random": '
                 f'd3rlpy\'s shuffle of each checkpoint, "played": the order of play)'
             )
+        _fraction_rows(f, rows or CHECKPOINT_ROWS, where)
         return cls(FRACTION, fraction=f, seed=int(seed), checkpoint_rows=rows, order=order)
 
     @classmethod
@@ -363,7 +376,7 @@ def select_pieces(
     pieces = episode_pieces(parts, table)
     if subset.rule == FRACTION:
         assert subset.fraction is not None
-        budget = int((subset.checkpoint_rows or checkpoint_rows) * subset.fraction)
+        budget = _fraction_rows(subset.fraction, subset.checkpoint_rows or checkpoint_rows, where)
         chosen, stops, ends = [], pieces.stop.copy(), pieces.terminated.copy()
         for i, part in enumerate(parts):
             mine = np.flatnonzero(pieces.part == i)

@@ -44,6 +44,7 @@ from atari_zarr.compat.pieces import asked_pieces, open_asked
 from atari_zarr.errors import InvalidArgumentError, import_optional
 from atari_zarr.pull import GAMES, Download, Request, game_name
 from atari_zarr.read.store import StoreReader
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.subsets import PLAYED, Pieces
 
 __all__ = ["ale_name", "get_atari", "get_atari_transitions", "make_env"]
@@ -154,6 +155,7 @@ def get_atari(
     mirrors: str | list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
     make_environment: bool = True,
+    timeout: Timeout = "default",
 ) -> tuple[Any, Any]:
     """d3rlpy's ``get_atari``: every episode of a d4rl-atari dataset, and an environment.
 
@@ -174,7 +176,12 @@ def get_atari(
         checkpoints = _preset_checkpoints(game, match["preset"])
         request = Request.parse(game, run=int(match["index"]) + 1, checkpoints=checkpoints)
         reader = open_asked(
-            request, root=root, download=download, mirrors=mirrors, storage_options=storage_options
+            request,
+            root=root,
+            download=download,
+            mirrors=mirrors,
+            storage_options=storage_options,
+            timeout=timeout,
         )
     pieces = asked_pieces(reader, checkpoints=checkpoints)
     episodes = _episodes(reader, pieces, pre_stack=pre_stack, num_stack=num_stack)
@@ -206,6 +213,7 @@ def get_atari_transitions(
     seed: int = 0,
     storage_options: dict[str, Any] | None = None,
     make_environment: bool = True,
+    timeout: Timeout = "default",
 ) -> tuple[Any, Any]:
     """d3rlpy's ``get_atari_transitions``: a fraction of every checkpoint of one run.
 
@@ -231,6 +239,9 @@ def get_atari_transitions(
         ``seed``, not Python's unseeded ``random``), which needs every shard whole.
     seed : int
         Seeds ``order="random"``.
+    timeout : float, None or "default"
+        Seconds each remote call may take (``"default"``: ``$ATARI_ZARR_TIMEOUT``,
+        else 60 s).
 
     Raises
     ------
@@ -250,6 +261,7 @@ def get_atari_transitions(
         download=download,
         mirrors=mirrors,
         storage_options=storage_options,
+        timeout=timeout,
     )
     pieces = asked_pieces(reader, request.subset)
     episodes = _episodes(reader, pieces, pre_stack=pre_stack, num_stack=num_stack)

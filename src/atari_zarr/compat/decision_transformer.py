@@ -100,6 +100,7 @@ from atari_zarr.pull import Download, Request
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.store import StoreReader
 from atari_zarr.storage.catalog import store_state
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import join
 from atari_zarr.subsets import Pieces, Subset
@@ -169,6 +170,7 @@ def create_dataset(
     home: str | os.PathLike[str] | None = None,
     mirrors: str | list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    timeout: Timeout = "default",
 ) -> DecisionTransformerData:
     """The original ``create_dataset``'s selection, without loading frames.
 
@@ -197,6 +199,9 @@ def create_dataset(
         The cache and mirrors (:func:`atari_zarr.pull.resolve`).
     storage_options : dict, optional
         fsspec options for a URL ``store``, ``data_dir_prefix`` or mirror.
+    timeout : float, None or "default"
+        Seconds each remote call may take (``"default"``: ``$ATARI_ZARR_TIMEOUT``,
+        else 60 s).
 
     Raises
     ------
@@ -227,6 +232,7 @@ def create_dataset(
         download=download,
         mirrors=mirrors,
         storage_options=storage_options,
+        timeout=timeout,
     )
     pieces = asked_pieces(store, subset, need_parts=True)
     lengths = pieces.length

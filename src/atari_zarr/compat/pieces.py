@@ -20,6 +20,7 @@ from atari_zarr.episodes import SourcePart, source_parts
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.pull import Download, Request, resolve
 from atari_zarr.read.store import StoreReader
+from atari_zarr.storage.deadline import Timeout
 from atari_zarr.subsets import CHECKPOINT_ROWS, Pieces, Subset, episode_pieces, select_pieces
 
 __all__ = ["asked_pieces", "open_asked"]
@@ -33,10 +34,12 @@ def open_asked(
     download: Download = True,
     mirrors: str | list[str] | None = None,
     storage_options: dict[str, Any] | None = None,
+    timeout: Timeout = "default",
 ) -> StoreReader:
     """The store of ``request``: ``store`` when given, else the one
     :func:`~atari_zarr.pull.resolve` finds under ``root`` (the cache), in a mirror, or
-    pulls (``download``); ``storage_options`` serve a URL ``store``, ``root`` and mirrors.
+    pulls (``download``); ``storage_options`` serve a URL ``store``, ``root`` and mirrors;
+    ``timeout`` bounds each remote call (``"default"``: ``$ATARI_ZARR_TIMEOUT``, else 60 s).
 
     Examples
     --------
@@ -56,6 +59,7 @@ def open_asked(
         mirror_options=storage_options,
         download=download,
         progress=True,  # a download shows its bars, as the originals' did
+        timeout=timeout,
     )
     return StoreReader(found.url, storage_options=found.storage_options)
 

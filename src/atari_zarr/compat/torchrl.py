@@ -37,6 +37,7 @@ from atari_zarr.errors import import_optional
 from atari_zarr.pull import Request, cache_home, resolve
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.storage.catalog import check_entry, complete_stores, name_to_url
+from atari_zarr.storage.deadline import Timeout
 
 # MissingDependencyError naming the extra when TorchRL is not installed
 import_optional("torchrl", extra="torchrl", purpose="atari_zarr.torchrl")
@@ -90,6 +91,9 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
     mirrors : str or list of str, optional
         Roots of stores read in place before anything is downloaded (default
         ``$ATARI_ZARR_MIRRORS``).
+    timeout : float, None or "default"
+        Seconds each remote call may take (``"default"``: ``$ATARI_ZARR_TIMEOUT``, else
+        60 s).
     sampler, writer : optional
         TorchRL sampler (overrides ``num_slices``/``slice_len``/``replacement``) and
         writer (default ``ImmutableDatasetWriter``).
@@ -160,6 +164,7 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         mp_start_method: str = "fork",
         frame_stack: int = 1,
         mirrors: str | list[str] | None = None,
+        timeout: Timeout = "default",
         **kwargs: Any,
     ) -> None:
         if "strict_length" in kwargs:
@@ -174,6 +179,7 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
             mirror_options=storage_options,
             download=download,  # type: ignore[arg-type]
             progress=True,
+            timeout=timeout,
         )
         self.storage_options = dict(found.storage_options)
         self.root = found.root

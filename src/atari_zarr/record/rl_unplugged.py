@@ -27,7 +27,7 @@ import functools
 import gzip
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,7 +220,7 @@ def write_rlu_run(
     *,
     num_shards: int = 3,
     present: Sequence[int] = (0, 2),
-    episodes_per_shard: int = 2,
+    episodes_per_shard: int | Mapping[int, int] = 2,
     seed: int = 0,
     clipped: bool = True,
     returns: bool = True,
@@ -252,8 +252,9 @@ def write_rlu_run(
         The ``-of-N`` of the names.
     present : sequence of int
         Shards written; the others are missing, as a gap in the source.
-    episodes_per_shard : int
-        Examples per shard (the last of each is cut).
+    episodes_per_shard : int or mapping
+        Examples per shard (the last of each is cut); a mapping gives them by shard
+        index, 1 for a present shard it leaves out (a complete run at little cost).
     seed : int
         Seeds the policy and the environment.
     clipped : bool
@@ -273,9 +274,15 @@ def write_rlu_run(
     """
     root = str(root).rstrip("/") or "/"
     present = tuple(sorted(set(int(i) for i in present)))
+    counts = [
+        episodes_per_shard.get(i, 1) if isinstance(episodes_per_shard, Mapping)
+        else episodes_per_shard
+        for i in present
+    ]
+    starts = np.r_[0, np.cumsum(counts)].astype(int).tolist()
     plan: list[int | None] = []
-    for k, _ in enumerate(present):
-        plan += [None] * (episodes_per_shard - 1) + [cut_length + 3 * k]
+    for k, count in enumerate(counts):
+        plan += [None] * (count - 1) + [cut_length + 3 * k]
     played = played_episodes(game, seed, tuple(plan))
     rng = np.random.default_rng(seed)
     fixture = WrittenRun(
@@ -284,7 +291,7 @@ def write_rlu_run(
     episode_idx = 0
     for k, shard in enumerate(present):
         records = []
-        for p in played[k * episodes_per_shard : (k + 1) * episodes_per_shard]:
+        for p in played[starts[k] : starts[k + 1]]:
             n = len(p.actions)
             unclipped = p.rewards * np.float32(reward_scale)
             if p.terminated:

@@ -71,6 +71,7 @@ __all__ = [
     "list_stores",
     "name_to_url",
     "read_catalog",
+    "refresh_catalog",
     "store_state",
     "warn_stale_entry",
     "write_catalog",
@@ -609,6 +610,24 @@ def write_catalog(
             break
         log.info("%s: stores changed while indexing; indexing again", redact(str(root)))
     return doc
+
+
+def refresh_catalog(
+    root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+) -> bool:
+    """Write ``{root}/catalog.json`` again if the root has one (after a store was added
+    there, so the catalog never goes stale); True when it was rewritten.
+
+    Examples
+    --------
+    >>> refresh_catalog(dest_root)  # no catalog there: nothing is written
+    False
+    """
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    if not fs.exists(f"{path.rstrip('/')}/{CATALOG}"):
+        return False
+    write_catalog(root, storage_options, timeout=timeout)
+    return True
 
 
 def catalog_entries(

@@ -4,8 +4,8 @@ Transient failures (``5xx``, ``429``, refused connections) are retried by the fi
 system itself (gcsfs: 6 attempts with exponential back-off, about 31 s in all). A
 server that stops answering would otherwise hold a call for minutes, so every
 remote call, the file system's retries included, gets ``timeout`` seconds (an
-argument of every function that reaches storage, :data:`DEFAULT_TIMEOUT` when not
-given; the CLI passes its ``--timeout``, whose default is ``$ATARI_ZARR_TIMEOUT``) and
+argument of every function that reaches storage; when not given,
+``$ATARI_ZARR_TIMEOUT``, else :data:`DEFAULT_TIMEOUT`; the CLI passes its ``--timeout``) and
 then raises :class:`~atari_zarr.errors.RemoteTimeoutError`. Any other
 failure becomes a :class:`~atari_zarr.errors.RemoteAccessError` naming the URL and
 the object, with credentials redacted. A missing object stays a
@@ -20,6 +20,7 @@ system calls) both go through it.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -65,9 +66,10 @@ _PASS_THROUGH: tuple[type[BaseException], ...] = (
 
 
 def timeout_from_environment() -> float | None:
-    """The CLI's default deadline: ``$ATARI_ZARR_TIMEOUT`` if set (``none``: no limit), else 60 s.
+    """The default deadline: ``$ATARI_ZARR_TIMEOUT`` if set (``none``: no limit), else 60 s.
 
-    Only the command line reads the environment; library functions take ``timeout=``.
+    What ``timeout="default"`` means everywhere: the command line, the readers and the
+    drop-ins alike.
 
     Examples
     --------
@@ -82,30 +84,46 @@ def timeout_from_environment() -> float | None:
     try:
         seconds = float(value)
     except ValueError:
+        seconds = float("nan")
+    if math.isnan(seconds) or seconds < 0:
         raise InvalidArgumentError(
             f"{TIMEOUT_ENV}={value!r} is not a number of seconds; set it to e.g. 60, or "
             f"'none' for no limit."
-        ) from None
+        )
     return seconds if seconds > 0 else None
 
 
 def resolve_timeout(timeout: Timeout) -> float | None:
-    """``"default"`` becomes :data:`DEFAULT_TIMEOUT`; ``0`` or ``None``, no limit.
+    """``"default"`` becomes :func:`timeout_from_environment`; ``0`` or ``None``, no limit.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A negative number, NaN, or anything but seconds, None and ``"default"``.
 
     Examples
     --------
     >>> resolve_timeout(5), resolve_timeout(None), resolve_timeout(0)
     (5.0, None, None)
+    >>> resolve_timeout(-1)
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: timeout=-1: expected a number of seconds ...
     """
-    if isinstance(timeout, str):
-        if timeout != "default":
-            raise InvalidArgumentError(
-                f"timeout={timeout!r}: expected a number of seconds, None or 'default'"
-            )
-        return DEFAULT_TIMEOUT
-    if timeout is None or timeout <= 0:
+    if timeout is None:
         return None
-    return float(timeout)
+    if isinstance(timeout, str) and timeout == "default":
+        return timeout_from_environment()
+    try:
+        seconds = float(timeout) if not isinstance(timeout, (str, bool)) else float("nan")
+    except (TypeError, ValueError):
+        seconds = float("nan")
+    if math.isnan(seconds) or seconds < 0:
+        raise InvalidArgumentError(
+            f"timeout={timeout!r}: expected a number of seconds (0 or None: no limit) or "
+            f"'default' ({TIMEOUT_ENV}, else {DEFAULT_TIMEOUT:g} s); pass e.g. timeout=60"
+        )
+    return seconds if seconds > 0 else None
 
 
 def remote_error(

@@ -152,7 +152,7 @@ def test_bad_examples_are_named(how, kwargs, what):
     assert "\n" not in message
     assert message.startswith(f"{WHERE}: record 17: "), message
     assert what in message, message
-    assert "download it again" in message
+    assert "fetching it again gives the same bytes" in message  # a bucket's object
 
 
 def test_a_per_episode_feature_needs_one_value():

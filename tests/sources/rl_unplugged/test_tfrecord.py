@@ -98,7 +98,11 @@ def test_a_record_cut_short_is_named(cut, what):
     first = 12 + 5 + 4
     with pytest.raises(SourceFormatError) as excinfo:
         list(iter_records(io.BytesIO(data[: first + cut]), "gs://b/run_1-00000-of-00050"))
-    one_line_error(excinfo, "gs://b/run_1-00000-of-00050: ", what, "download it again")
+    one_line_error(excinfo, "gs://b/run_1-00000-of-00050: ", what, "fetching it again gives the same")
+    # a local file, by contrast, can be downloaded again
+    with pytest.raises(SourceFormatError) as excinfo:
+        list(iter_records(io.BytesIO(data[: first + cut]), "/data/Pong/run_1-00000-of-00050"))
+    one_line_error(excinfo, "/data/Pong/run_1-00000-of-00050: ", what, "download it again")
 
 
 def test_bad_length_crc_is_named():

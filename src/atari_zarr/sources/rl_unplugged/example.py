@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message, message_factory
 
-from atari_zarr.errors import SourceFormatError
+from atari_zarr.errors import SourceFormatError, damaged_advice
 
 __all__ = [
     "EPISODE_FEATURES",
@@ -213,8 +213,8 @@ class Episode:
 def _fail(where: str, record: int, what: str) -> SourceFormatError:
     return SourceFormatError(
         f"{where}: record {record}: {what}; expected a tf.train.Example of an RL Unplugged "
-        f"Atari episode. The shard is not from RL Unplugged's atari_episodes_ordered, or it "
-        f"is damaged: download it again."
+        f"Atari episode, or the shard is not from RL Unplugged's atari_episodes_ordered. "
+        f"{damaged_advice(where)}"
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from atari_zarr.errors import MissingDependencyError, SourceFormatError
+from atari_zarr.errors import MissingDependencyError, SourceFormatError, damaged_advice
 from atari_zarr.layout import FRAME_SHAPE
 
 __all__ = ["DECODERS", "FRAME_SHAPE", "decode_frames", "decoder_name", "encode_frame"]
@@ -146,8 +146,7 @@ def decoder_name() -> str:
 def _bad(where: str, record: int, step: int, what: str) -> SourceFormatError:
     return SourceFormatError(
         f"{where}: record {record}: step {step}: {what}; expected an 84x84 8-bit grayscale "
-        f"PNG. The shard is not from RL Unplugged's Atari episodes, or it is damaged: "
-        f"download it again."
+        f"PNG, or the shard is not from RL Unplugged's Atari episodes. {damaged_advice(where)}"
     )
 
 

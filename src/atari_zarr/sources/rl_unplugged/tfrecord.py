@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import google_crc32c
 
-from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.errors import SourceFormatError, SourceNotFoundError, damaged_advice
 from atari_zarr.sources.gzip_stream import GZIP_ERRORS, open_gzip
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ def _check_gzip_magic(raw: BinaryIO, where: str) -> None:
         found = "the file is empty" if not head else f"the file starts {head!r}"
         raise SourceFormatError(
             f"{where}: record 0: not a GZIP file ({found}); expected a GZIP-compressed "
-            f"TFRecord file of RL Unplugged. Download the shard again."
+            f"TFRecord file of RL Unplugged. {damaged_advice(where)}"
         )
 
 
@@ -246,7 +246,7 @@ def iter_records(stream: BinaryIO, where: str) -> Iterator[tuple[int, bytes]]:
             raise SourceFormatError(
                 f"{where}: record {index}: the GZIP stream is corrupt or truncated "
                 f"({type(exc).__name__}: {exc}); expected a complete GZIP-compressed TFRecord "
-                f"file. Download the shard again."
+                f"file. {damaged_advice(where)}"
             ) from None
         (data_crc,) = _FOOTER.unpack(footer)
         computed = masked_crc32c(data)
@@ -265,5 +265,5 @@ def _error(where: str, index: int, what: str, found: Any = None) -> SourceFormat
     detail = f" (found {len(found)} bytes)" if isinstance(found, bytes) else ""
     return SourceFormatError(
         f"{where}: record {index}: {what}{detail}; expected an intact TFRecord as TensorFlow "
-        f"writes it. The shard is damaged or was cut short: download it again."
+        f"writes it. {damaged_advice(where)}"
     )
