@@ -374,6 +374,21 @@ def test_ranks_other_than_0_wait_for_rank_0(public_copy):
     assert shard_bytes(public_copy.proxy) == sum(public_copy.bytes["Asterix/1"].values())
 
 
+@pytest.mark.slow
+def test_a_rank_whose_rank_0_never_pulls_gives_up_in_one_line(public_copy):
+    """Nobody pulls: rank 1 waits no longer than the timeout, then says why and what to do."""
+    follower = _spawn(PULL_SCRIPT, "Asterix/1", env={"RANK": "1", "ATARI_ZARR_TIMEOUT": "2"})
+    try:
+        out, err = follower.communicate(timeout=120)
+    finally:
+        _reap(follower)
+    assert follower.returncode != 0 and out == ""
+    line = err.strip().splitlines()[-1]
+    assert "rank 1 ($RANK) waited 2 s for rank 0" in line, err
+    assert "no process is pulling it" in line and "atari-zarr pull Asterix/1" in line
+    assert public_copy.proxy.requests == 0
+
+
 class _Who:
     """A dataset whose one item is who the worker reading it is, to ``pull``."""
 
@@ -596,3 +611,60 @@ def test_every_checkpoint_asked_is_the_cached_run_and_a_pull_keeps_the_catalog(
     again = resolve(Request.parse("Asterix/1", checkpoints="0-49"))
     assert (again.origin, again.url, again.exact) == ("cache", whole.url, True)
     assert public_copy.proxy.requests == 0
+
+
+@pytest.mark.slow
+def test_a_shard_republished_with_the_same_size_is_not_mixed_into_a_resumed_pull(
+    public_copy, tmp_path
+):
+    """The scan's fingerprint holds each object's generation: a pull killed midway, whose
+    shard is then uploaded again (same name, same size), starts over instead of mixing."""
+    import gcsfs
+
+    from atari_zarr.sources.rl_unplugged.files import RluRun
+
+    server = public_copy.server
+    server.create_bucket("repub")
+    fs = gcsfs.GCSFileSystem(**server.storage_options())
+    fixture = public_copy.runs["Asterix/1"]
+    for i in (0, 1):
+        fs.put_file(fixture.paths[i], f"repub/rlu/Asterix/{Path(fixture.paths[i]).name}")
+    options = server.storage_options()
+    before = RluRun("gs://repub/rlu/Asterix", "Asterix", "1", options).names()
+    home = tmp_path / "home"
+    proc = subprocess.Popen(
+        [
+            *pause_command(tmp_path, "-shard-", 1),
+            "pull",
+            "Asterix/1",
+            "--checkpoints",
+            "0-1",
+            "--source",
+            "gs://repub/rlu",
+            "--scheduler",
+            "synchronous",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "STORAGE_EMULATOR_HOST": server.endpoint_url},
+    )
+    try:
+        assert proc.stdout.readline() == "paused\n", proc.stderr.read()
+        proc.kill()
+        proc.wait(timeout=60)
+    finally:
+        _reap(proc)
+    name = Path(fixture.paths[1]).name
+    fs.put_file(fixture.paths[1], f"repub/rlu/Asterix/{name}")  # republished: same bytes
+    fs.invalidate_cache()
+    after = RluRun("gs://repub/rlu/Asterix", "Asterix", "1", options).names()
+    assert [(n, s) for n, s, _ in before] == [(n, s) for n, s, _ in after]  # names, sizes
+    assert before[1][2] != after[1][2]  # the generation tells them apart
+    request = Request.parse("Asterix/1", checkpoints="0-1")
+    done = pull(request, source="gs://repub/rlu", source_options=options, progress=False,
+                scheduler="synchronous")
+    clean = pull(request, home=tmp_path / "clean", source="gs://repub/rlu",
+                 source_options=options, progress=False, scheduler="synchronous")
+    assert store_files(done.url, home) == store_files(clean.url, tmp_path / "clean")

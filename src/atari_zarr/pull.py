@@ -26,8 +26,9 @@ says in one line what is missing and the command that fetches it.
 A pull is a conversion: it resumes after a crash, locks the store so that two
 processes pulling the same id convert it once (the second waits, and says so), and
 never presents an unfinished store as complete. DataLoader workers and DDP ranks
-other than 0 (``LOCAL_RANK``, else ``RANK``) never start a pull: they wait for the
-store to be complete.
+other than 0 (``torch.distributed``'s rank when it is initialised, else ``LOCAL_RANK``,
+else ``RANK``) never start a pull: they wait for the store to be complete, and give up
+in one line once no process has been pulling it for ``timeout`` seconds.
 
 :data:`GAMES` is the one table of what exists, from TFDS's
 ``rlu_atari_checkpoints_ordered`` builder: 46 games, runs 1 to 5, 50 shards a run (49
@@ -64,6 +65,7 @@ from atari_zarr.errors import (
     RemoteAccessError,
     SourceNotFoundError,
     StoreExistsError,
+    StoreIncompleteError,
     StoreLockedError,
     StoreNotFoundError,
 )
@@ -75,7 +77,7 @@ from atari_zarr.storage.catalog import (
     refresh_catalog,
     store_state,
 )
-from atari_zarr.storage.deadline import Timeout
+from atari_zarr.storage.deadline import TIMEOUT_ENV, Timeout, resolve_timeout
 from atari_zarr.storage.paths import is_url, join, redact
 from atari_zarr.subsets import PLAYED, Subset
 
@@ -596,6 +598,10 @@ def _follower() -> str | None:
         info = torch.utils.data.get_worker_info()
         if info is not None:
             return f"DataLoader worker {info.id}"
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank = dist.get_rank()
+            return None if rank == 0 else f"rank {rank} (torch.distributed)"
     for name in ("LOCAL_RANK", "RANK"):
         value = os.environ.get(name, "").strip()
         if value:
@@ -606,9 +612,16 @@ def _follower() -> str | None:
 def _wait(
     url: str, options: dict[str, Any], request: Request, who: str | None, timeout: Timeout
 ) -> None:
-    """Wait until ``url`` is complete, or (``who`` None) until nobody holds its lock."""
+    """Wait until ``url`` is complete, or (``who`` None) until nobody holds its lock.
+
+    A follower (``who``) waits as long as some process holds the lock; once nobody
+    has held it for ``timeout`` seconds (rank 0 never started the pull, or its pull
+    failed), it gives up in one line.
+    """
     work = WorkDir(url, options, timeout=timeout)
+    limit = resolve_timeout(timeout)
     told = -TELL_S
+    idle_since = time.monotonic()
     while True:
         if store_state(url, options, timeout=timeout) == "complete":
             return
@@ -616,6 +629,16 @@ def _wait(
         if holder is None and who is None:
             return  # released, or its holder died: the caller converts (and resumes)
         now = time.monotonic()
+        if holder is not None:
+            idle_since = now
+        elif limit is not None and now - idle_since > limit:
+            raise StoreNotFoundError(
+                f"{request.describe()}: {who} waited {limit:g} s for rank 0 (or the main "
+                f"process) to pull it into {redact(url)}, but no process is pulling it: rank 0 "
+                f"did not start the pull, or its pull failed (its error says why). Pull it "
+                f"before starting the job with `{request.command()}`, or allow more time with "
+                f"${TIMEOUT_ENV}."
+            )
         if now - told >= TELL_S:
             if who is not None:
                 log.warning(
@@ -709,6 +732,17 @@ def pull(
             )
         except StoreExistsError:  # finished by another process meanwhile
             return Resolved(url, root, options)
+        except StoreIncompleteError:
+            if overwrite:
+                raise
+            # begun from other objects (a shard republished since): never mix the two
+            log.warning(
+                "%s: the source changed since the unfinished pull into %s began; starting over",
+                request.describe(),
+                redact(url),
+            )
+            overwrite = True
+            continue
         except StoreLockedError:
             _wait(url, options, request, None, timeout)
             if store_state(url, options, timeout=timeout) == "complete" and not overwrite:

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import io
+import logging
 import os
 import shutil
 import stat
@@ -65,7 +66,15 @@ from atari_zarr.errors import (
     install_hint,
 )
 from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
+from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
+
+
+# Other libraries' records (gcsfs logs each failed round of retries with its traceback)
+# reach an application's own logging only (the CLI's with -v): without a handler of
+# theirs, Python's last-resort handler would print them to stderr.
+for _library in ("gcsfs", "s3fs", "fsspec", "aiohttp", "aiobotocore", "botocore", "google"):
+    logging.getLogger(_library).addHandler(logging.NullHandler())
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -231,6 +240,7 @@ class FileSystem:
     def _connect(self) -> None:
         self._pid = os.getpid()
         if self.remote:
+            check_resolves(self.location, self.storage_options, timeout=self.timeout)
             with backend_errors(self.location, self.storage_options):
                 fs, path = fsspec.core.url_to_fs(self.location, **self.storage_options)
             self._fs: fsspec.AbstractFileSystem = fs

@@ -42,6 +42,7 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
+from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.filesystem import backend_errors, check_local_metadata
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
@@ -249,6 +250,7 @@ class RemoteStore(WrapperStore[Store]):
         super().__init__(self._connect())
 
     def _connect(self) -> Store:
+        check_resolves(self.url, self.storage_options, timeout=self.timeout)
         with backend_errors(self.url, self.storage_options):
             store = FsspecStore.from_url(
                 self.url, storage_options=dict(self.storage_options), read_only=self._read_only_flag

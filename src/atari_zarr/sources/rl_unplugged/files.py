@@ -95,6 +95,10 @@ class Shard:
     path: str
     #: Size in bytes as listed (part of the scan's fingerprint), None when unknown.
     size: int | None = None
+    #: The object's version as listed (part of the scan's fingerprint): its generation
+    #: (Cloud Storage), ETag (S3, HTTP) or modification time (local), None when unknown.
+    #: A shard republished with the same size has another.
+    version: str | None = None
 
 
 class RluRun:
@@ -173,9 +177,10 @@ class RluRun:
         name = shard.name if shard else shard_name(self.run, index, self.num_shards)
         return join(self.url, name)
 
-    def names(self) -> list[tuple[str, int | None]]:
-        """``(file name, size)`` of every shard, in index order (the scan's fingerprint)."""
-        return [(s.name, s.size) for s in self.shards.values()]
+    def names(self) -> list[tuple[str, int | None, str | None]]:
+        """``(file name, size, version)`` of every shard, in index order (the scan's
+        fingerprint)."""
+        return [(s.name, s.size, s.version) for s in self.shards.values()]
 
     @contextmanager
     def open(self, index: int, *, prefix: bool = False) -> Iterator[BinaryIO]:
@@ -237,9 +242,23 @@ def _list_shards(fs: Any, path: str, url: str) -> dict[str, list[Shard]]:
             name,
             f"{path}/{name}",
             int(size) if size is not None else None,
+            _version(entry),
         )
         runs.setdefault(str(int(match["run"])), []).append(shard)
     return runs
+
+
+#: Listing fields that change when an object is written again, best first.
+_VERSION_FIELDS = ("generation", "crc32c", "md5Hash", "ETag", "etag", "mtime", "LastModified")
+
+
+def _version(entry: dict[str, Any]) -> str | None:
+    """The version of a listed object: the first of :data:`_VERSION_FIELDS` it has."""
+    for name in _VERSION_FIELDS:
+        value = entry.get(name)
+        if value not in (None, ""):
+            return f"{name}:{value}"
+    return None
 
 
 def holds_shards(fs: Any, path: str) -> bool:
