@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
+
 import pytest
 import torch
 
@@ -189,3 +192,110 @@ def test_fn_that_changes_the_batch_size(store, tmp_path):
         preprocess(ds, shrink, dim=1, dest=tmp_path / "e")
     with pytest.raises(InvalidArgumentError, match="num_frames must be a positive count"):
         preprocess(ds, shrink, num_frames=0, dest=tmp_path / "f")
+
+
+FINGERPRINTS = """
+import torch
+from atari_zarr.compat.preprocess import fn_fingerprint
+
+class Crop:
+    def __init__(self):
+        self.keys = {"observation", "next_observation", "action"}
+        self.size = 64
+    def __call__(self, td):
+        return td
+
+def with_set(td, keys={"a", "b", "c", "d"}):
+    return td
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+print(fn_fingerprint(Crop()), fn_fingerprint(model), fn_fingerprint(with_set))
+"""
+
+
+@pytest.mark.parametrize("seeds", [("1", "2")])
+def test_the_fingerprint_of_the_same_fn_is_the_same_in_every_process(seeds):
+    """A class instance, an nn.Module and a function whose defaults hold a set: the same
+    code and values give the same fingerprint whatever the process's hash seed."""
+    import subprocess
+    import sys
+
+    outs = []
+    for seed in seeds:
+        proc = subprocess.run(
+            [sys.executable, "-c", FINGERPRINTS],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout.split())
+    assert outs[0] == outs[1]
+    assert len(set(outs[0])) == 3
+
+
+KILLED_PARENT = """
+import sys, time
+from atari_zarr import AtariZarrDataset
+from atari_zarr.compat.preprocess import preprocess
+
+def slow(td):
+    time.sleep(0.5)
+    return td.select("action")
+
+preprocess(AtariZarrDataset(sys.argv[1]), slow, dest=sys.argv[2], num_workers=2,
+           mp_start_method=sys.argv[3], version="slow")
+"""
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_workers_end_with_a_parent_killed_with_kill_9(store, tmp_path, method):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLED_PARENT, store, str(tmp_path / "d"), method],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        workers: list[int] = []
+        for _ in range(600):  # the pool starts its two workers (import time varies)
+            workers = [p for p in _children(proc.pid) if _alive(p)]
+            if len(workers) >= 2 or proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert len(workers) >= 2, proc.stderr.read() if proc.poll() is not None else workers
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        for _ in range(600):
+            if not any(_alive(p) for p in workers):
+                break
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers), [p for p in workers if _alive(p)]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for p in _children(proc.pid):
+            os.kill(p, signal.SIGKILL)
+        proc.stderr.close()
