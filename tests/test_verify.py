@@ -109,6 +109,30 @@ def test_missing_chunk_is_reported(copy):
     assert "is missing from the store" in report.format()
 
 
+@pytest.mark.parametrize(
+    "content, what",
+    [
+        (b"garbage{", "is not array metadata zarr can read"),
+        (b'{"zarr_format": 3, "node_type": "array"}', "is not array metadata zarr can read"),
+        (None, "differs from the root's consolidated metadata in ['shape']"),
+    ],
+)
+def test_an_array_metadata_file_zarr_cannot_use_is_reported(copy, content, what):
+    """Readers that open an array by itself (tensorstore, zarr without consolidated
+    metadata) read its own zarr.json, which verify read nowhere else."""
+    _, path = copy
+    target = path / "action" / "zarr.json"
+    if content is None:  # valid metadata of another shape
+        doc = json.loads(target.read_text())
+        doc["shape"] = [5]
+        content = json.dumps(doc).encode()
+    target.write_bytes(content)
+    report = verify_store(str(path))
+    assert not report.ok
+    [line] = [p for p in report.problems if p.startswith("action/zarr.json")]
+    assert what in line and "\n" not in line
+
+
 def test_attributes_that_disagree_with_the_arrays(copy):
     _, path = copy
     meta_file = path / "zarr.json"

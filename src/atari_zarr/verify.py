@@ -228,6 +228,55 @@ def _check_presence(
                 )
 
 
+def _check_metadata(
+    group: zarr.Group,
+    url: str,
+    options: dict[str, Any] | None,
+    specs: dict[str, tuple[ArraySpec, int]],
+    report: VerifyReport,
+    timeout: float | None,
+) -> None:
+    """Each array's own ``zarr.json`` says what the root's consolidated metadata says:
+    readers that open an array by itself (tensorstore, zarr without consolidation) read
+    that file, which the rest of verify never needs."""
+    from zarr.core.metadata.v3 import ArrayV3Metadata
+
+    fs, path = get_fs(url, options, timeout=timeout)
+    root = path.rstrip("/")
+    for name in specs:
+        key = f"{name}/zarr.json"
+        try:
+            raw = fs.cat_metadata(f"{root}/{key}")
+            own = ArrayV3Metadata.from_dict(json.loads(raw)).to_dict()
+        except FileNotFoundError:
+            report.add("metadata", f"{key} is missing: readers that open {name} by itself fail")
+            continue
+        except AtariZarrError as exc:
+            report.add("metadata", str(exc))
+            continue
+        except Exception as exc:  # noqa: BLE001 - whatever zarr or json make of garbage
+            report.add(
+                "metadata",
+                f"{key} is not array metadata zarr can read ({type(exc).__name__}: "
+                f"{str(exc)[:120]}); expected the array's Zarr v3 zarr.json, as the root's "
+                f"consolidated metadata has it. {report.remedy}",
+            )
+            continue
+        try:
+            expected = get_array(group, name, url).metadata.to_dict()
+        except AtariZarrError:
+            continue  # the layout check reported it
+        own.pop("attributes", None)
+        expected.pop("attributes", None)
+        if own != expected:
+            differ = sorted(k for k in {*own, *expected} if own.get(k) != expected.get(k))
+            report.add(
+                "metadata",
+                f"{key} differs from the root's consolidated metadata in {differ}: readers "
+                f"that open {name} by itself read other data. {report.remedy}",
+            )
+
+
 def _check_writers(
     group: zarr.Group, url: str, specs: dict[str, tuple[ArraySpec, int]], report: VerifyReport
 ) -> None:
@@ -545,6 +594,7 @@ def verify_store(
     if not _check_layout(group, url, specs, report):
         return report
     _check_presence(url, storage_options, specs, report, seconds)
+    _check_metadata(group, url, storage_options, specs, report, seconds)
     _check_writers(group, url, specs, report)
     if kind is not None:  # properties of the source, which the store copies faithfully
         report.warnings.extend(kind.warnings(meta))

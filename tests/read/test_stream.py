@@ -668,3 +668,36 @@ def test_a_state_whose_emitted_items_are_damaged_is_one_line(small_store: str) -
         with pytest.raises(InvalidArgumentError, match="does not say which items were emitted") as err:
             again.load_state_dict({**state, "consumed": spoiled})
         assert "\n" not in str(err.value) and "Pass the state as saved" in str(err.value)
+
+
+def test_stream_arguments_and_states_never_fail_silently(small_store: str) -> None:
+    """Each of these was accepted (or failed with a raw error) and read the wrong part."""
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(64, seed=0, unit_rows=512)
+    next(iter(stream))
+    state = stream.state_dict()
+    bad_states = [
+        ({**state, "positions": {0: 10**9}}, "more than the"),
+        ({**state, "positions": {0: 1.5}}, "positions"),
+        ({**state, "epoch": 1.7}, "epoch must be a non-negative integer"),
+        ({**state, "epoch": "abc"}, "epoch must be a non-negative integer"),
+        ({**state, "positions": None}, "positions must be a dict"),
+        (None, "must be the dict its state_dict"),
+        ([state], "must be the dict its state_dict"),
+    ]
+    for spoiled, match in bad_states:
+        again = ds.stream(64, seed=0, unit_rows=512)
+        with pytest.raises(InvalidArgumentError, match=match) as err:
+            again.load_state_dict(spoiled)
+        assert "\n" not in str(err.value)
+    for kwargs, match in [
+        ({"world_size": 2}, "expected both"),
+        ({"rank": 1}, "expected both"),
+        ({"rank": 0.5, "world_size": 2}, "rank must be a non-negative integer"),
+        ({"rank": 0, "world_size": 2.0}, "world_size must be a positive integer"),
+        ({"rank": 2, "world_size": 2}, "rank must be in"),
+        ({"epoch": 1.7}, "epoch must be a non-negative integer"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=match) as err:
+            ds.stream(64, seed=0, unit_rows=512, **kwargs)
+        assert "\n" not in str(err.value)

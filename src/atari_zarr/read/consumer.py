@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 
 __all__ = ["Consumer", "check_rank", "quiet_worker_exit"]
@@ -57,12 +58,36 @@ def quiet_worker_exit() -> None:
     _exit_hook = True
 
 
-def check_rank(rank: int | None, world_size: int | None, where: str) -> None:
-    """Refuse a rank outside ``[0, world_size)`` in one line naming ``where``."""
-    if rank is not None and world_size is not None and not 0 <= rank < world_size:
+def check_rank(
+    rank: int | None, world_size: int | None, where: str
+) -> tuple[int | None, int | None]:
+    """``(rank, world_size)`` as ints, or one line naming ``where``: whole numbers, the
+    rank in ``[0, world_size)``, and both given unless ``torch.distributed`` is
+    initialised (it then says the other).
+
+    Examples
+    --------
+    >>> check_rank(1, 2, "s.zarr")
+    (1, 2)
+    >>> check_rank(None, 2, "s.zarr")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: rank=None and world_size=2 for s.zarr: ...
+    """
+    r = None if rank is None else whole_number(rank, "rank", where, low=0)
+    w = None if world_size is None else whole_number(world_size, "world_size", where)
+    dist = torch.distributed
+    if (r is None) != (w is None) and not (dist.is_available() and dist.is_initialized()):
+        raise InvalidArgumentError(
+            f"rank={rank!r} and world_size={world_size!r} for {where}: expected both (this "
+            f"process's rank among world_size processes) or neither (one process, or "
+            f"torch.distributed initialised). Pass both"
+        )
+    if r is not None and w is not None and not r < w:
         raise InvalidArgumentError(
             f"rank must be in [0, world_size); got rank={rank}, world_size={world_size} for {where}"
         )
+    return r, w
 
 
 @dataclass(frozen=True)

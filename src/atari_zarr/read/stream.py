@@ -117,8 +117,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.shuffle_buffer = whole_number(shuffle_buffer, "shuffle_buffer", where, low=0)
         self.units_ahead = whole_number(units_ahead, "units_ahead", where)
         self.drop_last = bool(drop_last)
-        check_rank(rank, world_size, where)
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size = check_rank(rank, world_size, where)
         self._unit_rows_asked = unit_rows
         self._layouts = [
             UnitLayout(s, i, unit_rows) for s, i in zip(self.stores, self.items, strict=True)
@@ -492,6 +491,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         }
 
     def _load_store_state(self, g: int, state: dict[str, Any]) -> Consumed:
+        _check_state(state, self.where)
         expected = {
             "transitions": len(self.stores[g]),
             "unit_rows": self.unit_rows,
@@ -509,15 +509,24 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"{expected} (state version {_STATE_VERSION}), found {found} (version "
                 f"{state.get('version')}); open the stream with the options it was saved with"
             )
-        positions = {int(c): int(p) for c, p in state["positions"].items()}
-        bad = [(k, v) for k, v in (("epoch", int(state["epoch"])), *positions.items()) if v < 0]
-        if bad:
-            raise InvalidArgumentError(
-                f"this state of a stream of {self.where} holds a negative "
-                f"{'epoch' if bad[0][0] == 'epoch' else 'position'} ({bad[0][1]}); expected "
-                f"what state_dict() gave: epoch and positions 0 or more. Pass the state as saved"
-            )
         sizes = np.diff(self._layouts[g].bounds, axis=1).reshape(-1)
+        where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
+        epoch = whole_number(state.get("epoch"), "epoch", where, low=0)
+        seed = whole_number(state.get("seed"), "seed", where, low=0)
+        saved = state.get("positions")
+        if not isinstance(saved, dict):
+            raise InvalidArgumentError(
+                f"positions must be a dict of items emitted by consumer; got {saved!r} for {where}"
+            )
+        positions: dict[int, int] = {}
+        for c, p in saved.items():
+            consumer = whole_number(c, "a consumer of positions", where, low=0)
+            positions[consumer] = whole_number(p, f"positions[{c!r}]", where, low=0)
+            if positions[consumer] > int(sizes.sum()):
+                raise InvalidArgumentError(
+                    f"positions[{c!r}] is {p!r} items, more than the {int(sizes.sum())} of an "
+                    f"epoch, for {where}"
+                )
         try:
             base = None if state.get("base") is None else Consumed.decode(state["base"], sizes)
             consumed = Consumed.decode(state["consumed"], sizes)
@@ -526,7 +535,7 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"this state of a stream of {self.where} does not say which items were "
                 f"emitted ({exc}); expected what state_dict() gave. Pass the state as saved"
             ) from None
-        self.seed, self.epoch = int(state["seed"]), int(state["epoch"])
+        self.seed, self.epoch = seed, epoch
         self._consumers = state.get("consumers")
         self.store_positions[g] = positions
         self._base[g] = base
@@ -535,25 +544,48 @@ class EpochStream(torch.utils.data.IterableDataset):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen,
         whatever the number of ranks and DataLoader workers."""
+        _check_state(state, self.where)
         if not self.several:
             self._loaded = [self._load_store_state(0, state)]
             self.batches = {}
             return
-        stores = state.get("stores", [])
-        if state.get("version") != _STATE_VERSION or len(stores) != len(self.stores):
+        stores = state.get("stores")
+        batches = state.get("batches")
+        if (
+            state.get("version") != _STATE_VERSION
+            or not isinstance(stores, list)
+            or len(stores) != len(self.stores)
+            or not isinstance(batches, dict)
+        ):
+            stores = stores if isinstance(stores, list) else []
             raise InvalidArgumentError(
                 f"this state does not belong to this stream of {len(self.stores)} stores "
                 f"(found {len(stores)} stores, version {state.get('version')}); "
                 f"open the stream with the stores and options it was saved with"
             )
         self._loaded = [self._load_store_state(g, sub) for g, sub in enumerate(stores)]
-        self.batches = {int(c): int(n) for c, n in state["batches"].items()}
+        where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
+        self.batches = {
+            whole_number(c, "a consumer of batches", where, low=0): whole_number(
+                n, f"batches[{c!r}]", where, low=0
+            )
+            for c, n in batches.items()
+        }
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.where!r}, batch_size={self.batch_size}, "
             f"seed={self.seed}, epoch={self.epoch}, shuffle_buffer={self.shuffle_buffer}, "
             f"items={self._item_count})"
+        )
+
+
+def _check_state(state: Any, where: str) -> None:
+    """Refuse what is not a state at all (None, a list) in one line."""
+    if not isinstance(state, dict):
+        raise InvalidArgumentError(
+            f"a stream's state must be the dict its state_dict() gave; got "
+            f"{type(state).__name__} {state!r:.60} for {where}. Pass the state as saved"
         )
 
 
