@@ -341,3 +341,54 @@ def test_ls_available_lists_what_pull_can_fetch(public_copy, capsys):
     assert listed["Asterix/1"]["source_bytes"] == sum(public_copy.bytes["Asterix/1"].values())
     assert main(["ls"]) == 1
     assert "--available" in capsys.readouterr().err
+
+
+def test_q_after_any_verb_and_a_closed_pipe_is_no_traceback(pong_store):
+    """`info STORE -q` as `-q info STORE` (the reference says either); a reader that
+    leaves early (`| head`, `| true`) is not an error with a traceback."""
+    from atari_zarr.cli import build_parser
+
+    res = run_cli("info", pong_store.url, "-q")
+    assert res.returncode == 0 and res.stdout.strip(), res.stderr
+    assert res.stdout == run_cli("-q", "info", pong_store.url).stdout
+    parser = build_parser()
+    verbs = parser._subparsers._group_actions[0].choices  # noqa: SLF001
+    assert all("-q" in p._option_string_actions for p in verbs.values())  # noqa: SLF001
+    for args in (["ls", "--available"], ["info", pong_store.url, "--episodes"]):
+        pipe = subprocess.run(
+            f"{sys.executable} -m atari_zarr {' '.join(args)} | true",
+            shell=True,  # noqa: S602 - the pipe is the point; the arguments are ours
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert "Traceback" not in pipe.stderr and "BrokenPipeError" not in pipe.stderr, pipe.stderr
+
+
+def test_other_libraries_log_only_with_v(pong_store):
+    """gcsfs logs each failed round of retries with a traceback: the CLI shows other
+    libraries' records only with -v, and its own warnings always."""
+    script = (
+        "import logging, sys\n"
+        "import atari_zarr.cli as cli\n"
+        "real = cli._cmd_info\n"
+        "def noisy(args):\n"
+        "    logging.getLogger('gcsfs').error('a retry round')\n"
+        "    logging.getLogger('atari_zarr').warning('our own warning')\n"
+        "    return real(args)\n"
+        "cli._cmd_info = noisy  # the parser is built in main, from the module's names\n"
+        "sys.exit(cli.main(sys.argv[1:]))\n"
+    )
+    runs = {
+        flag: subprocess.run(
+            [sys.executable, "-c", script, *flag, "info", pong_store.url],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        for flag in ((), ("-v",))
+    }
+    quiet, loud = runs[()], runs[("-v",)]
+    assert quiet.returncode == 0, quiet.stderr
+    assert "our own warning" in quiet.stderr and "a retry round" not in quiet.stderr
+    assert "a retry round" in loud.stderr

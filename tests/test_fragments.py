@@ -138,3 +138,18 @@ def test_the_decision_transformer_takes_a_fragment_as_the_original_does(stores) 
     first = int(np.flatnonzero(data.fragments)[0])
     start = 0 if first == 0 else int(data.done_idxs[first - 1])
     assert int(data.timesteps[start]) == 0
+
+
+def test_a_fragments_video_captions_count_its_true_steps(stores) -> None:
+    """The caption says the step the episode table says, not 0."""
+    pytest.importorskip("PIL")
+    from atari_zarr.explore.video import EpisodeFrames
+
+    ds = AtariZarrDataset(stores["part"])
+    table = ds.episode_table
+    e = int(np.flatnonzero((table["first_step"] > 0).to_numpy())[0])
+    lines = EpisodeFrames(ds, e).captions()
+    first = int(table["first_step"][e])
+    assert lines[0].startswith(f"step {first} ") and lines[-1].startswith(
+        f"step {first + len(lines) - 1} "
+    )

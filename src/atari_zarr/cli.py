@@ -836,8 +836,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             sys.stdout.flush()  # a closed pipe shows here, not at exit
             return code
         except BrokenPipeError:  # `atari-zarr ls | head`: the reader left, nothing is wrong
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, sys.stdout.fileno())  # so the flush at exit raises nothing
+            if sys.__stdout__ is not None:  # so the flush at exit raises nothing
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.__stdout__.fileno())
             return 141  # as a process ended by SIGPIPE
         except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
             print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)

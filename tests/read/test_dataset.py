@@ -208,8 +208,20 @@ def test_complete_store_that_lost_an_array_is_damaged(converted):
         AtariZarrDataset(store.url)
 
 
-def test_damaged_chunk_names_the_command_that_rewrites_the_store(converted):
-    store, _ = converted
+def test_damaged_chunk_names_the_command_that_rewrites_the_store(converted_here, tmp_path):
+    """In place: the store's own command, from scratch; a copy elsewhere: copy it again
+    (the command would rewrite the original, not this copy)."""
+    store, _ = converted_here
+    copy = tmp_path / "elsewhere" / "Pong" / "1.zarr"
+    shutil.copytree(store.url, copy)
+    shard = copy / OBSERVATION / "c" / "0" / "0" / "0"
+    raw = bytearray(shard.read_bytes())
+    raw[-10] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    ds = AtariZarrDataset(str(copy))
+    with pytest.raises(StoreCorruptError, match="crc32c") as caught:
+        ds[np.arange(len(ds))]
+    assert "damaged; copy the store again from where it was written" in str(caught.value)
     command = zarr.open_group(store.url, mode="r").attrs[ATTRS_KEY]["command"]
     shard = Path(store.url) / OBSERVATION / "c" / "0" / "0" / "0"
     raw = bytearray(shard.read_bytes())
@@ -271,3 +283,48 @@ def test_bad_episode_numbers(converted):
         ds.episode(n)
     with pytest.raises(TypeError, match="an episode number must be an int"):
         ds.episode(1.5)
+
+
+def test_reader_inputs_are_refused_in_one_line(pong_store):
+    """Each of these was rounded, accepted or failed with another library's error."""
+    from atari_zarr import ReadOptions
+    from atari_zarr.errors import InvalidArgumentError
+
+    ds = AtariZarrDataset(pong_store.url)
+    with pytest.raises(TypeError, match="an episode number must be an int"):
+        next(ds.iter_episodes([1.5]))  # as episode(1.5): never rounded to 1
+    with pytest.raises(InvalidArgumentError, match="episodes must be None"):
+        next(ds.iter_episodes("all"))
+    assert [len(e) for e in ds.iter_episodes(np.array([0, 1]))] == [
+        len(ds.episode(0)),
+        len(ds.episode(1)),
+    ]
+    as_dict = AtariZarrDataset(pong_store.url, options={"prefetch": 2})
+    assert as_dict.options.prefetch == 2
+    with pytest.raises(InvalidArgumentError, match="no field 'prefetc'"):
+        AtariZarrDataset(pong_store.url, options={"prefetc": 2})
+    with pytest.raises(InvalidArgumentError, match="must be ReadOptions"):
+        AtariZarrDataset(pong_store.url, options=[("prefetch", 2)])
+    for bad in (-1, float("nan"), "soon", True):
+        with pytest.raises(InvalidArgumentError, match="expected a number of seconds"):
+            ReadOptions(timeout=bad)
+    assert ReadOptions(timeout=0).timeout is None and ReadOptions(timeout=None).timeout is None
+    with pytest.raises(InvalidArgumentError, match="GiB of frames") as err:
+        ds.sample(10**12)
+    assert "\n" not in str(err.value)
+
+
+def test_a_directory_where_a_file_belongs_is_called_a_directory(pong_store_copy, tmp_path):
+    """Not a "special file (FIFO ...)": a directory in place of a shard object, or of a
+    store's zarr.json."""
+    shard = Path(pong_store_copy.url) / OBSERVATION / "c" / "0" / "0" / "0"
+    shard.unlink()
+    shard.mkdir()
+    with pytest.raises(StoreFormatError) as err:
+        AtariZarrDataset(pong_store_copy.url)[0]
+    assert f"{shard} is a directory; expected a regular file" in str(err.value)
+    plain = tmp_path / "plain"
+    (plain / "zarr.json").mkdir(parents=True)
+    with pytest.raises(StoreFormatError) as err:
+        AtariZarrDataset(str(plain))
+    assert "zarr.json is a directory" in str(err.value) and "FIFO" not in str(err.value)

@@ -596,3 +596,24 @@ def test_a_fifo_or_dev_zero_as_metadata_hangs_nothing(pong_store_copy, tmp_path,
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     games = done.stdout.splitlines()[0]  # the whole stores are still found
     assert games == ("['Pong/1']" if "zarr.json" in where else "['Pong/1', 'Pong/1']")
+
+
+def test_a_relative_root_is_advised_relative(pong_store, tmp_path, monkeypatch):
+    """`atari-zarr index` on a game directory or a store, given relative: the root to
+    pass instead is the right parent, as the user would type it."""
+    import shutil
+
+    from atari_zarr.errors import InvalidArgumentError
+    from atari_zarr.storage.catalog import check_root
+
+    shutil.copytree(pong_store.url, tmp_path / "gdir" / "Pong" / "1.zarr")
+    monkeypatch.chdir(tmp_path / "gdir" / "Pong")
+    for given, advised in (("1.zarr", r"Pass \.\., two levels up\.$"), (".", r"Pass \.\.$")):
+        with pytest.raises(InvalidArgumentError, match=advised):
+            check_root(given)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"Pass gdir$"):
+        check_root("gdir/Pong")
+    monkeypatch.chdir(tmp_path / "gdir")
+    with pytest.raises(InvalidArgumentError, match=r"Pass \.$"):
+        check_root("Pong")

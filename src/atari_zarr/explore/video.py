@@ -230,13 +230,19 @@ def caption_lines(
     actions: np.ndarray,
     rewards: np.ndarray,
     action_names: Sequence[str] | None = None,
+    first_step: int = 0,
 ) -> list[str]:
     """``step, action, reward, return so far`` for each step of an episode.
+
+    ``first_step`` is the true step of the first row: a fragment's first steps are not
+    in the store (the episode table's ``first_step``), and its steps count on from them.
 
     Examples
     --------
     >>> caption_lines(np.array([0, 3]), np.array([0.0, 1.0]), ["NOOP", "FIRE", "UP", "RIGHT"])
     ['step 0  NOOP  reward 0  return 0', 'step 1  RIGHT  reward 1  return 1']
+    >>> caption_lines(np.array([0]), np.array([0.0]), first_step=346)
+    ['step 346  action 0  reward 0  return 0']
     """
     actions = np.asarray(actions).reshape(-1)
     rewards = np.asarray(rewards, dtype=np.float64).reshape(-1)
@@ -248,7 +254,7 @@ def caption_lines(
             if action_names is not None and 0 <= a < len(action_names)
             else (f"action {a}")
         )
-        lines.append(f"step {t}  {name}  reward {r:g}  return {so_far[t]:g}")
+        lines.append(f"step {first_step + t}  {name}  reward {r:g}  return {so_far[t]:g}")
     return lines
 
 
@@ -307,7 +313,7 @@ class EpisodeFrames:
 
     def __init__(self, ds: Any, episode: int) -> None:
         rows = ds.episode_rows(episode)
-        self.ds = ds
+        self.ds, self.episode = ds, episode
         self.first, self.length = rows.start, len(rows)
         self.shape = (self.length, *FRAME_SHAPE)
         self.ndim = 3
@@ -325,7 +331,10 @@ class EpisodeFrames:
         """One :func:`caption_lines` line per step (actions and rewards: a few bytes each)."""
         rows = np.arange(self.first, self.first + self.length, dtype=np.int64)
         steps = self.ds.read_steps(rows)
-        return caption_lines(steps["action"], steps["reward"], action_names(self.ds))
+        first = int(self.ds.episode_table["first_step"].iloc[self.episode])
+        return caption_lines(
+            steps["action"], steps["reward"], action_names(self.ds), first_step=max(first, 0)
+        )
 
 
 def episode_frames(

@@ -37,14 +37,21 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.layout import ARRAYS, OBSERVATION
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_store
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.store import StoreReader
+from atari_zarr.resources import memory_bytes
 
 if TYPE_CHECKING:
     from atari_zarr.read.stream import EpochStream
+
+
+#: Bytes of one frame (84 x 84 uint8).
+FRAME_BYTES = int(np.prod(ARRAYS[OBSERVATION].row_shape))
 
 __all__ = ["ItemDataset", "draw_ahead"]
 
@@ -210,6 +217,14 @@ class ItemDataset(torch.utils.data.Dataset):
     def _drawer(self, batch_size: int, generator: torch.Generator | None) -> Any:
         """What draws the item numbers of one batch (checked once)."""
         size = whole_number(batch_size, "batch_size", self.where, low=0, unit="items")
+        # frames of an item: a stack per step, and the next observation's
+        need = size * max(i.length for i in self._items) * 2 * self.frame_stack * FRAME_BYTES
+        if need > memory_bytes():
+            raise InvalidArgumentError(
+                f"batch_size {size:,} asks for {need / 2**30:,.0f} GiB of frames in one batch "
+                f"of {self.where}, more than the {memory_bytes() / 2**30:,.0f} GiB this process "
+                f"may use; pass a smaller batch_size"
+            )
         if self.several:
             offsets, weights = self.offsets, self.weights
             return lambda: draw_mixture(offsets, weights, size, generator)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,7 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
+from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.indexing import normalize_index
@@ -138,7 +139,7 @@ class AtariZarrDataset(ItemDataset):
         full_action_space: bool = False,
         options: ReadOptions | None = None,
     ) -> None:
-        options = options or ReadOptions()
+        options = ReadOptions.of(options, redact(str(path_or_url)))
         if timeout != "default":
             options = options.replace(timeout=timeout)
         stack = whole_number(frame_stack, "frame_stack", redact(str(path_or_url)), unit="frames")
@@ -325,9 +326,16 @@ class AtariZarrDataset(ItemDataset):
         Consecutive episodes share the frame chunk between them through the chunk
         cache: a pass over every episode decodes each frame chunk once.
         """
+        if isinstance(episodes, (str, bytes)) or not (
+            episodes is None or isinstance(episodes, Iterable)
+        ):
+            raise InvalidArgumentError(
+                f"episodes must be None (every episode) or episode numbers, e.g. range(10); "
+                f"got {episodes!r} for {self.where}"
+            )
         which = range(self.num_episodes) if episodes is None else episodes
         for e in which:
-            yield self.episode(int(e))
+            yield self.episode(e)  # 1.5 is refused here as by episode(1.5)
 
     @property
     def episode_table(self) -> pandas.DataFrame:

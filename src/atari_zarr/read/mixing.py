@@ -109,7 +109,7 @@ class MultiGameDataset(ItemDataset):
                 frame_stack=frame_stack,
                 full_action_space=full_action_space,
                 # the stores share the dataset's memory share
-                options=(options or ReadOptions()).divided(len(datasets)),
+                options=ReadOptions.of(options, "MultiGameDataset").divided(len(datasets)),
             )
             for d in datasets
         ]
@@ -165,7 +165,7 @@ class MultiGameDataset(ItemDataset):
         available, entries = complete_store_entries(root, storage_options)
         opened: dict[str, AtariZarrDataset] = {}
         if entries is not None and names is None:
-            shared = (options or ReadOptions()).divided(len(available))
+            shared = ReadOptions.of(options, "MultiGameDataset").divided(len(available))
             for n in list(available):
                 try:
                     opened[n] = AtariZarrDataset(

@@ -22,7 +22,8 @@ for ReadOptions. Pass an int 0 or more
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from atari_zarr.arguments import whole_number
@@ -70,8 +71,8 @@ class ReadOptions:
         default (0: none).
     timeout : float, None or "default"
         Seconds each request to a remote store may take, retries included
-        (``"default"``: 60 s, or ``$ATARI_ZARR_TIMEOUT`` through the command line);
-        ``None`` for no limit.
+        (``"default"``: ``$ATARI_ZARR_TIMEOUT``, else 60 s); 0 or ``None`` for no
+        limit; a negative number or NaN is refused.
     threads : int, optional
         Threads that decode the chunks of one large batch (default: one per core).
 
@@ -126,3 +127,35 @@ class ReadOptions:
     def replace(self, **changes: Any) -> ReadOptions:
         """A copy with ``changes`` (the options are frozen)."""
         return replace(self, **changes)
+
+    @classmethod
+    def of(cls, options: Any, where: str) -> ReadOptions:
+        """``options`` as :class:`ReadOptions`: None gives the defaults, a mapping its
+        fields (``{"prefetch": 2}``); anything else is one line naming ``where``.
+
+        Examples
+        --------
+        >>> ReadOptions.of({"prefetch": 2}, "s.zarr").prefetch
+        2
+        >>> ReadOptions.of({"prefetc": 2}, "s.zarr")
+        Traceback (most recent call last):
+            ...
+        atari_zarr.errors.InvalidArgumentError: options for s.zarr has no field 'prefetc'; ...
+        """
+        if options is None:
+            return cls()
+        if isinstance(options, cls):
+            return options
+        if isinstance(options, Mapping):
+            unknown = sorted(set(options) - {f.name for f in fields(cls)})
+            if unknown:
+                raise InvalidArgumentError(
+                    f"options for {where} has no field {unknown[0]!r}; expected ReadOptions "
+                    f"fields {[f.name for f in fields(cls)]}. Pass ReadOptions(...) or a dict "
+                    f"of those"
+                )
+            return cls(**options)
+        raise InvalidArgumentError(
+            f"options for {where} must be ReadOptions (or a dict of its fields); got "
+            f"{type(options).__name__}. Pass ReadOptions(...)"
+        )

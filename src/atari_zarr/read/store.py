@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import threading
 from typing import Any
 
@@ -53,14 +54,43 @@ __all__ = ["StoreReader", "store_remedy"]
 log = logging.getLogger("atari_zarr")
 
 
-def store_remedy(meta: dict[str, Any]) -> str | None:
-    """What to do about a damaged chunk of this store: run its command again, from scratch."""
+def store_remedy(meta: dict[str, Any], url: str | None = None) -> str | None:
+    """What to do about a damaged chunk of the store at ``url``: run its command again,
+    from scratch, where that command wrote it; a copy elsewhere is copied again (its
+    command would rewrite the original, not the copy).
+
+    Examples
+    --------
+    >>> meta = {"command": "atari-zarr convert /src /stores"}
+    >>> store_remedy(meta, "/stores/Pong/1.zarr")
+    'write it again (atari-zarr convert /src /stores --overwrite), or copy the object again...'
+    >>> store_remedy(meta, "/elsewhere/Pong/1.zarr")
+    'copy the store again from where it was written (by `atari-zarr convert /src /stores`)...'
+    """
     command = meta.get("command")
     if not isinstance(command, str) or not command:
         return None
-    if "--overwrite" not in command.split():
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        tokens = command.split()
+    if url is not None and "/" in url.rstrip("/"):
+        root = url.rstrip("/").rsplit("/", 2)[0]
+        if not any(_same_place(t, root) for t in tokens):
+            return (
+                f"copy the store again from where it was written (by `{command}`), or write "
+                f"it again into {root} by that command with this root as its destination."
+            )
+    if "--overwrite" not in tokens:
         command += " --overwrite"
     return f"write it again ({command}), or copy the object again if it was transferred."
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Two spellings of one directory or URL."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 class StoreReader:
@@ -136,7 +166,7 @@ class StoreReader:
             n = int(meta[FLUSHED_KEY]["transitions"])
         self.metadata: dict[str, Any] = meta
         self.group = group
-        self.remedy = store_remedy(meta) or DEFAULT_REMEDY
+        self.remedy = store_remedy(meta, self.url) or DEFAULT_REMEDY
         self.observation = get_array(group, OBSERVATION, self.url)
         self.n = int(self.observation.shape[0]) if n is None else n
         #: Frame after each episode's last row, where the writer kept it.

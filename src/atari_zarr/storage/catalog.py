@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import warnings
 from collections.abc import Sequence
@@ -53,7 +54,7 @@ from atari_zarr.errors import InvalidArgumentError, StoreFormatError, StoreNotFo
 from atari_zarr.layout import ACTION, ATTRS_KEY, is_complete, store_path
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import FileSystem, get_fs
-from atari_zarr.storage.paths import redact
+from atari_zarr.storage.paths import is_url, redact
 
 __all__ = [
     "CATALOG",
@@ -516,6 +517,20 @@ def _write_json(fs: FileSystem, target: str, doc: dict[str, Any]) -> None:
     fs.write_whole(target, (json.dumps(doc, indent=1) + "\n").encode())
 
 
+def _up(shown: str, levels: int) -> str:
+    """The directory ``levels`` above ``shown``, as the user can pass it (a relative
+    path stays relative: ``1.zarr`` two levels up is ``..``).
+
+    Examples
+    --------
+    >>> _up("1.zarr", 2), _up(".", 1), _up("gdir/Pong", 1), _up("gs://b/a/Pong/1.zarr", 2)
+    ('..', '..', 'gdir', 'gs://b/a')
+    """
+    if is_url(shown):
+        return shown.rstrip("/").rsplit("/", levels)[0]
+    return os.path.normpath(os.path.join(shown, *[".."] * levels))
+
+
 def check_root(
     root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
 ) -> None:
@@ -538,7 +553,7 @@ def check_root(
         raise InvalidArgumentError(
             f"{shown} is a store, not a root of stores: expected the directory holding "
             f"{{Game}}/{{run}}.zarr (DEST of `atari-zarr convert`). Pass "
-            f"{shown.rstrip('/').rsplit('/', 2)[0]}, two levels up."
+            f"{_up(shown, 2)}, two levels up."
         )
     try:
         names = [str(n).rstrip("/").rsplit("/", 1)[-1] for n in fs.ls(path, detail=False)]
@@ -547,8 +562,7 @@ def check_root(
     if any(n.endswith(_SUFFIX) for n in names):
         raise InvalidArgumentError(
             f"{shown} holds {{run}}.zarr stores directly (a game directory), not "
-            f"{{Game}}/{{run}}.zarr: expected the root above it. Pass "
-            f"{shown.rstrip('/').rsplit('/', 1)[0]}."
+            f"{{Game}}/{{run}}.zarr: expected the root above it. Pass {_up(shown, 1)}"
         )
 
 

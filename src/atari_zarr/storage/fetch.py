@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from atari_zarr.storage.filesystem import not_regular_error
+from atari_zarr.storage.filesystem import not_regular_error, path_kind
 from atari_zarr.storage.ranges import ByteRange
 
 __all__ = ["ByteSource", "LocalBytes", "StoreBytes", "byte_source"]
@@ -98,7 +98,7 @@ class LocalBytes:
             try:
                 st = os.fstat(fd)
                 if not stat.S_ISREG(st.st_mode):
-                    raise not_regular_error(path, "a special file (FIFO, device or socket)")
+                    raise not_regular_error(path, path_kind(st.st_mode))
                 mm = (
                     mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
                     if st.st_size

@@ -425,10 +425,8 @@ class FileSystem:
             except (FileNotFoundError, NotADirectoryError):
                 raise FileNotFoundError(where) from None
             mode, size = found.st_mode, found.st_size
-            if stat.S_ISLNK(mode):
-                raise not_regular_error(where, "a symbolic link")
             if not stat.S_ISREG(mode):
-                raise not_regular_error(where, "a special file (a FIFO, a device)")
+                raise not_regular_error(where, path_kind(mode))
             if size > limit:
                 raise _too_big(where, size, limit)
             return self.cat_file(path)
@@ -692,6 +690,22 @@ def _too_big(where: str, size: int, limit: int) -> StoreFormatError:
     )
 
 
+def path_kind(mode: int) -> str:
+    """What a path that is not a regular file is, from its ``lstat`` mode.
+
+    Examples
+    --------
+    >>> import stat
+    >>> path_kind(stat.S_IFDIR), path_kind(stat.S_IFLNK), path_kind(stat.S_IFIFO)
+    ('a directory', 'a symbolic link', 'a special file (FIFO, device or socket)')
+    """
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    return "a special file (FIFO, device or socket)"
+
+
 def not_regular_error(path: str | os.PathLike[str], what: str) -> StoreFormatError:
     """The error for an object of a local store that is ``what`` instead of a regular file."""
     return StoreFormatError(
@@ -726,7 +740,5 @@ def check_local_metadata(root: str | os.PathLike[str]) -> None:
                 mode = os.lstat(path).st_mode
             except FileNotFoundError:
                 continue
-            if stat.S_ISLNK(mode):
-                raise not_regular_error(path, "a symbolic link")
             if not stat.S_ISREG(mode):
-                raise not_regular_error(path, "a special file (FIFO, device or socket)")
+                raise not_regular_error(path, path_kind(mode))
