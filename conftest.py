@@ -13,6 +13,9 @@ import os
 import pytest
 from _pytest.doctest import DoctestItem
 
+# a run that stops early (an INTERNALERROR) says how many tests never ran, and fails
+pytest_plugins = ["tests.harness"]
+
 # gcsfs probes a gRPC control plane per bucket unless this is false; the emulator the
 # tests use has none, and every probe would wait about 60 s. Read once when gcsfs is
 # imported, so it is set here, before any test imports it. Tests only: the package

@@ -38,3 +38,33 @@ def test_pong_store_copy_is_a_private_copy_of_the_shared_store(
     AtariZarrDataset(pong_store_copy.url)  # complete and readable where it is
     shutil.rmtree(ours / REWARD)
     assert (shared / REWARD).is_dir()  # the shared store is untouched
+
+
+def test_a_run_that_stops_early_says_so_and_fails(tmp_path: Path) -> None:
+    """A hook that breaks after the first test (as a timeout firing inside a plugin's
+    teardown did): the closing line counts one passed, and the harness says two tests
+    never ran, and fails the run."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_runtest_logreport(report):\n"
+        "    if report.when == 'teardown' and report.nodeid.endswith('test_a'):\n"
+        "        raise RuntimeError('a plugin broke here')\n"
+    )
+    (tmp_path / "test_three.py").write_text(
+        "def test_a():\n    pass\n\ndef test_b():\n    pass\n\ndef test_c():\n    pass\n"
+    )
+    root = Path(__file__).parent.parent
+    res = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.harness", "-p", "no:cacheprovider",
+         str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=300,
+    )
+    assert res.returncode != 0
+    assert "2 of the 3 tests collected never ran" in res.stdout, res.stdout + res.stderr

@@ -27,7 +27,7 @@ from atari_zarr.errors import RemoteAccessError, StoreCorruptError
 from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 from tests.read.test_stream import rows_of, write_store
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 BUCKET = "atari-stream"
 UNIT = 1024  # rows per read unit: several units per shard of the small store

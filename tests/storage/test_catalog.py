@@ -231,7 +231,7 @@ def server() -> Iterator[FakeGCSServer]:
         yield srv
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("status", [403, 505])
 def test_converting_over_a_store_whose_metadata_fails_is_a_remote_error(
     server: FakeGCSServer, tmp_path: Path, status: int
@@ -274,7 +274,7 @@ def test_converting_over_a_store_whose_metadata_fails_is_a_remote_error(
     assert len(AtariZarrDataset(done.url, storage_options=opts)) == done.transitions
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_cli_convert_into_a_stalled_bucket_ends_at_the_deadline(
     source_root: Path,
     pong_run: FixtureRun,
@@ -299,7 +299,7 @@ def test_cli_convert_into_a_stalled_bucket_ends_at_the_deadline(
     assert os.environ["ATARI_ZARR_TIMEOUT"] == "60"  # the CLI passes it down, writes nothing
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_convert_and_verify_take_their_deadline_as_an_argument(
     source_root: Path, pong_run: FixtureRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -328,7 +328,7 @@ def test_convert_and_verify_take_their_deadline_as_an_argument(
             private.resume()
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_a_stalled_server_has_no_state(monkeypatch: pytest.MonkeyPatch) -> None:
     with FakeGCSServer() as private:
         private.create_bucket(BUCKET)

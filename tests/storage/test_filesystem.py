@@ -170,7 +170,7 @@ def test_write_mode_publishes_on_close(server: FakeGCSServer) -> None:
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)
 def test_every_call_honours_the_deadline_on_a_stalled_server(
     private_server: FakeGCSServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -225,7 +225,7 @@ def test_every_call_honours_the_deadline_on_a_stalled_server(
     assert fs.cat_file(f"{path}/f.bin") == b"0123456789"  # the same objects work again
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_the_deadline_is_an_argument_and_the_environment_is_only_the_clis_default(
     private_server: FakeGCSServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

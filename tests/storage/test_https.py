@@ -22,7 +22,7 @@ from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
 from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 BUCKET = "public-atari"
 KEYS = ("observation", ("next", "observation"), "action", ("next", "reward"), "index", "episode")

@@ -45,7 +45,7 @@ from atari_zarr.storage.remote import RemoteStore, open_zarr_store
 from atari_zarr.testing import Truth, fixture_frame, write_fixture_run
 from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 BUCKET = "atari-remote"
 

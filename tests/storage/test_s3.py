@@ -22,7 +22,7 @@ from atari_zarr.testing import write_fixture_run
 from atari_zarr.testing.proxy import CountingProxy
 from atari_zarr.testing.s3 import SECRET_KEY, MotoS3Server
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 BUCKET = "atari-s3"
 KEYS = ("observation", ("next", "observation"), "action", ("next", "reward"), "index", "episode")

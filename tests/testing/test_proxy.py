@@ -25,7 +25,7 @@ from atari_zarr.testing.gcs import FakeGCSServer
 from atari_zarr.testing.ports import claim_port
 from atari_zarr.testing.proxy import CountingProxy
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 BUCKET = "atari-proxy"
 

@@ -9,7 +9,7 @@ import pytest
 
 from atari_zarr.testing.s3 import MotoS3Server
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(300)
 
 
 def test_server_serves_s3_and_stops() -> None:
