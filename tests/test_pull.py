@@ -668,3 +668,50 @@ def test_a_shard_republished_with_the_same_size_is_not_mixed_into_a_resumed_pull
     clean = pull(request, home=tmp_path / "clean", source="gs://repub/rlu",
                  source_options=options, progress=False, scheduler="synchronous")
     assert store_files(done.url, home) == store_files(clean.url, tmp_path / "clean")
+
+
+def test_an_unreachable_http_source_is_unreachable_not_absent(tmp_path):
+    """Cloud Storage's anonymous token is for gs:// sources only; an http(s) source
+    that does not answer is named as unreachable, never as missing."""
+    from atari_zarr.errors import RemoteAccessError
+
+    url = f"http://127.0.0.1:{fresh_port()}/rlu"
+    with pytest.raises(RemoteAccessError) as info:
+        pull(Request.parse("Pong/1", checkpoints=[0]), source=url, home=tmp_path, timeout=5,
+             progress=False)
+    text = str(info.value)
+    assert "\n" not in text and f"{url}/Pong" in text
+    assert "Cannot connect" in text and "does not exist" not in text and "token" not in text
+
+
+DISTRIBUTED_FOLLOWER = """
+import os, sys, torch.distributed as dist
+from atari_zarr.errors import AtariZarrError
+from atari_zarr.pull import Request, resolve
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[2]}", rank=rank, world_size=2)
+if rank == 1:  # rank 0 never pulls
+    try:
+        resolve(Request.parse("Asterix/1"), scheduler="synchronous")
+    except AtariZarrError as exc:
+        print(exc)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_of_torch_distributed_waits_for_rank_0_and_no_longer(public_copy, tmp_path):
+    """With torch.distributed initialised (and no RANK variable), its rank decides who
+    pulls: rank 1 waits, gives up in one line, and fetched nothing."""
+    env = {"ATARI_ZARR_TIMEOUT": "2"}
+    store = str(tmp_path / "rendezvous")
+    procs = [_spawn(DISTRIBUTED_FOLLOWER, str(r), store, env=env) for r in (0, 1)]
+    try:
+        outs = [p.communicate(timeout=240) for p in procs]
+    finally:
+        _reap(*procs)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    line = outs[1][0].strip()
+    assert "rank 1 (torch.distributed) waited 2 s for rank 0" in line, outs
+    assert public_copy.proxy.requests == 0

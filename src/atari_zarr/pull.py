@@ -711,7 +711,9 @@ def pull(
         return Resolved(url, root, options)
     game_url = join(source.rstrip("/"), game.name)
     checkpoints = request.source_checkpoints()
-    source_options = dict(RLU_STORAGE_OPTIONS if source_options is None else source_options)
+    if source_options is None:  # anonymous Cloud Storage, for the public copy and its kin
+        source_options = RLU_STORAGE_OPTIONS if source.startswith(("gs://", "gcs://")) else {}
+    source_options = dict(source_options)
     while True:
         try:
             _check_source(request, game, game_url, source_options, checkpoints, timeout)

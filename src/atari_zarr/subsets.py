@@ -75,7 +75,6 @@ RANDOM, PLAYED = "random", "played"
 ORDERS = (RANDOM, PLAYED)
 
 
-
 def _fraction_rows(fraction: float, checkpoint_rows: int, where: str) -> int:
     """d3rlpy's count, ``int(fraction * checkpoint_rows)``; refused when it is 0 rows."""
     rows = int(checkpoint_rows * fraction)
@@ -86,6 +85,7 @@ def _fraction_rows(fraction: float, checkpoint_rows: int, where: str) -> int:
             f"{1 / checkpoint_rows:.3g} or more"
         )
     return rows
+
 
 @dataclass(frozen=True)
 class Subset:

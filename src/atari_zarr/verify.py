@@ -254,7 +254,7 @@ def _check_metadata(
         except AtariZarrError as exc:
             report.add("metadata", str(exc))
             continue
-        except Exception as exc:  # noqa: BLE001 - whatever zarr or json make of garbage
+        except Exception as exc:  # whatever zarr or json make of garbage
             report.add(
                 "metadata",
                 f"{key} is not array metadata zarr can read ({type(exc).__name__}: "

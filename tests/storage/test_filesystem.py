@@ -226,17 +226,22 @@ def test_every_call_honours_the_deadline_on_a_stalled_server(
 
 
 @pytest.mark.timeout(300)
-def test_the_deadline_is_an_argument_and_the_environment_is_only_the_clis_default(
+def test_the_deadline_is_an_argument_whose_default_is_the_environments(
     private_server: FakeGCSServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """``timeout="default"`` is ``$ATARI_ZARR_TIMEOUT`` (else 60 s) for every caller, the
+    command line, the readers and the drop-ins alike; an argument given wins."""
     from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, timeout_from_environment
 
-    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "2")
-    assert timeout_from_environment() == 2  # what the CLI takes when --timeout is not given
+    monkeypatch.delenv("ATARI_ZARR_TIMEOUT", raising=False)
     assert get_fs(f"gs://{BUCKET}/env", private_server.storage_options())[0].timeout == (
         DEFAULT_TIMEOUT
     )
-    fs, path = get_fs(f"gs://{BUCKET}/env", private_server.storage_options(), timeout=2)
+    monkeypatch.setenv("ATARI_ZARR_TIMEOUT", "2")
+    assert timeout_from_environment() == 2
+    fs, path = get_fs(f"gs://{BUCKET}/env", private_server.storage_options())
+    assert fs.timeout == 2
+    assert get_fs(f"gs://{BUCKET}/env", private_server.storage_options(), timeout=5)[0].timeout == 5
     private_server.pause()
     try:
         with pytest.raises(RemoteTimeoutError, match=rf"listing gs://{BUCKET}/env .*within 2 s"):

@@ -275,7 +275,8 @@ def write_rlu_run(
     root = str(root).rstrip("/") or "/"
     present = tuple(sorted(set(int(i) for i in present)))
     counts = [
-        episodes_per_shard.get(i, 1) if isinstance(episodes_per_shard, Mapping)
+        episodes_per_shard.get(i, 1)
+        if isinstance(episodes_per_shard, Mapping)
         else episodes_per_shard
         for i in present
     ]

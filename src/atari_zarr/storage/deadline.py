@@ -48,7 +48,7 @@ T = TypeVar("T")
 #: Seconds one remote call may take, the file system's own retries included.
 #: Above gcsfs's full retry schedule (about 31 s), so transient errors are retried.
 DEFAULT_TIMEOUT = 60.0
-#: Environment variable holding the CLI's default deadline (seconds, or ``none``).
+#: Environment variable holding the default deadline (seconds, or ``none``).
 TIMEOUT_ENV = "ATARI_ZARR_TIMEOUT"
 #: What a ``timeout=`` argument takes: seconds, None (no limit) or ``"default"``.
 Timeout = float | str | None

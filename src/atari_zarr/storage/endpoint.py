@@ -76,7 +76,9 @@ def endpoint_host(location: str, storage_options: dict[str, Any]) -> str | None:
     return None
 
 
-def check_resolves(location: str, storage_options: dict[str, Any], *, timeout: float | None) -> None:
+def check_resolves(
+    location: str, storage_options: dict[str, Any], *, timeout: float | None
+) -> None:
     """Raise :class:`~atari_zarr.errors.RemoteAccessError` at once when the host that
     ``location``'s requests go to does not resolve (no network, a wrong name).
 

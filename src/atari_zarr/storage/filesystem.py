@@ -69,7 +69,6 @@ from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
-
 # Other libraries' records (gcsfs logs each failed round of retries with its traceback)
 # reach an application's own logging only (the CLI's with -v): without a handler of
 # theirs, Python's last-resort handler would print them to stderr.
