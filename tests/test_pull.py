@@ -415,21 +415,15 @@ def test_dataloader_workers_never_pull():
     assert _follower() is None
 
 
-@pytest.mark.slow
-def test_kill_9_during_a_pull_then_the_same_pull_resumes_to_the_same_store(public_copy, tmp_path):
-    home = tmp_path / "home"
+def _pull_killed_midway(tmp_path, *args: str, env: dict | None = None) -> None:
+    """``atari-zarr pull ARGS``, killed with ``kill -9`` once its first shard is written."""
     proc = subprocess.Popen(
-        [
-            *pause_command(tmp_path, "-shard-", 1),
-            "pull",
-            "Asterix/1",
-            "--scheduler",
-            "synchronous",
-            "--no-progress",
-        ],
+        [*pause_command(tmp_path, "-shard-", 1), "pull", *args, "--scheduler", "synchronous",
+         "--no-progress"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     try:
         assert proc.stdout.readline() == "paused\n", proc.stderr.read()
@@ -437,6 +431,12 @@ def test_kill_9_during_a_pull_then_the_same_pull_resumes_to_the_same_store(publi
         proc.wait(timeout=60)
     finally:
         _reap(proc)
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_pull_then_the_same_pull_resumes_to_the_same_store(public_copy, tmp_path):
+    home = tmp_path / "home"
+    _pull_killed_midway(tmp_path, "Asterix/1")
     url = home / "Asterix" / "1.zarr"
     assert not zarr.open_group(str(url), mode="r").attrs[ATTRS_KEY].get("complete")
     done = pull(Request.parse("Asterix/1"), scheduler="synchronous", progress=False)
@@ -632,30 +632,15 @@ def test_a_shard_republished_with_the_same_size_is_not_mixed_into_a_resumed_pull
     options = server.storage_options()
     before = RluRun("gs://repub/rlu/Asterix", "Asterix", "1", options).names()
     home = tmp_path / "home"
-    proc = subprocess.Popen(
-        [
-            *pause_command(tmp_path, "-shard-", 1),
-            "pull",
-            "Asterix/1",
-            "--checkpoints",
-            "0-1",
-            "--source",
-            "gs://repub/rlu",
-            "--scheduler",
-            "synchronous",
-            "--no-progress",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "STORAGE_EMULATOR_HOST": server.endpoint_url},
+    _pull_killed_midway(
+        tmp_path,
+        "Asterix/1",
+        "--checkpoints",
+        "0-1",
+        "--source",
+        "gs://repub/rlu",
+        env={"STORAGE_EMULATOR_HOST": server.endpoint_url},
     )
-    try:
-        assert proc.stdout.readline() == "paused\n", proc.stderr.read()
-        proc.kill()
-        proc.wait(timeout=60)
-    finally:
-        _reap(proc)
     name = Path(fixture.paths[1]).name
     fs.put_file(fixture.paths[1], f"repub/rlu/Asterix/{name}")  # republished: same bytes
     fs.invalidate_cache()

@@ -773,14 +773,16 @@ def _check_source(
 ) -> None:
     """Refuse a pull whose source lacks a shard it needs (one listing, before any fetch):
     a run pulled whole is whole, and a part has every checkpoint it names."""
-    from atari_zarr.sources.rl_unplugged.files import RluRun
+    from atari_zarr.sources.registry import get_kind
 
     try:
-        run = RluRun(game_url, game.name, request.run, options, timeout=timeout)
+        [run] = get_kind("rl-unplugged").find_runs(
+            game_url, runs=[request.run], storage_options=options, timeout=timeout
+        )
     except FileNotFoundError:
         run = None
     needed = range(game.shards) if checkpoints is None else checkpoints
-    present = set() if run is None or run.num_shards != game.shards else set(run.shards)
+    present = set() if run is None or run.num_shards != game.shards else set(run.suffixes)
     missing = [i for i in needed if i not in present]
     if not missing:
         return

@@ -81,16 +81,24 @@ def timeout_from_environment() -> float | None:
         return DEFAULT_TIMEOUT
     if value.lower() in ("none", "inf", "0"):
         return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = float("nan")
-    if math.isnan(seconds) or seconds < 0:
+    seconds = _seconds(value)
+    if seconds is None:
         raise InvalidArgumentError(
             f"{TIMEOUT_ENV}={value!r} is not a number of seconds; set it to e.g. 60, or "
             f"'none' for no limit."
         )
     return seconds if seconds > 0 else None
+
+
+def _seconds(value: Any) -> float | None:
+    """``value`` as seconds, 0 or more; None for anything else (NaN, a negative, a bool)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(seconds) or seconds < 0 else seconds
 
 
 def resolve_timeout(timeout: Timeout) -> float | None:
@@ -114,11 +122,8 @@ def resolve_timeout(timeout: Timeout) -> float | None:
         return None
     if isinstance(timeout, str) and timeout == "default":
         return timeout_from_environment()
-    try:
-        seconds = float(timeout) if not isinstance(timeout, (str, bool)) else float("nan")
-    except (TypeError, ValueError):
-        seconds = float("nan")
-    if math.isnan(seconds) or seconds < 0:
+    seconds = None if isinstance(timeout, str) else _seconds(timeout)
+    if seconds is None:
         raise InvalidArgumentError(
             f"timeout={timeout!r}: expected a number of seconds (0 or None: no limit) or "
             f"'default' ({TIMEOUT_ENV}, else {DEFAULT_TIMEOUT:g} s); pass e.g. timeout=60"

@@ -193,7 +193,9 @@ def test_unknown_game_lists_close_matches(run):
     text = str(err.value)
     assert "\n" not in text
     assert "SpaceInvaders/1" in text and run["root"] in text
-    assert "atari-zarr pull SpaceInvader/1 --fraction 0.01" in text
+    # no pull is advised for a game RL Unplugged does not have: it could only fail
+    assert "atari-zarr pull SpaceInvader/1" not in text
+    assert "cannot be pulled either: SpaceInvader is not a game of RL Unplugged" in text
     with pytest.raises(StoreNotFoundError, match="SpaceInvaders/1"):
         get_atari_transitions(
             "space_invaders", index=3, root=run["root"], download=False, make_environment=False
@@ -209,8 +211,11 @@ def test_the_original_call_fetches_from_the_public_copy(tmp_path, monkeypatch):
     from atari_zarr.testing.gcs import FakeGCSServer
     from atari_zarr.testing.rl_unplugged import upload_public_layout, write_fixture_rlu
 
+    # a whole run (a pull never stores part of one as the run): two shards of two
+    # episodes, the rest one short cut episode each
     fixture = write_fixture_rlu(
-        str(tmp_path / "src"), "Pong", 1, num_shards=50, present=(0, 1), episodes_per_shard=2
+        str(tmp_path / "src"), "Pong", 1, num_shards=50, present=range(50),
+        episodes_per_shard={0: 2, 1: 2},
     )
     with FakeGCSServer() as server:
         server.create_bucket("rl_unplugged")
@@ -222,7 +227,9 @@ def test_the_original_call_fetches_from_the_public_copy(tmp_path, monkeypatch):
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
         again, _ = get_atari_transitions("pong", fraction=0.0002, make_environment=False)
     assert dataset.transition_count == again.transition_count > 0
-    assert sum(ep.size() for ep in dataset.episodes) == 2 * 200  # 200 rows of each shard
+    # 200 rows of each shard, or all of a shorter one
+    per_shard = [sum(e.real_steps for e in fixture.episodes_of(i)) for i in fixture.paths]
+    assert sum(ep.size() for ep in dataset.episodes) == sum(min(200, n) for n in per_shard)
     obs, _ = env.reset(seed=0)
     assert np.asarray(obs).shape == (1, 84, 84)
     env.close()
