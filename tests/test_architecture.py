@@ -22,6 +22,7 @@ FLOORS = [
         "shard_format",
         "arguments",
         "resources",
+        "place",
         "progress",
         "commands",
         "_version",

@@ -379,7 +379,7 @@ def test_a_rank_whose_rank_0_never_pulls_gives_up_in_one_line(public_copy):
     """Nobody pulls: rank 1 waits no longer than the timeout, then says why and what to do."""
     follower = _spawn(PULL_SCRIPT, "Asterix/1", env={"RANK": "1", "ATARI_ZARR_TIMEOUT": "2"})
     try:
-        out, err = follower.communicate(timeout=120)
+        out, err = follower.communicate(timeout=300)
     finally:
         _reap(follower)
     assert follower.returncode != 0 and out == ""

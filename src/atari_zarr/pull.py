@@ -26,9 +26,10 @@ says in one line what is missing and the command that fetches it.
 A pull is a conversion: it resumes after a crash, locks the store so that two
 processes pulling the same id convert it once (the second waits, and says so), and
 never presents an unfinished store as complete. DataLoader workers and DDP ranks
-other than 0 (``torch.distributed``'s rank when it is initialised, else ``LOCAL_RANK``,
-else ``RANK``) never start a pull: they wait for the store to be complete, and give up
-in one line once no process has been pulling it for ``timeout`` seconds.
+other than 0 on their machine (:func:`~atari_zarr.place.current_place`: ``LOCAL_RANK``,
+else ``torch.distributed``'s rank, else ``RANK``) never start a pull: they wait for the
+store to be complete, and give up in one line once no process has been pulling it for
+``timeout`` seconds.
 
 :data:`GAMES` is the one table of what exists, from TFDS's
 ``rlu_atari_checkpoints_ordered`` builder: 46 games, runs 1 to 5, 50 shards a run (49
@@ -50,7 +51,6 @@ import difflib
 import logging
 import os
 import re
-import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +70,7 @@ from atari_zarr.errors import (
     StoreNotFoundError,
 )
 from atari_zarr.layout import store_path
+from atari_zarr.place import current_place
 from atari_zarr.storage.catalog import (
     CatalogEntry,
     complete_stores,
@@ -593,20 +594,8 @@ def _close_matches(
 
 def _follower() -> str | None:
     """Who this process is when it must not start a pull itself (None: it may)."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        info = torch.utils.data.get_worker_info()
-        if info is not None:
-            return f"DataLoader worker {info.id}"
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            rank = dist.get_rank()
-            return None if rank == 0 else f"rank {rank} (torch.distributed)"
-    for name in ("LOCAL_RANK", "RANK"):
-        value = os.environ.get(name, "").strip()
-        if value:
-            return None if value == "0" else f"rank {value} (${name})"
-    return None
+    place = current_place()
+    return None if place.pulls else place.describe()
 
 
 def _wait(

@@ -3,8 +3,8 @@
 An epoch is split among *consumers*: every DataLoader worker of every rank. Consumer
 ``rank * num_workers + worker`` of ``world_size * num_workers`` reads its share
 (:mod:`atari_zarr.read.epoch` deals the units). Rank and world size come from the
-caller, else from ``torch.distributed`` when it is initialised; the worker from
-``torch.utils.data.get_worker_info()``.
+caller, else from :func:`~atari_zarr.place.current_place` (``torch.distributed`` when
+it is initialised, else ``RANK`` and ``WORLD_SIZE``), as does the DataLoader worker.
 
 Examples
 --------
@@ -23,6 +23,7 @@ import torch
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.place import current_place
 
 __all__ = ["Consumer", "check_rank", "quiet_worker_exit"]
 
@@ -62,8 +63,8 @@ def check_rank(
     rank: int | None, world_size: int | None, where: str
 ) -> tuple[int | None, int | None]:
     """``(rank, world_size)`` as ints, or one line naming ``where``: whole numbers, the
-    rank in ``[0, world_size)``, and both given unless ``torch.distributed`` is
-    initialised (it then says the other).
+    rank in ``[0, world_size)``, and both given unless the job says the other
+    (:func:`~atari_zarr.place.current_place`).
 
     Examples
     --------
@@ -76,12 +77,11 @@ def check_rank(
     """
     r = None if rank is None else whole_number(rank, "rank", where, low=0)
     w = None if world_size is None else whole_number(world_size, "world_size", where)
-    dist = torch.distributed
-    if (r is None) != (w is None) and not (dist.is_available() and dist.is_initialized()):
+    if (r is None) != (w is None) and not current_place().told_by:
         raise InvalidArgumentError(
             f"rank={rank!r} and world_size={world_size!r} for {where}: expected both (this "
-            f"process's rank among world_size processes) or neither (one process, or "
-            f"torch.distributed initialised). Pass both"
+            f"process's rank among world_size processes) or neither (one process, "
+            f"torch.distributed initialised, or RANK and WORLD_SIZE set). Pass both"
         )
     if r is not None and w is not None and not r < w:
         raise InvalidArgumentError(
@@ -113,27 +113,17 @@ class Consumer:
     def current(
         cls, rank: int | None = None, world_size: int | None = None, *, workers: int | None = None
     ) -> Consumer:
-        """This process: the rank given (else ``torch.distributed``'s) and its DataLoader worker.
+        """This process: the rank given (else :func:`~atari_zarr.place.current_place`'s)
+        and its DataLoader worker.
 
         ``workers`` overrides the number of workers (the main process of a DataLoader
         that counts its workers' batches).
         """
-        r, w = _distributed(rank, world_size)
+        place = current_place()
+        r = place.rank if rank is None else int(rank)
+        w = place.world_size if world_size is None else int(world_size)
         if workers is not None:
             return cls(r, w, 0, max(1, int(workers)))
-        info = torch.utils.data.get_worker_info()
-        if info is None:
+        if place.worker is None:
             return cls(r, w, 0, 1)
-        return cls(r, w, int(info.id), int(info.num_workers))
-
-
-def _distributed(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    if rank is not None and world_size is not None:
-        return int(rank), int(world_size)
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return (
-            int(dist.get_rank()) if rank is None else int(rank),
-            int(dist.get_world_size()) if world_size is None else int(world_size),
-        )
-    return (0 if rank is None else int(rank)), (1 if world_size is None else int(world_size))
+        return cls(r, w, place.worker, place.workers)

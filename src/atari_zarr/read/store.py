@@ -20,7 +20,6 @@ import threading
 from typing import Any
 
 import numpy as np
-import torch
 from tensordict import TensorDict
 
 from atari_zarr.episodes import EpisodeTable, episode_table, return_to_go
@@ -39,6 +38,7 @@ from atari_zarr.layout import (
     is_complete,
     read_metadata,
 )
+from atari_zarr.place import current_place
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch
 from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.read.columns import StepColumn, open_step_columns
@@ -240,8 +240,7 @@ class StoreReader:
     def _frame_cache_bytes(self) -> int:
         """The decoded-frame bound of this process: a share of memory is divided among
         the DataLoader workers that read the dataset (asked again in each of them)."""
-        info = torch.utils.data.get_worker_info()
-        return self.options.frame_cache_limit(1 if info is None else info.num_workers)
+        return self.options.frame_cache_limit(current_place().workers)
 
     def __getstate__(self) -> dict[str, Any]:
         # file-system handles, locks and memory maps never cross processes: the store is
