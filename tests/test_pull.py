@@ -337,9 +337,10 @@ def _reap(*procs: subprocess.Popen) -> None:
 def test_two_processes_pulling_one_id_convert_it_once(public_copy):
     """The second waits for the first, says so, and reads what the first converted: each
     shard is fetched once in all."""
-    # every request takes a second: whichever process takes the work area first is still
-    # converting when the other asks, however fast this machine imports and plans
-    public_copy.proxy.delay = 1.0
+    # every request takes a quarter second (a run is some 50 requests): whichever process
+    # takes the work area first is still converting when the other asks, however fast
+    # this machine imports and plans
+    public_copy.proxy.delay = 0.25
     procs = [_spawn(PULL_SCRIPT, "Asterix/1")]
     time.sleep(0.2)
     procs.append(_spawn(PULL_SCRIPT, "Asterix/1"))

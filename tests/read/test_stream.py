@@ -676,6 +676,10 @@ def test_stream_arguments_and_states_never_fail_silently(small_store: str) -> No
     stream = ds.stream(64, seed=0, unit_rows=512)
     next(iter(stream))
     state = stream.state_dict()
+    import json
+
+    saved = json.loads(json.dumps(state))  # as a checkpoint file keeps it: string keys
+    ds.stream(64, seed=0, unit_rows=512).load_state_dict(saved)
     bad_states = [
         ({**state, "positions": {0: 10**9}}, "more than the"),
         ({**state, "positions": {0: 1.5}}, "positions"),

@@ -520,7 +520,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             )
         positions: dict[int, int] = {}
         for c, p in saved.items():
-            consumer = whole_number(c, "a consumer of positions", where, low=0)
+            consumer = _consumer_key(c, "a consumer of positions", where)
             positions[consumer] = whole_number(p, f"positions[{c!r}]", where, low=0)
             if positions[consumer] > int(sizes.sum()):
                 raise InvalidArgumentError(
@@ -566,7 +566,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         self._loaded = [self._load_store_state(g, sub) for g, sub in enumerate(stores)]
         where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
         self.batches = {
-            whole_number(c, "a consumer of batches", where, low=0): whole_number(
+            _consumer_key(c, "a consumer of batches", where): whole_number(
                 n, f"batches[{c!r}]", where, low=0
             )
             for c, n in batches.items()
@@ -578,6 +578,14 @@ class EpochStream(torch.utils.data.IterableDataset):
             f"seed={self.seed}, epoch={self.epoch}, shuffle_buffer={self.shuffle_buffer}, "
             f"items={self._item_count})"
         )
+
+
+def _consumer_key(key: Any, name: str, where: str) -> int:
+    """A consumer's number as a state's key: an int, or its digits (a state saved as JSON,
+    whose keys are strings)."""
+    if isinstance(key, str) and key.isdigit():
+        return int(key)
+    return whole_number(key, name, where, low=0)
 
 
 def _check_state(state: Any, where: str) -> None:

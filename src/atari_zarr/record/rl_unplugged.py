@@ -254,7 +254,8 @@ def write_rlu_run(
         Shards written; the others are missing, as a gap in the source.
     episodes_per_shard : int or mapping
         Examples per shard (the last of each is cut); a mapping gives them by shard
-        index, 1 for a present shard it leaves out (a complete run at little cost).
+        index, and a present shard it leaves out holds one short cut episode (about
+        a quarter of ``cut_length``): a complete run at little cost.
     seed : int
         Seeds the policy and the environment.
     clipped : bool
@@ -281,9 +282,13 @@ def write_rlu_run(
         for i in present
     ]
     starts = np.r_[0, np.cumsum(counts)].astype(int).tolist()
+    short = [
+        isinstance(episodes_per_shard, Mapping) and i not in episodes_per_shard for i in present
+    ]
     plan: list[int | None] = []
     for k, count in enumerate(counts):
-        plan += [None] * (count - 1) + [cut_length + 3 * k]
+        cut = max(4, cut_length // 4) + k % 4 if short[k] else cut_length + 3 * k
+        plan += [None] * (count - 1) + [cut]
     played = played_episodes(game, seed, tuple(plan))
     rng = np.random.default_rng(seed)
     fixture = WrittenRun(
