@@ -28,8 +28,14 @@ def test_a_launchers_environment(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")  # rank 0 of its machine: it pulls into its cache
     place = current_place()
     assert place.pulls and place.rank == 3 and place.describe() == "rank 0 ($LOCAL_RANK)"
-    monkeypatch.setenv("RANK", "7")  # not below WORLD_SIZE: not a launcher's, ignored
-    assert current_place().told_by == ""
+    monkeypatch.setenv("RANK", "7")  # not below WORLD_SIZE: not a launcher's split
+    assert current_place().told_by == "" and current_place().world_size == 1
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("RANK", "1")  # a rank alone splits nothing, but does not pull
+    place = current_place()
+    assert (place.rank, place.world_size) == (0, 1)
+    assert not place.pulls and place.describe() == "rank 1 ($RANK)"
 
 
 def test_torch_distributed_first(monkeypatch):

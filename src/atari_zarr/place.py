@@ -5,10 +5,10 @@ One answer for every part that asks: the epoch stream splits an epoch among cons
 a process, and a pull is started by one process per machine while the others wait.
 
 * Rank and world size: ``torch.distributed``'s when it is initialised, else what a
-  launcher sets in the environment (``RANK`` and ``WORLD_SIZE``: torchrun, Lightning,
-  accelerate), else rank 0 of 1.
+  launcher sets in the environment (``RANK`` and ``WORLD_SIZE`` both: torchrun,
+  Lightning, accelerate), else rank 0 of 1.
 * The rank on this machine: ``LOCAL_RANK`` when set (a cache is per machine), else the
-  rank.
+  rank, else ``RANK`` set alone (it splits no epoch, but says who pulls).
 * The DataLoader worker: ``torch.utils.data.get_worker_info()`` (worker 0 of 1 outside
   a DataLoader's workers).
 
@@ -73,17 +73,22 @@ def current_place() -> Place:
     worker, workers = None, 1
     torch = sys.modules.get("torch")
     dist = getattr(torch, "distributed", None) if torch is not None else None
+    env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
     if dist is not None and dist.is_available() and dist.is_initialized():
         rank, world, told = int(dist.get_rank()), int(dist.get_world_size()), "torch.distributed"
-    else:
-        env_rank, env_world = _env_int("RANK"), _env_int("WORLD_SIZE")
-        if env_rank is not None and (env_world is None or env_rank < env_world):
-            rank, world, told = env_rank, env_world or env_rank + 1, "$RANK"
+    elif env_rank is not None and env_world is not None and env_rank < env_world:
+        rank, world, told = env_rank, env_world, "$RANK"  # a launcher's: both are set
     local = _env_int("LOCAL_RANK")
+    if local is not None:
+        local_rank, local_told = local, "$LOCAL_RANK"
+    elif told:
+        local_rank, local_told = rank, told
+    elif env_rank is not None:  # a rank alone splits nothing, but says who pulls
+        local_rank, local_told = env_rank, "$RANK"
+    else:
+        local_rank, local_told = 0, ""
     if torch is not None:
         info = torch.utils.data.get_worker_info()
         if info is not None:
             worker, workers = int(info.id), int(info.num_workers)
-    if local is None:
-        return Place(rank, world, rank, worker, workers, told, told)
-    return Place(rank, world, local, worker, workers, told, "$LOCAL_RANK")
+    return Place(rank, world, local_rank, worker, workers, told, local_told)
