@@ -88,7 +88,7 @@ from atari_zarr.sources.registry import (
     plan_run,
 )
 from atari_zarr.storage.deadline import Timeout, resolve_timeout
-from atari_zarr.storage.filesystem import get_fs, not_regular_error
+from atari_zarr.storage.filesystem import FileSystem, get_fs, not_regular_error
 from atari_zarr.storage.opening import open_store
 from atari_zarr.storage.ranges import ByteRange
 
@@ -195,14 +195,8 @@ def _check_layout(
 
 
 def _check_presence(
-    url: str,
-    options: dict[str, Any] | None,
-    specs: dict[str, tuple[ArraySpec, int]],
-    report: VerifyReport,
-    timeout: float | None,
+    fs: FileSystem, root: str, specs: dict[str, tuple[ArraySpec, int]], report: VerifyReport
 ) -> None:
-    fs, path = get_fs(url, options, timeout=timeout)
-    root = path.rstrip("/")
     for name, (spec, rows) in specs.items():
         dims = len(spec.row_shape)
         units = list(_units(rows, spec.write_rows))
@@ -231,18 +225,16 @@ def _check_presence(
 def _check_metadata(
     group: zarr.Group,
     url: str,
-    options: dict[str, Any] | None,
+    fs: FileSystem,
+    root: str,
     specs: dict[str, tuple[ArraySpec, int]],
     report: VerifyReport,
-    timeout: float | None,
 ) -> None:
     """Each array's own ``zarr.json`` says what the root's consolidated metadata says:
     readers that open an array by itself (tensorstore, zarr without consolidation) read
     that file, which the rest of verify never needs."""
     from zarr.core.metadata.v3 import ArrayV3Metadata
 
-    fs, path = get_fs(url, options, timeout=timeout)
-    root = path.rstrip("/")
     for name in specs:
         key = f"{name}/zarr.json"
         try:
@@ -593,8 +585,9 @@ def verify_store(
         specs.update(_kind_arrays(kind, group, url, meta, n_rows))
     if not _check_layout(group, url, specs, report):
         return report
-    _check_presence(url, storage_options, specs, report, seconds)
-    _check_metadata(group, url, storage_options, specs, report, seconds)
+    fs, path = get_fs(url, storage_options, timeout=seconds)  # one for both listings
+    _check_presence(fs, path.rstrip("/"), specs, report)
+    _check_metadata(group, url, fs, path.rstrip("/"), specs, report)
     _check_writers(group, url, specs, report)
     if kind is not None:  # properties of the source, which the store copies faithfully
         report.warnings.extend(kind.warnings(meta))

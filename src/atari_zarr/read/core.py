@@ -28,6 +28,7 @@ stream units *read* ahead by ``stream(units_ahead=k)``.)
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -52,6 +53,14 @@ if TYPE_CHECKING:
 
 #: Bytes of one frame (84 x 84 uint8).
 FRAME_BYTES = int(np.prod(ARRAYS[OBSERVATION].row_shape))
+
+
+@functools.cache
+def _process_memory() -> int:
+    """:func:`~atari_zarr.resources.memory_bytes`, read once per process: ``sample`` asks
+    on every call, and the cgroup's files need not be read for every batch."""
+    return memory_bytes()
+
 
 __all__ = ["ItemDataset", "draw_ahead"]
 
@@ -219,11 +228,11 @@ class ItemDataset(torch.utils.data.Dataset):
         size = whole_number(batch_size, "batch_size", self.where, low=0, unit="items")
         # frames of an item: a stack per step, and the next observation's
         need = size * max(i.length for i in self._items) * 2 * self.frame_stack * FRAME_BYTES
-        if need > memory_bytes():
+        if need > _process_memory():
             raise InvalidArgumentError(
                 f"batch_size {size:,} asks for {need / 2**30:,.0f} GiB of frames in one batch "
-                f"of {self.where}, more than the {memory_bytes() / 2**30:,.0f} GiB this process "
-                f"may use; pass a smaller batch_size"
+                f"of {self.where}, more than the {_process_memory() / 2**30:,.0f} GiB this "
+                f"process may use; pass a smaller batch_size"
             )
         if self.several:
             offsets, weights = self.offsets, self.weights
