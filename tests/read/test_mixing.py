@@ -42,22 +42,28 @@ def test_items_carry_game_id_and_the_right_data(two_games):
     assert len(mix) == n_pong + len(truths["Breakout/2"])
     idx = np.array([n_pong + 3, 0, n_pong, 5, n_pong + 3])
     b = mix[idx]
-    assert b["game_id"].tolist() == [1, 0, 1, 0, 1]
+    # game_id: the game's place among the sorted game names, whatever the stores' order
+    assert mix.game_names == ["Breakout", "Pong"]
+    assert b["game_id"].tolist() == [0, 1, 0, 1, 0]
     assert b["index"].tolist() == idx.tolist()
     assert b["row"].tolist() == [3, 0, 0, 5, 3]
+    store_of = {mix.game_names.index(n.split("/")[0]): n for n in mix.games}
     for i, (g, r) in enumerate(zip(b["game_id"].tolist(), b["row"].tolist(), strict=True)):
-        truth = truths[mix.games[g]]
+        truth = truths[store_of[g]]
         np.testing.assert_array_equal(b["observation"][i].numpy(), truth.observation[r])
         assert b["action"][i].item() == truth.action[r]
     one = mix[n_pong]
-    assert one.batch_size == torch.Size([]) and one["game_id"].item() == 1
+    assert one.batch_size == torch.Size([]) and one["game_id"].item() == 0
+    other = MultiGameDataset.from_root(root, ["Breakout/2", "Pong/1"])
+    assert other[0]["game_id"].item() == 0 and other[len(other) - 1]["game_id"].item() == 1
 
 
 def test_weights_decide_the_mix_whatever_the_sizes(two_games):
     root, _ = two_games
     mix = MultiGameDataset.from_root(root, ["Pong/1", "Breakout/2"], weights=[1, 3])
     b = mix.sample(4000, generator=torch.Generator().manual_seed(0))
-    share = b["game_id"].float().mean().item()
+    breakout = mix.game_names.index("Breakout")
+    share = (b["game_id"] == breakout).float().mean().item()
     assert 0.70 < share < 0.80  # 3/4 from Breakout although it is the smaller store
     loader = torch.utils.data.DataLoader(
         mix,
@@ -66,7 +72,7 @@ def test_weights_decide_the_mix_whatever_the_sizes(two_games):
         collate_fn=collate_batch,
     )
     ids = torch.cat([batch["game_id"] for batch in loader])
-    assert len(ids) == 2000 and 0.70 < ids.float().mean().item() < 0.80
+    assert len(ids) == 2000 and 0.70 < (ids == breakout).float().mean().item() < 0.80
     # default: proportional to length (uniform over transitions)
     even = MultiGameDataset.from_root(root)
     lengths = np.diff(even.offsets)
@@ -76,7 +82,8 @@ def test_weights_decide_the_mix_whatever_the_sizes(two_games):
 def test_zero_weight_store_is_never_drawn(two_games):
     root, _ = two_games
     mix = MultiGameDataset.from_root(root, ["Pong/1", "Breakout/2"], weights=[0, 1])
-    assert (mix.sample(200, generator=torch.Generator().manual_seed(0))["game_id"] == 1).all()
+    got = mix.sample(200, generator=torch.Generator().manual_seed(0))["game_id"]
+    assert (got == mix.game_names.index("Breakout")).all()
 
 
 def test_frame_stack_and_pickle(two_games):
@@ -118,8 +125,8 @@ def test_dataloader_workers(two_games, context):
     )
     count = 0
     for batch in loader:
-        for g, name in enumerate(mix.games):
-            sel = batch["game_id"] == g
+        for name in mix.games:
+            sel = batch["game_id"] == mix.game_names.index(name.split("/")[0])
             rows = batch["row"][sel].numpy()
             np.testing.assert_array_equal(
                 batch["observation"][sel].numpy(), truths[name].observation[rows]

@@ -529,16 +529,36 @@ def test_unsharded_layout_reads_through_zarr(tmp_path, small_store: str) -> None
 # --------------------------------------------------------------------------- #
 
 
-def test_multi_game_stream_interleaves_by_weight(small_store: str, pong_store) -> None:
-    mix = MultiGameDataset([small_store, pong_store.url], weights=[0.5, 0.5])
-    stream = mix.stream(100, seed=0, unit_rows=512)
-    batches = list(stream)
-    assert sorted(rows_of(batches).tolist()) == list(range(len(mix)))
-    assert_same(mix, batches[:3])
-    # while both stores have rows, every batch is about half and half
-    first = batches[0]["game_id"]
-    assert 30 <= int((first == 1).sum()) <= 70
-    assert set(batches[0].keys()) >= {"game_id", "row", "index", "observation"}
+def test_multi_game_stream_orders_units_by_weight(small_store: str, odd_store: str) -> None:
+    """Weights decide which store's units come first; every item still comes once."""
+    n_small = len(AtariZarrDataset(small_store))
+    where = {}
+    for w in ([0.9, 0.1], [0.1, 0.9]):
+        mix = MultiGameDataset([small_store, odd_store], weights=w)
+        batches = list(mix.stream(100, seed=0, unit_rows=512, shuffle_buffer=1024))
+        rows = rows_of(batches)
+        assert sorted(rows.tolist()) == list(range(len(mix)))
+        assert_same(mix, batches[:3])
+        assert set(batches[0].keys()) >= {"game_id", "row", "index", "observation"}
+        # where the small store's items are in the epoch, 0 (first) to 1 (last)
+        where[w[0]] = np.flatnonzero(rows < n_small).mean() / len(rows)
+    assert where[0.9] < 0.3 and where[0.1] > 0.6, where
+
+
+def test_interleave_draws_each_next_unit_by_weight() -> None:
+    """Among the first units, each store's share is its weight (both have units left)."""
+    from atari_zarr.read.epoch import interleave
+
+    stores = np.repeat([0, 1, 2], 2000)
+    order = interleave(np.full(6000, 4096), stores, np.array([0.6, 0.3, 0.1]),
+                       np.random.default_rng(1))
+    assert sorted(order.tolist()) == list(range(6000))
+    share = np.bincount(stores[order[:1500]], minlength=3) / 1500
+    np.testing.assert_allclose(share, [0.6, 0.3, 0.1], atol=0.04)
+    # each store's units keep their order
+    for g in range(3):
+        mine = order[stores[order] == g]
+        assert (np.diff(mine) > 0).all()
 
 
 # --------------------------------------------------------------------------- #
@@ -608,7 +628,7 @@ def test_a_job_saved_on_some_ranks_resumes_on_others_with_exactly_the_rest(
     # the saved state names exactly the items emitted
     from atari_zarr.read.epoch import Consumed
 
-    sizes = np.diff(streams[0]._layouts[0].bounds, axis=1).reshape(-1)
+    sizes = np.diff(streams[0].units.bounds, axis=1).reshape(-1)
     assert Consumed.decode(states[0]["consumed"], sizes).count == len(set(first.tolist()))
 
 

@@ -32,6 +32,7 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ __all__ = [
     "assemble_batch",
     "collate_batch",
     "item_fields",
+    "steps_before_by_store",
     "ted_batch",
 ]
 
@@ -65,8 +67,9 @@ class FramePlan:
         ``(B,)`` first row of each item's episode.
     last_done : numpy.ndarray of bool
         ``(B,)`` the item's last real row ends its episode.
-    n_rows : int
-        Rows of the store (no frame at or after it).
+    n_rows : int or numpy.ndarray
+        Rows of the store (no frame at or after it), or ``(B,)`` rows of each item's
+        store (a batch of several stores).
     valid : numpy.ndarray, optional
         ``(B,)`` real rows of each item (``<= L``; default all ``L``).
 
@@ -88,10 +91,13 @@ class FramePlan:
         stack: int,
         first: np.ndarray,
         last_done: np.ndarray,
-        n_rows: int,
+        n_rows: int | np.ndarray,
         valid: np.ndarray | None = None,
     ) -> None:
         starts = np.asarray(starts, dtype=np.int64)
+        # one bound, or one per item: a column against the (B, L + k) rows
+        bound = np.asarray(n_rows, dtype=np.int64)
+        end = bound if bound.ndim == 0 else bound[:, None]
         first = np.asarray(first, dtype=np.int64)
         #: ``(B,)`` first row of each item.
         self.starts = starts
@@ -106,8 +112,8 @@ class FramePlan:
             self.next_pos = np.full(len(starts), width - 1, dtype=np.int64)
             ok = np.ones(self.rows.shape, dtype=bool) if k == 1 else self.rows >= first[:, None]
             ok[:, -1] = ~self.last_done
-            if starts.size and int(self.rows[:, -1].max()) >= n_rows:
-                ok[:, -1] &= self.rows[:, -1] < n_rows
+            if starts.size and (self.rows[:, -1] >= bound).any():
+                ok[:, -1] &= self.rows[:, -1] < bound
             self.valid = ok
             return
         self.real = np.asarray(valid, dtype=np.int64)
@@ -115,7 +121,7 @@ class FramePlan:
         pos = np.arange(width, dtype=np.int64)[None, :]
         ok = (self.rows >= first[:, None]) & (pos < self.next_pos[:, None])
         nxt = (pos == self.next_pos[:, None]) & ~self.last_done[:, None]
-        self.valid = (ok | nxt) & (self.rows < n_rows)
+        self.valid = (ok | nxt) & (self.rows < end)
 
     @property
     def padded(self) -> bool:
@@ -360,6 +366,34 @@ def assemble_batch(
         obs[pad] = 0
         nxt[pad] = 0
     return ted_batch(obs, nxt, extra=extras, **fields)
+
+
+def steps_before_by_store(steps_before: Sequence[Callable[..., Any]], which: np.ndarray) -> Any:
+    """``assemble_batch``'s ``steps_before`` for a batch whose item ``i`` is of store
+    ``which[i]``: each store's episodes asked of its own ``steps_before[g]``.
+
+    Examples
+    --------
+    >>> one = lambda e: (e * 10, e > 0)
+    >>> two = lambda e: (e * 0 + 7, e < 0)
+    >>> fn = steps_before_by_store([one, two], np.array([1, 0]))
+    >>> [x.tolist() for x in fn(np.array([3, 4, 5, 6]))]  # windows of 2 steps
+    [[7, 7, 50, 60], [False, False, True, True]]
+    """
+    which = np.asarray(which, dtype=np.int64)
+    if len(steps_before) == 1:
+        return steps_before[0]
+
+    def by_store(episodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        of = np.repeat(which, len(episodes) // max(len(which), 1))
+        steps = np.zeros(len(episodes), dtype=np.int64)
+        fragment = np.zeros(len(episodes), dtype=bool)
+        for g in np.unique(of).tolist():
+            sel = of == g
+            steps[sel], fragment[sel] = steps_before[g](episodes[sel])
+        return steps, fragment
+
+    return by_store
 
 
 def collate_batch(batch: Any) -> Any:

@@ -15,10 +15,12 @@ and pickling for DataLoader workers. The front doors are thin constructors of it
 * ``AtariZarrDataset.windows(K)`` (:class:`~atari_zarr.read.windows.WindowDataset`):
   the windows of one store;
 * :class:`~atari_zarr.MultiGameDataset` and its ``windows(K)``: several stores, each
-  item tagged with ``game_id`` (:func:`~atari_zarr.read.mixture.tag_store`), stores
+  item tagged with ``game_id`` (:func:`~atari_zarr.read.mixture.tag_items`), stores
   drawn by weight (:func:`~atari_zarr.read.mixture.draw_mixture`).
 
-Item ``i`` of several stores is item ``i - offsets[g]`` of store ``g``.
+One store is a mixture of one: item ``i`` is item ``i - offsets[g]`` of store ``g``,
+and a batch is read by :func:`~atari_zarr.read.store.read_items`, each store it
+touches once, assembled once.
 
 ``sample_iter`` *draws* batches ahead (:func:`draw_ahead`) and hands each group to
 ``fetch_ahead``, so close chunks of a shard share one request. (Chunks are *fetched*
@@ -42,9 +44,9 @@ from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import ARRAYS, OBSERVATION
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
-from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_store
+from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_items
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.store import StoreReader
+from atari_zarr.read.store import StoreReader, read_items
 from atari_zarr.resources import memory_bytes
 
 if TYPE_CHECKING:
@@ -78,12 +80,12 @@ class ItemDataset(torch.utils.data.Dataset):
         What an item of each store is (one per store).
     frame_stack : int
         Frames per observation.
-    several : bool
-        True: items carry ``game_id``, ``row`` and a global ``index``, and
-        :meth:`sample` draws a store by weight first (False: one store, uniform).
+    game_ids : sequence of int, optional
+        Items carry ``game_id`` (``game_ids[g]`` for store ``g``), ``row`` and a
+        global ``index`` (default: items as their store gives them, for one store).
     weights : sequence of float, optional
-        Several stores: relative probability of drawing each (default:
-        proportional to its items).
+        Relative probability of drawing each store (default: proportional to its
+        items, so every item alike).
     names : sequence of str, optional
         The stores, for messages.
     where : str, optional
@@ -92,7 +94,7 @@ class ItemDataset(torch.utils.data.Dataset):
     Examples
     --------
     >>> store = StoreReader(store_url)
-    >>> both = ItemDataset([store, store], [Items.transitions(len(store))] * 2, several=True)
+    >>> both = ItemDataset([store, store], [Items.transitions(len(store))] * 2, game_ids=[0, 1])
     >>> len(both) == 2 * len(store), both[len(store)]["game_id"].item()
     (True, 1)
     """
@@ -103,14 +105,15 @@ class ItemDataset(torch.utils.data.Dataset):
         items: Sequence[Items],
         *,
         frame_stack: int = 1,
-        several: bool = False,
+        game_ids: Sequence[int] | None = None,
         weights: Sequence[float] | None = None,
         names: Sequence[str] | None = None,
         where: str | None = None,
     ) -> None:
         self._stores = list(stores)
         self.frame_stack = int(frame_stack)
-        self.several = bool(several)
+        #: Game of each store, the ``game_id`` of its items (None: items untagged).
+        self.game_ids = None if game_ids is None else np.asarray(game_ids, dtype=np.int64)
         self._names = None if names is None else list(names)
         #: This dataset in messages.
         self.where = where or self._stores[0].where
@@ -130,8 +133,8 @@ class ItemDataset(torch.utils.data.Dataset):
         #: Probability of drawing each store (sums to 1; 0 for stores without items).
         self.weights = (
             store_probabilities(counts, self._weights_given, self._names)
-            if self.several
-            else np.ones(1)
+            if counts.sum() or self._weights_given is not None
+            else np.zeros(len(counts))  # nothing to draw: sample() says so
         )
 
     @property
@@ -168,35 +171,30 @@ class ItemDataset(torch.utils.data.Dataset):
         store = np.searchsorted(self.offsets, items, side="right") - 1
         return store, items - self.offsets[store]
 
-    def _read_store(self, g: int, local: np.ndarray) -> TensorDict:
-        """Items ``local`` of store ``g``, as this dataset gives them."""
-        items = self._items[g]
-        td = self._stores[g].read_items(
-            items.starts(local),
-            length=items.length,
-            stack=self.frame_stack,
-            real=items.real(local),
-            windowed=not items.identity,
-        )
-        return tag_store(td, g, int(self.row_offsets[g])) if self.several else td
-
     def read(self, items: np.ndarray) -> TensorDict:
-        """A batch of items (global numbers, in ``[0, len(self))``), each store read once."""
+        """A batch of items (global numbers, in ``[0, len(self))``), assembled once."""
         items = np.asarray(items, dtype=np.int64)
-        if not self.several:
-            return self._read_store(0, items)
         store, local = self._split(items)
-        parts, where = [], []
+        starts = np.empty(len(items), dtype=np.int64)
+        first = self._items[0]
+        real = None if not first.pad else np.empty(len(items), dtype=np.int64)
         for g in np.unique(store).tolist():
-            sel = np.flatnonzero(store == g)
-            parts.append(self._read_store(g, local[sel]))
-            where.append(sel)
-        if not parts:
-            return self._read_store(0, local)
-        if len(parts) == 1:
-            return parts[0]
-        order = np.argsort(np.concatenate(where), kind="stable")
-        return torch.cat(parts)[torch.from_numpy(order)]
+            sel = store == g
+            starts[sel] = self._items[g].starts(local[sel])
+            if real is not None:
+                real[sel] = self._items[g].real(local[sel])
+        td = read_items(
+            self._stores,
+            store,
+            starts,
+            length=first.length,
+            stack=self.frame_stack,
+            real=real,
+            windowed=not first.identity,
+        )
+        if self.game_ids is None:
+            return td
+        return tag_items(td, store, self.row_offsets, self.game_ids)
 
     def __getitem__(self, idx: Any) -> TensorDict:
         items, scalar = normalize_index(idx, len(self), self.where, unit=self._unit)
@@ -234,13 +232,10 @@ class ItemDataset(torch.utils.data.Dataset):
                 f"of {self.where}, more than the {_process_memory() / 2**30:,.0f} GiB this "
                 f"process may use; pass a smaller batch_size"
             )
-        if self.several:
-            offsets, weights = self.offsets, self.weights
-            return lambda: draw_mixture(offsets, weights, size, generator)
-        n = len(self)
-        if n == 0:
+        if len(self) == 0:
             raise self._nothing()
-        return lambda: torch.randint(0, n, (size,), generator=generator)
+        offsets, weights = self.offsets, self.weights
+        return lambda: draw_mixture(offsets, weights, size, generator)
 
     def sample(self, batch_size: int, *, generator: torch.Generator | None = None) -> TensorDict:
         """A batch of ``batch_size`` items drawn uniformly with replacement (several
@@ -261,7 +256,7 @@ class ItemDataset(torch.utils.data.Dataset):
         See :meth:`~atari_zarr.read.chunks.ChunkReader.fetch_ahead`.
         """
         items = np.asarray(items, dtype=np.int64)
-        store, local = self._split(items) if self.several else (np.zeros_like(items), items)
+        store, local = self._split(items)
         for g in np.unique(store).tolist():
             sel = local[store == g]
             its, reader = self._items[g], self._stores[g]
@@ -409,8 +404,8 @@ class ItemDataset(torch.utils.data.Dataset):
             drop_last=drop_last,
             units_ahead=DEFAULT_UNITS_AHEAD if units_ahead is None else units_ahead,
             unit_rows=unit_rows,
-            weights=self.weights if self.several else None,
-            several=self.several,
+            weights=self._weights_given,
+            game_ids=self.game_ids,
             where=self.where,
         )
 

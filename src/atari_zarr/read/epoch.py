@@ -60,11 +60,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Consumed", "EpochPlan", "unit_bounds"]
+__all__ = ["Consumed", "EpochPlan", "interleave", "unit_bounds"]
 
 # Streams of random numbers: one per purpose, so no two draws share a stream.
 _SEGMENT_OF_ROW = 1
 _ORDER_IN_SEGMENT = 2
+_INTERLEAVE = 4
 
 
 def unit_bounds(n_rows: int, *, shard_rows: int, unit_rows: int) -> np.ndarray:
@@ -88,6 +89,47 @@ def unit_bounds(n_rows: int, *, shard_rows: int, unit_rows: int) -> np.ndarray:
     shard_end = (starts // shard_rows + 1) * shard_rows
     stops = np.minimum(np.minimum(starts + unit_rows, shard_end), n_rows)
     return np.stack([starts, stops], axis=1)
+
+
+def interleave(
+    sizes: np.ndarray, stores: np.ndarray, weights: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """An order of units in which each next one comes from a store drawn by weight.
+
+    Each store's units keep their order and arrive as a Poisson process whose items
+    flow at the store's weight: unit ``u`` of store ``s`` comes ``Exp(1) * sizes[u] /
+    weights[s]`` after the store's previous one. Merged by arrival, the next unit is
+    from store ``s`` with probability ``weights[s]`` over the weights of the stores
+    with units left, in ``O(n log n)`` for ``n`` units. Stores of weight 0 come last.
+
+    Examples
+    --------
+    >>> order = interleave(np.full(6, 10), np.array([0, 0, 0, 1, 1, 1]),
+    ...                    np.array([1.0, 0.0]), np.random.default_rng(0))
+    >>> order.tolist()
+    [0, 1, 2, 3, 4, 5]
+    >>> order = interleave(np.full(6, 10), np.array([0, 0, 0, 1, 1, 1]),
+    ...                    np.array([1.0, 1.0]), np.random.default_rng(0))
+    >>> sorted(order.tolist()), [u for u in order.tolist() if u < 3]
+    ([0, 1, 2, 3, 4, 5], [0, 1, 2])
+    >>> interleave(np.full(4, 10), np.array([0, 0, 1, 1]), np.array([0.0, 1.0]),
+    ...            np.random.default_rng(0)).tolist()
+    [2, 3, 0, 1]
+    """
+    sizes = np.asarray(sizes, dtype=np.float64)
+    stores = np.asarray(stores, dtype=np.int64)
+    rate = np.asarray(weights, dtype=np.float64)[stores]
+    gap = rng.exponential(1.0, len(sizes)) * np.maximum(sizes, 1.0)
+    gap = np.where(rate > 0, gap / np.where(rate > 0, rate, 1.0), 0.0)
+    # each store's clock: the cumulative gaps of its units, in their order
+    by_store = np.argsort(stores, kind="stable")
+    arrive = np.empty(len(sizes), dtype=np.float64)
+    cum = np.cumsum(gap[by_store])
+    first = np.r_[0, np.flatnonzero(np.diff(stores[by_store])) + 1]
+    before = np.repeat(np.r_[0.0, cum][first], np.diff(np.r_[first, len(sizes)]))
+    arrive[by_store] = cum - before
+    arrive[rate <= 0] = np.inf  # never drawn while a store of weight is left
+    return np.lexsort((np.arange(len(sizes)), arrive))
 
 
 def _rng(*key: int) -> np.random.Generator:
@@ -156,6 +198,26 @@ class Consumed:
         out.partial = {u: m.copy() for u, m in self.partial.items()}
         return out
 
+    @classmethod
+    def concat(cls, parts: list[Consumed]) -> Consumed:
+        """One list of units from several, in order (their units numbered on).
+
+        Examples
+        --------
+        >>> a, b = Consumed(np.array([[0, 2]])), Consumed(np.array([[0, 3], [3, 4]]))
+        >>> a.add(0, np.array([0, 1])); b.add(0, np.array([1]))
+        >>> both = Consumed.concat([a, b])
+        >>> both.count, both.done.tolist(), both.remaining(1).tolist()
+        (3, [True, False, False], [0, 2])
+        """
+        out = cls(sizes=np.concatenate([p.sizes for p in parts]) if parts else np.zeros(0))
+        out.done = np.concatenate([p.done for p in parts]) if parts else out.done
+        start = 0
+        for p in parts:
+            out.partial.update({start + u: m.copy() for u, m in p.partial.items()})
+            start += len(p.sizes)
+        return out
+
     def encode(self) -> dict[str, Any]:
         """A JSON-friendly value: bit sets, base64."""
         import base64
@@ -214,6 +276,12 @@ class EpochPlan:
     left : Consumed, optional
         Items already emitted in this epoch (a resumed stream): only the others are
         dealt, in the same unit order (default: none emitted).
+    stores, weights : numpy.ndarray, optional
+        A mixture: the store of each unit (``(n_units,)``) and the weight of each store.
+        This consumer's units then come in the order of :func:`interleave` (each next
+        unit from a store drawn by weight among those it still has units of), so its
+        first batches draw on every store by weight. Default: the permutation's order,
+        which draws on the stores in proportion to their items.
     """
 
     def __init__(
@@ -228,6 +296,8 @@ class EpochPlan:
         consumers: int,
         pad: int = 0,
         left: Consumed | None = None,
+        stores: np.ndarray | None = None,
+        weights: np.ndarray | None = None,
     ) -> None:
         self.bounds = np.asarray(bounds, dtype=np.int64).reshape(-1, 2)
         self.seed, self.epoch, self.shuffle = int(seed), int(epoch), bool(shuffle)
@@ -259,6 +329,10 @@ class EpochPlan:
         self.offsets = np.maximum(lo - starts[take], 0)
         self.real = np.minimum(ends[take], hi) - starts[take] - self.offsets
         m = len(self.units)
+        if shuffle and stores is not None and weights is not None and m > 1:
+            rng = _rng(self.seed, self.epoch, self.consumers, self.consumer, _INTERLEAVE)
+            at = interleave(self.real, np.asarray(stores)[self.units], weights, rng)
+            self.units, self.offsets, self.real = self.units[at], self.offsets[at], self.real[at]
         self.window = max(1, min(int(window), m)) if shuffle else 1
         self.pad = int(pad) if m else 0
         self._sizes = self.real.copy()

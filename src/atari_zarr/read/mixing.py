@@ -1,12 +1,13 @@
 """Several stores as one dataset: :class:`MultiGameDataset`.
 
-Plain PyTorch, no TorchRL: every item carries a ``game_id`` (position of its store
-in :attr:`MultiGameDataset.games`), and :meth:`MultiGameDataset.sampler` draws games
-with given weights whatever their sizes: a :class:`~atari_zarr.read.mixture.MixtureSampler`
-picks a store by its weight, then a uniform row of it, so its memory grows with the
-number of stores, never with the number of transitions. Reading, sampling, the
-stream and pickling are :class:`~atari_zarr.read.core.ItemDataset`'s; this module
-opens the stores (one by one, or every store under a root).
+Plain PyTorch, no TorchRL: every item carries a ``game_id`` (position of its game in
+:attr:`MultiGameDataset.game_names`, the sorted names of its games), and
+:meth:`MultiGameDataset.sampler` draws games with given weights whatever their sizes:
+a :class:`~atari_zarr.read.mixture.MixtureSampler` picks a store by its weight, then a
+uniform row of it, so its memory grows with the number of stores, never with the
+number of transitions. Reading, sampling, the stream and pickling are
+:class:`~atari_zarr.read.core.ItemDataset`'s; this module opens the stores (one by
+one, or every store under a root).
 """
 
 from __future__ import annotations
@@ -27,7 +28,13 @@ from atari_zarr.errors import (
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.items import Items
-from atari_zarr.read.mixture import MixtureSampler, draw_mixture, store_probabilities
+from atari_zarr.read.mixture import (
+    MixtureSampler,
+    draw_mixture,
+    game_numbers,
+    store_probabilities,
+    store_weights,
+)
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.windows import check_window_length
 from atari_zarr.storage.catalog import (
@@ -48,19 +55,24 @@ class MultiGameDataset(ItemDataset):
 
     Item ``i`` is row ``i - offset[g]`` of store ``g``. Items are the TED
     :class:`~tensordict.TensorDict` of :class:`AtariZarrDataset` plus ``game_id``
-    ``[B]`` int64 (``index`` is the position in this dataset; the store's own row is
-    under ``row``). Batches are read with one frame fetch per store
-    (``__getitems__``), so ``DataLoader(..., collate_fn=collate_batch)`` works with
-    ``fork`` and ``spawn`` workers.
+    ``[B]`` int64, the position of the item's game in :attr:`game_names` (the sorted
+    game names, so the same in every process and session; runs of one game share it;
+    ``index`` is the position in this dataset; the store's own row is under ``row``).
+    Batches are read with one frame fetch per store (``__getitems__``), so
+    ``DataLoader(..., collate_fn=collate_batch)`` works with ``fork`` and ``spawn``
+    workers.
 
     Parameters
     ----------
     datasets : sequence of AtariZarrDataset or str
         The stores (datasets, or store paths/URLs).
-    weights : sequence of float, optional
-        Relative probability of drawing each store in :meth:`sample` and
-        :meth:`sampler`, whatever its length. Default: proportional to length
-        (uniform over all transitions).
+    weights : sequence of float, dict, "games" or "transitions", optional
+        How :meth:`sample` and :meth:`sampler` draw the stores (and the order in
+        which :meth:`stream` takes their units): one relative weight per store; a dict
+        of each game's weight (``{"Pong": 2.0, "Breakout": 1.0}``, a game's stores
+        then drawn by their length) or of each store (``{"Pong/1": 2.0, ...}``);
+        ``"games"``, every game alike; ``"transitions"`` (the default), every
+        transition alike.
     storage_options : dict, optional
         For stores given as URLs.
     frame_stack : int
@@ -77,11 +89,11 @@ class MultiGameDataset(ItemDataset):
     >>> # store_url: a converted Pong/1 fixture store; any stores mix the same way
     >>> # (MultiGameDataset.from_root opens every store under a root)
     >>> mix = MultiGameDataset([store_url, store_url], weights=[0.25, 0.75])
-    >>> mix.games
-    ['Pong/1', 'Pong/1']
+    >>> mix.games, mix.game_names
+    (['Pong/1', 'Pong/1'], ['Pong'])
     >>> batch = mix.sample(64, generator=torch.Generator().manual_seed(0))
-    >>> sorted(set(batch["game_id"].tolist()))
-    [0, 1]
+    >>> sorted(set(batch["game_id"].tolist())), batch["index"].max().item() >= len(mix) // 2
+    ([0], True)
     >>> loader = torch.utils.data.DataLoader(
     ...     mix, batch_size=16, sampler=mix.sampler(32), collate_fn=collate_batch)
     >>> next(iter(loader))["observation"].shape
@@ -92,7 +104,7 @@ class MultiGameDataset(ItemDataset):
         self,
         datasets: Sequence[AtariZarrDataset | str],
         *,
-        weights: Sequence[float] | None = None,
+        weights: Any = None,
         storage_options: dict[str, Any] | None = None,
         frame_stack: int = 1,
         full_action_space: bool = False,
@@ -119,15 +131,23 @@ class MultiGameDataset(ItemDataset):
                 f"the stores have different frame_stack values {sorted(stacks)}; "
                 f"batches need one observation shape: open them with the same frame_stack"
             )
+        #: Each store as ``Game/run`` (its URL where the store does not say).
         self.games = [f"{d.game}/{d.run}" if d.game is not None else d.url for d in self._datasets]
+        game_of = [d.game if d.game is not None else d.url for d in self._datasets]
+        #: The games, sorted: ``game_id`` is a position in this list.
+        self.game_names, ids = game_numbers(game_of)
+        self._game_of = game_of
+        self._weights_asked = weights
+        where = f"MultiGameDataset of {len(self._datasets)} stores"
+        lengths = [len(d) for d in self._datasets]
         super().__init__(
             [d._store for d in self._datasets],
-            [Items.transitions(len(d)) for d in self._datasets],
+            [Items.transitions(n) for n in lengths],
             frame_stack=self._datasets[0].frame_stack,
-            several=True,
-            weights=weights,
+            game_ids=ids,
+            weights=store_weights(weights, self.games, game_of, lengths, where),
             names=self.games,
-            where=f"MultiGameDataset of {len(self._datasets)} stores",
+            where=where,
         )
 
     _rebuilt = ("_datasets",)
@@ -148,7 +168,7 @@ class MultiGameDataset(ItemDataset):
         names: Sequence[str] | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
-        weights: Sequence[float] | None = None,
+        weights: Any = None,
         frame_stack: int = 1,
         full_action_space: bool = False,
         options: ReadOptions | None = None,
@@ -232,5 +252,9 @@ class MultiGameDataset(ItemDataset):
             k = check_window_length(length, pad, longest, store.where)
             items.append(Items.windows(table, k, pad=bool(pad)))
         out = copy.copy(self)
+        # weights by game or "games" count each store's windows now
+        out._weights_given = store_weights(
+            self._weights_asked, self.games, self._game_of, [len(i) for i in items], self.where
+        )
         out._set_items(items)
         return out

@@ -9,12 +9,17 @@ functions here, so a store's weight and an item's ``game_id``, ``row`` and globa
 * :func:`draw_mixture` and :class:`MixtureSampler`: a store drawn by weight, then a
   uniform item of it; memory grows with the number of stores, never with the
   number of items;
-* :func:`tag_store`: a batch read from store ``g`` as the mixture shows it.
+* :func:`game_numbers`: each store's ``game_id``, its game's place among the sorted
+  game names, the same in every process and session;
+* :func:`store_weights`: the weights users ask for (per store, per game, uniform over
+  games or over transitions) as one weight per store;
+* :func:`tag_items`: a batch read from any of the stores as the mixture shows it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,25 +28,142 @@ from tensordict import TensorDict
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["MixtureSampler", "draw_mixture", "store_probabilities", "tag_store"]
+__all__ = [
+    "MixtureSampler",
+    "draw_mixture",
+    "game_numbers",
+    "store_probabilities",
+    "store_weights",
+    "tag_items",
+]
 
 
-def tag_store(td: TensorDict, g: int, row_offset: int) -> TensorDict:
-    """``td`` read from store ``g`` as a mixture gives it: its rows under ``row``, the
-    global ``index`` (``row_offset`` added; padding keeps -1) and ``game_id``.
+def tag_items(
+    td: TensorDict, stores: np.ndarray, row_offsets: np.ndarray, game_ids: np.ndarray
+) -> TensorDict:
+    """``td``, whose item ``i`` was read from store ``stores[i]``, as a mixture gives it:
+    each store's own rows under ``row``, the global ``index`` (the store's
+    ``row_offsets`` added; padding keeps -1) and ``game_id`` (``game_ids`` of the store).
+
+    One call for a batch of any number of stores: the tags are a few vector operations,
+    whatever the stores a batch touches.
 
     Examples
     --------
-    >>> td = TensorDict({"index": torch.tensor([3, -1])}, batch_size=[2])
-    >>> out = tag_store(td, 1, 100)
+    >>> td = TensorDict({"index": torch.tensor([3, -1, 4])}, batch_size=[3])
+    >>> out = tag_items(td, np.array([1, 1, 0]), np.array([0, 100]), np.array([7, 5]))
     >>> out["index"].tolist(), out["row"].tolist(), out["game_id"].tolist()
-    ([103, -1], [3, -1], [1, 1])
+    ([103, -1, 4], [3, -1, 4], [5, 5, 7])
     """
+    stores = np.asarray(stores, dtype=np.int64)
     idx = td["index"]
+    shape = (-1,) + (1,) * (idx.ndim - 1)  # windows: one store per item, over its steps
+    offset = torch.from_numpy(np.asarray(row_offsets, dtype=np.int64)[stores]).reshape(shape)
+    game = torch.from_numpy(np.asarray(game_ids, dtype=np.int64)[stores]).reshape(shape)
     td["row"] = idx
-    td["index"] = torch.where(idx >= 0, idx + int(row_offset), idx)
-    td["game_id"] = torch.full(td.batch_size, int(g), dtype=torch.int64)
+    td["index"] = torch.where(idx >= 0, idx + offset, idx)
+    td["game_id"] = game.expand(td.batch_size).contiguous()
     return td
+
+
+def game_numbers(games: Sequence[str]) -> tuple[list[str], np.ndarray]:
+    """The mixture's game names, sorted, and each store's ``game_id`` among them.
+
+    The ids depend only on the set of games, not on the order the stores were given
+    in, so every process and session of a job numbers them alike; runs of one game
+    share its id.
+
+    Examples
+    --------
+    >>> game_numbers(["Pong", "Breakout", "Pong"])
+    (['Breakout', 'Pong'], array([1, 0, 1]))
+    """
+    names = sorted(set(games))
+    at = {name: i for i, name in enumerate(names)}
+    return names, np.array([at[g] for g in games], dtype=np.int64)
+
+
+def store_weights(
+    weights: Any,
+    stores: Sequence[str],
+    games: Sequence[str],
+    lengths: Sequence[int] | np.ndarray,
+    where: str,
+) -> list[float] | None:
+    """One weight per store from the weights a user asks for (None: by transitions).
+
+    Parameters
+    ----------
+    weights : None, "transitions", "games", dict or sequence of float
+        ``None`` or ``"transitions"``: every transition alike (stores by their
+        length). ``"games"``: every game alike, its stores by their length. A dict:
+        the weight of each game (``{"Pong": 2.0, "Breakout": 1.0}``, every game of the
+        mixture named, its stores by their length) or of each store
+        (``{"Pong/1": 2.0, ...}``). A sequence: one weight per store.
+    stores, games : sequence of str
+        Each store's name (``Game/run``) and game.
+    lengths : sequence of int
+        Items per store.
+    where : str
+        The mixture, for messages.
+
+    Examples
+    --------
+    >>> store_weights("games", ["Pong/1", "Pong/2", "Qbert/1"], ["Pong", "Pong", "Qbert"],
+    ...               [10, 30, 5], "a mixture")
+    [0.25, 0.75, 1.0]
+    >>> store_weights({"Pong": 3, "Qbert": 1}, ["Pong/1", "Qbert/1"], ["Pong", "Qbert"],
+    ...               [10, 5], "a mixture")
+    [3.0, 1.0]
+    """
+    sizes = np.asarray(lengths, dtype=np.float64)
+    if weights is None or (isinstance(weights, str) and weights == "transitions"):
+        return None
+    if isinstance(weights, str) and weights != "games":
+        raise InvalidArgumentError(
+            f"weights={weights!r} is not a way of weighting {where}: expected 'transitions', "
+            f"'games', a dict of game (or Game/run) weights, or one weight per store"
+        )
+    if not isinstance(weights, (str, dict)):
+        return [float(w) for w in weights]  # one per store, checked with the lengths
+    if isinstance(weights, dict):
+        named = _named(weights, where)
+        if set(named) <= set(stores) and not set(named) & set(games):  # per store
+            _name_each(named, stores, "store", where)
+            return [named[s] for s in stores]
+    else:
+        named = dict.fromkeys(games, 1.0)  # "games"
+    _name_each(named, games, "game", where)
+    total = {g: float(sizes[[x == g for x in games]].sum()) for g in set(games)}
+    return [
+        named[g] * (float(n) / total[g] if total[g] else 0.0)
+        for g, n in zip(games, sizes, strict=True)
+    ]
+
+
+def _named(weights: dict[Any, Any], where: str) -> dict[str, float]:
+    """A dict of weights, its values numbers (a bad one is one line)."""
+    out = {}
+    for key, value in weights.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError):
+            raise InvalidArgumentError(
+                f"the weight of {key!r} for {where} must be a number; got {value!r}"
+            ) from None
+    return out
+
+
+def _name_each(named: dict[str, float], wanted: Sequence[str], kind: str, where: str) -> None:
+    """Refuse weights that do not name each game (or store) of the mixture, in one line."""
+    missing = sorted(set(wanted) - set(named))
+    unknown = sorted(set(named) - set(wanted))
+    if missing or unknown:
+        found = f"missing {missing}" if missing else f"{unknown} are not among them"
+        raise InvalidArgumentError(
+            f"weights for {where} must name each of its {kind}s {sorted(set(wanted))}; "
+            f"{found}. Give every {kind} a weight (0 leaves one out)"
+        )
 
 
 def store_probabilities(
@@ -132,19 +254,21 @@ def draw_mixture(
     offsets_t = torch.as_tensor(np.asarray(offsets, dtype=np.int64))
     if count == 0:  # torch.multinomial refuses to draw nothing
         return torch.zeros(0, dtype=torch.int64)
+    if len(probs) == 1:  # one store: a uniform row
+        return offsets_t[0] + torch.randint(
+            0, int(offsets_t[1] - offsets_t[0]), (count,), generator=generator
+        )
     store = torch.multinomial(
         torch.as_tensor(np.asarray(probs, dtype=np.float64)),
         count,
         replacement=True,
         generator=generator,
     )
-    rows = torch.empty(count, dtype=torch.int64)
-    # an exact uniform row per item, one torch.randint per store drawn (it takes one
-    # bound), stores in index order so that a seed always gives the same indices
-    for g in torch.unique(store).tolist():
-        sel = store == g
-        length = int(offsets_t[g + 1] - offsets_t[g])
-        rows[sel] = torch.randint(0, length, (int(sel.sum()),), generator=generator)
+    # a uniform row of each item's store, for every store at once: a float64 draw has
+    # 53 bits, so the bias for stores of up to 2**40 rows is below 2**-13 of a row
+    lengths = (offsets_t[1:] - offsets_t[:-1])[store]
+    u = torch.rand(count, dtype=torch.float64, generator=generator)
+    rows = torch.minimum((u * lengths).long(), lengths - 1)
     return offsets_t[store] + rows
 
 

@@ -17,6 +17,7 @@ import logging
 import os
 import shlex
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from atari_zarr.layout import (
     read_metadata,
 )
 from atari_zarr.place import current_place
-from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch
+from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
 from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.read.columns import StepColumn, open_step_columns
 from atari_zarr.read.consumer import quiet_worker_exit
@@ -379,20 +380,19 @@ class StoreReader:
         -------
         TensorDict
         """
-        quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
         starts = np.asarray(starts, dtype=np.int64)
-        plan = self.frame_plan(starts, length, stack, real)
-        buffer = FrameBuffer(self.pool, len(starts), length, stack, self.observation.shape[1:])
-        # every frame is read in one call, straight into the batch's buffer; positions
-        # that are padding read a row that exists and are zeroed after
-        rows = np.where(buffer.flat(plan.valid), buffer.flat(plan.rows), 0)
-        self.frames.read(rows, out=buffer.frames)
-        offsets = np.arange(length, dtype=np.int64)[None, :]
-        safe = starts[:, None] + offsets
-        if plan.padded:
-            safe = np.where(offsets < plan.real[:, None], safe, starts[:, None])
-        safe = safe.ravel()
-        window = length > 1 if windowed is None else windowed
+        return read_items(
+            [self],
+            np.zeros(len(starts), dtype=np.int64),
+            starts,
+            length=length,
+            stack=stack,
+            real=real,
+            windowed=windowed,
+        )
+
+    def step_values(self, safe: np.ndarray, window: bool) -> dict[str, np.ndarray]:
+        """The per-step values ``assemble_batch`` takes, at rows ``safe``."""
         steps = {
             "action": self.action[safe],
             "reward": self.reward[safe],
@@ -403,19 +403,106 @@ class StoreReader:
         steps["first"] = self.episodes.starts[steps["episode"]]
         if window:
             steps["return_to_go"] = self.return_to_go(safe)
-        return assemble_batch(
-            plan,
-            buffer,
-            steps,
-            window=window,
-            steps_before=self.steps_before,
-            finals=self._finals_of(plan),
-        )
+        return steps
 
-    def _finals_of(self, plan: FramePlan) -> tuple[np.ndarray, np.ndarray] | None:
-        """The kept frame after an episode's end, where the item's last real row ends one."""
-        if self.final_observation is None or not plan.last_done.any():
+    def finals_of(
+        self, plan: FramePlan, sel: Any = slice(None)
+    ) -> tuple[np.ndarray, np.ndarray] | None:
+        """The kept frame after an episode's end, where an item's last real row ends one:
+        ``(items, frames)``, items numbered among ``plan``'s items ``sel`` (this store's)."""
+        done = plan.last_done[sel]
+        if self.final_observation is None or not done.any():
             return None
-        items = np.flatnonzero(plan.last_done)
-        last = plan.starts[items] + plan.real[items] - 1
+        items = np.flatnonzero(done)
+        last = plan.starts[sel][items] + plan.real[sel][items] - 1
         return items, self.final_frames(self.episode[last])
+
+
+def read_items(
+    stores: Sequence[StoreReader],
+    which: np.ndarray,
+    starts: np.ndarray,
+    *,
+    length: int = 1,
+    stack: int = 1,
+    real: np.ndarray | None = None,
+    windowed: bool | None = None,
+) -> TensorDict:
+    """One TED batch of items of any of ``stores``: item ``i`` starts at row ``starts[i]``
+    of store ``which[i]`` (see :meth:`StoreReader.read_items`).
+
+    Random access to one store or a mixture: each store touched reads its frames (one
+    call of its frame reader) and per-step values, and the batch is assembled once, so
+    a batch's cost beyond its frames is a few array operations per store touched.
+    """
+    quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
+    which = np.asarray(which, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    b = len(starts)
+    n_real = np.full(b, length, dtype=np.int64) if real is None else np.asarray(real, np.int64)
+    groups = np.unique(which).tolist() if b else [0]
+    one = len(groups) == 1
+    g0 = groups[0]
+    # the frame plan's inputs, each store's from its own table and columns
+    first = np.empty(b, dtype=np.int64)
+    last_done = np.empty(b, dtype=bool)
+    sel_of = {g: (slice(None) if one else np.flatnonzero(which == g)) for g in groups}
+    for g in groups:
+        sel = sel_of[g]
+        first[sel] = stores[g].first_row(starts[sel])
+        last_done[sel] = stores[g].done[starts[sel] + n_real[sel] - 1]
+    n_rows = np.array([len(s) for s in stores], dtype=np.int64)
+    plan = FramePlan(
+        starts=starts,
+        length=length,
+        stack=stack,
+        first=first,
+        last_done=last_done,
+        n_rows=int(n_rows[g0]) if one else n_rows[which],
+        valid=real,
+    )
+    buffer = FrameBuffer(stores[g0].pool, b, length, stack, tuple(stores[g0].observation.shape[1:]))
+    # positions that are padding read a row that exists and are zeroed after
+    rows = np.where(plan.valid, plan.rows, 0)
+    if one:  # every frame in one call, straight into the batch's buffer
+        stores[g0].frames.read(buffer.flat(rows), out=buffer.frames)
+    else:
+        width = length + stack
+        # where each (item, frame) lies in the buffer's memory order
+        at = np.empty(b * width, dtype=np.int64)
+        at[buffer.flat(np.arange(b * width, dtype=np.int64).reshape(b, width))] = np.arange(
+            b * width
+        )
+        at = at.reshape(b, width)
+        for g in groups:
+            sel = sel_of[g]
+            buffer.frames[at[sel].ravel()] = stores[g].frames.read(rows[sel].ravel())
+    offsets = np.arange(length, dtype=np.int64)[None, :]
+    safe = starts[:, None] + offsets
+    if plan.padded:
+        safe = np.where(offsets < plan.real[:, None], safe, starts[:, None])
+    window = length > 1 if windowed is None else windowed
+    if one:
+        steps = stores[g0].step_values(safe.ravel(), window)
+    else:
+        parts = {g: stores[g].step_values(safe[sel_of[g]].ravel(), window) for g in groups}
+        steps = {}
+        for name in parts[g0]:
+            out = np.empty((b, length), dtype=parts[g0][name].dtype)
+            for g in groups:
+                out[sel_of[g]] = parts[g][name].reshape(-1, length)
+            steps[name] = out.ravel()
+    finals = [(sel_of[g], stores[g].finals_of(plan, sel_of[g])) for g in groups]
+    kept = [(sel, f) for sel, f in finals if f is not None]
+    final = None
+    if kept:
+        idx = [np.arange(b)[sel][f[0]] for sel, f in kept]
+        final = (np.concatenate(idx), np.concatenate([f[1] for _, f in kept]))
+    return assemble_batch(
+        plan,
+        buffer,
+        steps,
+        window=window,
+        steps_before=steps_before_by_store([s.steps_before for s in stores], which),
+        finals=final,
+    )

@@ -1,18 +1,21 @@
 """An epoch stream over one store or several: whole units read in shuffled order, batches out.
 
 :class:`EpochStream` yields every item of its stores once per epoch, across all
-ranks and DataLoader workers together. The order of read units, their split among
-consumers (:class:`~atari_zarr.read.consumer.Consumer`) and the order in which
-items leave are arithmetic (:mod:`atari_zarr.read.epoch`); each consumer reads its
-units of each store with a :class:`~atari_zarr.read.units.UnitReader`. Several
-stores: each batch takes from every store a multinomial share by weight, among
-the stores with items left. ``docs/streaming.md`` has the design and the figures.
+ranks and DataLoader workers together. One store is a mixture of one: the read
+units of every store form one list (:class:`~atari_zarr.read.units.Units`), whose
+order, split among consumers (:class:`~atari_zarr.read.consumer.Consumer`) and
+order of leaving are arithmetic (:mod:`atari_zarr.read.epoch`); each consumer
+reads its units with one :class:`~atari_zarr.read.units.UnitReader`, whose shuffle
+buffer mixes the units of whichever stores they come from. With weights, each
+consumer's next unit comes from a store drawn by weight
+(:func:`~atari_zarr.read.epoch.interleave`). ``docs/streaming.md`` has the design
+and the figures.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,13 +28,13 @@ from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
 from atari_zarr.read.epoch import Consumed, EpochPlan
 from atari_zarr.read.items import Items
-from atari_zarr.read.mixture import store_probabilities, tag_store
+from atari_zarr.read.mixture import store_probabilities
 from atari_zarr.read.store import StoreReader
 from atari_zarr.read.units import (
     DEFAULT_SHUFFLE_BUFFER,
     DEFAULT_UNITS_AHEAD,
-    UnitLayout,
     UnitReader,
+    Units,
     stream_memory_bound,
 )
 from atari_zarr.resources import cpu_count
@@ -46,7 +49,9 @@ __all__ = [
 ]
 
 # 3: the items emitted, whatever the consumers (elastic resume); 2: consumers read
-# contiguous parts of the epoch's items; 1: units dealt round-robin
+# contiguous parts of the epoch's items; 1: units dealt round-robin. Version 3 states
+# of several stores saved before the stores shared one list of units hold a state
+# per store under "stores": they load as what is left to deal (_merge_store_states).
 _STATE_VERSION = 3
 
 
@@ -60,13 +65,30 @@ class EpochStream(torch.utils.data.IterableDataset):
     ``rank``/``world_size`` given), this rank's; in a DataLoader worker, this
     worker's part of it. Together the parts are every item, each once.
 
-    Progress is one number per consumer (``rank * num_workers + worker``) and
-    store: the items it has emitted. :meth:`state_dict` holds them with the seed
-    and epoch, and which items they are whatever the consumers; a stream given that
-    state by :meth:`load_state_dict` yields exactly the items not yet emitted, on any
-    number of ranks and DataLoader workers. Iterating the stream itself counts what it yields;
-    through a DataLoader with workers, use :meth:`loader` (which counts the batches
-    it hands out) or call :meth:`record` on every batch.
+    Progress is one number per consumer (``rank * num_workers + worker``): the items
+    it has emitted. :meth:`state_dict` holds them with the seed and epoch, and which
+    items they are whatever the consumers; a stream given that state by
+    :meth:`load_state_dict` yields exactly the items not yet emitted, on any number
+    of ranks and DataLoader workers. Iterating the stream itself counts what it
+    yields; through a DataLoader with workers, use :meth:`loader` (which counts the
+    batches it hands out) or call :meth:`record` on every batch.
+
+    Parameters
+    ----------
+    stores : sequence of StoreReader
+        The stores, in order (one, or a mixture).
+    items : sequence of Items
+        What an item of each store is.
+    batch_size : int
+        Items per batch.
+    weights : sequence of float, optional
+        Several stores: the weight of each, which orders each consumer's units
+        (default: the permutation's order, stores drawn in proportion to their items).
+    game_ids : sequence of int, optional
+        Several stores: tag items with ``game_id`` (``game_ids`` of their store),
+        ``row`` and a global ``index`` (default: items as their one store gives them).
+    **options
+        As :meth:`~atari_zarr.read.core.ItemDataset.stream` documents.
 
     Examples
     --------
@@ -98,15 +120,15 @@ class EpochStream(torch.utils.data.IterableDataset):
         units_ahead: int = DEFAULT_UNITS_AHEAD,
         unit_rows: int | None = None,
         weights: Sequence[float] | np.ndarray | None = None,
-        several: bool | None = None,
+        game_ids: Sequence[int] | np.ndarray | None = None,
         where: str | None = None,
     ) -> None:
         self.stores = list(stores)
         self.items = list(items)
-        #: True: batches carry ``game_id``, ``row`` and a global ``index``.
-        self.several = len(self.stores) > 1 if several is None else bool(several)
+        #: Game of each store, with which items are tagged (None: untagged, one store).
+        self.game_ids = None if game_ids is None else np.asarray(game_ids, dtype=np.int64)
         where = where or (
-            f"MultiGameDataset of {len(self.stores)} stores" if self.several else stores[0].where
+            f"a stream of {len(self.stores)} stores" if len(self.stores) > 1 else stores[0].where
         )
         self.where = where
         self.frame_stack = whole_number(frame_stack, "frame_stack", where)
@@ -119,10 +141,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = check_rank(rank, world_size, where)
         self._unit_rows_asked = unit_rows
-        self._layouts = [
-            UnitLayout(s, i, unit_rows) for s, i in zip(self.stores, self.items, strict=True)
-        ]
-        self.unit_rows = self._layouts[0].unit_rows
+        self.units = Units(self.stores, self.items, unit_rows)
+        self.unit_rows = self.units.unit_rows
         self.window = max(1, self.shuffle_buffer // self.unit_rows)
         lengths = np.array([len(i) for i in self.items], dtype=np.int64)
         #: Global index of each store's first row (``MultiGameDataset``'s offsets).
@@ -130,42 +150,38 @@ class EpochStream(torch.utils.data.IterableDataset):
             np.int64
         )
         self._item_count = int(lengths.sum())
-        #: Probability of drawing each store (one store: 1).
-        self.weights = store_probabilities(lengths, weights) if self.several else np.ones(1)
-        #: Items emitted per store and consumer in the current epoch.
-        self.store_positions: list[dict[int, int]] = [{} for _ in self.stores]
-        #: Batches emitted per consumer in the current epoch (several stores).
-        self.batches: dict[int, int] = {}
+        #: Weight of each store, as the plan orders units by it (None: by the permutation).
+        self.weights = None if weights is None else store_probabilities(lengths, weights)
+        #: Items emitted per consumer in the current epoch.
+        self.positions: dict[int, int] = {}
         self._consumers: int | None = None
-        #: Items emitted before the current consumers took over (None: none), per store.
-        self._base: list[Consumed | None] = [None] * len(self.stores)
+        #: Items emitted before the current consumers took over (None: none).
+        self._base: Consumed | None = None
         #: The items a loaded state had emitted, until the consumers are known.
-        self._loaded: list[Consumed] | None = None
+        self._loaded: Consumed | None = None
 
     @property
     def fast(self) -> bool:
         """True when units are read by the engine (False: through zarr-python)."""
-        return all(layout.fast for layout in self._layouts)
+        return self.units.fast
 
     def __getstate__(self) -> dict[str, Any]:
         # stores hold file systems, caches and locks: opened again where unpickled
         state = dict(self.__dict__)
         state["stores"] = [s.reopen_state() for s in self.stores]
-        del state["_layouts"]
+        del state["units"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         stores = [StoreReader(**s) for s in state.pop("stores")]
         self.__dict__.update(state)
         self.stores = stores
-        self._layouts = [
-            UnitLayout(s, i, self._unit_rows_asked) for s, i in zip(stores, self.items, strict=True)
-        ]
+        self.units = Units(stores, self.items, self._unit_rows_asked)
 
     # -- the plan ---------------------------------------------------------------------
-    def _plan(self, g: int, consumer: int, consumers: int, pad: int = 0) -> EpochPlan:
+    def _plan(self, consumer: int, consumers: int, pad: int = 0) -> EpochPlan:
         return EpochPlan(
-            self._layouts[g].bounds,
+            self.units.bounds,
             seed=self.seed,
             epoch=self.epoch,
             shuffle=self.shuffle,
@@ -173,19 +189,17 @@ class EpochStream(torch.utils.data.IterableDataset):
             consumer=consumer,
             consumers=consumers,
             pad=pad,
-            left=self._base[g],
+            left=self._base,
+            stores=self.units.store,
+            weights=self.weights,
         )
-
-    def _consumer_items(self, g: int, consumers: int) -> np.ndarray:
-        """Items each of ``consumers`` consumers reads from store ``g`` (padding not counted)."""
-        return np.diff(self._plan(g, 0, consumers).cuts)
 
     def balance(self, consumers: int) -> tuple[np.ndarray, np.ndarray]:
         """Per consumer: the items it yields in the epoch, and the padding among them.
 
         Every consumer yields the same number of batches. By default each is padded to
-        the largest count (at most one item per store more than its own), repeating its
-        first items, as ``DistributedSampler`` does; with ``drop_last`` each yields the
+        the largest count (one item more than its own at most), repeating its first
+        items, as ``DistributedSampler`` does; with ``drop_last`` each yields the
         largest number of whole batches all of them can fill, so fewer than
         ``consumers * batch_size`` items are left out. An epoch too small for that is
         one line.
@@ -195,8 +209,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         (items, pads) : numpy.ndarray, numpy.ndarray
             ``(consumers,)`` each; ``pads`` is 0 with ``drop_last``.
         """
-        own = np.sum([self._consumer_items(g, consumers) for g in range(len(self.stores))], 0)
-        own = np.asarray(own, dtype=np.int64).reshape(consumers)
+        own = np.diff(self._plan(0, consumers).cuts).astype(np.int64)
         what = "windows" if not self.items[0].identity else "transitions"
         if own.min() == 0:
             raise InvalidArgumentError(
@@ -217,26 +230,13 @@ class EpochStream(torch.utils.data.IterableDataset):
         top = int(own.max())
         return np.full(consumers, top, dtype=np.int64), top - own
 
-    def _pads(self, consumer: int, consumers: int, extra: int) -> list[int]:
-        """This consumer's ``extra`` padding per store: all on the first store it reads from."""
-        pads = [0] * len(self.stores)
-        if extra:
-            for g in range(len(self.stores)):
-                if self._consumer_items(g, consumers)[consumer] > 0:
-                    pads[g] = extra
-                    break
-        return pads
-
     def _check_consumers(self, consumers: int) -> None:
         """Read by ``consumers`` consumers from now on. Other consumers than the ones the
         progress was made by take over what is left of the epoch (elastic)."""
         if self._consumers is not None and self._consumers != consumers:
-            started = any(p for p in self.store_positions)
-            if self._loaded is not None or started:
-                left = self._loaded or self._progress()[1]
-                self._base = list(left)
-                self.store_positions = [{} for _ in self.stores]
-                self.batches = {}
+            if self._loaded is not None or self.positions:
+                self._base = self._loaded or self._progress()[1]
+                self.positions = {}
         self._loaded = None
         self._consumers = consumers
 
@@ -247,123 +247,67 @@ class EpochStream(torch.utils.data.IterableDataset):
         self._check_consumers(me.count)
         yield from self._consume(me.index, me.count)
 
-    def _readers(self, consumer: int, consumers: int, total: int, extra: int) -> list[UnitReader]:
-        """This consumer's reader of each store: ``total`` items, ``extra`` of them padding."""
-        decoders = threading.BoundedSemaphore(max(1, cpu_count() - 1))
-        readers = []
-        pads = self._pads(consumer, consumers, extra)
-        for g, (store, items) in enumerate(zip(self.stores, self.items, strict=True)):
-            plan = self._plan(g, consumer, consumers, pads[g])
-            start = self.store_positions[g].get(consumer, 0)
-            stop = plan.rows
-            if self.drop_last and not self.several:
-                stop = total
-            readers.append(
-                UnitReader(
-                    store,
-                    items,
-                    self._layouts[g],
-                    plan,
-                    stack=self.frame_stack,
-                    start=start,
-                    stop=stop,
-                    units_ahead=self.units_ahead,
-                    decoders=decoders,
-                )
-            )
-        return readers
+    def _tagger(self) -> Callable[[TensorDict, np.ndarray], TensorDict] | None:
+        """What tags a batch with its items' stores (None: items untagged)."""
+        if self.game_ids is None:
+            return None
+        from atari_zarr.read.mixture import tag_items
 
-    def _counts(self, left: np.ndarray, t: int, consumer: int, consumers: int) -> np.ndarray:
-        """Items of each store in batch ``t``: multinomial by weight among stores left."""
-        want = min(self.batch_size, int(left.sum()))
-        if len(left) == 1:
-            return np.array([want], dtype=np.int64)
-        rng = np.random.default_rng(
-            [self.seed, self.epoch, consumers, consumer, t, 3]  # a stream of its own
-        )
-        counts = np.zeros(len(left), dtype=np.int64)
-        while want > 0:
-            p = np.where(left > counts, self.weights, 0.0)
-            if p.sum() <= 0:  # only stores of weight 0 are left: take them evenly
-                p = (left > counts).astype(np.float64)
-            counts += rng.multinomial(want, p / p.sum())
-            over = np.maximum(counts - left, 0)
-            counts -= over
-            want = int(over.sum())
-        return counts
+        offsets, games = self.offsets, self.game_ids
+        return lambda td, stores: tag_items(td, stores, offsets, games)
 
     def _consume(self, consumer: int, consumers: int) -> Iterator[TensorDict]:
         # an epoch too small for its consumers is one line, before anything is read
         items, pads = self.balance(consumers)
-        readers = self._readers(consumer, consumers, int(items[consumer]), int(pads[consumer]))
+        plan = self._plan(consumer, consumers, int(pads[consumer]))
+        start = self.positions.get(consumer, 0)
+        reader = UnitReader(
+            self.stores,
+            self.items,
+            self.units,
+            plan,
+            stack=self.frame_stack,
+            start=start,
+            stop=int(items[consumer]) if self.drop_last else plan.rows,
+            units_ahead=self.units_ahead,
+            decoders=threading.BoundedSemaphore(max(1, cpu_count() - 1)),
+            tag=self._tagger(),
+        )
         try:
-            remaining = np.array([r.remaining for r in readers], dtype=np.int64)
-            limit = None
-            if self.drop_last and self.several:
-                limit = int(items[consumer]) // self.batch_size
-            while remaining.sum() > 0:
-                t = self.batches.get(consumer, 0)
-                if limit is not None and t >= limit:
+            while True:
+                td = reader.take(self.batch_size)
+                if td is None or (self.drop_last and len(td) < self.batch_size):
                     break
-                counts = self._counts(remaining, t, consumer, consumers)
-                if self.several and self.drop_last and counts.sum() < self.batch_size:
-                    break
-                parts = []
-                for g in np.flatnonzero(counts).tolist():
-                    td = readers[g].take(int(counts[g]))
-                    if td is None:  # pragma: no cover - counts never exceed what is left
-                        continue
-                    if self.several:
-                        td = tag_store(td, g, int(self.offsets[g]))
-                    parts.append(td)
-                    pos = self.store_positions[g]
-                    pos[consumer] = pos.get(consumer, 0) + len(td)
-                if not parts:
-                    break
-                if not self.several and len(parts[0]) < self.batch_size and self.drop_last:
-                    break
-                remaining -= counts
-                self.batches[consumer] = t + 1
-                yield torch.cat(parts) if len(parts) > 1 else parts[0]
+                self.positions[consumer] = self.positions.get(consumer, 0) + len(td)
+                yield td
         finally:
-            for r in readers:
-                r.close()
+            reader.close()
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` (a new permutation); progress is reset."""
         self.epoch = whole_number(epoch, "epoch", self.where, low=0)
-        self.store_positions = [{} for _ in self.stores]
-        self.batches = {}
-        self._base = [None] * len(self.stores)
+        self.positions = {}
+        self._base = None
         self._loaded = None
 
     # -- progress ---------------------------------------------------------------------
-    def _consumer_of(self, g: int, row: int, consumers: int) -> int:
-        item = int(self.items[g].count_before(np.array([row]))[0])
-        return self._plan(g, 0, consumers).consumer_of(item)
-
     def record(self, batch: TensorDict, num_workers: int) -> None:
         """Count ``batch`` as seen: for a DataLoader with ``num_workers`` workers.
 
-        The batch's consumer is found from its ``index`` (the plan is arithmetic).
+        The batch's consumer is found from its first item's ``index`` (the plan is
+        arithmetic).
         """
         if not len(batch):
             return
         consumers = Consumer.current(self.rank, self.world_size, workers=num_workers).count
         self._check_consumers(consumers)
-        index = batch["row"] if self.several else batch["index"]
-        games = batch["game_id"] if self.several else torch.zeros(len(batch), dtype=torch.int64)
-        if index.ndim > 1:  # windows: the first row of each
-            index, games = index[:, 0], games[:, 0] if games.ndim > 1 else games
-        consumer = None
-        for g in torch.unique(games).tolist():
-            rows = index[games == g]
-            c = self._consumer_of(g, int(rows[0]), consumers)
-            consumer = c if consumer is None else consumer
-            pos = self.store_positions[g]
-            pos[c] = pos.get(c, 0) + len(rows)
-        if consumer is not None:
-            self.batches[consumer] = self.batches.get(consumer, 0) + 1
+        index = batch["index"]
+        row = int(index[0, 0] if index.ndim > 1 else index[0])  # a window: its first row
+        g = int(np.searchsorted(self.offsets, row, side="right")) - 1
+        local = np.array([row - int(self.offsets[g])], dtype=np.int64)
+        item = int(self.units.item_offsets[g] + self.items[g].count_before(local)[0])
+        c = self._plan(0, consumers).consumer_of(item)
+        self.positions[c] = self.positions.get(c, 0) + len(batch)
 
     def loader(self, **kwargs: Any) -> StreamLoader:
         """A DataLoader over this stream (``batch_size=None``) that records progress.
@@ -383,82 +327,31 @@ class EpochStream(torch.utils.data.IterableDataset):
         workers = max(1, consumers // me.world_size)
         return range(me.rank * workers, (me.rank + 1) * workers), workers
 
-    def _replay(self, consumer: int, consumers: int, batches: int, pads: np.ndarray) -> np.ndarray:
-        """Items of each store consumer ``consumer`` emitted in its first ``batches``."""
-        extra = self._pads(consumer, consumers, int(pads[consumer]))
-        left = np.array(
-            [self._plan(g, consumer, consumers, extra[g]).rows for g in range(len(self.stores))],
-            dtype=np.int64,
-        )
-        done = np.zeros(len(self.stores), dtype=np.int64)
-        for t in range(batches):
-            done += self._counts(left - done, t, consumer, consumers)
-        return done
-
-    def _all_batches(self, consumers: int) -> dict[int, int]:
-        """Batches of every consumer: this rank's as counted, the others' by lockstep (DDP
-        ranks step together, and a rank's DataLoader hands out its workers' batches in
-        turn, so worker ``w`` of every rank has emitted as many as this rank's)."""
-        own, workers = self._own(consumers)
-        return {
-            c: self.batches.get(c if c in own else own.start + c % workers, 0)
-            for c in range(consumers)
-        }
-
-    def _progress(self) -> tuple[list[dict[int, int]], list[Consumed]]:
-        """Per store: the items every consumer emitted (the others' by lockstep, with
-        several stores replayed from their batches), and every item emitted in this
-        epoch, whoever emitted it."""
-        stores = range(len(self.stores))
-        consumed = [
-            base.copy() if base is not None else Consumed(self._layouts[g].bounds)
-            for g, base in enumerate(self._base)
-        ]
+    def _progress(self) -> tuple[dict[int, int], Consumed]:
+        """The items every consumer emitted (the other ranks' by lockstep: DDP ranks
+        step together, and a rank's DataLoader hands out its workers' batches in turn,
+        so worker ``w`` of every rank has emitted as many as this rank's), and every
+        item emitted in this epoch, whoever emitted it."""
+        consumed = self._base.copy() if self._base is not None else Consumed(self.units.bounds)
         consumers = self._consumers
         if consumers is None:
-            return [{} for _ in stores], consumed
+            return {}, consumed
         own, workers = self._own(consumers)
-        positions: list[dict[int, int]] = [{} for _ in stores]
-        pads = None
-        for c in range(consumers):
-            mate = c if c in own else own.start + c % workers
-            if c in own or not self.several:
-                for g in stores:
-                    positions[g][c] = self.store_positions[g].get(mate, 0)
-                continue
-            if pads is None:
-                pads = self.balance(consumers)[1]
-            done = self._replay(c, consumers, self.batches.get(mate, 0), pads)
-            for g in stores:
-                positions[g][c] = int(done[g])
-        if any(p for by_consumer in positions for p in by_consumer.values()):
-            pads = self.balance(consumers)[1] if pads is None else pads
-            for c in range(consumers):
-                extra = self._pads(c, consumers, int(pads[c]))
-                for g in stores:
-                    if positions[g][c] > 0:
-                        plan = self._plan(g, c, consumers, extra[g])
-                        for unit, items in plan.consumed(positions[g][c]).items():
-                            consumed[g].add(unit, items)
+        positions = {
+            c: self.positions.get(c if c in own else own.start + c % workers, 0)
+            for c in range(consumers)
+        }
+        if any(positions.values()):
+            pads = self.balance(consumers)[1]
+            for c, position in positions.items():
+                if position > 0:
+                    plan = self._plan(c, consumers, int(pads[c]))
+                    for unit, items in plan.consumed(position).items():
+                        consumed.add(unit, items)
         return positions, consumed
 
-    def _store_state(self, g: int, positions: dict[int, int], consumed: Consumed) -> dict[str, Any]:
-        base = self._base[g]
-        return {
-            "version": _STATE_VERSION,
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "shuffle": self.shuffle,
-            "drop_last": self.drop_last,
-            "window": self.window,
-            "unit_rows": self.unit_rows,
-            "items": self.items[g].token,
-            "transitions": len(self.stores[g]),
-            "consumers": self._consumers,
-            "positions": {int(c): int(p) for c, p in positions.items() if p},
-            "base": None if base is None else base.encode(),
-            "consumed": consumed.encode(),
-        }
+    def _lengths(self) -> list[int]:
+        return [len(s) for s in self.stores]
 
     def state_dict(self) -> dict[str, Any]:
         """What resumes this epoch, on any number of ranks and DataLoader workers.
@@ -469,8 +362,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         deals exactly the rest of the epoch among its consumers, each item once.
         ``consumers`` and ``positions`` (items emitted per consumer, ``rank *
         num_workers + worker``) let a resume with the same consumers continue in the
-        very order of the uninterrupted epoch. With several stores, ``stores`` holds
-        that state for each store and ``batches`` the batches emitted per consumer.
+        very order of the uninterrupted epoch. ``lengths`` are the stores' rows.
 
         In a distributed job, every rank's state describes the whole job: ranks step
         together, so the consumers of other ranks have emitted as many batches as this
@@ -479,37 +371,64 @@ class EpochStream(torch.utils.data.IterableDataset):
         positions, consumed = self._progress()
         if self._loaded is not None:  # loaded, not read since: what the state said
             consumed = self._loaded
-        states = [self._store_state(g, positions[g], consumed[g]) for g in range(len(consumed))]
-        if not self.several:
-            return states[0]
-        consumers = self._consumers
-        batches = self._all_batches(consumers) if consumers else {}
         return {
             "version": _STATE_VERSION,
-            "batches": {int(c): int(n) for c, n in batches.items() if n},
-            "stores": states,
+            "seed": self.seed,
+            "epoch": self.epoch,
+            "shuffle": self.shuffle,
+            "drop_last": self.drop_last,
+            "window": self.window,
+            "unit_rows": self.unit_rows,
+            "items": self.items[0].token,
+            "transitions": int(sum(self._lengths())),
+            "lengths": self._lengths(),
+            "consumers": self._consumers,
+            "positions": {int(c): int(p) for c, p in positions.items() if p},
+            "base": None if self._base is None else self._base.encode(),
+            "consumed": consumed.encode(),
         }
 
-    def _load_store_state(self, g: int, state: dict[str, Any]) -> Consumed:
-        _check_state(state, self.where)
+    def _check_belongs(self, state: dict[str, Any], lengths: list[int], items: str) -> None:
         expected = {
-            "transitions": len(self.stores[g]),
+            "transitions": int(sum(lengths)),
             "unit_rows": self.unit_rows,
             "window": self.window,
             "shuffle": self.shuffle,
             # where each consumer stops depends on it
             "drop_last": self.drop_last,
-            "items": self.items[g].token,
+            "items": items,
         }
         found = {k: state.get(k) for k in expected}
         found["items"] = state.get("items", "transitions")  # states saved before windows
-        if state.get("version") != _STATE_VERSION or found != expected:
+        saved = state.get("lengths", lengths if len(lengths) == 1 else None)
+        if state.get("version") != _STATE_VERSION or found != expected or saved != lengths:
             raise InvalidArgumentError(
                 f"this state does not belong to this stream of {self.where}: expected "
-                f"{expected} (state version {_STATE_VERSION}), found {found} (version "
-                f"{state.get('version')}); open the stream with the options it was saved with"
+                f"{expected} over stores of {lengths} rows (state version {_STATE_VERSION}), "
+                f"found {found} over {saved} (version {state.get('version')}); open the "
+                f"stream with the stores and options it was saved with"
             )
-        sizes = np.diff(self._layouts[g].bounds, axis=1).reshape(-1)
+
+    def _decode(self, state: dict[str, Any], sizes: np.ndarray) -> tuple[Any, Consumed]:
+        """The ``base`` and ``consumed`` of a state, for units of ``sizes`` items."""
+        try:
+            base = None if state.get("base") is None else Consumed.decode(state["base"], sizes)
+            return base, Consumed.decode(state["consumed"], sizes)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidArgumentError(
+                f"this state of a stream of {self.where} does not say which items were "
+                f"emitted ({exc}); expected what state_dict() gave. Pass the state as saved"
+            ) from None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen,
+        whatever the number of ranks and DataLoader workers."""
+        _check_state(state, self.where)
+        if isinstance(state.get("stores"), list):
+            self._merge_store_states(state)
+            return
+        self._check_belongs(state, self._lengths(), self.items[0].token)
+        sizes = np.diff(self.units.bounds, axis=1).reshape(-1)
         where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
         epoch = whole_number(state.get("epoch"), "epoch", where, low=0)
         seed = whole_number(state.get("seed"), "seed", where, low=0)
@@ -527,50 +446,37 @@ class EpochStream(torch.utils.data.IterableDataset):
                     f"positions[{c!r}] is {p!r} items, more than the {int(sizes.sum())} of an "
                     f"epoch, for {where}"
                 )
-        try:
-            base = None if state.get("base") is None else Consumed.decode(state["base"], sizes)
-            consumed = Consumed.decode(state["consumed"], sizes)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidArgumentError(
-                f"this state of a stream of {self.where} does not say which items were "
-                f"emitted ({exc}); expected what state_dict() gave. Pass the state as saved"
-            ) from None
+        base, consumed = self._decode(state, sizes)
         self.seed, self.epoch = seed, epoch
         self._consumers = state.get("consumers")
-        self.store_positions[g] = positions
-        self._base[g] = base
-        return consumed
+        self.positions = positions
+        self._base = base
+        self._loaded = consumed
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen,
-        whatever the number of ranks and DataLoader workers."""
-        _check_state(state, self.where)
-        if not self.several:
-            self._loaded = [self._load_store_state(0, state)]
-            self.batches = {}
-            return
-        stores = state.get("stores")
-        batches = state.get("batches")
-        if (
-            state.get("version") != _STATE_VERSION
-            or not isinstance(stores, list)
-            or len(stores) != len(self.stores)
-            or not isinstance(batches, dict)
-        ):
-            stores = stores if isinstance(stores, list) else []
+    def _merge_store_states(self, state: dict[str, Any]) -> None:
+        """A state of several stores saved with one state per store (before the stores
+        shared one list of units): which items each store emitted, as one list, dealt
+        again among the consumers (the order of the rest is this version's)."""
+        stores = state["stores"]
+        if state.get("version") != _STATE_VERSION or len(stores) != len(self.stores):
             raise InvalidArgumentError(
                 f"this state does not belong to this stream of {len(self.stores)} stores "
                 f"(found {len(stores)} stores, version {state.get('version')}); "
                 f"open the stream with the stores and options it was saved with"
             )
-        self._loaded = [self._load_store_state(g, sub) for g, sub in enumerate(stores)]
+        parts = []
+        for g, sub in enumerate(stores):
+            _check_state(sub, self.where)
+            self._check_belongs(sub, [len(self.stores[g])], self.items[g].token)
+            sizes = np.diff(self.units.layouts[g].bounds, axis=1).reshape(-1)
+            parts.append(self._decode(sub, sizes)[1])
         where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
-        self.batches = {
-            _consumer_key(c, "a consumer of batches", where): whole_number(
-                n, f"batches[{c!r}]", where, low=0
-            )
-            for c, n in batches.items()
-        }
+        first = stores[0] if stores else {}
+        self.seed = whole_number(first.get("seed"), "seed", where, low=0)
+        self.epoch = whole_number(first.get("epoch"), "epoch", where, low=0)
+        merged = Consumed.concat(parts)
+        self._consumers, self.positions = None, {}
+        self._base, self._loaded = merged, merged
 
     def __repr__(self) -> str:
         return (

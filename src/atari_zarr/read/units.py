@@ -1,11 +1,14 @@
-"""Units of one store read ahead into a slab, and items taken out of them as batches.
+"""Units of one store or several read ahead into one slab, and items taken out as batches.
 
 One :class:`UnitReader` serves one consumer (:class:`~atari_zarr.read.consumer.Consumer`)
-of one store in an epoch of :class:`~atari_zarr.read.stream.EpochStream`:
+of an epoch of :class:`~atari_zarr.read.stream.EpochStream`, whatever the number of
+stores: one slab, one shuffle buffer, one set of units ahead, so its memory does not
+grow with the stores; a store no unit in flight comes from costs nothing here.
 
-* :class:`UnitLayout` cuts the store into read units (a frame shard, 4096 frames,
+* :class:`UnitLayout` cuts one store into read units (a frame shard, 4096 frames,
   by default) and counts the items (:class:`~atari_zarr.read.items.Items`) each
-  unit starts;
+  unit starts; :class:`Units` puts every store's units in one list, item numbers
+  global (store after store), which the epoch plan permutes and splits;
 * **units ahead**: the epoch plan (:mod:`atari_zarr.read.epoch`) says which units
   this consumer reads and in which order; ``units_ahead`` of them are fetched by
   the engine (:meth:`~atari_zarr.read.engine.ChunkEngine.fetch_span`: the whole
@@ -15,10 +18,10 @@ of one store in an epoch of :class:`~atari_zarr.read.stream.EpochStream`:
   stacks and windows are exact at unit boundaries. Decoding takes the cores but
   one, which is left to the loop that gathers batches;
 * :meth:`UnitReader.take` leaves the items of the plan's segments in order and
-  gathers their frames from the slab with one ``np.take`` into memory from the
-  store's :class:`~atari_zarr.read.pool.BufferPool`; :mod:`atari_zarr.read.batch`
-  builds the TensorDict. The shuffle buffer is item numbers into decoded units,
-  never a second copy of the frames.
+  gathers their frames from the slab with one ``np.take`` into memory from its
+  :class:`~atari_zarr.read.pool.BufferPool`; :mod:`atari_zarr.read.batch` builds
+  one TensorDict for the batch, whichever stores its items come from. The shuffle
+  buffer is item numbers into decoded units, never a second copy of the frames.
 """
 
 from __future__ import annotations
@@ -34,9 +37,10 @@ from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch
+from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items
+from atari_zarr.read.pool import BufferPool
 from atari_zarr.read.store import StoreReader
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "DEFAULT_UNITS_AHEAD",
     "UnitLayout",
     "UnitReader",
+    "Units",
     "stream_memory_bound",
 ]
 
@@ -64,7 +69,8 @@ def stream_memory_bound(
     frame_bytes: int = 84 * 84,
     length: int = 1,
 ) -> int:
-    """Bytes a stream holds for frames, per consumer (each DataLoader worker) and store.
+    """Bytes a stream holds for frames, per consumer (each DataLoader worker), whatever
+    the number of stores.
 
     ``(window + 1 + units_ahead) * (unit_rows + frame_stack + length - 1) *
     frame_bytes`` decoded, plus up to ``units_ahead`` fetched units before decoding
@@ -120,14 +126,88 @@ class UnitLayout:
         self.bounds = counts
 
 
+class Units:
+    """Every store's read units as one list: the units an epoch plan permutes and splits.
+
+    Store ``g``'s units follow store ``g - 1``'s; item numbers are global, store
+    ``g``'s items numbered from ``item_offsets[g]`` (one store: its own numbers).
+
+    Parameters
+    ----------
+    stores : sequence of StoreReader
+    items : sequence of Items
+        What an item of each store is (one kind and length for all).
+    unit_rows : int, optional
+        Rows per unit (default: each store's shard).
+    """
+
+    def __init__(
+        self, stores: list[StoreReader], items: list[Items], unit_rows: int | None
+    ) -> None:
+        self.layouts = [UnitLayout(s, i, unit_rows) for s, i in zip(stores, items, strict=True)]
+        #: Rows per unit of the first store (the shuffle window is counted in these).
+        self.unit_rows = self.layouts[0].unit_rows
+        counts = np.array([len(i) for i in items], dtype=np.int64)
+        #: Global item number of each store's first item (``len(stores) + 1``).
+        self.item_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        per = [len(layout.rows) for layout in self.layouts]
+        #: Store of each unit, and its number among that store's units.
+        self.store = np.repeat(np.arange(len(per), dtype=np.int64), per)
+        self.local = np.concatenate([np.arange(n, dtype=np.int64) for n in per])
+        #: ``(n_units, 2)`` the item ranges the units start, global numbers.
+        starts = self.item_offsets[:-1]
+        self.bounds = np.concatenate(
+            [layout.bounds + off for layout, off in zip(self.layouts, starts, strict=True)]
+        ).reshape(-1, 2)
+        spans = [
+            int(np.diff(layout.rows, axis=1).max()) for layout in self.layouts if len(layout.rows)
+        ]
+        #: The most rows a unit of any store has (a slot of the slab holds one).
+        self.span = max([self.unit_rows, *spans])
+        #: True when every unit is read by the engine (False: some through zarr-python).
+        self.fast = all(layout.fast for layout in self.layouts)
+
+    def rows(self, unit: int) -> tuple[int, int, int]:
+        """``(store, first row, end row)`` of global unit ``unit``."""
+        g = int(self.store[unit])
+        lo, hi = self.layouts[g].rows[int(self.local[unit])]
+        return g, int(lo), int(hi)
+
+    def first_item(self, unit: int) -> int:
+        """The store's own number of the first item unit ``unit`` starts."""
+        g = int(self.store[unit])
+        return int(self.layouts[g].bounds[int(self.local[unit]), 0])
+
+
 class UnitReader:
-    """One consumer's items of one store, taken ``n`` at a time as TED batches."""
+    """One consumer's items, of one store or several, taken ``n`` at a time as TED batches.
+
+    Parameters
+    ----------
+    stores, items : list
+        The stores and what an item of each is.
+    units : Units
+        Their read units, which ``plan`` deals.
+    plan : EpochPlan
+        This consumer's part of the epoch.
+    stack : int
+        Frames per observation.
+    start, stop : int
+        The items of the plan to emit (its position, and where it stops).
+    units_ahead : int
+        Units fetched and decoded ahead of the one being read.
+    decoders : threading.BoundedSemaphore
+        Decoding threads allowed at once.
+    tag : callable, optional
+        ``tag(batch, stores)``: the batch as the mixture gives it, ``stores`` the store
+        of each item (default: as the store gives it).
+    """
 
     def __init__(
         self,
-        store: StoreReader,
-        items: Items,
-        layout: UnitLayout,
+        stores: list[StoreReader],
+        items: list[Items],
+        units: Units,
         plan: EpochPlan,
         *,
         stack: int,
@@ -135,22 +215,28 @@ class UnitReader:
         stop: int,
         units_ahead: int,
         decoders: threading.BoundedSemaphore,
+        tag: Any = None,
     ) -> None:
-        self.store, self.items, self.layout, self.plan = store, items, layout, plan
+        self.stores, self.items, self.units, self.plan = stores, items, units, plan
+        self.tag = tag
         self.k = stack
-        self.length = items.length
-        self.n = len(store)
+        self.length = items[0].length
+        self.n_rows = np.array([len(s) for s in stores], dtype=np.int64)
         self.remaining = max(0, stop - start)
         self.units_ahead = units_ahead
         self.decoders = decoders
         m = len(plan.units)
         self.halo_front = self.k - 1
-        unit_rows = layout.unit_rows
         #: Frames held per unit: the stacks before it, the unit, the items' rows after it.
-        self.ext = self.halo_front + unit_rows + self.length
+        self.ext = self.halo_front + units.span + self.length
         #: Per-step values held per unit: its rows and the items' rows after it.
-        self.cols = unit_rows + self.length - 1
-        self.windowed = not items.identity
+        self.cols = units.span + self.length - 1
+        self.windowed = not items[0].identity
+        self.padded = items[0].pad
+        self.frame_shape = tuple(stores[0].observation.shape[1:])
+        #: Memory of the batches handed out, reused once no tensor refers to it.
+        self.pool = BufferPool()
+        self._steps_before = [store.steps_before for store in stores]
         # window units mixed, one more whose last items wait in a partly taken batch,
         # units ahead on their way (a batch larger than a unit may need more: _grow)
         self.n_slots = 0
@@ -158,6 +244,7 @@ class UnitReader:
         self.col: dict[str, np.ndarray] = {}
         self.slot_lo: np.ndarray
         self.slot_items: np.ndarray
+        self.slot_store: np.ndarray
         self._allocate(min(m, plan.window + 1 + units_ahead) if m else 0)
         self.finals: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.free = list(range(self.n_slots))[::-1]
@@ -165,7 +252,7 @@ class UnitReader:
         self.slot_by_pos = np.full(m, -1, dtype=np.int64)
         self.futures: dict[int, Future] = {}
         self.segs: dict[int, np.ndarray] = {}
-        self.pool: ThreadPoolExecutor | None = None
+        self.pool_threads: ThreadPoolExecutor | None = None
         seg, skip = plan.locate(start)
         self.next_seg = seg
         self.next_fetch = plan.needed(seg).start if seg < m else m
@@ -197,12 +284,12 @@ class UnitReader:
             return new
 
         first = self.n_slots == 0
-        frame_shape = tuple(self.store.observation.shape[1:])
-        self.slab = grown(None if first else self.slab, (self.ext, *frame_shape), np.uint8)
+        self.slab = grown(None if first else self.slab, (self.ext, *self.frame_shape), np.uint8)
         for name, dtype in self._columns().items():
             self.col[name] = grown(None if first else self.col[name], (self.cols,), dtype)
         self.slot_lo = grown(None if first else self.slot_lo, (), np.int64)
         self.slot_items = grown(None if first else self.slot_items, (), np.int64)
+        self.slot_store = grown(None if first else self.slot_store, (), np.int64)
         self.n_slots = n_slots
 
     def _grow(self) -> None:
@@ -223,26 +310,27 @@ class UnitReader:
                 self._grow()  # the unit the next segment needs must have a slot
             j = self.next_fetch
             slot = self.free.pop()
-            if self.pool is None:
-                self.pool = ThreadPoolExecutor(
+            if self.pool_threads is None:
+                self.pool_threads = ThreadPoolExecutor(
                     max(1, self.units_ahead), thread_name_prefix="atari_zarr-stream"
                 )
             self.slot_of[j] = slot
             self.slot_by_pos[j] = slot
-            self.futures[j] = self.pool.submit(self._load, j, slot)
+            self.futures[j] = self.pool_threads.submit(self._load, j, slot)
             self.next_fetch += 1
 
-    def _read_frames(self, lo: int, hi: int, ext: np.ndarray) -> None:
-        """Frames of rows ``[lo, hi)`` and of the rows just outside into ``ext``."""
-        k, n = self.k, self.n
+    def _read_frames(self, g: int, lo: int, hi: int, ext: np.ndarray) -> None:
+        """Frames of rows ``[lo, hi)`` of store ``g`` and of the rows just outside into ``ext``."""
+        k, n = self.k, int(self.n_rows[g])
+        store, layout = self.stores[g], self.units.layouts[g]
         count = hi - lo
         halo = np.r_[
             np.arange(max(0, lo - k + 1), lo), np.arange(hi, min(hi + self.length, n))
         ].astype(np.int64)
         out = ext[self.halo_front : self.halo_front + count]
-        engine = self.store.engine
-        if self.layout.fast:
-            cr = self.layout.chunk_rows
+        engine = store.engine
+        if layout.fast:
+            cr = layout.chunk_rows
             extra = sorted({int(r) // cr for r in halo.tolist()})
             span, around = engine.fetch_span(lo, hi, extra)
             # all units' requests fly at once; decoding takes the cores but one, which
@@ -250,16 +338,16 @@ class UnitReader:
             with self.decoders:
                 got = engine.decode_span(lo, hi, out, span, halo, around)
         else:
-            out[:] = np.asarray(self.store.observation[lo:hi])
+            out[:] = np.asarray(store.observation[lo:hi])
             got = engine.read_generic(halo)
         ext[halo - lo + self.halo_front] = got
 
     def _load(self, j: int, slot: int) -> None:
-        store = self.store
         unit = int(self.plan.units[j])
-        lo, hi = (int(x) for x in self.layout.rows[unit])
-        self._read_frames(lo, hi, self.slab[slot])
-        top = min(hi + self.length - 1, self.n)
+        g, lo, hi = self.units.rows(unit)
+        store = self.stores[g]
+        self._read_frames(g, lo, hi, self.slab[slot])
+        top = min(hi + self.length - 1, int(self.n_rows[g]))
         rows = np.arange(lo, top, dtype=np.int64)
         c = len(rows)
         col = self.col
@@ -272,7 +360,8 @@ class UnitReader:
         if self.windowed:
             col["return_to_go"][slot, :c] = store.return_to_go(rows)
         self.slot_lo[slot] = lo
-        self.slot_items[slot] = int(self.layout.bounds[unit, 0])
+        self.slot_items[slot] = self.units.first_item(unit)
+        self.slot_store[slot] = g
         done = np.flatnonzero(term | trunc)
         self.finals.pop(slot, None)
         if store.final_observation is not None and len(done):
@@ -335,12 +424,26 @@ class UnitReader:
         self._submit()
         return batch
 
+    def _item_rows(
+        self, stores: np.ndarray, item: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """First row and real rows of each item (the store's own numbers), each by its store."""
+        if not self.windowed:
+            return item, None
+        starts = np.empty(len(item), dtype=np.int64)
+        real = np.empty(len(item), dtype=np.int64) if self.padded else None
+        for g in np.unique(stores).tolist():
+            sel = stores == g
+            starts[sel] = self.items[g].starts(item[sel])
+            if real is not None:
+                real[sel] = self.items[g].real(item[sel])
+        return starts, real
+
     def _assemble(self, slots: np.ndarray, local: np.ndarray) -> TensorDict:
         """The batch of items ``local`` (item numbers within their unit) of ``slots``."""
         k, length, b = self.k, self.length, len(slots)
-        item = self.slot_items[slots] + local
-        starts = self.items.starts(item)
-        real = self.items.real(item)
+        stores = self.slot_store[slots]
+        starts, real = self._item_rows(stores, self.slot_items[slots] + local)
         off = starts - self.slot_lo[slots]  # column of each item's first row in its slot
         # per-step values: one flat index into the slots' columns
         base = slots * self.cols
@@ -352,15 +455,14 @@ class UnitReader:
             stack=k,
             first=cols["first"].take(base + off),
             last_done=cols["terminated"].take(last) | cols["truncated"].take(last),
-            n_rows=self.n,
+            n_rows=self.n_rows[stores],
             valid=real,
         )
-        frame_shape = self.slab.shape[2:]
-        buffer = FrameBuffer(self.store.pool, b, length, k, frame_shape)
+        buffer = FrameBuffer(self.pool, b, length, k, self.frame_shape)
         # slab row of the oldest frame of each item is its first row's column: the
         # halo in front holds the k - 1 frames before the unit
         at = (slots * self.ext + off)[:, None] + np.arange(length + k, dtype=np.int64)[None, :]
-        flat = self.slab.reshape(-1, *frame_shape)
+        flat = self.slab.reshape(-1, *self.frame_shape)
         # one gather of every distinct frame into reused memory (frames that do not
         # exist are zeroed by assemble_batch). mode='clip': with the default mode
         # numpy gathers into a temporary buffer first
@@ -376,14 +478,15 @@ class UnitReader:
             names.append("return_to_go")
         steps = {name: cols[name].take(fi) for name in names}
         finals = self._finals_of(plan, slots, last - base) if self.finals else None
-        return assemble_batch(
+        batch = assemble_batch(
             plan,
             buffer,
             steps,
             window=self.windowed,
-            steps_before=self.store.steps_before,
+            steps_before=steps_before_by_store(self._steps_before, stores),
             finals=finals,
         )
+        return batch if self.tag is None else self.tag(batch, stores)
 
     def _finals_of(
         self, plan: FramePlan, slots: np.ndarray, last: np.ndarray
@@ -402,7 +505,7 @@ class UnitReader:
         return np.asarray(items, dtype=np.int64), np.stack(frames)
 
     def close(self) -> None:
-        pool, self.pool = self.pool, None
+        pool, self.pool_threads = self.pool_threads, None
         if pool is not None:
             # in-flight requests end on their own deadline; nothing waits for them
             pool.shutdown(wait=False, cancel_futures=True)
