@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["cpu_count", "memory_bytes"]
+__all__ = ["cpu_count", "memory_bytes", "process_memory"]
 
 
 def cpu_count() -> int:
@@ -52,3 +52,19 @@ def memory_bytes() -> int:
     except (ImportError, ValueError, OSError):  # pragma: no cover - not POSIX
         pass
     return min(found)
+
+
+_MEMORY: dict[int, int] = {}
+
+
+def process_memory() -> int:
+    """:func:`memory_bytes`, read once per process (a forked child reads it again).
+
+    Readers ask on every store they open and every batch they size; the cgroup's files
+    need not be read each time.
+    """
+    pid = os.getpid()
+    if pid not in _MEMORY:
+        _MEMORY.clear()
+        _MEMORY[pid] = memory_bytes()
+    return _MEMORY[pid]

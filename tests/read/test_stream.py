@@ -48,10 +48,13 @@ def write_store(
     max_len: int = 300,
     final: bool = True,
     frames: int | None = None,
+    name: int = 0,
+    game: str = "Pong",
 ) -> str:
     """A complete store of ``n`` transitions written with zarr directly (fast), episodes random.
 
-    With ``final``, ``final_observation`` holds ``frame_of(10**6 + episode)``. With
+    Row ``i``'s frame is ``frame_of(name + i)`` (``name`` tells stores apart). With
+    ``final``, ``final_observation`` holds ``frame_of(10**6 + name + episode)``. With
     ``frames``, only the first ``frames`` frames are written (the caller fills the rest).
     """
     rng = np.random.default_rng(seed)
@@ -61,16 +64,19 @@ def write_store(
     lengths[-1] -= sum(lengths) - n
     lengths = [x for x in lengths if x > 0]
     term = rng.random(len(lengths)) < 0.5
+    # both kinds of end: an array of one value only would be a chunk zarr never writes
+    if len(term) > 1 and (term.all() or not term.any()):
+        term[0] = not term[0]
     episode = np.repeat(np.arange(len(lengths)), lengths)
     ends = np.cumsum(lengths) - 1
     t = np.zeros(n, dtype=bool)
     u = np.zeros(n, dtype=bool)
     t[ends[term]] = True
     u[ends[~term]] = True
-    group = create_store(zarr.storage.LocalStore(path), n, {"game": "Pong", "run": "1"})
+    group = create_store(zarr.storage.LocalStore(path), n, {"game": game, "run": "1"})
     for start in range(0, n if frames is None else frames, 8192):
         stop = min(n if frames is None else frames, start + 8192)
-        group[OBSERVATION][start:stop] = frame_of(np.arange(start, stop))
+        group[OBSERVATION][start:stop] = frame_of(name + np.arange(start, stop))
     group[ACTION][:] = rng.integers(0, 6, n).astype(np.int32)
     group[REWARD][:] = rng.integers(-1, 2, n).astype(np.float32)
     group[EPISODE][:] = episode
@@ -79,7 +85,7 @@ def write_store(
     group[TRUNCATED][:] = u
     if final:
         arr = create_array(group, FINAL_OBSERVATION, len(lengths))
-        arr[:] = frame_of(10**6 + np.arange(len(lengths)))
+        arr[:] = frame_of(10**6 + name + np.arange(len(lengths)))
     mark_complete(group, {})
     return path
 

@@ -30,7 +30,6 @@ stream units *read* ahead by ``stream(units_ahead=k)``.)
 
 from __future__ import annotations
 
-import functools
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -47,7 +46,7 @@ from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_items
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.store import StoreReader, read_items
-from atari_zarr.resources import memory_bytes
+from atari_zarr.resources import process_memory
 
 if TYPE_CHECKING:
     from atari_zarr.read.stream import EpochStream
@@ -55,13 +54,6 @@ if TYPE_CHECKING:
 
 #: Bytes of one frame (84 x 84 uint8).
 FRAME_BYTES = int(np.prod(ARRAYS[OBSERVATION].row_shape))
-
-
-@functools.cache
-def _process_memory() -> int:
-    """:func:`~atari_zarr.resources.memory_bytes`, read once per process: ``sample`` asks
-    on every call, and the cgroup's files need not be read for every batch."""
-    return memory_bytes()
 
 
 __all__ = ["ItemDataset", "draw_ahead"]
@@ -105,7 +97,7 @@ class ItemDataset(torch.utils.data.Dataset):
         items: Sequence[Items],
         *,
         frame_stack: int = 1,
-        game_ids: Sequence[int] | None = None,
+        game_ids: Sequence[int] | np.ndarray | None = None,
         weights: Sequence[float] | None = None,
         names: Sequence[str] | None = None,
         where: str | None = None,
@@ -226,10 +218,10 @@ class ItemDataset(torch.utils.data.Dataset):
         size = whole_number(batch_size, "batch_size", self.where, low=0, unit="items")
         # frames of an item: a stack per step, and the next observation's
         need = size * max(i.length for i in self._items) * 2 * self.frame_stack * FRAME_BYTES
-        if need > _process_memory():
+        if need > process_memory():
             raise InvalidArgumentError(
                 f"batch_size {size:,} asks for {need / 2**30:,.0f} GiB of frames in one batch "
-                f"of {self.where}, more than the {_process_memory() / 2**30:,.0f} GiB this "
+                f"of {self.where}, more than the {process_memory() / 2**30:,.0f} GiB this "
                 f"process may use; pass a smaller batch_size"
             )
         if len(self) == 0:

@@ -425,6 +425,8 @@ class EpochPlan:
         """
         if position >= self.rows:
             return len(self.units), 0
+        if position == 0:  # the start: no segment's size is needed (empty ones are skipped)
+            return self.window - 1, 0
         ends = np.cumsum(self.segment_sizes())
         k = int(np.searchsorted(ends, position, side="right"))
         start = int(ends[k - 1]) if k else 0

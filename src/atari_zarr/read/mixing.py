@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -45,7 +46,49 @@ from atari_zarr.storage.catalog import (
     warn_stale_entry,
 )
 
-__all__ = ["MixtureSampler", "MultiGameDataset", "draw_mixture", "store_probabilities"]
+__all__ = [
+    "MixtureSampler",
+    "MultiGameDataset",
+    "draw_mixture",
+    "open_all",
+    "store_probabilities",
+]
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+#: Stores opened at once: opening is a few requests, mostly waiting on the network.
+OPENERS = 32
+
+
+def open_all(
+    things: list[T], open_one: Callable[[T], U], expected: tuple[type[BaseException], ...] = ()
+) -> list[tuple[Any, BaseException | None]]:
+    """``open_one`` of each of ``things``, on threads, in order: ``(result, None)``, or
+    ``(None, error)`` for an error of a type in ``expected`` (others are raised).
+
+    Opening a store is a few requests; a mixture of 240 stores in a bucket opens them
+    ``OPENERS`` at a time, so it waits for about ``240 / OPENERS`` round trips of them,
+    not 240.
+
+    Examples
+    --------
+    >>> open_all([1, 2, 0], lambda x: 6 // x, (ZeroDivisionError,))[:2]
+    [(6, None), (3, None)]
+    """
+
+    def attempt(thing: T) -> tuple[Any, BaseException | None]:
+        try:
+            return open_one(thing), None
+        except expected as exc:
+            return None, exc
+
+    if len(things) <= 1:
+        return [attempt(t) for t in things]
+    threads = min(OPENERS, len(things))
+    with ThreadPoolExecutor(threads, thread_name_prefix="atari_zarr-open") as pool:
+        return list(pool.map(attempt, things))
+
 
 log = logging.getLogger("atari_zarr")
 
@@ -112,19 +155,21 @@ class MultiGameDataset(ItemDataset):
     ) -> None:
         if len(datasets) == 0:
             raise InvalidArgumentError("MultiGameDataset needs at least one store; got none")
-        self._datasets = [
-            d
-            if isinstance(d, AtariZarrDataset)
-            else AtariZarrDataset(
+        # the stores share the dataset's memory share
+        shared = ReadOptions.of(options, "MultiGameDataset").divided(len(datasets))
+
+        def open_one(d: AtariZarrDataset | str) -> AtariZarrDataset:
+            if isinstance(d, AtariZarrDataset):
+                return d
+            return AtariZarrDataset(
                 d,
                 storage_options=storage_options,
                 frame_stack=frame_stack,
                 full_action_space=full_action_space,
-                # the stores share the dataset's memory share
-                options=ReadOptions.of(options, "MultiGameDataset").divided(len(datasets)),
+                options=shared,
             )
-            for d in datasets
-        ]
+
+        self._datasets = [d for d, _ in open_all(list(datasets), open_one)]
         stacks = {d.frame_stack for d in self._datasets}
         if len(stacks) > 1:
             raise InvalidArgumentError(
@@ -186,16 +231,23 @@ class MultiGameDataset(ItemDataset):
         opened: dict[str, AtariZarrDataset] = {}
         if entries is not None and names is None:
             shared = ReadOptions.of(options, "MultiGameDataset").divided(len(available))
-            for n in list(available):
-                try:
-                    opened[n] = AtariZarrDataset(
-                        name_to_url(root, n),
-                        storage_options=storage_options,
-                        frame_stack=frame_stack,
-                        full_action_space=full_action_space,
-                        options=shared,
-                    )
-                except (StoreNotFoundError, StoreIncompleteError):
+
+            def open_one(n: str) -> AtariZarrDataset:
+                return AtariZarrDataset(
+                    name_to_url(root, n),
+                    storage_options=storage_options,
+                    frame_stack=frame_stack,
+                    full_action_space=full_action_space,
+                    options=shared,
+                )
+
+            gone = (StoreNotFoundError, StoreIncompleteError)
+            for n, (ds, error) in zip(
+                list(available), open_all(list(available), open_one, gone), strict=True
+            ):
+                if error is None:
+                    opened[n] = ds
+                else:
                     warn_stale_entry(root, n)
                     available.remove(n)
         names = list(available if names is None else names)

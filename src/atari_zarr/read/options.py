@@ -28,7 +28,7 @@ from typing import Any
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.resources import memory_bytes
+from atari_zarr.resources import process_memory
 from atari_zarr.storage.deadline import resolve_timeout
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES
 from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP
@@ -113,7 +113,7 @@ class ReadOptions:
                     f"ReadOptions: frame_cache_bytes must be bytes or a share of memory such "
                     f"as '25%'; got {value!r}. Pass an int, or a percentage from 0% to 100%"
                 )
-            return int(memory_bytes() * share / 100) // max(1, int(sharers))
+            return int(process_memory() * share / 100) // max(1, int(sharers))
         return whole_number(value, "frame_cache_bytes", _WHERE, low=0, unit="bytes, or a share")
 
     def divided(self, parts: int) -> ReadOptions:

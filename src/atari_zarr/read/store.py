@@ -469,11 +469,10 @@ def read_items(
     else:
         width = length + stack
         # where each (item, frame) lies in the buffer's memory order
-        at = np.empty(b * width, dtype=np.int64)
-        at[buffer.flat(np.arange(b * width, dtype=np.int64).reshape(b, width))] = np.arange(
-            b * width
-        )
-        at = at.reshape(b, width)
+        flat_at = np.empty(b * width, dtype=np.int64)
+        order = buffer.flat(np.arange(b * width, dtype=np.int64).reshape(b, width))
+        flat_at[order] = np.arange(b * width)
+        at = flat_at.reshape(b, width)
         for g in groups:
             sel = sel_of[g]
             buffer.frames[at[sel].ravel()] = stores[g].frames.read(rows[sel].ravel())

@@ -41,22 +41,38 @@ class ByteSource(Protocol):
         """The bytes of each range (None where the object is absent), in order."""
 
 
+#: Memory maps kept open by the process, whatever the number of stores it reads.
+MAX_MAPS = 16384
+_MAPS: OrderedDict[str, mmap.mmap | bytes | None] = OrderedDict()
+_MAPS_LOCK = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    """A child forked while a thread held the lock gets one nobody holds."""
+    global _MAPS_LOCK
+    _MAPS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 class LocalBytes:
     """Byte ranges of files under a LocalStore, through memory maps kept open.
 
-    Up to ``max_maps`` maps are kept (least recently used dropped first): every frame
-    shard of a 50M-transition store (12,207) stays mapped, so random reads never reopen
-    a file (about 20 µs each); a map holds no file descriptor, only address space, well
-    under the kernel's 65,530 maps per process.
+    The maps of every store this process reads are kept in one place, up to
+    :data:`MAX_MAPS` in all (least recently used dropped first): every frame shard of
+    a 50M-transition store (12,207) stays mapped, so random reads never reopen a file
+    (about 20 µs each), and a mixture of hundreds of stores stays well under the
+    kernel's 65,530 maps per process. A map holds no file descriptor, only address
+    space.
     """
 
     remote = False
 
-    def __init__(self, root: str | os.PathLike[str], max_maps: int = 16384) -> None:
+    def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.max_maps = max_maps
-        self._maps: OrderedDict[str, mmap.mmap | bytes | None] = OrderedDict()
-        self._lock = threading.Lock()
+        self._maps = _MAPS
         #: Directories inside the store found to be directories, not links.
         self._plain_dirs: set[str] = set()
 
@@ -77,12 +93,13 @@ class LocalBytes:
             self._plain_dirs.add(prefix)
 
     def _map(self, key: str) -> mmap.mmap | bytes | None:
-        with self._lock:
-            if key in self._maps:
-                self._maps.move_to_end(key)
-                return self._maps[key]
-        mm: mmap.mmap | bytes | None
         path = self.root / key
+        name = str(path)
+        with _MAPS_LOCK:
+            if name in self._maps:
+                self._maps.move_to_end(name)
+                return self._maps[name]
+        mm: mmap.mmap | bytes | None
         self._check_dirs(key)
         try:
             # never a symlink, never blocking: a FIFO would hang the read for ever and
@@ -106,17 +123,17 @@ class LocalBytes:
                 )
             finally:
                 os.close(fd)
-        with self._lock:
-            self._maps[key] = mm
-            while len(self._maps) > self.max_maps:
+        with _MAPS_LOCK:
+            self._maps[name] = mm
+            while len(self._maps) > MAX_MAPS:
                 # Dropping the reference is enough: slices handed out keep their map alive.
                 self._maps.popitem(last=False)
         return mm
 
     def forget(self, key: str) -> None:
         """Drop the map of ``key`` (the object was replaced): the next read opens it again."""
-        with self._lock:
-            self._maps.pop(key, None)
+        with _MAPS_LOCK:
+            self._maps.pop(str(self.root / key), None)
 
     def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
         out: list[Any] = []

@@ -1,0 +1,206 @@
+"""Mixtures at scale: hundreds of stores as one dataset, weights as users ask for them.
+
+The stores here are tiny and each holds frames that name the store and the row
+(``frame_of(name + row)``), so a frame read from the wrong store or row is caught.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from atari_zarr import AtariZarrDataset, MultiGameDataset
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.read.mixture import game_numbers, store_weights
+from atari_zarr.read.stream import stream_memory_bound
+from tests.read.test_stream import frame_of, write_store
+
+STORES = 240
+NAME = 10_000  # store g's rows are named g * NAME + row
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory: pytest.TempPathFactory) -> MultiGameDataset:
+    """240 stores of 23 to 61 rows, each with frames of its own."""
+    root = tmp_path_factory.mktemp("many")
+    urls = [
+        write_store(str(root / f"s{g}.zarr"), 23 + g % 39, seed=g, max_len=9, name=g * NAME)
+        for g in range(STORES)
+    ]
+    return MultiGameDataset(urls)
+
+
+def check_batches(mix: MultiGameDataset, batches: list, ranks: int) -> None:
+    """Every (store, row) once (padding repeats fewer than one item per consumer), each
+    item's frames and next frames those of its store's row."""
+    index = torch.cat([b["index"] for b in batches]).numpy()
+    assert set(index.tolist()) == set(range(len(mix)))
+    assert len(index) - len(mix) < ranks
+    for b in batches:
+        store = np.searchsorted(mix.offsets, b["index"].numpy(), side="right") - 1
+        row = b["row"].numpy()
+        np.testing.assert_array_equal(row, b["index"].numpy() - mix.offsets[store])
+        np.testing.assert_array_equal(b["observation"].numpy(), frame_of(store * NAME + row))
+        lengths = np.diff(mix.offsets)[store]
+        nxt = b["next", "observation"].numpy()
+        done = b["next", "done"].numpy().reshape(-1)
+        going = ~done & (row + 1 < lengths)
+        np.testing.assert_array_equal(nxt[going], frame_of(store * NAME + row + 1)[going])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_an_epoch_of_240_stores_yields_every_row_once_with_its_frames(
+    many: MultiGameDataset, ranks: int
+) -> None:
+    batches = []
+    counts = set()
+    for r in range(ranks):
+        mine = list(many.stream(64, seed=2, rank=r, world_size=ranks))
+        counts.add(len(mine))
+        batches += mine
+    assert len(counts) == 1  # every rank the same number of batches
+    check_batches(many, batches, ranks)
+    # a batch mixes the units of several stores
+    assert len(np.unique(np.searchsorted(many.offsets, batches[0]["index"].numpy()))) > 1
+
+
+@pytest.mark.slow
+def test_an_epoch_of_240_stores_through_dataloader_workers(many: MultiGameDataset) -> None:
+    stream = many.stream(64, seed=3)
+    batches = list(stream.loader(num_workers=2, multiprocessing_context="fork"))
+    check_batches(many, batches, 2)
+    assert stream.state_dict()["consumed"]["units"] == len(stream.units.bounds)
+
+
+@pytest.mark.slow
+def test_240_stores_resume_on_another_world_size(many: MultiGameDataset) -> None:
+    streams = [many.stream(64, seed=4, rank=r, world_size=3) for r in range(3)]
+    its = [iter(s) for s in streams]
+    first = [next(it) for it in its for _ in range(5)]
+    state = streams[0].state_dict()
+    rest = []
+    for r in range(2):
+        again = many.stream(64, seed=4, rank=r, world_size=2)
+        again.load_state_dict(state)
+        rest += list(again)
+    check_batches(many, first + rest, 3 + 2)
+
+
+def test_a_state_saved_with_one_state_per_store_still_loads(tmp_path: Path) -> None:
+    """States of several stores saved before the stores shared one list of units held a
+    state per store: they load as the items they say were emitted."""
+    a = write_store(str(tmp_path / "a.zarr"), 3000, seed=1, name=0)
+    b = write_store(str(tmp_path / "b.zarr"), 2000, seed=2, name=NAME)
+    opts = {"seed": 1, "unit_rows": 512}
+    alone = AtariZarrDataset(a).stream(100, **opts)
+    it = iter(alone)
+    seen = torch.cat([next(it)["index"] for _ in range(7)])
+    old = {
+        "version": 3,
+        "batches": {"0": 7},
+        "stores": [alone.state_dict(), AtariZarrDataset(b).stream(100, **opts).state_dict()],
+    }
+    for sub in old["stores"]:
+        del sub["lengths"]  # what earlier releases saved
+    mix = MultiGameDataset([a, b])
+    again = mix.stream(100, **opts)
+    again.load_state_dict(old)
+    rest = torch.cat([x["index"] for x in again]).numpy()
+    assert sorted(np.r_[seen.numpy(), rest].tolist()) == list(range(len(mix)))
+    # a state of other stores is refused in one line
+    other = MultiGameDataset([b, a]).stream(100, **opts)
+    with pytest.raises(InvalidArgumentError, match="does not belong") as err:
+        other.load_state_dict(old)
+    assert "\n" not in str(err.value)
+    with pytest.raises(InvalidArgumentError, match="does not belong"):
+        other.load_state_dict(mix.stream(100, **opts).state_dict())
+
+
+@pytest.fixture(scope="module")
+def shard_stores(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """48 stores of one whole 4096-frame shard each (copies of one)."""
+    root = tmp_path_factory.mktemp("shards")
+    first = write_store(str(root / "s0.zarr"), 4096, final=False)
+    urls = [first]
+    for g in range(1, 48):
+        urls.append(shutil.copytree(first, root / f"s{g}.zarr"))
+    return [str(u) for u in urls]
+
+
+def status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} in /proc/self/status")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_a_stream_of_48_stores_holds_the_memory_of_one(shard_stores: list[str]) -> None:
+    """Resident memory while streaming 48 one-shard stores grows by one stream's bound,
+    not by a shard per store (which would be 48 x 29 MB)."""
+    options = {"shuffle_buffer": 4096, "units_ahead": 1}
+    mix = MultiGameDataset(shard_stores)
+    next(iter(mix.stream(256, seed=1, **options)))
+    gc.collect()
+    base = peak = status("VmRSS")
+    rows = 0
+    for batch in mix.stream(256, seed=0, **options):
+        rows += len(batch)
+        peak = max(peak, status("VmRSS"))
+        del batch
+    assert rows == len(mix) == 48 * 4096
+    bound = stream_memory_bound(1, **options)
+    # batches alive in the loop, thread stacks, the per-step columns, allocator slack,
+    # and each store's memory-mapped shard (its compressed bytes, a few MB in all)
+    allowance = 64 << 20
+    assert peak - base <= bound + allowance, (peak - base, bound)
+    assert 48 * 4096 * 84 * 84 > 4 * (bound + allowance)
+
+
+def test_weights_by_game_and_uniform_over_games(tmp_path: Path) -> None:
+    pong = [write_store(str(tmp_path / f"p{i}.zarr"), 400 * (i + 1), seed=i) for i in range(2)]
+    other = tmp_path / "q.zarr"
+    write_store(str(other), 100, seed=5, game="Qbert", max_len=30)
+    mix = MultiGameDataset([*pong, str(other)], weights={"Pong": 1.0, "Qbert": 3.0})
+    assert mix.game_names == ["Pong", "Qbert"]
+    np.testing.assert_allclose(mix.weights, [0.25 / 3, 0.5 / 3, 0.75])
+    ids = mix.sample(4000, generator=torch.Generator().manual_seed(0))["game_id"]
+    assert abs((ids == 1).float().mean().item() - 0.75) < 0.03
+    even = MultiGameDataset([*pong, str(other)], weights="games")
+    np.testing.assert_allclose(even.weights, [1 / 6, 2 / 6, 0.5])
+    by_rows = MultiGameDataset([*pong, str(other)], weights="transitions")
+    np.testing.assert_allclose(by_rows.weights, np.diff(by_rows.offsets) / len(by_rows))
+    # windows count each store's windows
+    windows = even.windows(3)
+    lengths = np.diff(windows.offsets)
+    np.testing.assert_allclose(windows.weights[:2], 0.5 * lengths[:2] / lengths[:2].sum())
+
+
+def test_store_weights_refuse_what_names_no_game() -> None:
+    stores, games, lengths = ["Pong/1", "Qbert/1"], ["Pong", "Qbert"], [10, 5]
+    for bad, match in [
+        ({"Pong": 1.0}, r"missing \['Qbert'\]"),
+        ({"Pong": 1.0, "Qbert": 1.0, "Seaquest": 2.0}, r"\['Seaquest'\] are not among them"),
+        ({"Pong/1": 1.0}, r"missing \['Qbert/1'\]"),
+        ({"Pong": "a lot", "Qbert": 1.0}, "must be a number"),
+        ("uniform", "not a way of weighting"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=match) as err:
+            store_weights(bad, stores, games, lengths, "a mixture")
+        assert "\n" not in str(err.value)
+    assert store_weights({"Pong/1": 2, "Qbert/1": 1}, stores, games, lengths, "m") == [2.0, 1.0]
+
+
+def test_game_ids_come_from_the_sorted_names_whatever_the_order() -> None:
+    names, ids = game_numbers(["Seaquest", "Breakout", "Pong", "Breakout"])
+    assert names == ["Breakout", "Pong", "Seaquest"] and ids.tolist() == [2, 0, 1, 0]
+    again = game_numbers(["Pong", "Breakout", "Seaquest"])
+    assert again[0] == names and again[1].tolist() == [1, 0, 2]
