@@ -42,14 +42,35 @@ from tensordict import TensorDict
 from atari_zarr.read.pool import BufferPool
 
 __all__ = [
+    "STEP_FIELDS",
     "FrameBuffer",
     "FramePlan",
     "assemble_batch",
     "collate_batch",
     "item_fields",
+    "step_fields",
     "steps_before_by_store",
     "ted_batch",
 ]
+
+
+#: The per-step values every gatherer hands :func:`assemble_batch`, with their dtypes
+#: (``first``: the first row of the step's episode); windows add ``return_to_go``.
+STEP_FIELDS: dict[str, Any] = {
+    "action": np.int64,
+    "reward": np.float32,
+    "terminated": bool,
+    "truncated": bool,
+    "episode": np.int64,
+    "first": np.int64,
+}
+WINDOW_FIELDS: dict[str, Any] = {"return_to_go": np.float32}
+
+
+def step_fields(window: bool) -> dict[str, Any]:
+    """The per-step fields of a batch and their dtypes (:data:`STEP_FIELDS`, and for
+    windows ``return_to_go``)."""
+    return {**STEP_FIELDS, **WINDOW_FIELDS} if window else STEP_FIELDS
 
 
 class FramePlan:

@@ -351,59 +351,26 @@ class StoreReader:
             valid=real,
         )
 
-    def read_items(
-        self,
-        starts: np.ndarray,
-        *,
-        length: int = 1,
-        stack: int = 1,
-        real: np.ndarray | None = None,
-        windowed: bool | None = None,
-    ) -> TensorDict:
-        """A TED batch of items: ``length`` consecutive rows of one episode from each start.
-
-        Parameters
-        ----------
-        starts : numpy.ndarray
-            ``(B,)`` first row of each item.
-        length : int
-            Rows per item: 1 gives transitions (batch ``[B]``), more gives windows
-            (batch ``[B, length]``, with ``return_to_go``, ``timestep`` and ``mask``).
-        stack : int
-            Frames per observation.
-        real : numpy.ndarray, optional
-            ``(B,)`` rows of each item that exist (a padded window); default all.
-        windowed : bool, optional
-            Give the window layout even for ``length == 1`` (default: ``length > 1``).
-
-        Returns
-        -------
-        TensorDict
-        """
+    def read_items(self, starts: np.ndarray, **how: Any) -> TensorDict:
+        """A TED batch of items of this store starting at rows ``starts``: the module's
+        :func:`read_items` (``length``, ``stack``, ``real``, ``windowed``) for one store."""
         starts = np.asarray(starts, dtype=np.int64)
-        return read_items(
-            [self],
-            np.zeros(len(starts), dtype=np.int64),
-            starts,
-            length=length,
-            stack=stack,
-            real=real,
-            windowed=windowed,
-        )
+        return read_items([self], np.zeros(len(starts), dtype=np.int64), starts, **how)
 
-    def step_values(self, safe: np.ndarray, window: bool) -> dict[str, np.ndarray]:
-        """The per-step values ``assemble_batch`` takes, at rows ``safe``."""
-        steps = {
-            "action": self.action[safe],
-            "reward": self.reward[safe],
-            "terminated": self.terminated[safe],
-            "truncated": self.truncated[safe],
-            "episode": self.episode[safe],
+    def step_values(self, rows: np.ndarray, window: bool) -> dict[str, np.ndarray]:
+        """The per-step values of ``rows`` that ``assemble_batch`` takes
+        (:func:`~atari_zarr.read.batch.step_fields`)."""
+        values = {
+            "action": self.action[rows],
+            "reward": self.reward[rows],
+            "terminated": self.terminated[rows],
+            "truncated": self.truncated[rows],
+            "episode": self.episode[rows],
         }
-        steps["first"] = self.episodes.starts[steps["episode"]]
+        values["first"] = self.episodes.starts[values["episode"]]
         if window:
-            steps["return_to_go"] = self.return_to_go(safe)
-        return steps
+            values["return_to_go"] = self.return_to_go(rows)
+        return values
 
     def finals_of(
         self, plan: FramePlan, sel: Any = slice(None)
@@ -428,12 +395,29 @@ def read_items(
     real: np.ndarray | None = None,
     windowed: bool | None = None,
 ) -> TensorDict:
-    """One TED batch of items of any of ``stores``: item ``i`` starts at row ``starts[i]``
-    of store ``which[i]`` (see :meth:`StoreReader.read_items`).
+    """One TED batch of items of any of ``stores``: ``length`` consecutive rows of one
+    episode from row ``starts[i]`` of store ``which[i]``.
 
     Random access to one store or a mixture: each store touched reads its frames (one
     call of its frame reader) and per-step values, and the batch is assembled once, so
     a batch's cost beyond its frames is a few array operations per store touched.
+
+    Parameters
+    ----------
+    stores : sequence of StoreReader
+    which : numpy.ndarray
+        ``(B,)`` the store of each item.
+    starts : numpy.ndarray
+        ``(B,)`` first row of each item, in its store.
+    length : int
+        Rows per item: 1 gives transitions (batch ``[B]``), more gives windows
+        (batch ``[B, length]``, with ``return_to_go``, ``timestep`` and ``mask``).
+    stack : int
+        Frames per observation.
+    real : numpy.ndarray, optional
+        ``(B,)`` rows of each item that exist (a padded window); default all.
+    windowed : bool, optional
+        Give the window layout even for ``length == 1`` (default: ``length > 1``).
     """
     quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
     which = np.asarray(which, dtype=np.int64)

@@ -37,7 +37,13 @@ from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
+from atari_zarr.read.batch import (
+    FrameBuffer,
+    FramePlan,
+    assemble_batch,
+    step_fields,
+    steps_before_by_store,
+)
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items
 from atari_zarr.read.pool import BufferPool
@@ -260,19 +266,6 @@ class UnitReader:
         self.skip = skip
 
     # -- units --------------------------------------------------------------------------
-    def _columns(self) -> dict[str, Any]:
-        names: dict[str, Any] = {
-            "action": np.int64,
-            "reward": np.float32,
-            "terminated": bool,
-            "truncated": bool,
-            "episode": np.int64,
-            "first": np.int64,
-        }
-        if self.windowed:
-            names["return_to_go"] = np.float32
-        return names
-
     def _allocate(self, n_slots: int) -> None:
         """The slab and per-step columns for ``n_slots`` units, keeping what they hold."""
 
@@ -285,7 +278,7 @@ class UnitReader:
 
         first = self.n_slots == 0
         self.slab = grown(None if first else self.slab, (self.ext, *self.frame_shape), np.uint8)
-        for name, dtype in self._columns().items():
+        for name, dtype in step_fields(self.windowed).items():
             self.col[name] = grown(None if first else self.col[name], (self.cols,), dtype)
         self.slot_lo = grown(None if first else self.slot_lo, (), np.int64)
         self.slot_items = grown(None if first else self.slot_items, (), np.int64)
@@ -350,22 +343,16 @@ class UnitReader:
         top = min(hi + self.length - 1, int(self.n_rows[g]))
         rows = np.arange(lo, top, dtype=np.int64)
         c = len(rows)
-        col = self.col
-        col["action"][slot, :c] = store.action[rows]
-        col["reward"][slot, :c] = store.reward[rows]
-        term, trunc = store.terminated[rows], store.truncated[rows]
-        col["terminated"][slot, :c], col["truncated"][slot, :c] = term, trunc
-        col["episode"][slot, :c] = store.episode[rows]
-        col["first"][slot, :c] = store.episodes.starts[col["episode"][slot, :c]]
-        if self.windowed:
-            col["return_to_go"][slot, :c] = store.return_to_go(rows)
+        values = store.step_values(rows, self.windowed)
+        for name, column in self.col.items():
+            column[slot, :c] = values[name]
         self.slot_lo[slot] = lo
         self.slot_items[slot] = self.units.first_item(unit)
         self.slot_store[slot] = g
-        done = np.flatnonzero(term | trunc)
+        done = np.flatnonzero(values["terminated"] | values["truncated"])
         self.finals.pop(slot, None)
         if store.final_observation is not None and len(done):
-            eps = col["episode"][slot, done]
+            eps = values["episode"][done]
             self.finals[slot] = (done, store.final_frames(eps))
         self.segs[j] = self.plan.row_segments(j)
 
@@ -473,10 +460,7 @@ class UnitReader:
                 np.arange(length)[None, :] < plan.real[:, None], steps_at, off[:, None]
             )
         fi = (base[:, None] + steps_at).ravel()
-        names = ["action", "reward", "terminated", "truncated", "episode", "first"]
-        if self.windowed:
-            names.append("return_to_go")
-        steps = {name: cols[name].take(fi) for name in names}
+        steps = {name: cols[name].take(fi) for name in step_fields(self.windowed)}
         finals = self._finals_of(plan, slots, last - base) if self.finals else None
         batch = assemble_batch(
             plan,
