@@ -479,6 +479,23 @@ def _unfinished_message(where: str, meta: dict[str, Any], missing: list[str]) ->
     )
 
 
+def has_member(group: zarr.Group, name: str) -> bool:
+    """``name in group``, answered from the group's consolidated metadata where it has
+    some, as zarr answers it, without a round trip to zarr's event loop.
+
+    Examples
+    --------
+    >>> g = zarr.open_group(zarr.storage.MemoryStore(), mode="w")
+    >>> _ = g.create_array("a", shape=(1,), dtype="u1")
+    >>> has_member(g, "a"), has_member(g, "b")
+    (True, False)
+    """
+    consolidated = group.metadata.consolidated_metadata
+    if consolidated is not None:
+        return name in consolidated.flattened_metadata
+    return name in group
+
+
 def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = True) -> dict:
     """Return the ``atari_zarr`` attributes of ``group``, checking version and completion.
 
@@ -523,7 +540,7 @@ def read_metadata(group: zarr.Group, where: str, *, require_complete: bool = Tru
             f"{where} uses store format version {version!r}; this atari_zarr reads versions "
             f"up to {FORMAT_VERSION}. Upgrade atari_zarr (pip install -U atari-zarr)."
         )
-    missing = [name for name in ARRAYS if name not in group]
+    missing = [name for name in ARRAYS if not has_member(group, name)]
     complete = is_complete(meta)
     # Unfinished before damaged: a writer stopped while creating the arrays leaves some
     # missing, and running its command again finishes the store (conversions resume).

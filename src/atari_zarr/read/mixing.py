@@ -45,6 +45,7 @@ from atari_zarr.storage.catalog import (
     name_to_url,
     warn_stale_entry,
 )
+from atari_zarr.storage.paths import is_url
 
 __all__ = [
     "MixtureSampler",
@@ -62,14 +63,19 @@ OPENERS = 32
 
 
 def open_all(
-    things: list[T], open_one: Callable[[T], U], expected: tuple[type[BaseException], ...] = ()
+    things: list[T],
+    open_one: Callable[[T], U],
+    expected: tuple[type[BaseException], ...] = (),
+    *,
+    remote: bool = True,
 ) -> list[tuple[Any, BaseException | None]]:
-    """``open_one`` of each of ``things``, on threads, in order: ``(result, None)``, or
+    """``open_one`` of each of ``things``, in order: ``(result, None)``, or
     ``(None, error)`` for an error of a type in ``expected`` (others are raised).
 
-    Opening a store is a few requests; a mixture of 240 stores in a bucket opens them
-    ``OPENERS`` at a time, so it waits for about ``240 / OPENERS`` round trips of them,
-    not 240.
+    Opening a store is a few requests; a mixture of 240 stores in a bucket
+    (``remote``) opens them ``OPENERS`` at a time on threads, so it waits for about
+    ``240 / OPENERS`` round trips of them, not 240. Local stores open one after the
+    other: their opening is CPU, which threads would only contend for.
 
     Examples
     --------
@@ -83,7 +89,7 @@ def open_all(
         except expected as exc:
             return None, exc
 
-    if len(things) <= 1:
+    if len(things) <= 1 or not remote:
         return [attempt(t) for t in things]
     threads = min(OPENERS, len(things))
     with ThreadPoolExecutor(threads, thread_name_prefix="atari_zarr-open") as pool:
@@ -169,7 +175,8 @@ class MultiGameDataset(ItemDataset):
                 options=shared,
             )
 
-        self._datasets = [d for d, _ in open_all(list(datasets), open_one)]
+        remote = any(isinstance(d, str) and is_url(d) for d in datasets)
+        self._datasets = [d for d, _ in open_all(list(datasets), open_one, remote=remote)]
         stacks = {d.frame_stack for d in self._datasets}
         if len(stacks) > 1:
             raise InvalidArgumentError(
@@ -243,7 +250,9 @@ class MultiGameDataset(ItemDataset):
 
             gone = (StoreNotFoundError, StoreIncompleteError)
             for n, (ds, error) in zip(
-                list(available), open_all(list(available), open_one, gone), strict=True
+                list(available),
+                open_all(list(available), open_one, gone, remote=is_url(root)),
+                strict=True,
             ):
                 if error is None:
                     opened[n] = ds

@@ -36,6 +36,7 @@ from atari_zarr.layout import (
     TERMINATED,
     TRUNCATED,
     get_array,
+    has_member,
     is_complete,
     read_metadata,
 )
@@ -172,7 +173,9 @@ class StoreReader:
         self.n = int(self.observation.shape[0]) if n is None else n
         #: Frame after each episode's last row, where the writer kept it.
         self.final_observation = (
-            get_array(group, FINAL_OBSERVATION, self.url) if FINAL_OBSERVATION in group else None
+            get_array(group, FINAL_OBSERVATION, self.url)
+            if has_member(group, FINAL_OBSERVATION)
+            else None
         )
         self._finals = (
             None
@@ -200,7 +203,7 @@ class StoreReader:
         # 50M-transition store must not read ~1 GB of per-step data.
         steps = open_step_columns(group, meta, self.url, n=self.n, remedy=self.remedy)
         if self.full_action_space:
-            if ACTION_FULL not in group:
+            if not has_member(group, ACTION_FULL):
                 raise InvalidArgumentError(
                     f"{self.where} has no {ACTION_FULL!r} array, so its actions cannot be given "
                     f"as ALE's 18 actions: expected a store converted with --full-action-space. "

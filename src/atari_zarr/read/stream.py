@@ -28,7 +28,7 @@ from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
 from atari_zarr.read.epoch import Consumed, EpochPlan
 from atari_zarr.read.items import Items
-from atari_zarr.read.mixture import store_probabilities
+from atari_zarr.read.mixture import store_probabilities, tag_items
 from atari_zarr.read.store import StoreReader
 from atari_zarr.read.units import (
     DEFAULT_SHUFFLE_BUFFER,
@@ -251,8 +251,6 @@ class EpochStream(torch.utils.data.IterableDataset):
         """What tags a batch with its items' stores (None: items untagged)."""
         if self.game_ids is None:
             return None
-        from atari_zarr.read.mixture import tag_items
-
         offsets, games = self.offsets, self.game_ids
         return lambda td, stores: tag_items(td, stores, offsets, games)
 
