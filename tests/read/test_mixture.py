@@ -204,3 +204,19 @@ def test_game_ids_come_from_the_sorted_names_whatever_the_order() -> None:
     assert names == ["Breakout", "Pong", "Seaquest"] and ids.tolist() == [2, 0, 1, 0]
     again = game_numbers(["Pong", "Breakout", "Seaquest"])
     assert again[0] == names and again[1].tolist() == [1, 0, 2]
+
+
+def test_the_stores_of_a_mixture_share_one_memory_budget(tmp_path: Path) -> None:
+    """Decoded frames and kept encoded bytes: the dataset's bound, divided among its
+    stores, not paid once per store."""
+    from atari_zarr import ReadOptions
+
+    urls = [write_store(str(tmp_path / f"s{g}.zarr"), 50, seed=g) for g in range(4)]
+    options = ReadOptions(frame_cache_bytes="20%", kept_bytes=64 << 20)
+    mix = MultiGameDataset(urls, options=options)
+    one = AtariZarrDataset(urls[0], options=options)
+    for store in mix._stores:
+        assert store.options.kept_bytes * 4 == options.kept_bytes
+        assert store.options.frame_cache_limit() * 4 == pytest.approx(
+            one._store.options.frame_cache_limit(), rel=1e-6
+        )

@@ -65,7 +65,8 @@ class ReadOptions:
         Remote stores: bound on the encoded bytes requests brought that are kept in
         memory (one cache per array, in its engine), so that no byte is fetched twice
         while kept; what :meth:`~atari_zarr.AtariZarrDataset.sample_iter` fetches
-        ahead waits there too.
+        ahead waits there too. In a ``MultiGameDataset`` its stores divide it, so the
+        dataset keeps this much whatever the number of stores.
     prefetch : int
         Batches :meth:`~atari_zarr.AtariZarrDataset.sample_iter` draws ahead by
         default (0: none).
@@ -117,12 +118,23 @@ class ReadOptions:
         return whole_number(value, "frame_cache_bytes", _WHERE, low=0, unit="bytes, or a share")
 
     def divided(self, parts: int) -> ReadOptions:
-        """These options for one of ``parts`` stores sharing a dataset's memory share."""
-        value = self.frame_cache_bytes
-        if not isinstance(value, str) or parts <= 1:
+        """These options for one of ``parts`` stores sharing a dataset's memory: a share
+        of memory for decoded frames, and the encoded bytes kept, divided among them.
+
+        Examples
+        --------
+        >>> one = ReadOptions(kept_bytes=64 << 20).divided(4)
+        >>> one.frame_cache_bytes, one.kept_bytes == 16 << 20
+        ('6.25%', True)
+        """
+        if parts <= 1:
             return self
-        self.frame_cache_limit()  # checked
-        return self.replace(frame_cache_bytes=f"{float(value.strip()[:-1]) / parts!r}%")
+        changes: dict[str, Any] = {"kept_bytes": self.kept_bytes // parts}
+        value = self.frame_cache_bytes
+        if isinstance(value, str):
+            self.frame_cache_limit()  # checked
+            changes["frame_cache_bytes"] = f"{float(value.strip()[:-1]) / parts!r}%"
+        return self.replace(**changes)
 
     def replace(self, **changes: Any) -> ReadOptions:
         """A copy with ``changes`` (the options are frozen)."""
