@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import itertools
 import mmap
 import os
 import stat
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,8 +45,18 @@ class ByteSource(Protocol):
 
 #: Memory maps kept open by the process, whatever the number of stores it reads.
 MAX_MAPS = 16384
-_MAPS: OrderedDict[str, mmap.mmap | bytes | None] = OrderedDict()
+#: Every reader's maps, least recently used first, by (reader, path): a reader opened
+#: after a store was written again never sees the maps of the files it replaced.
+_MAPS: OrderedDict[tuple[int, str], mmap.mmap | bytes | None] = OrderedDict()
 _MAPS_LOCK = threading.Lock()
+_READERS = itertools.count()
+
+
+def _drop_maps(reader: int, names: set[str]) -> None:
+    """A reader is gone: its maps go too."""
+    with _MAPS_LOCK:
+        for name in names:
+            _MAPS.pop((reader, name), None)
 
 
 def _new_lock_after_fork() -> None:
@@ -73,6 +85,9 @@ class LocalBytes:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._maps = _MAPS
+        self._id = next(_READERS)
+        self._names: set[str] = set()
+        weakref.finalize(self, _drop_maps, self._id, self._names)
         #: Directories inside the store found to be directories, not links.
         self._plain_dirs: set[str] = set()
 
@@ -94,7 +109,7 @@ class LocalBytes:
 
     def _map(self, key: str) -> mmap.mmap | bytes | None:
         path = self.root / key
-        name = str(path)
+        name = (self._id, str(path))
         with _MAPS_LOCK:
             if name in self._maps:
                 self._maps.move_to_end(name)
@@ -125,6 +140,7 @@ class LocalBytes:
                 os.close(fd)
         with _MAPS_LOCK:
             self._maps[name] = mm
+            self._names.add(name[1])
             while len(self._maps) > MAX_MAPS:
                 # Dropping the reference is enough: slices handed out keep their map alive.
                 self._maps.popitem(last=False)
@@ -133,7 +149,7 @@ class LocalBytes:
     def forget(self, key: str) -> None:
         """Drop the map of ``key`` (the object was replaced): the next read opens it again."""
         with _MAPS_LOCK:
-            self._maps.pop(str(self.root / key), None)
+            self._maps.pop((self._id, str(self.root / key)), None)
 
     def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
         out: list[Any] = []
