@@ -6,7 +6,6 @@ The stores here are tiny and each holds frames that name the store and the row
 
 from __future__ import annotations
 
-import gc
 import shutil
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.mixture import game_numbers, store_weights
 from atari_zarr.read.stream import stream_memory_bound
 from tests.read.test_stream import frame_of, write_store
+from tests.read.test_stream_memory import epoch_rss_growth
 
 STORES = 240
 NAME = 10_000  # store g's rows are named g * NAME + row
@@ -133,14 +133,6 @@ def shard_stores(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return [str(u) for u in urls]
 
 
-def status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} in /proc/self/status")
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_a_stream_of_48_stores_holds_the_memory_of_one(shard_stores: list[str]) -> None:
@@ -148,20 +140,13 @@ def test_a_stream_of_48_stores_holds_the_memory_of_one(shard_stores: list[str]) 
     not by a shard per store (which would be 48 x 29 MB)."""
     options = {"shuffle_buffer": 4096, "units_ahead": 1}
     mix = MultiGameDataset(shard_stores)
-    next(iter(mix.stream(256, seed=1, **options)))
-    gc.collect()
-    base = peak = status("VmRSS")
-    rows = 0
-    for batch in mix.stream(256, seed=0, **options):
-        rows += len(batch)
-        peak = max(peak, status("VmRSS"))
-        del batch
+    rows, growth = epoch_rss_growth(mix, options)
     assert rows == len(mix) == 48 * 4096
     bound = stream_memory_bound(1, **options)
     # batches alive in the loop, thread stacks, the per-step columns, allocator slack,
     # and each store's memory-mapped shard (its compressed bytes, a few MB in all)
     allowance = 64 << 20
-    assert peak - base <= bound + allowance, (peak - base, bound)
+    assert growth <= bound + allowance, (growth, bound)
     assert 48 * 4096 * 84 * 84 > 4 * (bound + allowance)
 
 

@@ -32,7 +32,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -389,9 +389,13 @@ def assemble_batch(
     return ted_batch(obs, nxt, extra=extras, **fields)
 
 
-def steps_before_by_store(steps_before: Sequence[Callable[..., Any]], which: np.ndarray) -> Any:
+def steps_before_by_store(
+    steps_before: Mapping[int, Callable[..., Any]] | Sequence[Callable[..., Any]],
+    which: np.ndarray,
+) -> Any:
     """``assemble_batch``'s ``steps_before`` for a batch whose item ``i`` is of store
-    ``which[i]``: each store's episodes asked of its own ``steps_before[g]``.
+    ``which[i]``: each store's episodes asked of its own ``steps_before[g]`` (a list
+    of every store's, or a mapping of those the batch touches).
 
     Examples
     --------
@@ -400,10 +404,14 @@ def steps_before_by_store(steps_before: Sequence[Callable[..., Any]], which: np.
     >>> fn = steps_before_by_store([one, two], np.array([1, 0]))
     >>> [x.tolist() for x in fn(np.array([3, 4, 5, 6]))]  # windows of 2 steps
     [[7, 7, 50, 60], [False, False, True, True]]
+    >>> steps_before_by_store({5: one}, np.array([5, 5])) is one
+    True
     """
     which = np.asarray(which, dtype=np.int64)
-    if len(steps_before) == 1:
-        return steps_before[0]
+    if len(steps_before) == 1:  # one store: its own, whatever its number
+        return next(
+            iter(steps_before.values() if isinstance(steps_before, Mapping) else steps_before)
+        )
 
     def by_store(episodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         of = np.repeat(which, len(episodes) // max(len(which), 1))

@@ -134,11 +134,10 @@ def store_weights(
     else:
         named = dict.fromkeys(games, 1.0)  # "games"
     _name_each(named, games, "game", where)
-    total = {g: float(sizes[[x == g for x in games]].sum()) for g in set(games)}
-    return [
-        named[g] * (float(n) / total[g] if total[g] else 0.0)
-        for g, n in zip(games, sizes, strict=True)
-    ]
+    _, ids = game_numbers(games)
+    total = np.bincount(ids, weights=sizes)[ids]  # each store's game's items
+    share = np.divide(sizes, total, out=np.zeros_like(sizes), where=total > 0)
+    return [named[g] * float(x) for g, x in zip(games, share, strict=True)]
 
 
 def _named(weights: dict[Any, Any], where: str) -> dict[str, float]:

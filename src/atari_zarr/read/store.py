@@ -438,14 +438,17 @@ def read_items(
         sel = sel_of[g]
         first[sel] = stores[g].first_row(starts[sel])
         last_done[sel] = stores[g].done[starts[sel] + n_real[sel] - 1]
-    n_rows = np.array([len(s) for s in stores], dtype=np.int64)
+    # only the stores this batch touches: a mixture of hundreds pays for those alone
+    n_rows = np.empty(b, dtype=np.int64)
+    for g in groups:
+        n_rows[sel_of[g]] = len(stores[g])
     plan = FramePlan(
         starts=starts,
         length=length,
         stack=stack,
         first=first,
         last_done=last_done,
-        n_rows=int(n_rows[g0]) if one else n_rows[which],
+        n_rows=len(stores[g0]) if one else n_rows,
         valid=real,
     )
     buffer = FrameBuffer(stores[g0].pool, b, length, stack, tuple(stores[g0].observation.shape[1:]))
@@ -489,6 +492,6 @@ def read_items(
         buffer,
         steps,
         window=window,
-        steps_before=steps_before_by_store([s.steps_before for s in stores], which),
+        steps_before=steps_before_by_store({g: stores[g].steps_before for g in groups}, which),
         finals=final,
     )
