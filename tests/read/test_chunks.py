@@ -337,7 +337,7 @@ def test_adjacent_chunks_of_a_shard_are_one_request(tmp_path):
 def test_a_large_cache_takes_slots_into_use_as_misses_pay_for_them(pong_store):
     """A fresh slot's first write costs its page faults: the cache starts with 128 MB of
     slots and takes one more per 8 chunks decoded, up to its bound; hits cost nothing."""
-    from atari_zarr.read import chunks as chunks_module
+    from atari_zarr.read import chunk_cache as chunks_module
 
     frames = zarr.open_group(pong_store.url, mode="r")["observation"]
     chunk = 16 * 84 * 84
@@ -353,7 +353,7 @@ def test_a_large_cache_takes_slots_into_use_as_misses_pay_for_them(pong_store):
     rows = np.arange(0, n, 16)  # one row per chunk: (nearly) every chunk a miss
     small.read(rows)
     grown = small._active - start
-    assert 0 < grown <= len(rows) // chunks_module._MISSES_PER_SLOT + 1
+    assert 0 < grown <= len(rows) // chunks_module.MISSES_PER_SLOT + 1
     before = small._active
     small.read(rows)  # all hits: nothing more taken
     assert small._active == before and small.stats["hits"] >= len(rows)

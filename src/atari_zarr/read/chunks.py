@@ -4,10 +4,14 @@ The engine (:mod:`atari_zarr.read.engine`) locates, fetches, verifies and decode
 chunks; this module decides which chunks a batch of rows needs and keeps them:
 
 * requested rows are grouped by chunk, so each chunk is decoded once per batch;
-* a bounded cache (CLOCK, an LRU approximation) keeps decoded chunks between
-  batches in one slab, so a batch is gathered with a single fancy index;
+* a bounded cache (:class:`~atari_zarr.read.chunk_cache.ChunkCache`) keeps decoded
+  chunks between batches in one slab, so a batch is gathered with a single fancy
+  index; the stores of one mixture share one;
 * large batches are split into one decoding task per core (one task per chunk
   costs more in scheduling than a 20 µs decode);
+* a batch whose chunks do not fit the cache decodes into its thread's scratch
+  buffer, reused from batch to batch: fresh memory costs its page faults, about 3×
+  a decode;
 * **decode ahead**: sequential reads decode the next chunks in the background;
 * **fetch ahead** (:meth:`ChunkReader.fetch_ahead`): the encoded bytes of rows
   that will be read soon are fetched in the background (over a network, ranges of
@@ -24,6 +28,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -31,6 +36,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from atari_zarr.read.chunk_cache import ChunkCache, shared_cache
 from atari_zarr.read.engine import ChunkEngine, EncodedChunk
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.resources import cpu_count
@@ -39,19 +45,32 @@ __all__ = ["ChunkReader"]
 
 log = logging.getLogger("atari_zarr")
 
-# The cache starts with this many bytes of slots in use, and takes one more slot per
-# _MISSES_PER_SLOT chunks decoded into it: a fresh slot's first write costs its pages'
-# faults (about 240 µs for a 113 KB chunk here, nine decodes), so the cache grows at most
-# as fast as a job shows it is long enough to pay for it, and a short job or a first pass
-# over a store larger than the cache runs as with a small cache.
-_FIRST_ACTIVE_BYTES = 128 << 20
-_MISSES_PER_SLOT = 8
 # Below this many chunks to decode, one thread beats splitting the work.
 _SPLIT_MIN_CHUNKS = 16
 # Decode-ahead never runs further than this many chunks ahead of the reader.
 _MAX_DECODE_AHEAD = 64
 # Threads that wait for fetch-ahead requests (the requests themselves run concurrently).
 _IO_THREADS = 4
+# A thread keeps its batch scratch buffer up to this size (a batch of 256 transitions
+# at frame stack 4 needs about 36 MB); a larger batch gets memory of its own.
+_SCRATCH_KEPT = 64 << 20
+_scratch_local = threading.local()
+
+
+def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised ``shape`` array in this thread's reused scratch memory.
+
+    Valid until the thread's next call: the caller copies out of it before
+    returning.
+    """
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    if nbytes > _SCRATCH_KEPT:
+        return np.empty(shape, dtype=dtype)
+    buf = getattr(_scratch_local, "buf", None)
+    if buf is None or buf.size < nbytes:
+        buf = np.empty(nbytes, dtype=np.uint8)
+        _scratch_local.buf = buf
+    return buf[:nbytes].view(dtype).reshape(shape)
 
 
 class ChunkReader:
@@ -122,6 +141,8 @@ class ChunkReader:
         if cache_bytes is None:
             cache_bytes = options.frame_cache_limit()
         self._cache_limit = cache_bytes if callable(cache_bytes) else (lambda: int(cache_bytes))
+        self._cache_group = options.cache_group
+        self._cache: ChunkCache | None = None
         self.threads = max(1, threads or options.threads or cpu_count())
         self.decode_ahead = decode_ahead
         self._stats = {"hits": 0, "fetched_ahead": 0, "decoded_ahead": 0}
@@ -151,43 +172,46 @@ class ChunkReader:
         return int(self._cache_limit())
 
     def _init_cache(self) -> None:
-        """The cache is one slab of chunk slots, so a batch gathers with one fancy index.
-
-        ``_slot_of[chunk] - 1`` is the slot holding a chunk (0: not cached; zeros
-        come from untouched pages, so a 50M-row store costs no memory here). Slots are
-        recycled with the CLOCK policy (an LRU approximation with one reference bit
-        per slot); slots used by the batch being served are never recycled.
-        """
+        """Join this process's cache of decoded chunks: the reader's own, or its
+        group's (:class:`~atari_zarr.read.chunk_cache.ChunkCache`), with its bound."""
+        self._leave_cache()
         g = self.grid
-        n_slots = self.cache_bytes // g.chunk_nbytes if g is not None else 0
-        self._n_slots = int(n_slots) if n_slots >= 2 else 0
-        self._slab: np.ndarray | None = None
-        while self._n_slots:
-            assert g is not None
-            try:
-                # np.empty of a large size maps pages lazily: memory grows with use.
-                self._slab = np.empty((self._n_slots, *g.chunk_shape), dtype=g.dtype)
-                break
-            except MemoryError:  # no room for the address space asked: a smaller cache
-                self._n_slots = self._n_slots // 2 if self._n_slots >= 4 else 0
-        #: Slots in use so far (the cache grows to ``_n_slots``; see _MISSES_PER_SLOT).
-        first = _FIRST_ACTIVE_BYTES // g.chunk_nbytes if g is not None else 0
-        self._active = min(self._n_slots, max(2, first))
-        self._misses = 0
-        if self._n_slots:
-            assert g is not None
-            self._slot_of = np.zeros(g.n_chunks, dtype=np.int32)
-            self._owner = np.full(self._n_slots, -1, dtype=np.int64)
-            self._ref = np.zeros(self._n_slots, dtype=bool)
-            self._epoch = np.zeros(self._n_slots, dtype=np.int64)
-        self._batch = 0
-        self._hand = 0
+        limit = self.cache_bytes if g is not None else 0
+        if g is not None and limit // g.chunk_nbytes >= 2:
+            cache = (
+                ChunkCache(g.chunk_shape, g.dtype)
+                if self._cache_group is None
+                else shared_cache(self._cache_group, g.chunk_shape, g.dtype)
+            )
+            self._token = cache.register(limit, g.n_chunks)
+            self._cache = cache
+            self._slot_of = cache.table(self._token)
+            self._leave = weakref.finalize(self, cache.unregister, self._token)
         self._cache_pid = os.getpid()
+
+    def _leave_cache(self) -> None:
+        cache, self._cache = self._cache, None
+        if cache is not None and getattr(self, "_cache_pid", None) == os.getpid():
+            self._leave.detach()
+            cache.unregister(self._token)
 
     def _own_cache(self) -> None:
         """A process forked from the one that made the cache sizes and fills its own."""
         if self._cache_pid != os.getpid():
             self._init_cache()
+
+    @property
+    def _n_slots(self) -> int:
+        """Bound on the slots of this reader's cache (0: no cache)."""
+        return self._cache.n_slots if self._cache is not None else 0
+
+    @property
+    def _active(self) -> int:
+        return self._cache.active if self._cache is not None else 0
+
+    @property
+    def _slab(self) -> np.ndarray | None:
+        return self._cache.slab if self._cache is not None else None
 
     @property
     def fast(self) -> bool:
@@ -201,7 +225,10 @@ class ChunkReader:
     def cached_chunks(self) -> int:
         """Number of decoded chunks held in the cache."""
         self._own_cache()
-        return int((self._owner >= 0).sum()) if self._n_slots else 0
+        if self._cache is None:
+            return 0
+        with self._cache.lock:
+            return self._cache.held(self._token)
 
     # -- public -----------------------------------------------------------------------
     def read(self, rows: Any, out: np.ndarray | None = None) -> np.ndarray:
@@ -245,19 +272,24 @@ class ChunkReader:
             cids = rows // cr
             uniq, inverse = np.unique(cids, return_inverse=True)
             within = rows - cids * cr
-            if self._n_slots and len(uniq) <= self._n_slots // 2:
-                slots = self._cached_slots(uniq)
-                flat = self._slab.reshape(-1, *g.row_shape)  # type: ignore[union-attr]
-                # mode='clip': numpy buffers ``out`` with the default mode (indices are in range)
-                np.take(flat, slots[inverse] * cr + within, axis=0, out=out, mode="clip")
-                return out
-            # More chunks than half the cache: decode into a buffer for this batch only.
-            buf = np.empty((len(uniq), *g.chunk_shape), dtype=g.dtype)
+            cache = self._cache
+            if cache is not None:
+                with cache.lock:
+                    if len(uniq) <= cache.n_slots // 2:
+                        slots = self._cached_slots(uniq)
+                        assert cache.slab is not None
+                        flat = cache.slab.reshape(-1, *g.row_shape)
+                        # mode='clip': numpy buffers ``out`` with the default mode
+                        np.take(flat, slots[inverse] * cr + within, axis=0, out=out, mode="clip")
+                        return out
+            # More chunks than half the cache: decode into scratch for this batch only.
+            buf = _scratch((len(uniq), *g.chunk_shape), g.dtype)
             todo = list(range(len(uniq)))
-            if self._n_slots:
-                slot = self._slot_of[uniq].astype(np.int64) - 1
-                for k in np.flatnonzero(slot >= 0).tolist():
-                    buf[k] = self._slab[slot[k]]  # type: ignore[index]
+            if cache is not None:
+                with cache.lock:
+                    slot = self._slot_of[uniq].astype(np.int64) - 1
+                    for k in np.flatnonzero(slot >= 0).tolist():
+                        buf[k] = cache.slab[slot[k]]  # type: ignore[index]
                 todo = np.flatnonzero(slot < 0).tolist()
                 self._stats["hits"] += len(uniq) - len(todo)
             self._decode_into([int(uniq[k]) for k in todo], [buf[k] for k in todo])
@@ -341,7 +373,7 @@ class ChunkReader:
             return None
         cids = np.unique(np.asarray(rows, dtype=np.int64).ravel() // g.chunk_rows)
         self._own_cache()
-        if self._active >= 8 * len(cids):
+        if self._cache is not None and self._cache.active >= 8 * len(cids):
             # chunks decoded in a cache this much larger than what is drawn ahead are
             # still there when read: not fetched again (in a small cache they may be
             # evicted first, and are fetched too)
@@ -367,7 +399,7 @@ class ChunkReader:
             self._ahead.clear()
             self._pending.clear()
             self._fetching.clear()
-            self._init_cache()
+            self._init_cache()  # its chunks leave the cache
 
     # -- internals --------------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
@@ -417,51 +449,12 @@ class ChunkReader:
         return self.engine.fetch(cids)
 
     def _cached_slots(self, uniq: np.ndarray) -> np.ndarray:
-        """Cache slots of chunks ``uniq`` (sorted, unique), decoding the missing ones."""
-        self._batch += 1
-        slots = self._slot_of[uniq].astype(np.int64) - 1
-        hit = slots >= 0
-        self._ref[slots[hit]] = True
-        self._epoch[slots[hit]] = self._batch
-        self._stats["hits"] += int(hit.sum())
-        miss = np.flatnonzero(~hit)
-        if miss.size:
-            self._grow(int(miss.size), len(uniq))
-            new = np.array([self._alloc_slot() for _ in range(miss.size)], dtype=np.int64)
-            cids = uniq[miss]
-            try:
-                self._decode_into(cids.tolist(), [self._slab[s] for s in new.tolist()])  # type: ignore[index]
-            except BaseException:
-                self._owner[new] = -1  # never serve a half-decoded slot
-                raise
-            self._slot_of[cids] = new + 1
-            self._owner[new] = cids
-            slots[miss] = new
+        """Cache slots of chunks ``uniq`` (sorted, unique), decoding the missing ones
+        (the cache's lock held)."""
+        assert self._cache is not None
+        slots = self._cache.slots(self._token, uniq, self._decode_into)
+        self._stats["hits"] += len(uniq) - self._cache.last_misses
         return slots
-
-    def _grow(self, misses: int, batch_chunks: int) -> None:
-        """Take more slots into use: as misses pay for them, and always twice a batch."""
-        self._misses += misses
-        want = self._active + self._misses // _MISSES_PER_SLOT
-        self._misses %= _MISSES_PER_SLOT
-        self._active = min(self._n_slots, max(want, 2 * batch_chunks))
-
-    def _alloc_slot(self) -> int:
-        n = self._active
-        while True:
-            s = self._hand
-            self._hand = (s + 1) % n
-            if self._epoch[s] == self._batch:
-                continue  # in use by this batch
-            if self._ref[s]:
-                self._ref[s] = False  # second chance
-                continue
-            old = self._owner[s]
-            if old >= 0:
-                self._slot_of[old] = 0
-                self._owner[s] = -1
-            self._epoch[s] = self._batch
-            return s
 
     def _read_range(self, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)``: whole chunks decode straight into ``out``."""
@@ -503,9 +496,11 @@ class ChunkReader:
         g = self.grid
         assert g is not None
         lo = c * g.chunk_rows
-        if self._n_slots:
-            slot = int(self._cached_slots(np.array([c], dtype=np.int64))[0])
-            return self._slab[slot, a - lo : b - lo]  # type: ignore[index]
+        cache = self._cache
+        if cache is not None:
+            with cache.lock:
+                slot = int(self._cached_slots(np.array([c], dtype=np.int64))[0])
+                return cache.slab[slot, a - lo : b - lo].copy()  # type: ignore[index]
         [chunk] = self.decode_chunks([c])
         return chunk[a - lo : b - lo]
 

@@ -22,6 +22,7 @@ for ReadOptions. Pass an int 0 or more
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -76,6 +77,11 @@ class ReadOptions:
         limit; a negative number or NaN is refused.
     threads : int, optional
         Threads that decode the chunks of one large batch (default: one per core).
+    cache_group : str, optional
+        Readers of one group share one decoded-frame cache in each process, bounded
+        by the sum of their ``frame_cache_bytes``. :meth:`divided` gives a
+        ``MultiGameDataset``'s stores one group; None (the default): a cache of the
+        reader's own.
 
     Raises
     ------
@@ -89,6 +95,7 @@ class ReadOptions:
     prefetch: int = 4
     timeout: float | str | None = "default"
     threads: int | None = None
+    cache_group: str | None = None
 
     def __post_init__(self) -> None:
         self.frame_cache_limit()  # checks it
@@ -120,16 +127,21 @@ class ReadOptions:
     def divided(self, parts: int) -> ReadOptions:
         """These options for one of ``parts`` stores sharing a dataset's memory: a share
         of memory for decoded frames, and the encoded bytes kept, divided among them.
+        The stores share one decoded-frame cache (one ``cache_group``), whose bound is
+        the sum of their shares: the dataset's.
 
         Examples
         --------
         >>> one = ReadOptions(kept_bytes=64 << 20).divided(4)
-        >>> one.frame_cache_bytes, one.kept_bytes == 16 << 20
-        ('6.25%', True)
+        >>> one.frame_cache_bytes, one.kept_bytes == 16 << 20, one.cache_group is not None
+        ('6.25%', True, True)
         """
         if parts <= 1:
             return self
-        changes: dict[str, Any] = {"kept_bytes": self.kept_bytes // parts}
+        changes: dict[str, Any] = {
+            "kept_bytes": self.kept_bytes // parts,
+            "cache_group": self.cache_group or uuid.uuid4().hex,
+        }
         value = self.frame_cache_bytes
         if isinstance(value, str):
             self.frame_cache_limit()  # checked

@@ -45,8 +45,9 @@ class ByteSource(Protocol):
 
 #: Memory maps kept open by the process, whatever the number of stores it reads.
 MAX_MAPS = 16384
-#: Every reader's maps, least recently used first, by (reader, path): a reader opened
-#: after a store was written again never sees the maps of the files it replaced.
+#: Every reader's maps, least recently used first, by (reader, key in its store): a
+#: reader opened after a store was written again never sees the maps of the files it
+#: replaced.
 _MAPS: OrderedDict[tuple[int, str], mmap.mmap | bytes | None] = OrderedDict()
 _MAPS_LOCK = threading.Lock()
 _READERS = itertools.count()
@@ -108,13 +109,13 @@ class LocalBytes:
             self._plain_dirs.add(prefix)
 
     def _map(self, key: str) -> mmap.mmap | bytes | None:
-        path = self.root / key
-        name = (self._id, str(path))
+        name = (self._id, key)  # no path built per read: a hit costs a dict lookup
         with _MAPS_LOCK:
             if name in self._maps:
                 self._maps.move_to_end(name)
                 return self._maps[name]
         mm: mmap.mmap | bytes | None
+        path = self.root / key
         self._check_dirs(key)
         try:
             # never a symlink, never blocking: a FIFO would hang the read for ever and
@@ -140,7 +141,7 @@ class LocalBytes:
                 os.close(fd)
         with _MAPS_LOCK:
             self._maps[name] = mm
-            self._names.add(name[1])
+            self._names.add(key)
             while len(self._maps) > MAX_MAPS:
                 # Dropping the reference is enough: slices handed out keep their map alive.
                 self._maps.popitem(last=False)
@@ -149,7 +150,7 @@ class LocalBytes:
     def forget(self, key: str) -> None:
         """Drop the map of ``key`` (the object was replaced): the next read opens it again."""
         with _MAPS_LOCK:
-            self._maps.pop((self._id, str(self.root / key)), None)
+            self._maps.pop((self._id, key), None)
 
     def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
         out: list[Any] = []
