@@ -213,8 +213,13 @@ def test_cache_is_bounded_and_reused(tmp_path):
     np.testing.assert_array_equal(reader.read(rows), data[rows])
     assert reader.cached_chunks <= 8
     # every cached slot holds exactly its chunk
-    for c in np.flatnonzero(reader._slot_of > 0):
-        np.testing.assert_array_equal(reader._slab[reader._slot_of[c] - 1], data[c * 8 : c * 8 + 8])
+    from atari_zarr.read.chunk_cache import chunk_keys
+
+    cids = np.arange(256 // 8)
+    slots = reader._cache.lookup(chunk_keys(reader._token, cids))
+    assert (slots >= 0).sum() == reader.cached_chunks > 0
+    for c, s in zip(cids[slots >= 0], slots[slots >= 0]):
+        np.testing.assert_array_equal(reader._slab[s], data[c * 8 : c * 8 + 8])
 
 
 def test_sequential_reads_prefetch(tmp_path):

@@ -205,3 +205,51 @@ def test_the_stores_of_a_mixture_share_one_memory_budget(tmp_path: Path) -> None
         assert store.options.frame_cache_limit() * 4 == pytest.approx(
             one._store.options.frame_cache_limit(), rel=1e-6
         )
+
+
+def test_random_batches_of_240_stores_go_through_one_cache(many: MultiGameDataset) -> None:
+    """One decoded-frame cache for the whole mixture, bounded by the dataset's budget:
+    a batch read twice decodes once, and the frames are each store's own."""
+    readers = [s.frames for s in many._stores]
+    cache = readers[0]._cache
+    assert cache is not None and all(r._cache is cache for r in readers)
+    assert cache.n_slots * cache.chunk_nbytes == pytest.approx(
+        sum(r.cache_bytes for r in readers), abs=cache.chunk_nbytes
+    )
+    idx = np.random.default_rng(4).choice(len(many), 96, replace=False)
+    first = many[idx]
+    decoded = sum(r.stats["decoded"] for r in readers)
+    again = many[idx]
+    assert sum(r.stats["decoded"] for r in readers) == decoded  # every chunk a hit
+    for b in (first, again):
+        store = np.searchsorted(many.offsets, idx, side="right") - 1
+        row = idx - many.offsets[store]
+        np.testing.assert_array_equal(b["observation"].numpy(), frame_of(store * NAME + row))
+
+
+def test_a_mixture_caches_frames_where_each_stores_share_is_under_a_chunk(
+    tmp_path: Path,
+) -> None:
+    """The budget is the dataset's, not one per store: 40 stores sharing 40 chunks'
+    bytes keep a batch's chunks (alone, each store's share would hold none)."""
+    from atari_zarr import ReadOptions
+    from atari_zarr.resources import process_memory
+
+    urls = [
+        write_store(str(tmp_path / f"s{g}.zarr"), 40, seed=g, max_len=9, name=g * NAME)
+        for g in range(40)
+    ]
+    chunk = 16 * 84 * 84
+    share = f"{100 * 40.5 * chunk / process_memory()!r}%"  # of memory: divided among stores
+    mix = MultiGameDataset(urls, options=ReadOptions(frame_cache_bytes=share))
+    readers = [s.frames for s in mix._stores]
+    assert all(r.cache_bytes < 2 * chunk for r in readers)
+    idx = np.arange(0, len(mix), 41)[:15]
+    mix[idx]
+    decoded = sum(r.stats["decoded"] for r in readers)
+    b = mix[idx]
+    assert sum(r.stats["decoded"] for r in readers) == decoded
+    store = np.searchsorted(mix.offsets, idx, side="right") - 1
+    np.testing.assert_array_equal(
+        b["observation"].numpy(), frame_of(store * NAME + idx - mix.offsets[store])
+    )

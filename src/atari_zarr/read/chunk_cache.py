@@ -24,12 +24,12 @@ Examples
 --------
 >>> import numpy as np
 >>> cache = ChunkCache((2, 3), np.dtype("uint8"))
->>> token = cache.register(4 * 6, n_chunks=10)
->>> def decode(cids, dests):
-...     for c, d in zip(cids, dests):
-...         d[...] = c
+>>> token = cache.register(4 * 6)
+>>> def decode(keys, dests):
+...     for k, d in zip(keys, dests):
+...         d[...] = k % 100
 >>> with cache.lock:
-...     slots = cache.slots(token, np.array([3, 7]), decode)
+...     slots = cache.slots(chunk_keys(token, [3, 7]), decode)
 ...     [int(cache.slab[s][0, 0]) for s in slots], cache.held(token)
 ([3, 7], 2)
 """
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ChunkCache", "shared_cache"]
+__all__ = ["ChunkCache", "chunk_keys", "shared_cache", "split_keys"]
 
 # The cache starts with this many bytes of slots in use, and takes one more slot per
 # _MISSES_PER_SLOT chunks decoded into it (see the module's docstring).
@@ -54,8 +54,28 @@ MISSES_PER_SLOT = 8
 Decode = Callable[[list[int], list[np.ndarray]], None]
 
 
+#: A cached chunk's key: its reader's token in the high bits, its chunk number below.
+TOKEN_SHIFT = 40
+
+
+def chunk_keys(token: int, cids: np.ndarray) -> np.ndarray:
+    """The cache keys of reader ``token``'s chunks ``cids`` (sorted as ``cids`` are)."""
+    return (np.int64(token) << TOKEN_SHIFT) | np.asarray(cids, dtype=np.int64)
+
+
+def split_keys(keys: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(tokens, cids)`` of cache keys (:func:`chunk_keys`)."""
+    keys = np.asarray(keys, dtype=np.int64)
+    return keys >> TOKEN_SHIFT, keys & ((1 << TOKEN_SHIFT) - 1)
+
+
 class ChunkCache:
     """Decoded chunks of one shape and dtype, of any number of readers, in one slab.
+
+    A chunk is found by its key (:func:`chunk_keys`: reader and chunk number) in one
+    sorted array of the keys cached, so a batch of any number of readers looks its
+    chunks up with one search, and the cache's bookkeeping is a few arrays of its
+    slots whatever the size of the stores.
 
     Parameters
     ----------
@@ -76,29 +96,26 @@ class ChunkCache:
         self.n_slots = 0
         #: Slots in use so far (grows to ``n_slots`` as misses pay for them).
         self.active = 0
+        #: Chunks the last :meth:`slots` decoded.
+        self.last_misses = 0
         self._limits: dict[int, int] = {}
-        #: Per reader, ``table[chunk] - 1`` is the slot holding the chunk (0: none);
-        #: zeros come from untouched pages, so a 50M-row store costs no memory here.
-        self._tables: dict[int, np.ndarray] = {}
         self._next_token = 0
-        self._reader = np.full(0, -1, dtype=np.int64)  # owner of each slot, or -1
-        self._chunk = np.full(0, -1, dtype=np.int64)
+        self._keys = np.zeros(0, dtype=np.int64)  # sorted keys of the cached chunks
+        self._key_slot = np.zeros(0, dtype=np.int64)  # and their slots
+        self._key_of = np.full(0, -1, dtype=np.int64)  # key held by each slot, or -1
         self._ref = np.zeros(0, dtype=bool)
         self._epoch = np.zeros(0, dtype=np.int64)
         self._batch = 0
         self._hand = 0
         self._misses = 0
-        #: Chunks the last :meth:`slots` decoded.
-        self.last_misses = 0
 
     # -- readers --------------------------------------------------------------------
-    def register(self, nbytes: int, n_chunks: int) -> int:
-        """A reader of ``n_chunks`` chunks joins, bringing ``nbytes`` of bound; its token."""
+    def register(self, nbytes: int) -> int:
+        """A reader joins, bringing ``nbytes`` of bound; its token."""
         with self.lock:
             token = self._next_token
             self._next_token += 1
             self._limits[token] = int(nbytes)
-            self._tables[token] = np.zeros(n_chunks, dtype=np.int32)
             self._resize()
             return token
 
@@ -107,43 +124,42 @@ class ChunkCache:
         with self.lock:
             if self._limits.pop(token, None) is None:
                 return
-            mine = np.flatnonzero(self._reader == token)
-            self._reader[mine] = -1
-            self._chunk[mine] = -1
-            self._ref[mine] = False
-            del self._tables[token]
+            self._evict(np.flatnonzero((self._key_of >> TOKEN_SHIFT) == token))
             self._resize()
-
-    def table(self, token: int) -> np.ndarray:
-        """Reader ``token``'s chunk-to-slot table (``table[chunk] - 1``; 0: not cached)."""
-        return self._tables[token]
 
     def held(self, token: int) -> int:
         """Chunks of reader ``token`` in the cache."""
-        return int((self._reader == token).sum())
+        return int(((self._key_of >> TOKEN_SHIFT) == token).sum())
 
     # -- slots ----------------------------------------------------------------------
-    def slots(self, token: int, uniq: np.ndarray, decode: Decode) -> np.ndarray:
-        """Slots of reader ``token``'s chunks ``uniq`` (unique), decoding the missing ones
-        with ``decode(cids, dests)`` straight into their slots."""
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """The slot of each key (:func:`chunk_keys`), -1 where it is not cached."""
+        keys = np.asarray(keys, dtype=np.int64)
+        at = np.searchsorted(self._keys, keys)
+        found = at < len(self._keys)
+        found[found] = self._keys[at[found]] == keys[found]
+        out = np.full(len(keys), -1, dtype=np.int64)
+        out[found] = self._key_slot[at[found]]
+        return out
+
+    def slots(self, keys: np.ndarray, decode: Decode) -> np.ndarray:
+        """Slots of the chunks ``keys`` (unique), decoding the missing ones with
+        ``decode(keys, dests)`` straight into their slots."""
+        keys = np.asarray(keys, dtype=np.int64)
         self._batch += 1
-        table = self._tables[token]
-        slots = table[uniq].astype(np.int64) - 1
+        slots = self.lookup(keys)
         hit = slots >= 0
         self._ref[slots[hit]] = True
         self._epoch[slots[hit]] = self._batch
         miss = np.flatnonzero(~hit)
         self.last_misses = int(miss.size)
         if miss.size:
-            self._grow(int(miss.size), len(uniq))
-            new = np.array([self._take_slot() for _ in range(miss.size)], dtype=np.int64)
-            cids = uniq[miss]
+            self._grow(int(miss.size), len(keys))
+            new = self._take_slots(int(miss.size))
             assert self.slab is not None
-            decode(cids.tolist(), [self.slab[s] for s in new.tolist()])
-            # only now owned: a decode that failed leaves no half-decoded slot served
-            table[cids] = new + 1
-            self._reader[new] = token
-            self._chunk[new] = cids
+            decode(keys[miss].tolist(), [self.slab[s] for s in new.tolist()])
+            # only now cached: a decode that failed leaves no half-decoded slot served
+            self._add(keys[miss], new)
             slots[miss] = new
         return slots
 
@@ -154,27 +170,41 @@ class ChunkCache:
         self._misses %= MISSES_PER_SLOT
         self.active = min(self.n_slots, max(want, 2 * batch_chunks))
 
-    def _take_slot(self) -> int:
-        n = self.active
-        while True:
-            s = self._hand
-            self._hand = (s + 1) % n
-            if self._epoch[s] == self._batch:
-                continue  # in use by this batch
-            if self._ref[s]:
-                self._ref[s] = False  # second chance
-                continue
-            self._evict(np.array([s]))
+    def _take_slots(self, n: int) -> np.ndarray:
+        """``n`` slots for this batch's misses (CLOCK), emptied of what they held."""
+        out = np.empty(n, dtype=np.int64)
+        active = self.active
+        for i in range(n):
+            while True:
+                s = self._hand
+                self._hand = (s + 1) % active
+                if self._epoch[s] == self._batch:
+                    continue  # in use by this batch
+                if self._ref[s]:
+                    self._ref[s] = False  # second chance
+                    continue
+                break
             self._epoch[s] = self._batch
-            return s
+            out[i] = s
+        self._evict(out)
+        return out
+
+    def _add(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        order = np.argsort(keys)
+        keys, slots = keys[order], slots[order]
+        at = np.searchsorted(self._keys, keys)
+        self._keys = np.insert(self._keys, at, keys)
+        self._key_slot = np.insert(self._key_slot, at, slots)
+        self._key_of[slots] = keys
 
     def _evict(self, slots: np.ndarray) -> None:
-        for s in slots.tolist():
-            owner = int(self._reader[s])
-            if owner >= 0:
-                self._tables[owner][self._chunk[s]] = 0
-        self._reader[slots] = -1
-        self._chunk[slots] = -1
+        slots = np.asarray(slots, dtype=np.int64)
+        held = slots[self._key_of[slots] >= 0]
+        if held.size:
+            at = np.searchsorted(self._keys, self._key_of[held])
+            self._keys = np.delete(self._keys, at)
+            self._key_slot = np.delete(self._key_slot, at)
+        self._key_of[slots] = -1
         self._ref[slots] = False
 
     def _resize(self) -> None:
@@ -200,8 +230,7 @@ class ChunkCache:
         if keep and slab is not None and self.slab is not None:
             slab[:keep] = self.slab[:keep]
         self.slab = slab
-        self._reader = _resized(self._reader[:keep], n, -1)
-        self._chunk = _resized(self._chunk[:keep], n, -1)
+        self._key_of = _resized(self._key_of[:keep], n, -1)
         self._ref = _resized(self._ref[:keep], n, False)
         self._epoch = _resized(self._epoch[:keep], n, 0)
         first = FIRST_ACTIVE_BYTES // self.chunk_nbytes
@@ -228,7 +257,9 @@ def shared_cache(group: str, chunk_shape: Sequence[int], dtype: np.dtype) -> Chu
     ``chunk_shape`` and ``dtype``; it lives while a reader holds it."""
     global _SHARED, _SHARED_LOCK, _SHARED_PID
     if _SHARED_PID != os.getpid():  # forked: the parent's caches and lock are not ours
-        _SHARED, _SHARED_LOCK, _SHARED_PID = weakref.WeakValueDictionary(), threading.Lock(), os.getpid()
+        _SHARED = weakref.WeakValueDictionary()
+        _SHARED_LOCK = threading.Lock()
+        _SHARED_PID = os.getpid()
     key = (group, tuple(int(x) for x in chunk_shape), np.dtype(dtype).str)
     with _SHARED_LOCK:
         cache = _SHARED.get(key)

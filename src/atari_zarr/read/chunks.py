@@ -10,8 +10,8 @@ chunks; this module decides which chunks a batch of rows needs and keeps them:
 * large batches are split into one decoding task per core (one task per chunk
   costs more in scheduling than a 20 µs decode);
 * a batch whose chunks do not fit the cache decodes into its thread's scratch
-  buffer, reused from batch to batch: fresh memory costs its page faults, about 3×
-  a decode;
+  buffer, reused from batch to batch: fresh memory costs its page faults, about three
+  decodes' time;
 * **decode ahead**: sequential reads decode the next chunks in the background;
 * **fetch ahead** (:meth:`ChunkReader.fetch_ahead`): the encoded bytes of rows
   that will be read soon are fetched in the background (over a network, ranges of
@@ -36,12 +36,18 @@ from typing import Any
 import numpy as np
 import zarr
 
-from atari_zarr.read.chunk_cache import ChunkCache, shared_cache
+from atari_zarr.read.chunk_cache import (
+    TOKEN_SHIFT,
+    ChunkCache,
+    chunk_keys,
+    shared_cache,
+    split_keys,
+)
 from atari_zarr.read.engine import ChunkEngine, EncodedChunk
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.resources import cpu_count
 
-__all__ = ["ChunkReader"]
+__all__ = ["ChunkReader", "read_rows_of"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -148,6 +154,7 @@ class ChunkReader:
         self._stats = {"hits": 0, "fetched_ahead": 0, "decoded_ahead": 0}
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
         self._pool_pid = -1
         self._next_chunk: int | None = None
         # Decode-ahead results live outside the cache until a range read takes them.
@@ -177,15 +184,16 @@ class ChunkReader:
         self._leave_cache()
         g = self.grid
         limit = self.cache_bytes if g is not None else 0
-        if g is not None and limit // g.chunk_nbytes >= 2:
+        # a group's readers pool their shares, however small; alone, two chunks at least
+        least = 1 if self._cache_group is not None else 2 * (g.chunk_nbytes if g else 0)
+        if g is not None and limit >= least:
             cache = (
                 ChunkCache(g.chunk_shape, g.dtype)
                 if self._cache_group is None
                 else shared_cache(self._cache_group, g.chunk_shape, g.dtype)
             )
-            self._token = cache.register(limit, g.n_chunks)
+            self._token = cache.register(limit)
             self._cache = cache
-            self._slot_of = cache.table(self._token)
             self._leave = weakref.finalize(self, cache.unregister, self._token)
         self._cache_pid = os.getpid()
 
@@ -287,7 +295,7 @@ class ChunkReader:
             todo = list(range(len(uniq)))
             if cache is not None:
                 with cache.lock:
-                    slot = self._slot_of[uniq].astype(np.int64) - 1
+                    slot = cache.lookup(chunk_keys(self._token, uniq))
                     for k in np.flatnonzero(slot >= 0).tolist():
                         buf[k] = cache.slab[slot[k]]  # type: ignore[index]
                 todo = np.flatnonzero(slot < 0).tolist()
@@ -377,7 +385,8 @@ class ChunkReader:
             # chunks decoded in a cache this much larger than what is drawn ahead are
             # still there when read: not fetched again (in a small cache they may be
             # evicted first, and are fetched too)
-            cids = cids[self._slot_of[cids] == 0]
+            with self._cache.lock:
+                cids = cids[self._cache.lookup(chunk_keys(self._token, cids)) < 0]
         with self._ahead_lock:
             todo = [c for c in cids.tolist() if c not in self._fetching]
             if not todo:
@@ -404,10 +413,11 @@ class ChunkReader:
     # -- internals --------------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
         # A pool inherited through fork has no threads behind it: make a new one.
-        if self._pool is None or self._pool_pid != os.getpid():
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="atari_zarr-read")
-            self._pool_pid = os.getpid()
-            self._pending = {}
+        with self._pool_lock:
+            if self._pool is None or self._pool_pid != os.getpid():
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="atari_zarr-read")
+                self._pool_pid = os.getpid()
+                self._pending = {}
         return self._pool
 
     def _io_executor(self) -> ThreadPoolExecutor:
@@ -452,9 +462,13 @@ class ChunkReader:
         """Cache slots of chunks ``uniq`` (sorted, unique), decoding the missing ones
         (the cache's lock held)."""
         assert self._cache is not None
-        slots = self._cache.slots(self._token, uniq, self._decode_into)
+        slots = self._cache.slots(chunk_keys(self._token, uniq), self.decode_keys)
         self._stats["hits"] += len(uniq) - self._cache.last_misses
         return slots
+
+    def decode_keys(self, keys: list[int], dests: list[np.ndarray]) -> None:
+        """Decode this reader's chunks of cache keys ``keys`` into ``dests``."""
+        self._decode_into(split_keys(keys)[1].tolist(), dests)
 
     def _read_range(self, start: int, stop: int, out: np.ndarray) -> None:
         """Rows ``[start, stop)``: whole chunks decode straight into ``out``."""
@@ -553,3 +567,73 @@ class ChunkReader:
         for chunk, dest in zip(chunks, dests, strict=True):
             nbytes += self.engine.decode(chunk, dest)
         self.engine.count_decoded(len(chunks), nbytes)
+
+
+def read_rows_of(
+    readers: Sequence[ChunkReader], which: np.ndarray, rows: np.ndarray, out: np.ndarray
+) -> np.ndarray:
+    """``out[i] = readers[which[i]].read(rows[i])``: rows of many arrays in one call.
+
+    Where the readers touched share one cache (a mixture's stores), the chunks are
+    looked up with one search and the rows gathered with one ``np.take``, so a
+    batch's cost beyond its decodes is a few array operations whatever the number of
+    readers it touches; a reader with chunks to decode is called once for them.
+    Otherwise each reader touched reads its own rows.
+
+    Examples
+    --------
+    >>> import zarr
+    >>> from zarr.codecs import BloscCodec
+    >>> from atari_zarr.read.options import ReadOptions
+    >>> opts = ReadOptions(frame_cache_bytes=1 << 20).divided(2)  # one cache group
+    >>> arrays = []
+    >>> for k in range(2):
+    ...     a = zarr.create_array({}, shape=(64,), chunks=(8,), dtype="int16",
+    ...                           compressors=[BloscCodec()])
+    ...     a[:] = np.arange(64) + 100 * k
+    ...     arrays.append(a)
+    >>> readers = [ChunkReader(a, where=f"memory://{k}", options=opts)
+    ...            for k, a in enumerate(arrays)]
+    >>> out = np.empty(3, dtype="int16")
+    >>> read_rows_of(readers, np.array([1, 0, 1]), np.array([5, 9, 63]), out).tolist()
+    [105, 9, 163]
+    """
+    which = np.asarray(which, dtype=np.int64)
+    rows = np.asarray(rows, dtype=np.int64)
+    touched = np.unique(which).tolist()
+    for k in touched:
+        with readers[k]._lock:
+            readers[k]._own_cache()
+    first = readers[touched[0]] if touched else None
+    cache = first._cache if first is not None else None
+    g = first.grid if first is not None else None
+    if (
+        cache is not None
+        and g is not None
+        and all(readers[k]._cache is cache and readers[k].grid is not None for k in touched)
+        and all(readers[k].grid.chunk_rows == g.chunk_rows for k in touched)  # type: ignore[union-attr]
+    ):
+        cr = g.chunk_rows
+        tokens = np.zeros(len(readers), dtype=np.int64)
+        tokens[touched] = [readers[k]._token for k in touched]
+        keys = (tokens[which] << np.int64(TOKEN_SHIFT)) | (rows // cr)
+        uniq, inverse = np.unique(keys, return_inverse=True)
+        by_token = {readers[k]._token: readers[k] for k in touched}
+
+        def decode(keys: list[int], dests: list[np.ndarray]) -> None:
+            toks, cids = split_keys(keys)
+            for t in np.unique(toks).tolist():
+                sel = np.flatnonzero(toks == t).tolist()
+                by_token[t]._decode_into(cids[sel].tolist(), [dests[i] for i in sel])
+
+        with cache.lock:
+            if len(uniq) <= cache.n_slots // 2:
+                slots = cache.slots(uniq, decode)
+                assert cache.slab is not None
+                flat = cache.slab.reshape(-1, *g.row_shape)
+                np.take(flat, slots[inverse] * cr + rows % cr, axis=0, out=out, mode="clip")
+                return out
+    for k in touched:
+        sel = np.flatnonzero(which == k)
+        out[sel] = readers[k].read(rows[sel])
+    return out

@@ -42,7 +42,7 @@ from atari_zarr.layout import (
 )
 from atari_zarr.place import current_place
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
-from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.columns import StepColumn, open_step_columns
 from atari_zarr.read.consumer import quiet_worker_exit
 from atari_zarr.read.engine import DEFAULT_REMEDY
@@ -187,7 +187,8 @@ class StoreReader:
                 threads=1,
                 decode_ahead=False,
                 remedy=self.remedy,
-                options=self.options,
+                # a cache of its own: a mixture's shared cache is its frames' budget
+                options=self.options.replace(cache_group=None),
             )
         )
         self.frames = ChunkReader(
@@ -456,16 +457,10 @@ def read_items(
     rows = np.where(plan.valid, plan.rows, 0)
     if one:  # every frame in one call, straight into the batch's buffer
         stores[g0].frames.read(buffer.flat(rows), out=buffer.frames)
-    else:
-        width = length + stack
-        # where each (item, frame) lies in the buffer's memory order
-        flat_at = np.empty(b * width, dtype=np.int64)
-        order = buffer.flat(np.arange(b * width, dtype=np.int64).reshape(b, width))
-        flat_at[order] = np.arange(b * width)
-        at = flat_at.reshape(b, width)
-        for g in groups:
-            sel = sel_of[g]
-            buffer.frames[at[sel].ravel()] = stores[g].frames.read(rows[sel].ravel())
+    else:  # every frame in one gather where the stores share a cache
+        each = np.broadcast_to(which[:, None], rows.shape)
+        frame_readers = [s.frames for s in stores]
+        read_rows_of(frame_readers, buffer.flat(each), buffer.flat(rows), buffer.frames)
     offsets = np.arange(length, dtype=np.int64)[None, :]
     safe = starts[:, None] + offsets
     if plan.padded:
