@@ -111,3 +111,20 @@ def test_shared_caches_are_per_group_and_shape() -> None:
     assert shared_cache("g1", SHAPE, np.dtype("float64")) is a
     assert shared_cache("g2", SHAPE, np.dtype("float64")) is not a
     assert shared_cache("g1", (8, 3), np.dtype("float64")) is not a
+
+
+def test_readers_joining_one_by_one_reallocate_the_slab_a_few_times_and_keep_its_chunks() -> None:
+    cache = ChunkCache(SHAPE, np.dtype("float64"))
+    t0 = cache.register(4 * CHUNK)
+    with cache.lock:
+        cache.slots(chunk_keys(t0, [2, 9]), fill)
+    slabs = {id(cache.slab)}
+    for _ in range(239):
+        cache.register(4 * CHUNK)
+        slabs.add(id(cache.slab))
+    assert cache.n_slots == 240 * 4 <= len(cache.slab) < 2 * 240 * 4
+    assert len(slabs) <= 10  # doubling, not one reallocation per reader
+    with cache.lock:
+        cache.slots(chunk_keys(t0, [2, 9]), fill)
+        assert cache.last_misses == 0
+    consistent(cache)

@@ -208,7 +208,12 @@ class ChunkCache:
         self._ref[slots] = False
 
     def _resize(self) -> None:
-        """Bring the slab to the registered bound, keeping the chunks that still fit."""
+        """Bring the bound to the registered bytes, keeping the chunks that still fit.
+
+        The slab is address space until slots are written: it grows to twice its size
+        (readers joining one by one reallocate it a few times, not once each), and a
+        reallocation copies only the slots that hold a chunk.
+        """
         n = sum(self._limits.values()) // self.chunk_nbytes
         n = int(n) if n >= 2 else 0
         if n == self.n_slots:
@@ -216,23 +221,27 @@ class ChunkCache:
         keep = min(self.active, n)
         if self.active > n:
             self._evict(np.arange(n, self.active))
-        slab: np.ndarray | None = None
-        while n:
-            try:
-                # np.empty of a large size maps pages lazily: memory grows with use.
-                slab = np.empty((n, *self.chunk_shape), dtype=self.dtype)
-                break
-            except MemoryError:  # no room for the address space asked: a smaller cache
-                n = n // 2 if n >= 4 else 0
-                if keep > n:
-                    self._evict(np.arange(n, keep))
-                    keep = n
-        if keep and slab is not None and self.slab is not None:
-            slab[:keep] = self.slab[:keep]
-        self.slab = slab
-        self._key_of = _resized(self._key_of[:keep], n, -1)
-        self._ref = _resized(self._ref[:keep], n, False)
-        self._epoch = _resized(self._epoch[:keep], n, 0)
+        cap = 0 if self.slab is None else len(self.slab)
+        if n > cap or n < cap // 4:
+            size = max(n, 2 * cap) if n > cap else n
+            slab: np.ndarray | None = None
+            while size:
+                try:
+                    # np.empty of a large size maps pages lazily: memory grows with use.
+                    slab = np.empty((size, *self.chunk_shape), dtype=self.dtype)
+                    break
+                except MemoryError:  # no room for the address space asked: a smaller cache
+                    size = n = n // 2 if n >= 4 else 0
+                    if keep > n:
+                        self._evict(np.arange(n, keep))
+                        keep = n
+            held = np.flatnonzero(self._key_of[:keep] >= 0)
+            if held.size and slab is not None and self.slab is not None:
+                slab[held] = self.slab[held]
+            self.slab = slab
+            self._key_of = _resized(self._key_of[:keep], size, -1)
+            self._ref = _resized(self._ref[:keep], size, False)
+            self._epoch = _resized(self._epoch[:keep], size, 0)
         first = FIRST_ACTIVE_BYTES // self.chunk_nbytes
         self.n_slots = n
         self.active = min(n, max(2, first, keep))
