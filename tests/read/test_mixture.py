@@ -253,3 +253,27 @@ def test_a_mixture_caches_frames_where_each_stores_share_is_under_a_chunk(
     np.testing.assert_array_equal(
         b["observation"].numpy(), frame_of(store * NAME + idx - mix.offsets[store])
     )
+
+
+def test_a_remote_mixture_keeps_encoded_bytes_in_one_cache(tmp_path: Path) -> None:
+    """The stores of a mixture in a bucket keep what requests brought in one cache
+    bounded by the dataset's ``kept_bytes``; each store's bytes are its own."""
+    from atari_zarr import ReadOptions
+    from tests.read.test_prefetch import _memory_copy
+
+    local = [
+        write_store(str(tmp_path / f"s{g}.zarr"), 40, seed=g, max_len=9, name=g * NAME)
+        for g in range(3)
+    ]
+    urls = [_memory_copy(u, f"kept-mix-{g}") for g, u in enumerate(local)]
+    mix = MultiGameDataset(urls, options=ReadOptions(kept_bytes=3 << 20))
+    kept = [s.engine.kept for s in mix._stores]
+    shared = kept[0].kept
+    assert all(k.kept is shared for k in kept) and shared.max_bytes == 3 << 20
+    idx = np.arange(len(mix))
+    b = mix[idx]
+    assert 0 < shared.nbytes <= shared.max_bytes
+    store = np.searchsorted(mix.offsets, idx, side="right") - 1
+    np.testing.assert_array_equal(
+        b["observation"].numpy(), frame_of(store * NAME + idx - mix.offsets[store])
+    )

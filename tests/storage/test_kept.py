@@ -56,3 +56,23 @@ def test_nothing_is_kept_with_a_zero_bound():
     kept = KeptBytes(0)
     kept.add("a", 0, DATA["a"][:10])
     assert kept.get("a", 0, 10) is None and kept.nbytes == 0
+
+
+def test_readers_sharing_one_cache_use_its_room_and_give_it_back_when_they_go() -> None:
+    import gc
+
+    from atari_zarr.storage.kept import shared_kept
+
+    shared = shared_kept("test-kept-group")
+    assert shared_kept("test-kept-group") is shared
+    a, b = shared.join(1000), shared.join(1000)
+    assert shared.max_bytes == 2000
+    a.add("frames/c/0", 0, DATA["a"][:1500])  # more than its own thousand
+    assert a.get("frames/c/0", 10, 20) is not None and b.get("frames/c/0", 10, 20) is None
+    b.add("frames/c/0", 0, DATA["b"][:400])  # the same key of another store: its own
+    assert bytes(b.get("frames/c/0", 0, 4)) == bytes(DATA["b"][:4])
+    assert shared.nbytes == 1900 <= shared.max_bytes
+    del a
+    gc.collect()
+    assert shared.max_bytes == 1000 and shared.nbytes == 400  # its ranges went with it
+    assert bytes(b.get("frames/c/0", 0, 4)) == bytes(DATA["b"][:4])

@@ -45,7 +45,7 @@ from atari_zarr.fingerprints import foreign_object_message, object_crc, recorded
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.fetch import byte_source
-from atari_zarr.storage.kept import KeptBytes
+from atari_zarr.storage.kept import KeptBytes, KeptView, shared_kept
 from atari_zarr.storage.ranges import ByteRange, coalesce_ranges
 
 __all__ = [
@@ -247,8 +247,14 @@ class ChunkEngine:
         # from batch to batch, so the next epoch would find none of them. Per-chunk
         # ranges there, which it serves again whatever the rows.
         self.merge = self.bytes.remote and not isinstance(store, RangeCacheStore)
-        #: What remote requests brought: the array's one encoded-byte cache.
-        self.kept = KeptBytes(options.kept_bytes if self.bytes.remote else 0)
+        #: What remote requests brought: the array's one encoded-byte cache, or its
+        #: part of the one its mixture's stores share (their bound the sum of theirs).
+        kept_bytes = options.kept_bytes if self.bytes.remote else 0
+        self.kept: KeptBytes | KeptView = (
+            shared_kept(options.cache_group).join(kept_bytes)
+            if options.cache_group is not None and kept_bytes
+            else KeptBytes(kept_bytes)
+        )
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
         #: The crc32c its writer recorded for each object (None: none recorded).

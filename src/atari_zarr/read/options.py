@@ -66,8 +66,8 @@ class ReadOptions:
         Remote stores: bound on the encoded bytes requests brought that are kept in
         memory (one cache per array, in its engine), so that no byte is fetched twice
         while kept; what :meth:`~atari_zarr.AtariZarrDataset.sample_iter` fetches
-        ahead waits there too. In a ``MultiGameDataset`` its stores divide it, so the
-        dataset keeps this much whatever the number of stores.
+        ahead waits there too. In a ``MultiGameDataset`` its stores' frames share one
+        such cache of this bound, whatever the number of stores.
     prefetch : int
         Batches :meth:`~atari_zarr.AtariZarrDataset.sample_iter` draws ahead by
         default (0: none).
@@ -78,9 +78,10 @@ class ReadOptions:
     threads : int, optional
         Threads that decode the chunks of one large batch (default: one per core).
     cache_group : str, optional
-        Readers of one group share one decoded-frame cache in each process, bounded
-        by the sum of their ``frame_cache_bytes``. :meth:`divided` gives a
-        ``MultiGameDataset``'s stores one group; None (the default): a cache of the
+        Readers of one group share one decoded-frame cache and one encoded-byte cache
+        in each process, each bounded by the sum of their shares
+        (``frame_cache_bytes``, ``kept_bytes``). :meth:`divided` gives a
+        ``MultiGameDataset``'s stores one group; None (the default): caches of the
         reader's own.
 
     Raises
@@ -127,8 +128,8 @@ class ReadOptions:
     def divided(self, parts: int) -> ReadOptions:
         """These options for one of ``parts`` stores sharing a dataset's memory: a share
         of memory for decoded frames, and the encoded bytes kept, divided among them.
-        The stores share one decoded-frame cache (one ``cache_group``), whose bound is
-        the sum of their shares: the dataset's.
+        The stores share one decoded-frame cache and one encoded-byte cache (one
+        ``cache_group``), whose bounds are the sums of their shares: the dataset's.
 
         Examples
         --------

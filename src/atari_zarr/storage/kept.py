@@ -20,11 +20,14 @@ Examples
 from __future__ import annotations
 
 import bisect
+import itertools
+import os
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["DEFAULT_KEPT_BYTES", "KeptBytes"]
+__all__ = ["DEFAULT_KEPT_BYTES", "KeptBytes", "KeptView", "shared_kept"]
 
 #: Default bound on the bytes kept per array: a 1 M-transition Pong store's frames
 #: are 48 MB, so its random reads fetch each byte once.
@@ -126,3 +129,90 @@ class KeptBytes:
             self._spans.clear()
             self._lru.clear()
             self.nbytes = 0
+
+    def join(self, nbytes: int) -> KeptView:
+        """A view for one more reader (its keys apart from the others'), adding
+        ``nbytes`` to the bound; when the view goes, its bytes and its ranges go too."""
+        view = KeptView(self, f"{next(_VIEWS)}:")
+        with self._lock:
+            self.max_bytes += max(0, int(nbytes))
+        weakref.finalize(view, self._leave, view.prefix, max(0, int(nbytes)))
+        return view
+
+    def _leave(self, prefix: str, nbytes: int) -> None:
+        with self._lock:
+            for key in [k for k in self._spans if k.startswith(prefix)]:
+                for s, e, _ in self._spans.pop(key):
+                    self.nbytes -= e - s
+                    del self._lru[(key, s)]
+                self._starts.pop(key, None)
+            self.max_bytes -= nbytes
+            while self.nbytes > self.max_bytes:
+                (k, s), size = self._lru.popitem(last=False)
+                j = bisect.bisect_left(self._starts[k], s)
+                del self._starts[k][j]
+                del self._spans[k][j]
+                self.nbytes -= size
+
+
+_VIEWS = itertools.count()
+
+
+class KeptView:
+    """One reader's part of a :class:`KeptBytes` that several readers share (a
+    mixture's stores): the same methods, its keys apart, the bound the sum of theirs.
+
+    Examples
+    --------
+    >>> shared = KeptBytes(0)
+    >>> a, b = shared.join(100), shared.join(100)
+    >>> a.add("s/0", 0, b"x" * 150)  # one reader may use the others' room
+    >>> bytes(a.get("s/0", 0, 3)), b.get("s/0", 0, 3), shared.max_bytes
+    (b'xxx', None, 200)
+    """
+
+    def __init__(self, kept: KeptBytes, prefix: str) -> None:
+        self.kept = kept
+        self.prefix = prefix
+
+    @property
+    def max_bytes(self) -> int:
+        return self.kept.max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.kept.nbytes
+
+    def get(self, key: str, start: int, stop: int) -> Any:
+        return self.kept.get(self.prefix + key, start, stop)
+
+    def holds(self, key: str, start: int, stop: int) -> bool:
+        return self.kept.holds(self.prefix + key, start, stop)
+
+    def add(self, key: str, start: int, data: Any) -> None:
+        self.kept.add(self.prefix + key, start, data)
+
+    def forget(self, key: str) -> None:
+        self.kept.forget(self.prefix + key)
+
+
+# One shared KeptBytes per group in this process; a forked child starts with none.
+_SHARED: weakref.WeakValueDictionary[str, KeptBytes] = weakref.WeakValueDictionary()
+_SHARED_LOCK = threading.Lock()
+_SHARED_PID = os.getpid()
+
+
+def shared_kept(group: str) -> KeptBytes:
+    """The encoded-byte cache this process's readers of ``group`` (one mixture) share;
+    each joins it with :meth:`KeptBytes.join`. It lives while a view holds it."""
+    global _SHARED, _SHARED_LOCK, _SHARED_PID
+    if _SHARED_PID != os.getpid():  # forked: the parent's caches and lock are not ours
+        _SHARED = weakref.WeakValueDictionary()
+        _SHARED_LOCK = threading.Lock()
+        _SHARED_PID = os.getpid()
+    with _SHARED_LOCK:
+        kept = _SHARED.get(group)
+        if kept is None:
+            kept = KeptBytes(0)
+            _SHARED[group] = kept
+        return kept
