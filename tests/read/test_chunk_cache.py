@@ -128,3 +128,17 @@ def test_readers_joining_one_by_one_reallocate_the_slab_a_few_times_and_keep_its
         cache.slots(chunk_keys(t0, [2, 9]), fill)
         assert cache.last_misses == 0
     consistent(cache)
+
+
+def test_a_reader_collected_mid_call_is_left_at_the_next_call() -> None:
+    """A garbage collector's finalizer runs inside whatever call allocates: it only
+    leaves a note, and the reader's chunks and bytes leave at the next call."""
+    cache = ChunkCache(SHAPE, np.dtype("float64"))
+    a, b = cache.register(4 * CHUNK), cache.register(4 * CHUNK)
+    with cache.lock:
+        cache.slots(chunk_keys(a, [1, 2]), fill)
+        cache.release(a)  # as if collected here: nothing changes yet
+        assert cache.held(a) == 2 and cache.n_slots == 8
+        cache.slots(chunk_keys(b, [1]), fill)
+    assert cache.held(a) == 0 and cache.n_slots == 4
+    consistent(cache)

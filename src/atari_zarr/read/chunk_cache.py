@@ -100,6 +100,8 @@ class ChunkCache:
         self.last_misses = 0
         self._limits: dict[int, int] = {}
         self._next_token = 0
+        # tokens of readers collected by the garbage collector, left at the next call
+        self._gone: list[int] = []
         self._keys = np.zeros(0, dtype=np.int64)  # sorted keys of the cached chunks
         self._key_slot = np.zeros(0, dtype=np.int64)  # and their slots
         self._key_of = np.full(0, -1, dtype=np.int64)  # key held by each slot, or -1
@@ -113,6 +115,7 @@ class ChunkCache:
     def register(self, nbytes: int) -> int:
         """A reader joins, bringing ``nbytes`` of bound; its token."""
         with self.lock:
+            self._drain()
             token = self._next_token
             self._next_token += 1
             self._limits[token] = int(nbytes)
@@ -126,6 +129,15 @@ class ChunkCache:
                 return
             self._evict(np.flatnonzero((self._key_of >> TOKEN_SHIFT) == token))
             self._resize()
+
+    def release(self, token: int) -> None:
+        """:meth:`unregister` at the next call, from a garbage collector's finalizer: it
+        may run in the middle of any call, so it takes no lock and changes nothing."""
+        self._gone.append(token)
+
+    def _drain(self) -> None:
+        while self._gone:
+            self.unregister(self._gone.pop())
 
     def held(self, token: int) -> int:
         """Chunks of reader ``token`` in the cache."""
@@ -146,6 +158,7 @@ class ChunkCache:
         """Slots of the chunks ``keys`` (unique), decoding the missing ones with
         ``decode(keys, dests)`` straight into their slots."""
         keys = np.asarray(keys, dtype=np.int64)
+        self._drain()
         self._batch += 1
         slots = self.lookup(keys)
         hit = slots >= 0

@@ -194,7 +194,7 @@ class ChunkReader:
             )
             self._token = cache.register(limit)
             self._cache = cache
-            self._leave = weakref.finalize(self, cache.unregister, self._token)
+            self._leave = weakref.finalize(self, cache.release, self._token)
         self._cache_pid = os.getpid()
 
     def _leave_cache(self) -> None:
@@ -408,6 +408,7 @@ class ChunkReader:
             self._ahead.clear()
             self._pending.clear()
             self._fetching.clear()
+        with self._lock:  # not under _ahead_lock: a read holds the cache's lock, then it
             self._init_cache()  # its chunks leave the cache
 
     # -- internals --------------------------------------------------------------------

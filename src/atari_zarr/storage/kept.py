@@ -56,6 +56,8 @@ class KeptBytes:
         self._spans: dict[str, list[tuple[int, int, Any]]] = {}
         self._lru: OrderedDict[tuple[str, int], int] = OrderedDict()
         self._lock = threading.Lock()
+        # views collected by the garbage collector, left at the next add
+        self._gone: list[tuple[str, int]] = []
 
     def __len__(self) -> int:
         return len(self._lru)
@@ -91,6 +93,8 @@ class KeptBytes:
             return
         stop = start + n
         with self._lock:
+            while self._gone:
+                self._leave_locked(*self._gone.pop())
             starts = self._starts.setdefault(key, [])
             spans = self._spans.setdefault(key, [])
             i = bisect.bisect_right(starts, start) - 1
@@ -136,23 +140,24 @@ class KeptBytes:
         view = KeptView(self, f"{next(_VIEWS)}:")
         with self._lock:
             self.max_bytes += max(0, int(nbytes))
-        weakref.finalize(view, self._leave, view.prefix, max(0, int(nbytes)))
+        # a finalizer may run in the middle of any call (the garbage collector): it
+        # takes no lock and only leaves a note for the next add
+        weakref.finalize(view, self._gone.append, (view.prefix, max(0, int(nbytes))))
         return view
 
-    def _leave(self, prefix: str, nbytes: int) -> None:
-        with self._lock:
-            for key in [k for k in self._spans if k.startswith(prefix)]:
-                for s, e, _ in self._spans.pop(key):
-                    self.nbytes -= e - s
-                    del self._lru[(key, s)]
-                self._starts.pop(key, None)
-            self.max_bytes -= nbytes
-            while self.nbytes > self.max_bytes:
-                (k, s), size = self._lru.popitem(last=False)
-                j = bisect.bisect_left(self._starts[k], s)
-                del self._starts[k][j]
-                del self._spans[k][j]
-                self.nbytes -= size
+    def _leave_locked(self, prefix: str, nbytes: int) -> None:
+        for key in [k for k in self._spans if k.startswith(prefix)]:
+            for s, e, _ in self._spans.pop(key):
+                self.nbytes -= e - s
+                del self._lru[(key, s)]
+            self._starts.pop(key, None)
+        self.max_bytes -= nbytes
+        while self.nbytes > self.max_bytes:
+            (k, s), size = self._lru.popitem(last=False)
+            j = bisect.bisect_left(self._starts[k], s)
+            del self._starts[k][j]
+            del self._spans[k][j]
+            self.nbytes -= size
 
 
 _VIEWS = itertools.count()
