@@ -140,5 +140,9 @@ def test_a_reader_collected_mid_call_is_left_at_the_next_call() -> None:
         cache.release(a)  # as if collected here: nothing changes yet
         assert cache.held(a) == 2 and cache.n_slots == 8
         cache.slots(chunk_keys(b, [1]), fill)
+        assert cache.held(a) == 2  # nor within a batch
+        assert cache.room() == 2  # the next batch's question: a leaves first
     assert cache.held(a) == 0 and cache.n_slots == 4
+    with cache.lock, pytest.raises(ValueError, match="room for 2"):
+        cache.slots(chunk_keys(b, [1, 2, 3]), fill)  # never more than the room
     consistent(cache)

@@ -18,7 +18,8 @@ the cache grows as misses pay for its pages whatever the number of stores.
   short job or a first pass over a store larger than the cache runs as with a small
   cache.
 
-Every method is called with :attr:`ChunkCache.lock` held.
+Every method is called with :attr:`ChunkCache.lock` held, and a batch asks
+:meth:`ChunkCache.room` before :meth:`ChunkCache.slots`.
 
 Examples
 --------
@@ -29,8 +30,10 @@ Examples
 ...     for k, d in zip(keys, dests):
 ...         d[...] = k % 100
 >>> with cache.lock:
+...     cache.room()
 ...     slots = cache.slots(chunk_keys(token, [3, 7]), decode)
 ...     [int(cache.slab[s][0, 0]) for s in slots], cache.held(token)
+2
 ([3, 7], 2)
 """
 
@@ -135,6 +138,13 @@ class ChunkCache:
         may run in the middle of any call, so it takes no lock and changes nothing."""
         self._gone.append(token)
 
+    def room(self) -> int:
+        """How many chunks one call of :meth:`slots` may ask for (half the bound); the
+        readers collected since the last call leave first, so the bound is not
+        lowered between this answer and that call."""
+        self._drain()
+        return self.n_slots // 2
+
     def _drain(self) -> None:
         while self._gone:
             self.unregister(self._gone.pop())
@@ -155,10 +165,11 @@ class ChunkCache:
         return out
 
     def slots(self, keys: np.ndarray, decode: Decode) -> np.ndarray:
-        """Slots of the chunks ``keys`` (unique), decoding the missing ones with
-        ``decode(keys, dests)`` straight into their slots."""
+        """Slots of the chunks ``keys`` (unique, at most :meth:`room`), decoding the
+        missing ones with ``decode(keys, dests)`` straight into their slots."""
         keys = np.asarray(keys, dtype=np.int64)
-        self._drain()
+        if len(keys) > self.n_slots // 2:
+            raise ValueError(f"{len(keys)} chunks asked of a cache with room for {self.room()}")
         self._batch += 1
         slots = self.lookup(keys)
         hit = slots >= 0

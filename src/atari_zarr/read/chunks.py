@@ -283,7 +283,7 @@ class ChunkReader:
             cache = self._cache
             if cache is not None:
                 with cache.lock:
-                    if len(uniq) <= cache.n_slots // 2:
+                    if len(uniq) <= cache.room():
                         slots = self._cached_slots(uniq)
                         assert cache.slab is not None
                         flat = cache.slab.reshape(-1, *g.row_shape)
@@ -514,8 +514,9 @@ class ChunkReader:
         cache = self._cache
         if cache is not None:
             with cache.lock:
-                slot = int(self._cached_slots(np.array([c], dtype=np.int64))[0])
-                return cache.slab[slot, a - lo : b - lo].copy()  # type: ignore[index]
+                if cache.room() >= 1:
+                    slot = int(self._cached_slots(np.array([c], dtype=np.int64))[0])
+                    return cache.slab[slot, a - lo : b - lo].copy()  # type: ignore[index]
         [chunk] = self.decode_chunks([c])
         return chunk[a - lo : b - lo]
 
@@ -628,7 +629,7 @@ def read_rows_of(
                 by_token[t]._decode_into(cids[sel].tolist(), [dests[i] for i in sel])
 
         with cache.lock:
-            if len(uniq) <= cache.n_slots // 2:
+            if len(uniq) <= cache.room():
                 slots = cache.slots(uniq, decode)
                 assert cache.slab is not None
                 flat = cache.slab.reshape(-1, *g.row_shape)
