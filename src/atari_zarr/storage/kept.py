@@ -111,20 +111,28 @@ class KeptBytes:
             spans[lo:hi] = [(start, stop, data)]
             self._lru[(key, start)] = n
             self.nbytes += n
-            while self.nbytes > self.max_bytes:
-                (k, s), size = self._lru.popitem(last=False)
-                j = bisect.bisect_left(self._starts[k], s)
-                del self._starts[k][j]
-                del self._spans[k][j]
-                self.nbytes -= size
+            self._within_bound()
 
     def forget(self, key: str) -> None:
         """Drop every kept range of ``key`` (its bytes are to be fetched again)."""
         with self._lock:
-            for s, e, _ in self._spans.pop(key, []):
-                self.nbytes -= e - s
-                del self._lru[(key, s)]
-            self._starts.pop(key, None)
+            self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        """Every kept range of ``key`` goes (the lock held)."""
+        for s, e, _ in self._spans.pop(key, []):
+            self.nbytes -= e - s
+            del self._lru[(key, s)]
+        self._starts.pop(key, None)
+
+    def _within_bound(self) -> None:
+        """The least recently used ranges go until the bound holds (the lock held)."""
+        while self.nbytes > self.max_bytes:
+            (k, s), size = self._lru.popitem(last=False)
+            j = bisect.bisect_left(self._starts[k], s)
+            del self._starts[k][j]
+            del self._spans[k][j]
+            self.nbytes -= size
 
     def clear(self) -> None:
         """Drop everything."""
@@ -147,17 +155,9 @@ class KeptBytes:
 
     def _leave_locked(self, prefix: str, nbytes: int) -> None:
         for key in [k for k in self._spans if k.startswith(prefix)]:
-            for s, e, _ in self._spans.pop(key):
-                self.nbytes -= e - s
-                del self._lru[(key, s)]
-            self._starts.pop(key, None)
+            self._drop(key)
         self.max_bytes -= nbytes
-        while self.nbytes > self.max_bytes:
-            (k, s), size = self._lru.popitem(last=False)
-            j = bisect.bisect_left(self._starts[k], s)
-            del self._starts[k][j]
-            del self._spans[k][j]
-            self.nbytes -= size
+        self._within_bound()
 
 
 _VIEWS = itertools.count()
