@@ -81,3 +81,18 @@ def test_open_does_not_read_per_step_chunks(tmp_path):
     assert b["episode"].tolist() == [0, 0, len(lengths) - 1]
     assert b["next", "terminated"][:, 0].tolist() == [False, True, True]
     assert int(ds._store.action._loaded.sum()) == 2
+
+
+def test_step_columns_are_read_with_the_stores_options(pong_store):
+    """The user's options reach the columns' engines (coalescing, encoded bytes kept),
+    and a mixture's columns never join its shared frame cache."""
+    from atari_zarr.read.options import ReadOptions
+    from atari_zarr.read.store import StoreReader
+
+    options = ReadOptions(coalesce_gap=12_345).divided(4)
+    store = StoreReader(pong_store.url, options=options)
+    for name in ("action", "next/reward"):
+        reader = store.columns[name].reader
+        assert reader.engine.coalesce_gap == 12_345
+        assert reader._cache is None and reader._cache_group is None
+    assert store.frames._cache_group == options.cache_group

@@ -393,25 +393,30 @@ def test_a_catalog_is_read_with_one_request(indexed, pong_store, tmp_path) -> No
     assert code == 0
 
 
-def test_a_stale_entry_warns_and_the_store_itself_is_read(indexed, pong_store, source_root, pong_run, tmp_path) -> None:
-    server = indexed["server"]
-    opts = server.storage_options()
+def test_a_catalogued_bucket_root_opens_with_one_request_and_stale_entries_stop_their_reads(indexed, pong_store, source_root, pong_run, tmp_path) -> None:
+    server, proxy = indexed["server"], indexed["proxy"]
+    opts = server.storage_options(endpoint_url=proxy.endpoint_url)
     root = f"gs://{CATALOG_BUCKET}/stale"
-    _upload(server, pong_store.url, "stale/Pong/1.zarr", "stale/Pong/2.zarr")
+    _upload(server, pong_store.url, "stale/Pong/1.zarr", "stale/Pong/2.zarr", "stale/Pong/3.zarr")
     write_catalog(root, opts)
+    proxy.reset()
+    fresh = MultiGameDataset.from_root(root, storage_options=opts)
+    assert proxy.requests == 1, proxy.log  # the catalog; no store is opened yet
+    assert len(fresh) == 3 * pong_store.transitions
     # Pong/1 converted again with another selection; Pong/2 deleted
     [other] = convert(str(source_root), str(tmp_path / "other"), max_episodes=2, progress=False)
     fs = fsspec.filesystem("gs", skip_instance_cache=True, **opts)
     fs.rm(f"{CATALOG_BUCKET}/stale/Pong/1.zarr", recursive=True)
     fs.put(other.url, f"{CATALOG_BUCKET}/stale/Pong/1.zarr", recursive=True)
     fs.rm(f"{CATALOG_BUCKET}/stale/Pong/2.zarr", recursive=True)
-    with pytest.warns(UserWarning) as caught:
-        mixed = MultiGameDataset.from_root(root, storage_options=opts)
-    text = " | ".join(str(w.message) for w in caught)
-    assert "stale/Pong/2.zarr is listed in" in text and "no longer a complete store" in text
-    assert "stale/Pong/1.zarr changed since its root's catalog.json was written" in text
-    assert "atari-zarr index" in text
-    assert mixed.games == ["Pong/1"] and len(mixed) == other.transitions  # never the old data
+    mixed = MultiGameDataset.from_root(root, storage_options=opts)
+    last = mixed[len(mixed) - 1]  # Pong/3, as indexed
+    assert last["row"].item() == pong_store.transitions - 1
+    with pytest.warns(UserWarning, match="changed since its root's catalog.json was written"):
+        with pytest.raises(StoreFormatError, match=r"stale/Pong/1.zarr holds .* `atari-zarr index gs://atari-catalog/stale`"):
+            mixed[0]  # never the old data, nor rows numbered by the old length
+    with pytest.raises(StoreNotFoundError, match=r"stale/Pong/2.zarr, listed in .*atari-zarr index"):
+        mixed[pong_store.transitions]
 
 
 def test_writers_finishing_at_once_lose_no_entry(indexed, pong_store, monkeypatch) -> None:

@@ -28,6 +28,7 @@ from atari_zarr.layout import (
     get_array,
 )
 from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.options import ReadOptions
 
 __all__ = ["StepColumn", "open_step_columns"]
 
@@ -56,9 +57,24 @@ class StepColumn:
     np.float32(0.5)
     """
 
-    def __init__(self, array: zarr.Array, *, where: str, remedy: str | None = None) -> None:
+    def __init__(
+        self,
+        array: zarr.Array,
+        *,
+        where: str,
+        remedy: str | None = None,
+        options: ReadOptions | None = None,
+    ) -> None:
+        # the store's options (coalescing, encoded bytes kept), with no decoded-chunk cache
+        options = (options or ReadOptions()).replace(cache_group=None)
         self._reader = ChunkReader(
-            array, where=where, cache_bytes=0, threads=1, decode_ahead=False, remedy=remedy
+            array,
+            where=where,
+            cache_bytes=0,
+            threads=1,
+            decode_ahead=False,
+            remedy=remedy,
+            options=options,
         )
         self.dtype = np.dtype(array.dtype)
         self._n = int(array.shape[0])
@@ -159,6 +175,7 @@ def open_step_columns(
     *,
     n: int | None = None,
     remedy: str | None = None,
+    options: ReadOptions | None = None,
 ) -> dict[str, Any]:
     """Lazy per-step columns of a store, keyed by layout array name (plus ``"done"``).
 
@@ -178,6 +195,8 @@ def open_step_columns(
         Rows in use (default: all; an unfinished recording uses a prefix).
     remedy : str, optional
         What to do about a damaged chunk (:class:`~atari_zarr.read.chunks.ChunkReader`).
+    options : ReadOptions, optional
+        How the store is read (the columns keep no decoded chunks of their own).
 
     Examples
     --------
@@ -195,17 +214,19 @@ def open_step_columns(
     """
     if n is None:
         n = int(get_array(group, OBSERVATION, where).shape[0])
-    cols: dict[str, Any] = {
-        ACTION: StepColumn(get_array(group, ACTION, where), where=where, remedy=remedy),
-        REWARD: StepColumn(get_array(group, REWARD, where), where=where, remedy=remedy),
-    }
+
+    def column(name: str) -> StepColumn:
+        return StepColumn(
+            get_array(group, name, where), where=where, remedy=remedy, options=options
+        )
+
+    cols: dict[str, Any] = {ACTION: column(ACTION), REWARD: column(REWARD)}
     table = episode_table(meta, n)
     if table is not None:
         cols.update(_episode_columns(table, n))
     else:
-        term = StepColumn(get_array(group, TERMINATED, where), where=where, remedy=remedy)
-        trunc = StepColumn(get_array(group, TRUNCATED, where), where=where, remedy=remedy)
-        cols[EPISODE] = StepColumn(get_array(group, EPISODE, where), where=where, remedy=remedy)
+        term, trunc = column(TERMINATED), column(TRUNCATED)
+        cols[EPISODE] = column(EPISODE)
         cols[TERMINATED] = term
         cols[TRUNCATED] = trunc
         cols["done"] = _Derived(n, lambda rows: term[rows] | trunc[rows])

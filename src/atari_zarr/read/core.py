@@ -45,6 +45,7 @@ from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_items
 from atari_zarr.read.options import ReadOptions
+from atari_zarr.read.pending import PendingStore, open_all
 from atari_zarr.read.store import StoreReader, read_items
 from atari_zarr.resources import process_memory
 
@@ -66,8 +67,8 @@ class ItemDataset(torch.utils.data.Dataset):
 
     Parameters
     ----------
-    stores : sequence of StoreReader
-        The opened stores.
+    stores : sequence of StoreReader or PendingStore
+        The stores (a pending one is opened when a batch or a stream first needs it).
     items : sequence of Items
         What an item of each store is (one per store).
     frame_stack : int
@@ -93,7 +94,7 @@ class ItemDataset(torch.utils.data.Dataset):
 
     def __init__(
         self,
-        stores: Sequence[StoreReader],
+        stores: Sequence[StoreReader | PendingStore],
         items: Sequence[Items],
         *,
         frame_stack: int = 1,
@@ -102,13 +103,14 @@ class ItemDataset(torch.utils.data.Dataset):
         names: Sequence[str] | None = None,
         where: str | None = None,
     ) -> None:
-        self._stores = list(stores)
-        self.frame_stack = int(frame_stack)
+        self._stores: list[Any] = list(stores)
+        #: This dataset in messages.
+        self.where = where or self._stores[0].where
+        # the item spec is checked here once: its length and padding by Items
+        self.frame_stack = whole_number(frame_stack, "frame_stack", self.where, unit="frames")
         #: Game of each store, the ``game_id`` of its items (None: items untagged).
         self.game_ids = None if game_ids is None else np.asarray(game_ids, dtype=np.int64)
         self._names = None if names is None else list(names)
-        #: This dataset in messages.
-        self.where = where or self._stores[0].where
         self._weights_given = None if weights is None else list(weights)
         self._set_items(list(items))
 
@@ -143,15 +145,18 @@ class ItemDataset(torch.utils.data.Dataset):
 
     # -- pickling: DataLoader workers (fork or spawn) open the stores again by URL -----
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
-        state["_stores"] = [s.reopen_state() for s in self._stores]
-        return state
+        # each store pickles as what opens it again (a pending one as pending)
+        return {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        state = dict(state)
-        stores = [StoreReader(**s) for s in state.pop("_stores")]
-        self.__dict__.update(state)
-        self._stores = stores
+    def _opened(self, which: Any) -> list[StoreReader]:
+        """The stores ``which`` (store numbers), the pending ones opened together."""
+        todo = [g for g in which if isinstance(self._stores[g], PendingStore)]
+        if todo:
+            pending = [self._stores[g] for g in todo]
+            got = open_all(pending, PendingStore.open, remote=any(p.remote for p in pending))
+            for g, (store, _) in zip(todo, got, strict=True):
+                self._stores[g] = store
+        return self._stores
 
     # -- indexing ---------------------------------------------------------------------
     def __len__(self) -> int:
@@ -176,7 +181,7 @@ class ItemDataset(torch.utils.data.Dataset):
             if real is not None:
                 real[sel] = self._items[g].real(local[sel])
         td = read_items(
-            self._stores,
+            self._opened(np.unique(store).tolist()),
             store,
             starts,
             length=first.length,
@@ -249,9 +254,11 @@ class ItemDataset(torch.utils.data.Dataset):
         """
         items = np.asarray(items, dtype=np.int64)
         store, local = self._split(items)
-        for g in np.unique(store).tolist():
+        touched = np.unique(store).tolist()
+        stores = self._opened(touched)
+        for g in touched:
             sel = local[store == g]
-            its, reader = self._items[g], self._stores[g]
+            its, reader = self._items[g], stores[g]
             plan = reader.frame_plan(its.starts(sel), its.length, self.frame_stack, its.real(sel))
             reader.frames.fetch_ahead(plan.rows[plan.valid])
 
@@ -383,7 +390,7 @@ class ItemDataset(torch.utils.data.Dataset):
         )
 
         return EpochStream(
-            self._stores,
+            self._opened(range(len(self._stores))),
             self._items,
             batch_size,
             frame_stack=self.frame_stack,

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.core import ItemDataset
@@ -142,7 +141,6 @@ class AtariZarrDataset(ItemDataset):
         options = ReadOptions.of(options, redact(str(path_or_url)))
         if timeout != "default":
             options = options.replace(timeout=timeout)
-        stack = whole_number(frame_stack, "frame_stack", redact(str(path_or_url)), unit="frames")
         store = StoreReader(
             str(path_or_url),
             storage_options=storage_options,
@@ -151,7 +149,7 @@ class AtariZarrDataset(ItemDataset):
             full_action_space=full_action_space,
             options=options,
         )
-        super().__init__([store], [Items.transitions(len(store))], frame_stack=stack)
+        super().__init__([store], [Items.transitions(len(store))], frame_stack=frame_stack)
 
     @classmethod
     def _over(cls, store: StoreReader, frame_stack: int) -> AtariZarrDataset:
@@ -393,10 +391,5 @@ class AtariZarrDataset(ItemDataset):
         ids = self._store.episode.to_numpy()[: len(self)]
         return torch.from_numpy(ids.astype(np.int64, copy=False))
 
-    @property
-    def game(self) -> str | None:
-        return self.metadata.get("game")
-
-    @property
-    def run(self) -> str | None:
-        return self.metadata.get("run")
+    game = _of_store("game", "The store's game, or None where it does not say.")
+    run = _of_store("run", "The store's run, or None where it does not say.")

@@ -30,9 +30,13 @@ Examples
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.episodes import EpisodeTable
+from atari_zarr.errors import InvalidArgumentError
 
 __all__ = ["Items"]
 
@@ -76,16 +80,39 @@ class Items:
         return cls(n_rows, 1)
 
     @classmethod
-    def windows(cls, table: EpisodeTable, length: int, *, pad: bool = False) -> Items:
-        """Windows of ``length`` consecutive rows of one episode (see the module docstring)."""
+    def windows(
+        cls, table: EpisodeTable, length: Any, *, pad: bool = False, where: str = "the store"
+    ) -> Items:
+        """Windows of ``length`` consecutive rows of one episode (see the module docstring).
+
+        ``length`` is checked here, the one place a window length is: a one-line error
+        names ``where`` and its longest episode when no window would fit.
+
+        Examples
+        --------
+        >>> ends = np.array([0, 0, 0, 1, 0, 1], bool)
+        >>> table = EpisodeTable.from_steps(np.repeat([0, 1], [4, 2]), ends, np.zeros(6))
+        >>> Items.windows(table, 30, where="s.zarr")
+        Traceback (most recent call last):
+            ...
+        atari_zarr.errors.InvalidArgumentError: windows of 30 steps: no episode of s.zarr is \
+that long (the longest has 4 steps); use a shorter window, or pad=True to pad shorter episodes
+        """
+        length = whole_number(length, "window length", where, unit="steps")
         lengths = np.asarray(table.length, dtype=np.int64)
+        longest = int(lengths.max()) if len(lengths) else 0
+        if not pad and length > longest:
+            raise InvalidArgumentError(
+                f"windows of {length} steps: no episode of {where} is that long (the longest "
+                f"has {longest} steps); use a shorter window, or pad=True to pad shorter episodes"
+            )
         counts = np.maximum(lengths - length + 1, 0)
         if pad:
             counts = np.where(lengths < length, 1, counts)
         return cls(
             int(lengths.sum()),
             length,
-            pad=pad,
+            pad=bool(pad),
             starts=table.starts,
             counts=counts,
             lengths=lengths,

@@ -14,18 +14,13 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
-from atari_zarr.errors import (
-    InvalidArgumentError,
-    StoreIncompleteError,
-    StoreNotFoundError,
-)
+from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.items import Items
@@ -37,64 +32,16 @@ from atari_zarr.read.mixture import (
     store_weights,
 )
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.windows import check_window_length
-from atari_zarr.storage.catalog import (
-    check_entry,
-    check_names,
-    complete_store_entries,
-    name_to_url,
-    warn_stale_entry,
-)
+from atari_zarr.read.pending import PendingStore, open_all
+from atari_zarr.storage.catalog import check_names, complete_store_entries, name_to_url
 from atari_zarr.storage.paths import is_url
 
 __all__ = [
     "MixtureSampler",
     "MultiGameDataset",
     "draw_mixture",
-    "open_all",
     "store_probabilities",
 ]
-
-T = TypeVar("T")
-U = TypeVar("U")
-
-#: Stores opened at once: opening is a few requests, mostly waiting on the network.
-OPENERS = 32
-
-
-def open_all(
-    things: list[T],
-    open_one: Callable[[T], U],
-    expected: tuple[type[BaseException], ...] = (),
-    *,
-    remote: bool = True,
-) -> list[tuple[Any, BaseException | None]]:
-    """``open_one`` of each of ``things``, in order: ``(result, None)``, or
-    ``(None, error)`` for an error of a type in ``expected`` (others are raised).
-
-    Opening a store is a few requests; a mixture of 240 stores in a bucket
-    (``remote``) opens them ``OPENERS`` at a time on threads, so it waits for about
-    ``240 / OPENERS`` round trips of them, not 240. Local stores open one after the
-    other: their opening is CPU, which threads would only contend for.
-
-    Examples
-    --------
-    >>> open_all([1, 2, 0], lambda x: 6 // x, (ZeroDivisionError,))[:2]
-    [(6, None), (3, None)]
-    """
-
-    def attempt(thing: T) -> tuple[Any, BaseException | None]:
-        try:
-            return open_one(thing), None
-        except expected as exc:
-            return None, exc
-
-    if len(things) <= 1 or not remote:
-        return [attempt(t) for t in things]
-    threads = min(OPENERS, len(things))
-    with ThreadPoolExecutor(threads, thread_name_prefix="atari_zarr-open") as pool:
-        return list(pool.map(attempt, things))
-
 
 log = logging.getLogger("atari_zarr")
 
@@ -113,8 +60,9 @@ class MultiGameDataset(ItemDataset):
 
     Parameters
     ----------
-    datasets : sequence of AtariZarrDataset or str
-        The stores (datasets, or store paths/URLs).
+    datasets : sequence of AtariZarrDataset, str or PendingStore
+        The stores (datasets, store paths/URLs, or stores known by their catalog
+        entries, opened when first read).
     weights : sequence of float, dict, "games" or "transitions", optional
         How :meth:`sample` and :meth:`sampler` draw the stores (and the order in
         which :meth:`stream` takes their units): one relative weight per store; a dict
@@ -151,7 +99,7 @@ class MultiGameDataset(ItemDataset):
 
     def __init__(
         self,
-        datasets: Sequence[AtariZarrDataset | str],
+        datasets: Sequence[AtariZarrDataset | str | PendingStore],
         *,
         weights: Any = None,
         storage_options: dict[str, Any] | None = None,
@@ -164,9 +112,11 @@ class MultiGameDataset(ItemDataset):
         # the stores share the dataset's memory share
         shared = ReadOptions.of(options, "MultiGameDataset").divided(len(datasets))
 
-        def open_one(d: AtariZarrDataset | str) -> AtariZarrDataset:
+        def open_one(d: AtariZarrDataset | str | PendingStore) -> AtariZarrDataset:
             if isinstance(d, AtariZarrDataset):
                 return d
+            if isinstance(d, PendingStore):
+                return AtariZarrDataset._over(d, frame_stack)  # type: ignore[arg-type]
             return AtariZarrDataset(
                 d,
                 storage_options=storage_options,
@@ -229,52 +179,30 @@ class MultiGameDataset(ItemDataset):
 
         The default is every complete store under ``root``
         (:func:`~atari_zarr.storage.catalog.complete_stores`): unfinished
-        conversions are left out. With a ``catalog.json`` at ``root`` the stores are
-        found with one request; a store the catalog lists that changed since is read
-        as it is now, and one that is gone is left out, each with a warning that
-        says to run ``atari-zarr index`` again.
+        conversions are left out. With a ``catalog.json`` at ``root`` the dataset
+        opens with that one request: the stores' games and lengths are their
+        entries', and each store is opened when a batch or a stream first needs it
+        (:class:`~atari_zarr.read.pending.PendingStore`). A store that changed since
+        the catalog was written is read as it is now, with a warning; one that is
+        gone, or whose length changed, stops that read with an error. Either way
+        the message says to run ``atari-zarr index ROOT`` again.
         """
         available, entries = complete_store_entries(root, storage_options)
-        opened: dict[str, AtariZarrDataset] = {}
-        if entries is not None and names is None:
-            shared = ReadOptions.of(options, "MultiGameDataset").divided(len(available))
-
-            def open_one(n: str) -> AtariZarrDataset:
-                return AtariZarrDataset(
-                    name_to_url(root, n),
-                    storage_options=storage_options,
-                    frame_stack=frame_stack,
-                    full_action_space=full_action_space,
-                    options=shared,
-                )
-
-            gone = (StoreNotFoundError, StoreIncompleteError)
-            for n, (ds, error) in zip(
-                list(available),
-                open_all(list(available), open_one, gone, remote=is_url(root)),
-                strict=True,
-            ):
-                if error is None:
-                    opened[n] = ds
-                else:
-                    warn_stale_entry(root, n)
-                    available.remove(n)
         names = list(available if names is None else names)
         check_names(root, names, available, storage_options)
-        urls = [opened.get(n) or name_to_url(root, n) for n in names]
-        mixed = cls(
-            urls,
-            weights=weights,
-            storage_options=storage_options,
-            frame_stack=frame_stack,
-            full_action_space=full_action_space,
-            options=options,
-        )
-        if entries is not None:
-            for n, ds in zip(names, mixed.datasets, strict=True):
-                if n in entries:
-                    check_entry(entries[n], ds.metadata, ds.url)
-        return mixed
+        shared = ReadOptions.of(options, "MultiGameDataset").divided(len(names))
+        args: dict[str, Any] = {
+            "storage_options": storage_options,
+            "full_action_space": full_action_space,
+        }
+        known = {n: e for n, e in (entries or {}).items() if isinstance(e["transitions"], int)}
+        stores = [
+            PendingStore(name_to_url(root, n), known[n], options=shared, **args)
+            if n in known
+            else name_to_url(root, n)
+            for n in names
+        ]
+        return cls(stores, weights=weights, frame_stack=frame_stack, options=options, **args)
 
     def __repr__(self) -> str:
         return f"MultiGameDataset(games={self.games}, transitions={len(self)})"
@@ -306,12 +234,10 @@ class MultiGameDataset(ItemDataset):
         >>> batch.batch_size, batch["game_id"].shape
         (torch.Size([6, 4]), torch.Size([6, 4]))
         """
-        items = []
-        for store in self._stores:
-            table = store.episodes
-            longest = int(table.length.max()) if len(table) else 0
-            k = check_window_length(length, pad, longest, store.where)
-            items.append(Items.windows(table, k, pad=bool(pad)))
+        items = [
+            Items.windows(store.episodes, length, pad=pad, where=store.where)
+            for store in self._opened(range(len(self._stores)))
+        ]
         out = copy.copy(self)
         # weights by game or "games" count each store's windows now
         out._weights_given = store_weights(

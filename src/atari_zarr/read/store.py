@@ -202,7 +202,9 @@ class StoreReader:
         self.engine = self.frames.engine
         # Per-step columns load lazily (``column[rows] -> ndarray``): opening a
         # 50M-transition store must not read ~1 GB of per-step data.
-        steps = open_step_columns(group, meta, self.url, n=self.n, remedy=self.remedy)
+        steps = open_step_columns(
+            group, meta, self.url, n=self.n, remedy=self.remedy, options=self.options
+        )
         if self.full_action_space:
             if not has_member(group, ACTION_FULL):
                 raise InvalidArgumentError(
@@ -212,7 +214,10 @@ class StoreReader:
                     f"full_action_space."
                 )
             steps[ACTION] = StepColumn(
-                get_array(group, ACTION_FULL, self.url), where=self.where, remedy=self.remedy
+                get_array(group, ACTION_FULL, self.url),
+                where=self.where,
+                remedy=self.remedy,
+                options=self.options,
             )
         self.columns = steps
         if is_complete(meta):
@@ -241,6 +246,16 @@ class StoreReader:
 
     def __len__(self) -> int:
         return self.n
+
+    @property
+    def game(self) -> str | None:
+        """The store's game, or None where it does not say."""
+        return self.metadata.get("game")
+
+    @property
+    def run(self) -> str | None:
+        """The store's run, or None where it does not say."""
+        return self.metadata.get("run")
 
     def _frame_cache_bytes(self) -> int:
         """The decoded-frame bound of this process: a share of memory is divided among

@@ -131,7 +131,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             f"a stream of {len(self.stores)} stores" if len(self.stores) > 1 else stores[0].where
         )
         self.where = where
-        self.frame_stack = whole_number(frame_stack, "frame_stack", where)
+        self.frame_stack = int(frame_stack)  # checked by the dataset that made the stream
         self.batch_size = whole_number(batch_size, "batch_size", where)
         self.seed = whole_number(seed, "seed", where, low=0)
         self.epoch = whole_number(epoch, "epoch", where, low=0)

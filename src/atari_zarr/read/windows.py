@@ -31,36 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from atari_zarr.arguments import whole_number
-from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
 from atari_zarr.read.store import StoreReader
 
-__all__ = ["WindowDataset", "check_window_length"]
-
-
-def check_window_length(length: Any, pad: bool, longest: int, where: str) -> int:
-    """``length`` as a window length, or a one-line error naming the store and its longest episode.
-
-    Examples
-    --------
-    >>> check_window_length(30, False, 100, "s.zarr")
-    30
-    >>> check_window_length(300, False, 100, "s.zarr")
-    Traceback (most recent call last):
-        ...
-    atari_zarr.errors.InvalidArgumentError: windows of 300 steps: no episode of s.zarr is that \
-long (the longest has 100 steps); use a shorter window, or pad=True to pad shorter episodes
-    """
-    length = whole_number(length, "window length", where, unit="steps")
-    if not pad and length > longest:
-        raise InvalidArgumentError(
-            f"windows of {int(length)} steps: no episode of {where} is that long (the longest "
-            f"has {longest} steps); use a shorter window, or pad=True to pad shorter episodes"
-        )
-    return int(length)
+__all__ = ["WindowDataset"]
 
 
 class WindowDataset(ItemDataset):
@@ -104,14 +80,9 @@ class WindowDataset(ItemDataset):
     def __init__(
         self, store: StoreReader, length: int, *, pad: bool = False, frame_stack: int = 1
     ) -> None:
-        longest = int(store.episodes.length.max()) if len(store.episodes) else 0
-        self.length = check_window_length(length, pad, longest, store.where)
-        self.pad = bool(pad)
-        super().__init__(
-            [store],
-            [Items.windows(store.episodes, self.length, pad=self.pad)],
-            frame_stack=frame_stack,
-        )
+        items = Items.windows(store.episodes, length, pad=pad, where=store.where)
+        self.length, self.pad = items.length, items.pad
+        super().__init__([store], [items], frame_stack=frame_stack)
 
     def __repr__(self) -> str:
         return (

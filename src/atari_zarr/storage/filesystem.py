@@ -48,7 +48,6 @@ import shutil
 import stat
 import uuid
 from collections.abc import Awaitable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 import fsspec
@@ -732,12 +731,22 @@ def check_local_metadata(root: str | os.PathLike[str]) -> None:
         ...
     atari_zarr.errors.StoreFormatError: .../zarr.json is a special file (FIFO, ...
     """
-    base = Path(root)
-    for depth in range(3):  # the store, its arrays and groups, and the arrays of next/
-        for path in base.glob("/".join(["*"] * depth + ["zarr.json"])):
-            try:
-                mode = os.lstat(path).st_mode
-            except FileNotFoundError:
-                continue
-            if not stat.S_ISREG(mode):
-                raise not_regular_error(path, path_kind(mode))
+    # the store, its arrays and groups, and the arrays of next/ (scandir: a directory's
+    # entries say their type without a system call each, as pathlib's glob does not)
+    dirs = [(os.fspath(root), 0)]
+    while dirs:
+        directory, depth = dirs.pop()
+        try:
+            entries = list(os.scandir(directory))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.name == "zarr.json":
+                if not entry.is_file(follow_symlinks=False):
+                    try:
+                        mode = os.lstat(entry.path).st_mode
+                    except FileNotFoundError:
+                        continue
+                    raise not_regular_error(entry.path, path_kind(mode))
+            elif depth < 2 and entry.is_dir(follow_symlinks=False):
+                dirs.append((entry.path, depth + 1))

@@ -1,0 +1,102 @@
+"""Stores of a catalogued root opened on first use (read/pending.py)."""
+
+from __future__ import annotations
+
+import pickle
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from atari_zarr import MultiGameDataset
+from atari_zarr.errors import StoreFormatError, StoreNotFoundError
+from atari_zarr.layout import ATTRS_KEY
+from atari_zarr.read.dataset import collate_batch
+from atari_zarr.read.pending import PendingStore
+from atari_zarr.storage.catalog import write_catalog
+
+
+@pytest.fixture
+def root(pong_store, tmp_path: Path) -> Path:
+    """Three copies of the session's Pong store under one root, with a catalog (each
+    says it is Pong/1: a store's game and run are its own attributes)."""
+    for name in ("Pong/1", "Pong/2", "Breakout/1"):
+        shutil.copytree(pong_store.url, tmp_path / f"{name}.zarr")
+    write_catalog(str(tmp_path))
+    return tmp_path
+
+
+def _pending(mix: MultiGameDataset) -> list[bool]:
+    return [isinstance(s, PendingStore) and not s.opened for s in mix._stores]
+
+
+def test_a_catalogued_root_opens_no_store_until_a_batch_needs_it(root, pong_store) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mix = MultiGameDataset.from_root(str(root))
+    assert _pending(mix) == [True, True, True]
+    assert mix.games == ["Pong/1"] * 3 and mix.game_names == ["Pong"]
+    assert len(mix) == 3 * pong_store.transitions
+    n = pong_store.transitions
+    batch = mix[np.array([n + 5, n + 7])]  # two rows of Pong/1 only
+    assert _pending(mix) == [True, False, True]
+    eager = MultiGameDataset([str(root / "Pong/1.zarr")])
+    assert torch.equal(batch["observation"], eager[np.array([5, 7])]["observation"])
+    assert batch["game_id"].tolist() == [0, 0] and batch["index"].tolist() == [n + 5, n + 7]
+    mix.sample(64, generator=torch.Generator().manual_seed(0))
+    assert _pending(mix) == [False, False, False]
+
+
+def test_a_stream_and_windows_open_every_store(root) -> None:
+    mix = MultiGameDataset.from_root(str(root))
+    next(iter(mix.stream(8)))
+    assert _pending(mix) == [False, False, False]
+    wins = MultiGameDataset.from_root(str(root)).windows(4)
+    assert wins[0].batch_size == torch.Size([4])
+
+
+def test_a_pending_store_pickles_pending_and_opens_in_the_worker(root, pong_store) -> None:
+    mix = MultiGameDataset.from_root(str(root))
+    again = pickle.loads(pickle.dumps(mix))
+    assert _pending(again) == [True, True, True]
+    loader = torch.utils.data.DataLoader(
+        mix,
+        batch_size=4,
+        sampler=mix.sampler(8),
+        collate_fn=collate_batch,
+        num_workers=1,
+        multiprocessing_context="spawn",  # the dataset is pickled into the worker
+    )
+    assert sum(len(b) for b in loader) == 8
+    assert _pending(mix) == [True, True, True]  # the worker opened its own copies
+
+
+def test_a_store_changed_since_the_catalog_is_read_as_it_is_with_a_warning(root) -> None:
+    group = zarr.open_group(str(root / "Pong/1.zarr"), mode="r+")
+    group.attrs[ATTRS_KEY] = {**group.attrs[ATTRS_KEY], "note": "edited after indexing"}
+    mix = MultiGameDataset.from_root(str(root))
+    with pytest.warns(UserWarning, match=r"Pong/1.zarr changed since .*atari-zarr index"):
+        got = mix[len(mix) // 2]
+    assert got["row"].item() == len(mix) // 2 - len(mix) // 3
+
+
+def test_a_store_of_another_length_stops_the_read_that_opens_it(root, source_root, pong_run, tmp_path_factory) -> None:
+    from atari_zarr import convert
+
+    [other] = convert(str(source_root), str(tmp_path_factory.mktemp("other")), max_episodes=2, progress=False)
+    mix = MultiGameDataset.from_root(str(root))
+    shutil.rmtree(root / "Pong/1.zarr")
+    shutil.copytree(other.url, root / "Pong/1.zarr")
+    shutil.rmtree(root / "Pong/2.zarr")
+    assert mix[0]["row"].item() == 0  # Breakout/1 is as indexed
+    with pytest.warns(UserWarning), pytest.raises(StoreFormatError) as err:
+        mix.sample(256, generator=torch.Generator().manual_seed(0))
+    text = str(err.value)
+    assert "Pong/1.zarr holds" in text and "numbered this dataset's items" in text
+    assert f"`atari-zarr index {root}` again" in text and "\n" not in text
+    with pytest.raises(StoreNotFoundError, match=r"Pong/2.zarr, listed in its root's catalog.json, is no longer"):
+        mix[len(mix) - 1]
