@@ -18,7 +18,7 @@ What it measures, each mixture in a fresh process (torch at one thread):
   batches; the resident memory the stream adds (``/proc/self/statm``, sampled after
   every batch; the stores' files are memory-mapped, so their page-cache pages count
   too); random ``sample(256)`` (TED with next observation) for ``--seconds``;
-* **remote**: the root (up to ``--remote-stores`` stores) uploaded to
+* **remote**: the root (``--remote-sizes`` stores) uploaded to
   fake-gcs-server on 127.0.0.1 and read through a proxy that holds every request
   ``--delay`` seconds: open from the catalog, the first batch, the stream's rate.
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes", default="1,8,60,240", help="numbers of stores")
     p.add_argument("--stream-batches", type=int, default=2000)
     p.add_argument("--seconds", type=float, default=10.0, help="random access, per mixture")
-    p.add_argument("--remote-sizes", default="1,8,60", help="stores read from the bucket")
+    p.add_argument("--remote-sizes", default="1,8,60,240", help="stores read from the bucket")
     p.add_argument("--delay", type=float, default=0.02, help="seconds per request")
     p.add_argument("--remote-batches", type=int, default=400)
     args, rest = p.parse_known_args(argv)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec
+from zarr.core.metadata.v3 import ArrayV3Metadata
 
 __all__ = ["RowChunks", "UnsupportedChunks", "row_chunks"]
 
@@ -80,13 +81,13 @@ def _endian(codec: Any) -> str | None:
     return getattr(endian, "value", endian)
 
 
-def row_chunks(array: zarr.Array) -> RowChunks:
+def row_chunks(array: zarr.Array | ArrayV3Metadata) -> RowChunks:
     """The chunking and codec chain of ``array``, if the direct paths handle it.
 
     Parameters
     ----------
-    array : zarr.Array
-        Any array.
+    array : zarr.Array or ArrayV3Metadata
+        Any array, or its metadata (read without opening the array).
 
     Returns
     -------
@@ -97,20 +98,20 @@ def row_chunks(array: zarr.Array) -> RowChunks:
     UnsupportedChunks
         Anything else (the message says what); callers then use zarr-python.
     """
-    meta = array.metadata
-    if getattr(meta, "zarr_format", None) != 3:
+    meta = getattr(array, "metadata", array)
+    if not isinstance(meta, ArrayV3Metadata):
         raise UnsupportedChunks("not Zarr v3")
-    if array.ndim < 1:
+    if len(meta.shape) < 1:
         raise UnsupportedChunks("0-d array")
     grid = getattr(meta.chunk_grid, "chunk_shape", None)
     if grid is None:
         raise UnsupportedChunks("irregular chunk grid")
-    dtype = np.dtype(array.dtype)
+    dtype = np.dtype(meta.dtype.to_native_dtype())
     if dtype.hasobject:
         raise UnsupportedChunks("object dtype")
     if dtype.itemsize > 1 and sys.byteorder != "little":
         raise UnsupportedChunks("big-endian machine")
-    row_shape = tuple(array.shape[1:])
+    row_shape = tuple(meta.shape[1:])
     codecs = tuple(meta.codecs)  # type: ignore[union-attr]
     shard_rows: int | None = None
     index_at_start = True

@@ -100,3 +100,47 @@ def test_a_store_of_another_length_stops_the_read_that_opens_it(root, source_roo
     assert f"`atari-zarr index {root}` again" in text and "\n" not in text
     with pytest.raises(StoreNotFoundError, match=r"Pong/2.zarr, listed in its root's catalog.json, is no longer"):
         mix[len(mix) - 1]
+
+
+def test_a_stream_opens_a_store_when_its_first_unit_is_read(root, pong_store) -> None:
+    """The stream's plan takes each store's shards from its zarr.json alone; a store is
+    opened when a unit of it is read, and one epoch is still every row once."""
+    mix = MultiGameDataset.from_root(str(root))
+    ordered = mix.stream(32, shuffle=False, unit_rows=64, units_ahead=1, shuffle_buffer=64)
+    assert _pending(mix) == [True, True, True]  # the plan opened nothing
+    first = next(iter(ordered))  # units in stored order: the first store's come first
+    assert first["index"].max().item() < pong_store.transitions
+    assert _pending(mix) == [False, True, True]
+    stream = mix.stream(32, seed=3, unit_rows=64)
+    seen = torch.cat([b["index"] for b in stream]).tolist()
+    assert sorted(seen) == list(range(len(mix)))  # every (store, row) once
+    n = pong_store.transitions
+    eager = MultiGameDataset([str(root / "Pong/2.zarr")])
+    batch = mix[np.array([2 * n + 1, 2 * n + 9])]
+    assert torch.equal(batch["observation"], eager[np.array([1, 9])]["observation"])
+
+
+def test_a_pickled_stream_keeps_its_stores_unopened(root, pong_store) -> None:
+    mix = MultiGameDataset.from_root(str(root))
+    stream = pickle.loads(pickle.dumps(mix.stream(64, seed=0)))
+    assert [s.opened for s in stream.stores] == [False, False, False]
+    got = sum(len(b) for b in stream.loader(num_workers=1, multiprocessing_context="spawn"))
+    assert got == 3 * pong_store.transitions and _pending(mix) == [True, True, True]
+
+
+def test_a_store_rechunked_since_the_plan_stops_its_first_read(root) -> None:
+    """A store whose frame shards changed after the stream cut its units (its attributes,
+    and so its catalog entry, the same) is refused in one line, never read misaligned."""
+    mix = MultiGameDataset.from_root(str(root))
+    stream = mix.stream(64, seed=0, shuffle=False)
+    group = zarr.open_group(str(root / "Breakout/1.zarr"), mode="r+")
+    frames = group["observation"][:]
+    del group["observation"]
+    group.create_array(
+        "observation", data=frames, chunks=(16, 84, 84), shards=(2048, 84, 84),
+        compressors=[zarr.codecs.BloscCodec(cname="zstd")], dimension_names=("step", "y", "x"),
+    )
+    zarr.consolidate_metadata(str(root / "Breakout/1.zarr"))
+    with pytest.raises(StoreFormatError, match=r"Breakout/1.zarr .*shards .*atari-zarr index") as err:
+        next(iter(stream))
+    assert "\n" not in str(err.value)

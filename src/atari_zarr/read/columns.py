@@ -38,7 +38,8 @@ log = logging.getLogger("atari_zarr")
 class StepColumn:
     """A per-step array loaded lazily, chunk by chunk, kept in a compact dtype.
 
-    ``column[rows]`` returns values in the array's own dtype. Each chunk is
+    ``column[rows]`` returns values in the array's own dtype; ``reading`` is the
+    :class:`~atari_zarr.read.chunks.ChunkReader`'s ``remedy`` and ``options``. Each chunk is
     decoded the first time one of its rows is asked for and stored in the smallest
     candidate dtype that round-trips its bytes exactly (int8 for actions and DQN's
     clipped rewards), widening the whole column if a later chunk needs it. The
@@ -57,24 +58,17 @@ class StepColumn:
     np.float32(0.5)
     """
 
-    def __init__(
-        self,
-        array: zarr.Array,
-        *,
-        where: str,
-        remedy: str | None = None,
-        options: ReadOptions | None = None,
-    ) -> None:
+    def __init__(self, array: zarr.Array, *, where: str, **reading: Any) -> None:
         # the store's options (coalescing, encoded bytes kept), with no decoded-chunk cache
-        options = (options or ReadOptions()).replace(cache_group=None)
+        options = (reading.pop("options", None) or ReadOptions()).replace(cache_group=None)
         self._reader = ChunkReader(
             array,
             where=where,
             cache_bytes=0,
             threads=1,
             decode_ahead=False,
-            remedy=remedy,
             options=options,
+            **reading,
         )
         self.dtype = np.dtype(array.dtype)
         self._n = int(array.shape[0])

@@ -389,8 +389,12 @@ class ItemDataset(torch.utils.data.Dataset):
             EpochStream,
         )
 
+        # the plan cuts each store along its shards: read from the zarr.json of those not
+        # opened yet, together (a bucket's 32 at a time); each opens when first read
+        pending = [s for s in self._stores if isinstance(s, PendingStore)]
+        open_all(pending, PendingStore.frame_rows, remote=any(p.remote for p in pending))
         return EpochStream(
-            self._opened(range(len(self._stores))),
+            self._stores,
             self._items,
             batch_size,
             frame_stack=self.frame_stack,

@@ -21,15 +21,26 @@ Examples
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from atari_zarr.errors import StoreFormatError, StoreIncompleteError, StoreNotFoundError
+from zarr.core.metadata.v3 import ArrayV3Metadata
+
+from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
+from atari_zarr.errors import (
+    AtariZarrError,
+    StoreFormatError,
+    StoreIncompleteError,
+    StoreNotFoundError,
+)
+from atari_zarr.layout import OBSERVATION
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.store import StoreReader
 from atari_zarr.storage.catalog import CATALOG, CatalogEntry, check_entry
+from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, redact
 
 __all__ = ["OPENERS", "PendingStore", "open_all"]
@@ -78,8 +89,9 @@ def open_all(
 class PendingStore:
     """A store known by its catalog entry, opened (a :class:`StoreReader`) on first use.
 
-    Its ``url``, ``where``, ``options``, ``game``, ``run`` and length are the entry's;
-    any other attribute is the opened store's. It pickles as pending.
+    Its ``url``, ``where``, ``options``, ``game``, ``run`` and length are the entry's,
+    and :meth:`frame_rows` its ``zarr.json``'s; any other attribute is the opened
+    store's. It pickles as pending.
 
     Parameters
     ----------
@@ -99,6 +111,7 @@ class PendingStore:
         self.remote = is_url(self.url)
         self._args = open_args
         self._store: StoreReader | None = None
+        self._rows: tuple[int, int, bool] | None = None
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -131,7 +144,40 @@ class PendingStore:
                 f"{self.where} holds {len(store):,} transitions, but the {self.n:,} {listed} "
                 f"numbered this dataset's items; {again}."
             )
+        if self._rows is not None and store.frame_rows() != self._rows:
+            (chunk, shard, _), (was_chunk, was_shard, _) = store.frame_rows(), self._rows
+            raise StoreFormatError(
+                f"{self.where} now has frame shards of {shard} rows in chunks of {chunk}, "
+                f"but a stream cut its units along the {was_shard}-row shards of {was_chunk} "
+                f"it had; {again}, and make the stream again."
+            )
         return store
+
+    def frame_rows(self) -> tuple[int, int, bool]:
+        """:meth:`StoreReader.frame_rows`, from the store's ``zarr.json`` alone while it
+        is not opened (one request, no array opened); the store is checked against it
+        when it opens."""
+        with self._lock:
+            if self._store is None and self._rows is None:
+                self._rows = self._peek()
+            if self._rows is not None:
+                return self._rows
+        return self.open().frame_rows()
+
+    def _peek(self) -> tuple[int, int, bool] | None:
+        """The frames' chunking as the consolidated metadata says (None: not known so)."""
+        try:
+            fs, path = get_fs(
+                self.url, self._args.get("storage_options"), timeout=self.options.timeout
+            )
+            doc = json.loads(fs.cat_metadata(f"{path.rstrip('/')}/zarr.json"))
+            frames = doc["consolidated_metadata"]["metadata"][OBSERVATION]
+            chain = row_chunks(ArrayV3Metadata.from_dict(frames))
+        except (OSError, ValueError, KeyError, TypeError, UnsupportedChunks, AtariZarrError):
+            return None  # opening the store tells, or says what is wrong
+        if chain.shard_rows is None:
+            return None
+        return chain.chunk_rows, chain.shard_rows, True
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):  # unpickling asks before __dict__ is filled
@@ -139,7 +185,8 @@ class PendingStore:
         return getattr(self.open(), name)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "entry": self.entry, "open_args": self._args}
+        return {"url": self.url, "entry": self.entry, "open_args": self._args, "rows": self._rows}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["url"], state["entry"], **state["open_args"])  # type: ignore[misc]
+        self._rows = state.get("rows")

@@ -257,6 +257,15 @@ class StoreReader:
         """The store's run, or None where it does not say."""
         return self.metadata.get("run")
 
+    def frame_rows(self) -> tuple[int, int, bool]:
+        """How the frames' rows are cut: ``(chunk_rows, shard_rows, fast)``, ``fast``
+        when the engine reads them (else zarr's chunks, in shards of about 4096 rows)."""
+        grid = self.engine.grid
+        if grid is not None and grid.shard_rows is not None:
+            return grid.chunk_rows, grid.shard_rows, True
+        chunks = int(self.observation.chunks[0])
+        return chunks, max(chunks, -(-4096 // chunks) * chunks), False
+
     def _frame_cache_bytes(self) -> int:
         """The decoded-frame bound of this process: a share of memory is divided among
         the DataLoader workers that read the dataset (asked again in each of them)."""
@@ -265,22 +274,12 @@ class StoreReader:
     def __getstate__(self) -> dict[str, Any]:
         # file-system handles, locks and memory maps never cross processes: the store is
         # opened again by its URL (a DataLoader worker, spawned or forked)
-        return self.reopen_state()
+        keep = ("storage_options", "cache", "partial", "full_action_space", "options")
+        return {"path_or_url": self.url, **{k: getattr(self, k) for k in keep}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         self.__init__(state.pop("path_or_url"), **state)  # type: ignore[misc]
-
-    def reopen_state(self) -> dict[str, Any]:
-        """What opens this store again (in another process)."""
-        return {
-            "path_or_url": self.url,
-            "storage_options": self.storage_options,
-            "cache": self.cache,
-            "partial": self.partial,
-            "full_action_space": self.full_action_space,
-            "options": self.options,
-        }
 
     # -- episodes ---------------------------------------------------------------------
     @property

@@ -29,6 +29,7 @@ from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
 from atari_zarr.read.epoch import Consumed, EpochPlan
 from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import store_probabilities, tag_items
+from atari_zarr.read.pending import PendingStore
 from atari_zarr.read.store import StoreReader
 from atari_zarr.read.units import (
     DEFAULT_SHUFFLE_BUFFER,
@@ -75,8 +76,9 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     Parameters
     ----------
-    stores : sequence of StoreReader
-        The stores, in order (one, or a mixture).
+    stores : sequence of StoreReader or PendingStore
+        The stores, in order (one, or a mixture); one not opened yet is opened when a
+        unit of it is first read.
     items : sequence of Items
         What an item of each store is.
     batch_size : int
@@ -105,7 +107,7 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        stores: Sequence[StoreReader],
+        stores: Sequence[StoreReader | PendingStore],
         items: Sequence[Items],
         batch_size: int,
         *,
@@ -140,7 +142,6 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.units_ahead = whole_number(units_ahead, "units_ahead", where)
         self.drop_last = bool(drop_last)
         self.rank, self.world_size = check_rank(rank, world_size, where)
-        self._unit_rows_asked = unit_rows
         self.units = Units(self.stores, self.items, unit_rows)
         self.unit_rows = self.units.unit_rows
         self.window = max(1, self.shuffle_buffer // self.unit_rows)
@@ -165,18 +166,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         """True when units are read by the engine (False: through zarr-python)."""
         return self.units.fast
 
-    def __getstate__(self) -> dict[str, Any]:
-        # stores hold file systems, caches and locks: opened again where unpickled
-        state = dict(self.__dict__)
-        state["stores"] = [s.reopen_state() for s in self.stores]
-        del state["units"]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        stores = [StoreReader(**s) for s in state.pop("stores")]
-        self.__dict__.update(state)
-        self.stores = stores
-        self.units = Units(stores, self.items, self._unit_rows_asked)
+    # pickled, each store is what opens it again where unpickled (one not opened yet
+    # stays so), and the units keep the cut they were planned with
 
     # -- the plan ---------------------------------------------------------------------
     def _plan(self, consumer: int, consumers: int, pad: int = 0) -> EpochPlan:

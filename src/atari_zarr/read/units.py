@@ -37,6 +37,7 @@ from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.layout import FRAME_SHAPE
 from atari_zarr.read.batch import (
     FrameBuffer,
     FramePlan,
@@ -46,6 +47,7 @@ from atari_zarr.read.batch import (
 )
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items
+from atari_zarr.read.pending import PendingStore
 from atari_zarr.read.pool import BufferPool
 from atari_zarr.read.store import StoreReader
 
@@ -98,21 +100,14 @@ def stream_memory_bound(
 class UnitLayout:
     """How one store is cut into units and which items each unit starts."""
 
-    def __init__(self, store: StoreReader, items: Items, unit_rows: int | None) -> None:
-        engine = store.engine
-        grid = engine.grid
-        if grid is not None and grid.sharded:
-            self.chunk_rows = grid.chunk_rows
-            self.shard_rows = int(grid.shard_rows)  # type: ignore[arg-type]
-            self.fast = True
-        else:
-            if grid is None:
-                log.info("%s: the stream reads units through zarr", store.where)
-            chunks = int(store.observation.chunks[0])
-            self.chunk_rows = chunks
-            self.shard_rows = max(chunks, -(-4096 // chunks) * chunks)
-            self.fast = False
+    def __init__(
+        self, store: StoreReader | PendingStore, items: Items, unit_rows: int | None
+    ) -> None:
+        # a store not opened yet tells from its zarr.json alone
+        self.chunk_rows, self.shard_rows, self.fast = store.frame_rows()
         where = store.where
+        if not self.fast:
+            log.info("%s: the stream reads units through zarr", where)
         if unit_rows is None:
             unit_rows = self.shard_rows
         unit_rows = whole_number(unit_rows, "unit_rows", where, unit="rows")
@@ -140,7 +135,8 @@ class Units:
 
     Parameters
     ----------
-    stores : sequence of StoreReader
+    stores : sequence of StoreReader or PendingStore
+        The stores (one not opened yet is cut from its ``zarr.json`` alone).
     items : sequence of Items
         What an item of each store is (one kind and length for all).
     unit_rows : int, optional
@@ -148,7 +144,7 @@ class Units:
     """
 
     def __init__(
-        self, stores: list[StoreReader], items: list[Items], unit_rows: int | None
+        self, stores: list[StoreReader | PendingStore], items: list[Items], unit_rows: int | None
     ) -> None:
         self.layouts = [UnitLayout(s, i, unit_rows) for s, i in zip(stores, items, strict=True)]
         #: Rows per unit of the first store (the shuffle window is counted in these).
@@ -211,7 +207,7 @@ class UnitReader:
 
     def __init__(
         self,
-        stores: list[StoreReader],
+        stores: list[StoreReader | PendingStore],
         items: list[Items],
         units: Units,
         plan: EpochPlan,
@@ -239,10 +235,9 @@ class UnitReader:
         self.cols = units.span + self.length - 1
         self.windowed = not items[0].identity
         self.padded = items[0].pad
-        self.frame_shape = tuple(stores[0].observation.shape[1:])
+        self.frame_shape = FRAME_SHAPE
         #: Memory of the batches handed out, reused once no tensor refers to it.
         self.pool = BufferPool()
-        self._steps_before = [store.steps_before for store in stores]
         # window units mixed, one more whose last items wait in a partly taken batch,
         # units ahead on their way (a batch larger than a unit may need more: _grow)
         self.n_slots = 0
@@ -312,10 +307,18 @@ class UnitReader:
             self.futures[j] = self.pool_threads.submit(self._load, j, slot)
             self.next_fetch += 1
 
+    def _store(self, g: int) -> StoreReader:
+        """Store ``g``, opened when a unit of it is first read (then checked against the
+        shards its plan was cut along)."""
+        store = self.stores[g]
+        if isinstance(store, PendingStore):
+            store = self.stores[g] = store.open()
+        return store
+
     def _read_frames(self, g: int, lo: int, hi: int, ext: np.ndarray) -> None:
         """Frames of rows ``[lo, hi)`` of store ``g`` and of the rows just outside into ``ext``."""
         k, n = self.k, int(self.n_rows[g])
-        store, layout = self.stores[g], self.units.layouts[g]
+        store, layout = self._store(g), self.units.layouts[g]
         count = hi - lo
         halo = np.r_[
             np.arange(max(0, lo - k + 1), lo), np.arange(hi, min(hi + self.length, n))
@@ -338,7 +341,7 @@ class UnitReader:
     def _load(self, j: int, slot: int) -> None:
         unit = int(self.plan.units[j])
         g, lo, hi = self.units.rows(unit)
-        store = self.stores[g]
+        store = self._store(g)
         self._read_frames(g, lo, hi, self.slab[slot])
         top = min(hi + self.length - 1, int(self.n_rows[g]))
         rows = np.arange(lo, top, dtype=np.int64)
@@ -467,7 +470,9 @@ class UnitReader:
             buffer,
             steps,
             window=self.windowed,
-            steps_before=steps_before_by_store(self._steps_before, stores),
+            steps_before=steps_before_by_store(
+                {g: self._store(g).steps_before for g in np.unique(stores).tolist()}, stores
+            ),
             finals=finals,
         )
         return batch if self.tag is None else self.tag(batch, stores)
