@@ -33,8 +33,8 @@ A root may hold an index of its complete stores, ``catalog.json``
 there, :func:`list_stores` reads it with one request instead of listing the prefix
 and opening every store (over https, where nothing can be listed, it is the only way
 to list a root). Each entry records the store's :func:`content_id`; a reader that
-opens a store whose content is no longer the one indexed, or finds it gone, warns
-and names ``atari-zarr index`` (:func:`check_entry`). Writers that finish at the same
+opens a store whose content is no longer the one indexed warns and names
+``atari-zarr index`` (:func:`check_entry`). Writers that finish at the same
 time do not lose each other's entries: each rebuilds the catalog from the stores
 and lists them again after writing, until what it wrote is what is there.
 """
@@ -74,7 +74,6 @@ __all__ = [
     "read_catalog",
     "refresh_catalog",
     "store_state",
-    "warn_stale_entry",
     "write_catalog",
 ]
 
@@ -760,14 +759,4 @@ def check_names(
         f"{root} holds no store for {missing}: expected complete "
         f"{{root}}/{{Game}}/{{run}}.zarr stores; available: {list(available)}.{hint} "
         f"Convert them with `atari-zarr convert`."
-    )
-
-
-def warn_stale_entry(root: str, name: str, *, stacklevel: int = 2) -> None:
-    """Warn that ``root``'s catalog lists ``name``, which is no longer a complete store."""
-    warnings.warn(
-        f"{redact(name_to_url(root, name))} is listed in {redact(str(root))}/{CATALOG} but "
-        f"is no longer a complete store; it is left out. Run `atari-zarr index "
-        f"{redact(str(root))}` again to refresh the catalog.",
-        stacklevel=stacklevel + 1,
     )
