@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import atari_zarr
 
@@ -151,3 +155,19 @@ def test_the_registry_is_a_list_of_kinds():
         "sources.rl_unplugged.kind",
         "sources.dqn_replay.selection",  # Selection, which every kind takes
     }, kinds
+
+
+@pytest.mark.parametrize("module", ["atari_zarr", "atari_zarr.storage.paths", "atari_zarr.errors"])
+def test_light_modules_import_no_converter_dask_or_torch(module: str) -> None:
+    """The package and its light modules cost their own imports only: the converter,
+    dask and torch come when first used (`atari_zarr.convert` still works)."""
+    code = (
+        f"import sys, {module}\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'torch')\n"
+        "               or m.startswith(('atari_zarr.conversion', 'atari_zarr.sources')))\n"
+        "print(heavy)\n"
+        "import atari_zarr\n"
+        "assert callable(atari_zarr.convert) and atari_zarr.ConvertedStore.__name__\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

@@ -19,7 +19,6 @@ True
 from typing import TYPE_CHECKING
 
 from atari_zarr._version import __version__
-from atari_zarr.conversion.converter import ConvertedStore, convert
 
 # every error, listed once (errors.__all__): never lazy, so `except atari_zarr.AtariZarrError`
 # and the classes below it need nothing else
@@ -27,9 +26,11 @@ from atari_zarr.errors import *  # noqa: F403
 from atari_zarr.errors import __all__ as _ERRORS
 
 # Names imported on first use: the reader pulls in torch and tensordict (about 2 s),
-# which `atari-zarr ls/info/--help` and conversion workers do not need, and the
-# collector needs gymnasium (the `collect` extra). Type checkers see them here.
+# which `atari-zarr ls/info/--help` and conversion workers do not need, the converter
+# every source kind, which a reader does not need, and the collector gymnasium (the
+# `collect` extra). Type checkers see them here.
 if TYPE_CHECKING:
+    from atari_zarr.conversion.converter import ConvertedStore, convert
     from atari_zarr.read.batch import collate_batch
     from atari_zarr.read.dataset import AtariZarrDataset
     from atari_zarr.read.mixing import MultiGameDataset
@@ -39,11 +40,13 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "AtariZarrDataset": "atari_zarr.read.dataset",
+    "ConvertedStore": "atari_zarr.conversion.converter",
     "MultiGameDataset": "atari_zarr.read.mixing",
     "ReadOptions": "atari_zarr.read.options",
     "ZarrCollector": "atari_zarr.record.collector",
     "collate_batch": "atari_zarr.read.batch",
     "collect": "atari_zarr.record.collector",
+    "convert": "atari_zarr.conversion.converter",
     "verify_store": "atari_zarr.verify",
 }
 
