@@ -51,8 +51,12 @@ def _save_gz(path: Path, array: np.ndarray) -> None:
         np.lib.format.write_array(f, array, allow_pickle=False)
 
 
-def build_run(root: Path, game: str, capacity: int, n_ckpt: int, seed: int = 0) -> Path:
-    """Write the run (once); return its directory."""
+def build_run(
+    root: Path, game: str, capacity: int, n_ckpt: int, seed: int = 0,
+    frames: np.ndarray | None = None,
+) -> Path:
+    """Write the run (once); return its directory. ``frames`` are cycled along the stream
+    (default: 20,000 frames of random play)."""
     from isal import igzip
 
     sys.path.insert(0, str(HERE))
@@ -61,12 +65,14 @@ def build_run(root: Path, game: str, capacity: int, n_ckpt: int, seed: int = 0) 
     run_dir = root / game / "1"
     logs = run_dir / "replay_logs"
     stamp = logs / "complete.json"
-    want = {"capacity": capacity, "checkpoints": n_ckpt, "seed": seed}
+    want = {"capacity": capacity, "checkpoints": n_ckpt, "seed": seed,
+            **({} if frames is None else {"frames": len(frames)})}
     if stamp.exists() and json.loads(stamp.read_text()) == want:
         return run_dir
     shutil.rmtree(root, ignore_errors=True)
     logs.mkdir(parents=True)
-    frames = record_frames(game, 20000, seed)
+    if frames is None:
+        frames = record_frames(game, 20000, seed)
     rng = np.random.default_rng(seed)
     n_rows = n_ckpt * capacity  # source rows -1 .. n_rows - 2
     # the whole stream of per-step data (small: 9 bytes per row)

@@ -162,3 +162,60 @@ def test_random_reads_fetch_each_byte_once(tmp_path):
     for r in again:
         covered[int(r.key.split("/")[-3]), r.start : r.stop] += 1
     assert covered.max() > 1
+
+
+@pytest.mark.parametrize("cname", ["zstd", "lz4", "blosclz", "zlib"])
+@pytest.mark.parametrize("shuffle", [0, 1, 2])
+@pytest.mark.parametrize("dtype", ["uint8", "int32", "float64"])
+def test_both_blosc_decoders_read_what_numcodecs_wrote(cname, shuffle, dtype):
+    """c-blosc2 (the ``fast`` extra) reads every Blosc1 buffer numcodecs writes, bit for bit:
+    several blocks, a tiny buffer stored as is, and frames that compress to nearly nothing."""
+    from numcodecs import Blosc
+
+    from atari_zarr.read.engine import blosc_decoder, decode_chunk
+
+    rng = np.random.default_rng(0)
+    frames = np.repeat(rng.integers(0, 255, (3, 84, 84), dtype=np.uint8), 6, axis=0)
+    arrays = [
+        frames.reshape(-1).view(dtype),
+        rng.normal(size=70_000).astype(dtype),  # several Blosc blocks
+        np.arange(3, dtype=dtype),  # too small to compress: stored as is
+    ]
+    codec = Blosc(cname=cname, clevel=5, shuffle=shuffle, blocksize=0)
+    for data in arrays:
+        encoded = codec.encode(data)
+        for name in ("numcodecs", "blosc2"):
+            out = np.full_like(data, 7)
+            assert decode_chunk(
+                encoded, out, checksum=False, chunk_nbytes=data.nbytes, decoder=blosc_decoder(name)
+            ) is None
+            np.testing.assert_array_equal(out, data)
+
+
+@pytest.mark.parametrize("name", ["numcodecs", "blosc2"])
+def test_a_damaged_blosc_payload_is_reported_by_either_decoder(name):
+    """A buffer whose header is whole but whose compressed bytes are not: one problem, no crash."""
+    from numcodecs import Blosc
+
+    from atari_zarr.read.engine import blosc_decoder, decode_chunk
+
+    data = np.random.default_rng(0).integers(0, 8, 16 * 7056, dtype=np.uint8)
+    spoiled = bytearray(Blosc(cname="zstd", clevel=5, shuffle=0).encode(data))
+    assert len(spoiled) > 1000
+    spoiled[len(spoiled) // 2 : len(spoiled) // 2 + 64] = b"\xff" * 64
+    out = np.empty_like(data)
+    problem = decode_chunk(
+        bytes(spoiled), out, checksum=False, chunk_nbytes=data.nbytes, decoder=blosc_decoder(name)
+    )
+    assert problem is not None and problem.startswith("does not decode")
+
+
+def test_the_default_decoder_is_c_blosc2_where_installed():
+    import importlib.util
+
+    from atari_zarr.read.engine import blosc_decoder
+
+    assert importlib.util.find_spec("blosc2") is not None, "the test install has the fast extra"
+    assert blosc_decoder() is blosc_decoder("blosc2")
+    with pytest.raises(ValueError, match="unknown Blosc decoder 'snappy'"):
+        blosc_decoder("snappy")
