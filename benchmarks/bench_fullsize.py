@@ -100,7 +100,7 @@ def child(source: Path, dest: Path, size: int, seconds: float) -> dict:
     out["open"] = {"seconds": round(time.perf_counter() - t0, 3),
                    "rss_growth_MB": round(_rss_mb() - rss0, 1)}
     t0 = time.perf_counter()
-    table = ds.episode_table()
+    table = ds.episode_table
     out["episode_table"] = {"seconds": round(time.perf_counter() - t0, 3), "episodes": len(table)}
     t0 = time.perf_counter()
     info = subprocess.run([sys.executable, "-m", "atari_zarr", "info", "--checkpoints", store.url],

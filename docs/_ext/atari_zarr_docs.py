@@ -311,12 +311,32 @@ def preprocess_runs(doc: dict[str, Any]) -> nodes.table:
     return _grid(head, rows)
 
 
+def _per_game(doc: dict[str, Any], key: str, fmt: Any) -> nodes.table:
+    """One row per game of the corpus, one column per figure of ``key``."""
+    games = doc["games"]
+    names = list(next(iter(games.values()))[key])
+    rows = [[g, *(fmt(e[key][n]) for n in names)] for g, e in games.items() if key in e]
+    return _grid(["game", *names], rows)
+
+
+def corpus_bytes(doc: dict[str, Any]) -> nodes.table:
+    """Bytes per frame of each game's frames, in each format."""
+    return _per_game(doc, "bytes_per_frame", lambda v: f"{v:,.1f}")
+
+
+def corpus_random(doc: dict[str, Any]) -> nodes.table:
+    """Random TED-256 at frame stack 4 beyond the cache, per game and reader."""
+    return _per_game(doc, "random_stack4", lambda v: _fmt(round(v)))
+
+
 #: Tables drawn from a result file by name (``:table:``); without one, every figure.
 TABLES = {
     "random-rates": random_rates,
     "random-bytes": random_bytes,
     "catalog": catalog_finding,
     "preprocess": preprocess_runs,
+    "corpus-bytes": corpus_bytes,
+    "corpus-random": corpus_random,
 }
 
 

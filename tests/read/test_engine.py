@@ -219,3 +219,52 @@ def test_the_default_decoder_is_c_blosc2_where_installed():
     assert blosc_decoder() is blosc_decoder("blosc2")
     with pytest.raises(ValueError, match="unknown Blosc decoder 'snappy'"):
         blosc_decoder("snappy")
+
+
+def _old_way(engine: ChunkEngine, cids: list[int]) -> np.ndarray:
+    out = np.empty((len(cids), 8, 6, 5), dtype=np.uint8)
+    nbytes = sum(engine.decode(c, d) for c, d in zip(engine.fetch(cids), out, strict=True))
+    engine.count_decoded(len(cids), nbytes)
+    return out
+
+
+def test_decode_into_reads_what_fetch_and_decode_read(tmp_path):
+    """The short way of a local store (memory map, crc32c, Blosc) against fetch + decode,
+    absent chunks included, and the same counters."""
+    a, data = make(zarr.storage.LocalStore(tmp_path / "s.zarr"), n=320)
+    a[8:16] = 0  # with write_empty_chunks off, chunk 1 is absent: the fill value
+    short, old = ChunkEngine(a, where="s"), ChunkEngine(a, where="s")
+    cids = [39, 0, 1, 17, 8, 8, 38, 1]
+    got = np.full((len(cids), 8, 6, 5), 7, dtype=np.uint8)
+    short.decode_into(cids, list(got))
+    np.testing.assert_array_equal(got, _old_way(old, cids))
+    assert got[2].max() == 0 and short.stats["decoded"] == len(cids)
+    assert short.stats["fetched_bytes"] == old.stats["fetched_bytes"] > 0
+
+
+def test_decode_into_names_damage_as_decode_does(tmp_path):
+    """A chunk spoiled on disk: the short way leaves it to ``decode``, whose message names it."""
+    a, _ = make(zarr.storage.LocalStore(tmp_path / "d.zarr"))
+    engine = ChunkEngine(a, where="d.zarr", remedy="do this.")
+    [chunk] = engine.fetch([3])
+    path = tmp_path / "d.zarr" / chunk.key
+    raw = bytearray(path.read_bytes())
+    raw[chunk.offset + 20] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    fresh = ChunkEngine(a, where="d.zarr", remedy="do this.")
+    dests = list(np.empty((2, 8, 6, 5), dtype=np.uint8))
+    with pytest.raises(
+        StoreCorruptError, match=r"chunk 3 .* \(rows 24-31\).*fails its crc32c.*do this"
+    ):
+        fresh.decode_into([2, 3], dests)
+
+
+def test_decode_into_a_remote_store_fetches_as_before(tmp_path):
+    url = f"memory://decode-into-{tmp_path.name}.zarr"
+    a, data = make(RemoteStore(url, read_only=False))
+    engine = ChunkEngine(a, where=url)
+    dests = np.empty((3, 8, 6, 5), dtype=np.uint8)
+    engine.decode_into([5, 0, 36], list(dests))
+    np.testing.assert_array_equal(dests[0], data[40:48])
+    np.testing.assert_array_equal(dests[2], data[288:296])
+    assert engine.stats["requests"] > 0

@@ -549,20 +549,25 @@ class ChunkReader:
     def _decode_into(self, cids: list[int], dests: list[np.ndarray], *, split: bool = True) -> None:
         if not cids:
             return
-        chunks = self._sources(cids)
         n = len(cids)
+        # a local store: the engine reads each chunk from its memory map as it decodes it
+        chunks = self._sources(cids) if self.engine.bytes.remote else None
+
+        def work(a: int, b: int) -> None:
+            if chunks is None:
+                self.engine.decode_into(cids[a:b], dests[a:b])
+            else:
+                self._decode_some(chunks[a:b], dests[a:b])
+
         if split and self.threads > 1 and n >= _SPLIT_MIN_CHUNKS:
             pool = self._executor()
             step = -(-n // self.threads)
-            futs = [
-                pool.submit(self._decode_some, chunks[i : i + step], dests[i : i + step])
-                for i in range(step, n, step)
-            ]
-            self._decode_some(chunks[:step], dests[:step])
+            futs = [pool.submit(work, i, i + step) for i in range(step, n, step)]
+            work(0, step)
             for f in futs:
                 f.result()
         else:
-            self._decode_some(chunks, dests)
+            work(0, n)
 
     def _decode_some(self, chunks: list[EncodedChunk], dests: list[np.ndarray]) -> None:
         nbytes = 0

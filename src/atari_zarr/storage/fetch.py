@@ -147,6 +147,10 @@ class LocalBytes:
                 self._maps.popitem(last=False)
         return mm
 
+    def mapped(self, key: str) -> mmap.mmap | bytes | None:
+        """The whole object ``key``, memory-mapped (None: absent): slice it for a range."""
+        return self._map(key)
+
     def forget(self, key: str) -> None:
         """Drop the map of ``key`` (the object was replaced): the next read opens it again."""
         with _MAPS_LOCK:
