@@ -29,6 +29,7 @@ stores are deleted after their size is measured (the source stays cached in
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -109,7 +110,7 @@ def child(source: Path, dest: Path, size: int, seconds: float) -> dict:
                                "lines": len(info.stdout.splitlines())}
     out["cache_bytes"] = cache
     out["random_stack4"] = round(_timed(lambda g: ds[g.integers(0, n, 256)], seconds, 256))
-    stream = iter(ds.stream(256, seed=0, epoch=0))
+    stream = itertools.chain.from_iterable(ds.stream(256, seed=0, epoch=e) for e in itertools.count())
     out["stream"] = round(_timed(lambda g: next(stream), seconds, 256))
     windows = ds.windows(8)
     m = len(windows)

@@ -329,6 +329,34 @@ def corpus_random(doc: dict[str, Any]) -> nodes.table:
     return _per_game(doc, "random_stack4", lambda v: _fmt(round(v)))
 
 
+def fullsize_run(doc: dict[str, Any]) -> nodes.table:
+    """Every figure of a run at each size, one column per size (checkpoints of 1M)."""
+    sizes = doc["sizes"]
+    rows: list[list[str]] = []
+    for label, get in [
+        ("transitions", lambda r: _fmt(r["convert"]["transitions"])),
+        ("convert, 2 workers: wall", lambda r: f"{r['convert']['seconds']:,.0f} s"),
+        ("convert: frames/s", lambda r: _fmt(r["convert"]["frames_per_s"])),
+        ("convert: frames per worker CPU second", lambda r: _fmt(r["convert"]["frames_per_worker_cpu_s"])),
+        ("convert: peak RSS per worker", lambda r: f"{r['convert']['worker_peak_rss_MB']:,} MB"),
+        ("store on disk", lambda r: f"{r['convert']['store_bytes'] / 1e9:,.2f} GB"),
+        ("frames: bytes per frame", lambda r: f"{r['convert']['bytes_per_frame']:.1f}"),
+        ("verify: wall", lambda r: f"{r['verify']['seconds']:,.0f} s"),
+        ("verify / convert", lambda r: f"{r['verify']['seconds'] / r['convert']['seconds']:.2f}"),
+        ("open: time", lambda r: f"{r['open']['seconds'] * 1e3:,.0f} ms"),
+        ("open: RSS growth", lambda r: f"{r['open']['rss_growth_MB']:,.1f} MB"),
+        ("episode table", lambda r: f"{r['episode_table']['seconds']:.2f} s"),
+        ("`info --checkpoints` (a process)", lambda r: f"{r['info_checkpoints']['seconds']:.2f} s"),
+        ("decoded-frame cache", lambda r: f"{r['cache_bytes'] / 2**30:,.2f} GiB"),
+        ("random TED-256, frame stack 4 (/s)", lambda r: _fmt(r["random_stack4"])),
+        ("stream(256), one process (/s)", lambda r: _fmt(r["stream"])),
+        ("windows(8), batches of 64 (steps/s)", lambda r: _fmt(r["windows8"])),
+        ("RSS at the end", lambda r: f"{r['rss_end_MB']:,} MB"),
+    ]:
+        rows.append([label, *(get(r) for r in sizes)])
+    return _grid(["checkpoints of 1M", *(str(r["checkpoints"]) for r in sizes)], rows)
+
+
 #: Tables drawn from a result file by name (``:table:``); without one, every figure.
 TABLES = {
     "random-rates": random_rates,
@@ -337,6 +365,7 @@ TABLES = {
     "preprocess": preprocess_runs,
     "corpus-bytes": corpus_bytes,
     "corpus-random": corpus_random,
+    "fullsize": fullsize_run,
 }
 
 

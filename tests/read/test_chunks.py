@@ -362,3 +362,47 @@ def test_a_large_cache_takes_slots_into_use_as_misses_pay_for_them(pong_store):
     before = small._active
     small.read(rows)  # all hits: nothing more taken
     assert small._active == before and small.stats["hits"] >= len(rows)
+
+
+def test_a_cache_far_smaller_than_its_array_stops_admitting_what_it_never_hits(tmp_path):
+    """Random reads over 512 chunks through a 16-slot cache hit about 3%: after the first
+    batches its misses are decoded for the batch only (one batch in 16 still admits), and
+    reads that come back to a few rows fill it again."""
+    a = _array(zarr.storage.LocalStore(tmp_path / "adm.zarr"), 4096)
+    data = _frames(4096)[:, :6, :5].copy()
+    a[:] = data
+    reader = ChunkReader(a, where="adm", cache_bytes=16 * 8 * 6 * 5, decode_ahead=False)
+    cache = reader._cache
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        rows = rng.integers(0, 4096, 4)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+    assert reader._hit_rate < 0.1
+    admitted = cache._batch
+    for _ in range(160):
+        rows = rng.integers(0, 4096, 4)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+    assert cache._batch - admitted == 10  # one batch in 16, not every one
+    # reads that come back to 8 chunks: admitted again, then served from the cache
+    for _ in range(200):
+        rows = rng.integers(0, 64, 4)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+    assert reader._hit_rate > 0.9 and reader.cached_chunks >= 8
+    decoded = reader.stats["decoded"]
+    for _ in range(20):
+        rows = rng.integers(0, 64, 4)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+    assert reader.stats["decoded"] == decoded
+
+
+def test_a_cache_that_holds_a_share_of_its_array_always_admits(tmp_path):
+    """A cache of a quarter of the array's chunks keeps admitting, whatever its hit rate."""
+    a = _array(zarr.storage.LocalStore(tmp_path / "all.zarr"), 1024)
+    data = _frames(1024)[:, :6, :5].copy()
+    a[:] = data
+    reader = ChunkReader(a, where="all", cache_bytes=32 * 8 * 6 * 5, decode_ahead=False)
+    rng = np.random.default_rng(0)
+    for _ in range(100):
+        rows = rng.integers(0, 1024, 4)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+    assert reader._cache._batch == 100
