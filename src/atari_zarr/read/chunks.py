@@ -374,7 +374,7 @@ class ChunkReader:
             assert chunk is not None
             [dest] = self._empty_chunks(1)
             chunks[i] = None  # its encoded bytes go once it is decoded
-            self._decode_some([chunk], [dest])
+            self.engine.decode_all([chunk], [dest])
             yield dest
 
     def _empty_chunks(self, n: int) -> list[np.ndarray]:
@@ -599,7 +599,7 @@ class ChunkReader:
             if chunks is None:
                 self.engine.decode_into(cids[a:b], dests[a:b])
             else:
-                self._decode_some(chunks[a:b], dests[a:b])
+                self.engine.decode_all(chunks[a:b], dests[a:b])
 
         if split and self.threads > 1 and n >= _SPLIT_MIN_CHUNKS:
             pool = self._executor()
@@ -610,12 +610,6 @@ class ChunkReader:
                 f.result()
         else:
             work(0, n)
-
-    def _decode_some(self, chunks: list[EncodedChunk], dests: list[np.ndarray]) -> None:
-        nbytes = 0
-        for chunk, dest in zip(chunks, dests, strict=True):
-            nbytes += self.engine.decode(chunk, dest)
-        self.engine.count_decoded(len(chunks), nbytes)
 
 
 def read_rows_of(

@@ -661,7 +661,7 @@ class ChunkEngine:
         assert g is not None
         mapped = getattr(self.bytes, "mapped", None)
         if mapped is None or self.bytes.remote or not g.sharded or not g.checksum:
-            self._decode_fetched(list(cids), list(dests))
+            self.decode_all(self.fetch(list(cids)), dests)
             return
         import google_crc32c
 
@@ -709,13 +709,14 @@ class ChunkEngine:
             nbytes += len(data)
         self.count_decoded(len(cids) - len(slow_cids), nbytes)
         if slow_cids:
-            self._decode_fetched(slow_cids, slow_dests)
+            self.decode_all(self.fetch(slow_cids), slow_dests)
 
-    def _decode_fetched(self, cids: list[int], dests: list[np.ndarray]) -> None:
+    def decode_all(self, chunks: Sequence[EncodedChunk], dests: Sequence[np.ndarray]) -> None:
+        """:meth:`decode` each of ``chunks`` into its ``dests``, counted once for all."""
         nbytes = 0
-        for chunk, dest in zip(self.fetch(cids), dests, strict=True):
+        for chunk, dest in zip(chunks, dests, strict=True):
             nbytes += self.decode(chunk, dest)
-        self.count_decoded(len(cids), nbytes)
+        self.count_decoded(len(chunks), nbytes)
 
     def decode(self, chunk: EncodedChunk, dest: np.ndarray, skip: int = 0) -> int:
         """Verify chunk ``chunk`` and decode its rows ``skip ..`` into ``dest``.
