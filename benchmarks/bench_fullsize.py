@@ -23,7 +23,22 @@ fresh process each:
 
 Results go to ``benchmarks/results/fullsize-<time>.json`` and a table is printed. The
 stores are deleted after their size is measured (the source stays cached in
-``benchmarks/.cache/fullsize``).
+``benchmarks/.cache/fullsize``), unless ``--keep``.
+
+The reads again, in their steady state::
+
+    python benchmarks/bench_fullsize.py --sizes 1,50 --reads --warmup 30 --rounds 3
+
+times only the reads of stores kept by an earlier ``--keep`` run: each size in a fresh
+process per round (the rounds alternate the sizes), every reader first run for
+``--warmup`` seconds (the page cache and the decoded-frame cache filled, the shards
+mapped), then timed for ``--seconds``; the stream starts from a fresh dataset, as a
+training job's would. Results go to ``benchmarks/results/fullsize-reads-<time>.json``
+with every round and the medians, and what a reader holds besides its frame budget
+(RSS growth in a fresh process: the episode table, the per-step columns once every row
+is read, the return-to-go).
+
+Full-size pulls from RL Unplugged's layout are ``bench_pull.py --corpus``.
 """
 
 from __future__ import annotations
@@ -35,6 +50,7 @@ import os
 import platform
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -58,9 +74,12 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def _timed(fn, seconds: float, batch: int) -> float:
+def _timed(fn, seconds: float, batch: int, warmup: float = 0.0) -> float:
     rng = np.random.default_rng(0)
     fn(rng)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup:
+        fn(rng)
     done, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds or done < 3 * batch:
         fn(rng)
@@ -95,8 +114,7 @@ def child(source: Path, dest: Path, size: int, seconds: float) -> dict:
     report = verify_store(store.url)
     out["verify"] = {"seconds": round(time.perf_counter() - t0, 1), "ok": bool(report.ok)}
     rss0, t0 = _rss_mb(), time.perf_counter()
-    default = ReadOptions().frame_cache_limit()
-    cache = min(default, int(0.02 * n * FRAME_BYTES))
+    cache = _cache_bytes(n)
     ds = AtariZarrDataset(store.url, frame_stack=4, options=ReadOptions(frame_cache_bytes=cache))
     out["open"] = {"seconds": round(time.perf_counter() - t0, 3),
                    "rss_growth_MB": round(_rss_mb() - rss0, 1)}
@@ -109,14 +127,120 @@ def child(source: Path, dest: Path, size: int, seconds: float) -> dict:
     out["info_checkpoints"] = {"seconds": round(time.perf_counter() - t0, 2),
                                "lines": len(info.stdout.splitlines())}
     out["cache_bytes"] = cache
-    out["random_stack4"] = round(_timed(lambda g: ds[g.integers(0, n, 256)], seconds, 256))
-    stream = itertools.chain.from_iterable(ds.stream(256, seed=0, epoch=e) for e in itertools.count())
-    out["stream"] = round(_timed(lambda g: next(stream), seconds, 256))
-    windows = ds.windows(8)
-    m = len(windows)
-    out["windows8"] = round(_timed(lambda g: windows[g.integers(0, m, 64)], seconds, 64) * 8)
+    out.update(_reads(ds, seconds))
     out["rss_end_MB"] = round(_rss_mb())
     return out
+
+
+def _cache_bytes(n: int) -> int:
+    """The decoded-frame cache: 2% of the run's frames, at most the default."""
+    from atari_zarr import ReadOptions
+
+    return min(ReadOptions().frame_cache_limit(), int(0.02 * n * FRAME_BYTES))
+
+
+def _reads(ds, seconds: float, warmup: float = 0.0, fresh=None) -> dict:
+    """Random TED-256 at stack 4, the stream, windows of 8: transitions per second.
+
+    ``fresh`` (a function opening the dataset again) gives the stream a dataset of
+    its own, as a training job's would have.
+    """
+    n = len(ds)
+    out = {"random_stack4": round(_timed(lambda g: ds[g.integers(0, n, 256)], seconds, 256,
+                                         warmup))}
+    sds = fresh() if fresh is not None else ds
+    stream = itertools.chain.from_iterable(sds.stream(256, seed=0, epoch=e)
+                                           for e in itertools.count())
+    out["stream"] = round(_timed(lambda g: next(stream), seconds, 256, warmup))
+    windows = ds.windows(8)
+    m = len(windows)
+    out["windows8"] = round(_timed(lambda g: windows[g.integers(0, m, 64)], seconds, 64,
+                                   warmup) * 8)
+    return out
+
+
+def reads_child(dest: Path, seconds: float, warmup: float) -> dict:
+    """The reads of kept store ``dest`` only, after ``warmup`` seconds of each."""
+    import torch
+
+    torch.set_num_threads(1)
+    from atari_zarr import AtariZarrDataset, ReadOptions
+
+    url = str(dest / "Pong" / "1.zarr")
+
+    def open_ds(cache: int | None = None) -> AtariZarrDataset:
+        options = ReadOptions() if cache is None else ReadOptions(frame_cache_bytes=cache)
+        return AtariZarrDataset(url, frame_stack=4, options=options)
+
+    rss0 = _rss_mb()
+    ds = open_ds(_cache_bytes(len(open_ds())))
+    rss1 = _rss_mb()
+    table = ds.episode_table
+    out = {"transitions": len(ds), "cache_bytes": _cache_bytes(len(ds)),
+           "open_rss_MB": round(rss1 - rss0, 1),
+           "episode_table_rss_MB": round(_rss_mb() - rss1, 1), "episodes": len(table)}
+    out.update(_reads(ds, seconds, warmup, fresh=open_ds))
+    out["rss_end_MB"] = round(_rss_mb())
+    return out
+
+
+def memory_child(dest: Path) -> dict:
+    """What a reader of kept store ``dest`` holds besides its frame budget (RSS growth):
+    the episode table, the per-step columns once every row is read, the return-to-go."""
+    import pandas  # noqa: F401  (imported first: its import is not the table's memory)
+
+    from atari_zarr import AtariZarrDataset
+
+    ds = AtariZarrDataset(str(dest / "Pong" / "1.zarr"))
+    store, n = ds._store, len(ds)
+    r0 = _rss_mb()
+    episodes = len(ds.episode_table)
+    r1 = _rss_mb()
+    for lo in range(0, n, 1 << 20):
+        store.step_values(np.arange(lo, min(n, lo + (1 << 20))), False)
+    r2 = _rss_mb()
+    store.return_to_go(np.arange(0, n, 997))
+    r3 = _rss_mb()
+    return {"transitions": n, "episodes": episodes, "episode_table_MB": round(r1 - r0, 1),
+            "step_columns_MB": round(r2 - r1, 1),
+            "step_columns_MB_per_1M": round((r2 - r1) / n * 1e6, 2),
+            "return_to_go_MB": round(r3 - r2, 1)}
+
+
+def reads(sizes: list[int], seconds: float, warmup: float, rounds: int) -> None:
+    """Time the reads of kept stores, ``rounds`` fresh processes per size, alternating."""
+    runs: dict[int, list[dict]] = {s: [] for s in sizes}
+    for _ in range(rounds):
+        for size in sizes:
+            if not (CACHE / f"zarr_{size}").exists():
+                raise SystemExit(f"no kept store of {size} checkpoints: run with --keep first")
+            r = _run_child(["--reads-child", str(size), "--seconds", str(seconds),
+                            "--warmup", str(warmup)])
+            runs[size].append(r)
+            print(size, json.dumps(r), flush=True)
+    keys = ("random_stack4", "stream", "windows8")
+    memory = {s: _run_child(["--memory-child", str(s)]) for s in sizes}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+        "seconds": seconds, "warmup": warmup,
+        "sizes": [{"checkpoints": s, "transitions": runs[s][0]["transitions"],
+                   **{k: round(statistics.median(r[k] for r in runs[s])) for k in keys},
+                   "runs": runs[s], "memory": memory[s]} for s in sizes],
+    }
+    out = HERE / "results" / f"fullsize-reads-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
+    out.write_text(json.dumps(results, indent=1))
+    for r in results["sizes"]:
+        print(r["checkpoints"], {k: r[k] for k in keys})
+    print(f"results: {out}")
+
+
+def _run_child(argv: list[str]) -> dict:
+    run = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
+    if run.returncode:
+        print(run.stderr[-3000:])
+        raise SystemExit(f"{' '.join(argv)} failed")
+    return json.loads(run.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
@@ -124,16 +248,34 @@ def main() -> None:
     p.add_argument("--checkpoints", type=int, default=50)
     p.add_argument("--sizes", default="1,5,20,50")
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--keep", action="store_true", help="keep the stores for --reads")
+    p.add_argument("--reads", action="store_true", help="time the reads of kept stores only")
+    p.add_argument("--warmup", type=float, default=30.0, help="--reads: seconds before timing")
+    p.add_argument("--rounds", type=int, default=3, help="--reads: processes per size")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--reads-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     source = CACHE / "dqn"
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.reads_child:
+        print(json.dumps(reads_child(CACHE / f"zarr_{args.reads_child}", args.seconds,
+                                     args.warmup)))
+        return
+    if args.memory_child:
+        print(json.dumps(memory_child(CACHE / f"zarr_{args.memory_child}")))
+        return
+    if args.reads:
+        reads(sizes, args.seconds, args.warmup, args.rounds)
+        return
     if args.child:
         dest = CACHE / f"zarr_{args.child}"
         shutil.rmtree(dest, ignore_errors=True)
         try:
             print(json.dumps(child(source / "Pong" / "1", dest, args.child, args.seconds)))
         finally:
-            shutil.rmtree(dest, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(dest, ignore_errors=True)
         return
     from ale_frames import record_frames
     from bench_convert import build_run
@@ -148,14 +290,9 @@ def main() -> None:
         "machine": f"{os.cpu_count()} cores, {platform.machine()}",
         "source_bytes": _du(source), "sizes": [],
     }
-    for size in [int(s) for s in args.sizes.split(",")]:
-        run = subprocess.run([sys.executable, __file__, "--child", str(size),
-                              "--seconds", str(args.seconds)],
-                             capture_output=True, text=True)
-        if run.returncode:
-            print(run.stderr[-3000:])
-            raise SystemExit(f"size {size} failed")
-        r = json.loads(run.stdout.strip().splitlines()[-1])
+    for size in sizes:
+        r = _run_child(["--child", str(size), "--seconds", str(args.seconds)]
+                       + (["--keep"] if args.keep else []))
         results["sizes"].append(r)
         print(json.dumps(r), flush=True)
     out = HERE / "results" / f"fullsize-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"

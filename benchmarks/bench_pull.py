@@ -30,6 +30,9 @@ import argparse
 import json
 import os
 import platform
+import resource
+import shutil
+import sys
 import tempfile
 import time
 import zlib
@@ -43,7 +46,7 @@ import numpy as np
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.pull import Request, resolve
-from atari_zarr.record.rl_unplugged import played_episodes, shard_name, write_shard
+from atari_zarr.record.rl_unplugged import Played, played_episodes, shard_name, write_shard
 from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode
 from atari_zarr.sources.rl_unplugged.png import encode_frame
 from atari_zarr.subsets import Subset
@@ -53,19 +56,50 @@ from atari_zarr.testing.rl_unplugged import read_shard_records
 CACHE = Path(__file__).parent / ".cache"
 
 
-def write_shards(root: Path, shards: int, frames: int, seed: int = 0) -> dict[int, Path]:
+def corpus_episodes(frames: int, seed: int = 0) -> tuple[list[Played], list[list[bytes]]]:
+    """Episodes of 1,000-3,000 steps, about ``frames`` frames in all, whose frames cycle
+    through the six-game corpus's Pong (``ale_frames.record_frames(..., policy="repeat")``,
+    the frames of ``bench_fullsize.py``'s run), and their PNGs (each distinct frame
+    encoded once)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from ale_frames import record_frames
+
+    corpus = record_frames("Pong", 50_000, seed=0, policy="repeat")
+    rng = np.random.default_rng(seed)
+    cache: dict[int, bytes] = {}
+    played, pngs, at = [], [], 0
+    while at < frames:
+        n = int(rng.integers(1_000, 3_001))
+        idx = (at + np.arange(n + 1)) % len(corpus)
+        rewards = np.zeros(n, np.float32)
+        rewards[rng.integers(0, n, size=max(1, n // 100))] = 1.0
+        # the shards are written from the PNGs: frames left empty (a shard of 1M frames
+        # would hold 7 GB of them)
+        none = np.empty((0, 84, 84), np.uint8)
+        played.append(Played(none, rng.integers(0, 6, size=n), rewards, True))
+        pngs.append([cache.setdefault(k, encode_frame(corpus[k])) for k in idx.tolist()])
+        at += n
+    return played, pngs
+
+
+def write_shards(
+    root: Path, shards: int, frames: int, seed: int = 0, corpus: bool = False
+) -> dict[int, Path]:
     """``shards`` shards of about ``frames`` frames of Pong each (cached between runs)."""
     game_dir = root / "Pong"
     paths = {i: game_dir / shard_name(1, i, 50) for i in range(shards)}
     if all(p.exists() for p in paths.values()):
         return paths
-    played = []
-    total = 0
-    while total < frames:  # whole games of random play, about 800 steps each
-        [episode] = played_episodes("Pong", seed + len(played), (None,), cap=27_000)
-        played.append(episode)
-        total += len(episode.actions)
-    pngs = [[encode_frame(f) for f in p.frames] for p in played]
+    if corpus:
+        played, pngs = corpus_episodes(frames, seed)
+    else:
+        played = []
+        total = 0
+        while total < frames:  # whole games of random play, about 800 steps each
+            [episode] = played_episodes("Pong", seed + len(played), (None,), cap=27_000)
+            played.append(episode)
+            total += len(episode.actions)
+        pngs = [[encode_frame(f) for f in p.frames] for p in played]
     for i, path in paths.items():
         records = []
         for k, (p, images) in enumerate(zip(played, pngs, strict=True)):
@@ -115,6 +149,15 @@ def needed_bytes(path: Path, rows: int | None) -> int:
     return len(raw)
 
 
+def _children_cpu() -> float:
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return kids.ru_utime + kids.ru_stime
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shards", type=int, default=10)
@@ -130,11 +173,23 @@ def main() -> None:
         "processes (the CLI's default)",
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--corpus",
+        action="store_true",
+        help="frames cycled from the corpus's Pong (as bench_fullsize.py's run), episodes "
+        "of 1,000-3,000 steps, instead of whole games of random play",
+    )
+    ap.add_argument(
+        "--cases",
+        default="fraction,checkpoint,every_shard",
+        help="which pulls to time (comma-separated)",
+    )
+    ap.add_argument("--no-one-core", action="store_true", help="skip the one-core conversions")
     args = ap.parse_args()
 
-    src = CACHE / f"pull-src-{args.shards}x{args.frames}"
+    src = CACHE / (f"pull-src-{args.shards}x{args.frames}" + ("-corpus" if args.corpus else ""))
     t = time.perf_counter()
-    paths = write_shards(src, args.shards, args.frames)
+    paths = write_shards(src, args.shards, args.frames, corpus=args.corpus)
     made = time.perf_counter() - t
     sizes = {i: p.stat().st_size for i, p in paths.items()}
     out: dict[str, object] = {
@@ -147,6 +202,7 @@ def main() -> None:
         "workers": args.workers,
         "scheduler": args.scheduler,
         "fixture_s": round(made, 1),
+        "frames": "corpus Pong, cycled" if args.corpus else "random play, whole games",
     }
     with FakeGCSServer() as server:
         server.create_bucket("rl_unplugged")
@@ -164,11 +220,19 @@ def main() -> None:
                     Request.parse("Pong/1", checkpoints=[args.checkpoint]),
                     {args.checkpoint: None},
                 ),
-                "every_shard": (Request.parse("Pong/1"), dict.fromkeys(paths)),
+                # every shard written (the source holds no others)
+                "every_shard": (
+                    Request.parse("Pong/1", checkpoints=list(paths)),
+                    dict.fromkeys(paths),
+                ),
             }
+            wanted = args.cases.split(",")
             for label, (request, asked) in cases.items():
+                if label not in wanted:
+                    continue
                 home = tempfile.mkdtemp(prefix="bench-pull-")
                 proxy.reset()
+                cpu0 = _children_cpu()
                 t0 = time.perf_counter()
                 found = resolve(
                     request, home=home, scheduler=args.scheduler, workers=args.workers
@@ -193,10 +257,21 @@ def main() -> None:
                     "frames_per_s_per_worker": round(len(ds) / pulled / args.workers),
                     "batch": list(batch["observation"].shape),
                 }
+                if args.scheduler == "processes":
+                    # the workers are this process's children: their CPU and largest RSS
+                    cpu = _children_cpu() - cpu0
+                    out[label]["worker_cpu_s"] = round(cpu, 1)
+                    out[label]["frames_per_worker_cpu_s"] = round(len(ds) / cpu)
+                    out[label]["worker_peak_rss_MB"] = round(
+                        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+                    )
+                out[label]["disk_MB"] = round(_du(Path(home)) / 1e6, 1)
+                del ds
+                shutil.rmtree(home, ignore_errors=True)
                 print(label, out[label], flush=True)
     # conversion on one core, the network left out: the same shards converted in this
     # process (synchronous), scans keeping their frames as a pull's do
-    for label, kwargs in (
+    for label, kwargs in () if args.no_one_core else (
         ("one_core_fraction", {"subset": Subset.fraction_of(args.fraction, order="played")}),
         ("one_core_whole_shards", {}),
     ):

@@ -357,6 +357,23 @@ def fullsize_run(doc: dict[str, Any]) -> nodes.table:
     return _grid(["checkpoints of 1M", *(str(r["checkpoints"]) for r in sizes)], rows)
 
 
+def fullsize_reads(doc: dict[str, Any]) -> nodes.table:
+    """The reads of kept stores in their steady state: the median and every round."""
+    rows: list[list[str]] = []
+    for r in doc["sizes"]:
+        for key, label in [
+            ("random_stack4", "random TED-256, frame stack 4 (/s)"),
+            ("stream", "stream(256), one process (/s)"),
+            ("windows8", "windows(8), batches of 64 (steps/s)"),
+        ]:
+            runs = ", ".join(_fmt(x[key]) for x in r["runs"])
+            rows.append([_fmt(r["transitions"]), label, _fmt(r[key]), runs])
+        first = r["runs"][0]
+        rows.append([_fmt(r["transitions"]), "episode table: RSS it adds",
+                     f"{first['episode_table_rss_MB']:,.1f} MB", ""])
+    return _grid(["transitions", "read", "median", "rounds"], rows)
+
+
 #: Tables drawn from a result file by name (``:table:``); without one, every figure.
 TABLES = {
     "random-rates": random_rates,
@@ -366,6 +383,7 @@ TABLES = {
     "corpus-bytes": corpus_bytes,
     "corpus-random": corpus_random,
     "fullsize": fullsize_run,
+    "fullsize-reads": fullsize_reads,
 }
 
 

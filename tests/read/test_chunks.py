@@ -20,7 +20,7 @@ from atari_zarr.layout import (
     TRUNCATED,
     create_store,
 )
-from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.testing import fixture_frame
 
@@ -377,7 +377,7 @@ def test_a_cache_far_smaller_than_its_array_stops_admitting_what_it_never_hits(t
     for _ in range(40):
         rows = rng.integers(0, 4096, 4)
         np.testing.assert_array_equal(reader.read(rows), data[rows])
-    assert reader._hit_rate < 0.1
+    assert cache.hit_rate < 0.1
     admitted = cache._batch
     for _ in range(160):
         rows = rng.integers(0, 4096, 4)
@@ -387,12 +387,51 @@ def test_a_cache_far_smaller_than_its_array_stops_admitting_what_it_never_hits(t
     for _ in range(200):
         rows = rng.integers(0, 64, 4)
         np.testing.assert_array_equal(reader.read(rows), data[rows])
-    assert reader._hit_rate > 0.9 and reader.cached_chunks >= 8
+    assert cache.hit_rate > 0.9 and reader.cached_chunks >= 8
     decoded = reader.stats["decoded"]
     for _ in range(20):
         rows = rng.integers(0, 64, 4)
         np.testing.assert_array_equal(reader.read(rows), data[rows])
     assert reader.stats["decoded"] == decoded
+
+
+def test_a_mixtures_shared_cache_far_smaller_than_its_stores_stops_admitting(tmp_path):
+    """Four stores of 1,024 rows read at random through one shared 16-slot cache: the
+    mixture's batches stop admitting their misses (one batch in 16 still does), the
+    rows stay right, and reads that come back to a few rows fill the cache again."""
+    # each store's share: 4 chunks of 8 rows (a group's bound is the sum of its shares)
+    opts = ReadOptions(frame_cache_bytes=4 * 8 * 6 * 5, cache_group="mixture-admission")
+    data, readers = [], []
+    for k in range(4):
+        a = _array(zarr.storage.LocalStore(tmp_path / f"m{k}.zarr"), 1024)
+        d = _frames(1024, seed=k)[:, :6, :5].copy()
+        a[:] = d
+        data.append(d)
+        readers.append(ChunkReader(a, where=f"m{k}", options=opts, decode_ahead=False))
+    cache = readers[0]._cache
+    assert all(r._cache is cache for r in readers) and cache.chunks_behind == 4 * 128
+    rng = np.random.default_rng(0)
+    out = np.empty((4, 6, 5), dtype=np.uint8)
+
+    def batch(high: int) -> None:
+        which, rows = rng.integers(0, 4, 4), rng.integers(0, high, 4)
+        read_rows_of(readers, which, rows, out)
+        np.testing.assert_array_equal(out, np.stack([data[w][r] for w, r in zip(which, rows)]))
+
+    for _ in range(40):
+        batch(1024)
+    assert cache.hit_rate < 0.1
+    admitted = cache._batch
+    for _ in range(160):
+        batch(1024)
+    assert cache._batch - admitted == 10  # one batch in 16, not every one
+    for _ in range(200):
+        batch(32)  # 4 chunks of each store: admitted again, then served from the cache
+    assert cache.hit_rate > 0.9
+    decoded = sum(r.stats["decoded"] for r in readers)
+    for _ in range(20):
+        batch(32)
+    assert sum(r.stats["decoded"] for r in readers) == decoded
 
 
 def test_a_cache_that_holds_a_share_of_its_array_always_admits(tmp_path):

@@ -61,14 +61,40 @@ _IO_THREADS = 4
 # at frame stack 4 needs about 36 MB); a larger batch gets memory of its own.
 _SCRATCH_KEPT = 64 << 20
 _scratch_local = threading.local()
-# The admission policy (ChunkReader._admits): a cache that holds at most 1/_ADMIT_SHARE of
-# the array's chunks stops admitting misses while its recent hit rate (an exponential
-# average of batches, weight _HIT_RATE_WEIGHT) is under _ADMIT_HIT_RATE, except in one
-# batch of _ADMIT_EVERY.
-_ADMIT_SHARE = 8
-_ADMIT_HIT_RATE = 0.1
-_HIT_RATE_WEIGHT = 0.1
-_ADMIT_EVERY = 16
+
+
+def read_passing(
+    cache: ChunkCache | None,
+    keys: np.ndarray,
+    inverse: np.ndarray,
+    within: np.ndarray,
+    decode: Callable[[list[int], list[np.ndarray]], None],
+    out: np.ndarray,
+    chunk_shape: tuple[int, ...],
+) -> int:
+    """Rows of chunks ``keys`` into ``out``, none of them taken into the cache.
+
+    Row ``i`` is row ``within[i]`` of chunk ``keys[inverse[i]]``. The chunks ``cache``
+    holds are copied from it, the others decoded by ``decode(keys, dests)`` into this
+    thread's scratch buffer for this batch only. The recent hit rate of the cache is
+    told of the hits (:meth:`~atari_zarr.read.chunk_cache.ChunkCache.note_hits`), which
+    are returned.
+    """
+    buf = _scratch((len(keys), *chunk_shape), out.dtype)
+    todo = np.arange(len(keys))
+    if cache is not None:
+        with cache.lock:
+            slot = cache.lookup(keys)
+            for k in np.flatnonzero(slot >= 0).tolist():
+                buf[k] = cache.slab[slot[k]]  # type: ignore[index]
+            todo = np.flatnonzero(slot < 0)
+            cache.note_hits(len(keys) - len(todo), len(keys))
+    decode(keys[todo].tolist(), [buf[k] for k in todo.tolist()])
+    rows = chunk_shape[0]
+    np.take(
+        buf.reshape(-1, *chunk_shape[1:]), inverse * rows + within, axis=0, out=out, mode="clip"
+    )
+    return len(keys) - len(todo)
 
 
 def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -160,10 +186,6 @@ class ChunkReader:
         self.threads = max(1, threads or options.threads or cpu_count())
         self.decode_ahead = decode_ahead
         self._stats = {"hits": 0, "fetched_ahead": 0, "decoded_ahead": 0}
-        # the admission policy's evidence: batches read at random, the recent hit rate
-        # (optimistic at first, so a fresh cache fills until its lookups say otherwise)
-        self._batches = 0
-        self._hit_rate = 1.0
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -204,7 +226,7 @@ class ChunkReader:
                 if self._cache_group is None
                 else shared_cache(self._cache_group, g.chunk_shape, g.dtype)
             )
-            self._token = cache.register(limit)
+            self._token = cache.register(limit, g.n_chunks)
             self._cache = cache
             self._leave = weakref.finalize(self, cache.release, self._token)
         self._cache_pid = os.getpid()
@@ -293,60 +315,24 @@ class ChunkReader:
             uniq, inverse = np.unique(cids, return_inverse=True)
             within = rows - cids * cr
             cache = self._cache
-            if cache is not None:
+            if cache is None:
+                keys = uniq
+            else:
+                keys = chunk_keys(self._token, uniq)
                 with cache.lock:
-                    if len(uniq) <= cache.room() and self._admits(cache.n_slots):
+                    if len(uniq) <= cache.room() and cache.admits():
                         slots = self._cached_slots(uniq)
-                        self._note_hits(len(uniq) - cache.last_misses, len(uniq))
+                        cache.note_hits(len(uniq) - cache.last_misses, len(uniq))
                         assert cache.slab is not None
                         flat = cache.slab.reshape(-1, *g.row_shape)
                         # mode='clip': numpy buffers ``out`` with the default mode
                         np.take(flat, slots[inverse] * cr + within, axis=0, out=out, mode="clip")
                         return out
-            # More chunks than half the cache, or misses the cache does not admit: they
-            # are decoded into scratch for this batch only.
-            buf = _scratch((len(uniq), *g.chunk_shape), g.dtype)
-            todo = list(range(len(uniq)))
-            if cache is not None:
-                with cache.lock:
-                    slot = cache.lookup(chunk_keys(self._token, uniq))
-                    for k in np.flatnonzero(slot >= 0).tolist():
-                        buf[k] = cache.slab[slot[k]]  # type: ignore[index]
-                todo = np.flatnonzero(slot < 0).tolist()
-                self._stats["hits"] += len(uniq) - len(todo)
-                self._note_hits(len(uniq) - len(todo), len(uniq))
-            self._decode_into([int(uniq[k]) for k in todo], [buf[k] for k in todo])
-            np.take(
-                buf.reshape(-1, *g.row_shape), inverse * cr + within, axis=0, out=out, mode="clip"
+            # More chunks than half the cache, or misses the cache does not admit.
+            self._stats["hits"] += read_passing(
+                cache, keys, inverse, within, self.decode_keys, out, g.chunk_shape
             )
             return out
-
-    def _admits(self, cache_slots: int) -> bool:
-        """Whether this batch's misses enter the cache (the admission policy).
-
-        A cache that can hold at most an eighth of the array's chunks, and whose lookups
-        have lately hit less than one in ten, gains nothing from more chunks: a run far
-        larger than the cache read at random hits it about as often as the share it
-        holds (2% for a whole run on a 24 GB machine). Admitting would only cost the
-        cache's upkeep, and the page faults of its slots while it grows (a whole run's
-        5.9 GiB cache took minutes to fill, at half the rate). Its misses are then
-        decoded for the batch only. One batch in :data:`_ADMIT_EVERY` still admits its
-        misses, so reads that come back to the same rows raise the hit rate and the
-        cache fills again.
-        """
-        self._batches += 1
-        g = self.grid
-        assert g is not None
-        return (
-            cache_slots * _ADMIT_SHARE > g.n_chunks
-            or self._hit_rate >= _ADMIT_HIT_RATE
-            or self._batches % _ADMIT_EVERY == 0
-        )
-
-    def _note_hits(self, hits: int, looked_up: int) -> None:
-        """Fold one batch's hits into the recent hit rate (an exponential average)."""
-        if looked_up:
-            self._hit_rate += _HIT_RATE_WEIGHT * (hits / looked_up - self._hit_rate)
 
     def decode_chunks(self, cids: Sequence[int]) -> list[np.ndarray]:
         """Whole decoded chunks ``cids`` (not cached), each ``(chunk_rows, *row_shape)``."""
@@ -670,12 +656,16 @@ def read_rows_of(
                 by_token[t]._decode_into(cids[sel].tolist(), [dests[i] for i in sel])
 
         with cache.lock:
-            if len(uniq) <= cache.room():
+            if len(uniq) <= cache.room() and cache.admits():
                 slots = cache.slots(uniq, decode)
+                cache.note_hits(len(uniq) - cache.last_misses, len(uniq))
                 assert cache.slab is not None
                 flat = cache.slab.reshape(-1, *g.row_shape)
                 np.take(flat, slots[inverse] * cr + rows % cr, axis=0, out=out, mode="clip")
                 return out
+        # more chunks than half the cache, or misses the cache does not admit
+        read_passing(cache, uniq, inverse, rows % cr, decode, out, g.chunk_shape)
+        return out
     for k in touched:
         sel = np.flatnonzero(which == k)
         out[sel] = readers[k].read(rows[sel])
