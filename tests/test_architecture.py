@@ -140,7 +140,6 @@ def test_outside_sources_a_kind_is_reached_through_the_registry():
                 "sources.registry",
                 "sources.kind",
                 "sources.dqn_replay.emulator",
-                
             ):
                 wrong.append(f"{name} imports {dep}")
     assert not wrong, wrong
@@ -171,3 +170,62 @@ def test_light_modules_import_no_converter_dask_or_torch(module: str) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout
+
+
+#: ``read/``'s inner floors as docs/architecture.md draws them, top down: a module imports
+#: the modules of the lines below its own, and of its own line those to its right.
+READ_LINES = [
+    ["mixing", "dataset", "windows", "core"],
+    ["stream", "units", "pending", "store"],
+    ["columns", "chunks", "engine", "batch"],
+    ["options", "chunk_cache", "pool", "consumer", "epoch", "items", "indexing", "mixture"],
+]
+
+
+def _read_modules() -> dict[str, set[str]]:
+    return {
+        name.removeprefix("read."): {d.removeprefix("read.") for d in deps if d.startswith("read.")}
+        for name, deps in modules().items()
+        if name.startswith("read.")
+    }
+
+
+def test_read_imports_point_down_its_inner_floors():
+    """Within ``read/``, every import points down the lines of its picture (or right
+    along a line), and every module of ``read/`` is on one of them."""
+    place = {m: (row, col) for row, line in enumerate(READ_LINES) for col, m in enumerate(line)}
+    graph = _read_modules()
+    assert set(graph) == set(place), set(graph) ^ set(place)
+    wrong = [
+        f"read.{name} imports read.{dep}"
+        for name, deps in graph.items()
+        for dep in deps
+        if not (
+            place[dep][0] > place[name][0]
+            or (place[dep][0] == place[name][0] and place[dep][1] > place[name][1])
+        )
+    ]
+    assert not wrong, wrong
+
+
+def test_the_read_picture_and_table_match_the_imports():
+    """docs/architecture.md draws ``read/``'s lines as READ_LINES has them, and its table
+    lists, for each module of ``read/``, exactly the modules of ``read/`` it imports."""
+    import re
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "architecture.md").read_text()
+    for line in READ_LINES:
+        drawn = " ─► ".join(line[:3]) if line[0] != "options" else " ".join(line)
+        assert drawn in doc, drawn
+    section = doc[doc.index("## `read/`") :]
+    graph = _read_modules()
+    wrong = []
+    for row in section.splitlines():
+        m = re.match(r"^\| `(\w+)` \| .* \| (.*) \|$", row)
+        if not m or m.group(1) not in graph:
+            continue
+        listed = set(re.findall(r"`(\w+)`", m.group(2))) & set(graph)
+        if listed != graph[m.group(1)]:
+            name = m.group(1)
+            wrong.append(f"{name}: table {sorted(listed)}, imports {sorted(graph[name])}")
+    assert not wrong, wrong

@@ -191,13 +191,14 @@ def test_game_ids_come_from_the_sorted_names_whatever_the_order() -> None:
     assert again[0] == names and again[1].tolist() == [1, 0, 2]
 
 
-def test_the_stores_of_a_mixture_share_one_memory_budget(tmp_path: Path) -> None:
+@pytest.mark.parametrize("budget", ["20%", 64 << 20], ids=["share", "bytes"])
+def test_the_stores_of_a_mixture_share_one_memory_budget(tmp_path: Path, budget) -> None:
     """Decoded frames and kept encoded bytes: the dataset's bound, divided among its
-    stores, not paid once per store."""
+    stores, not paid once per store, whether it is a share of memory or bytes."""
     from atari_zarr import ReadOptions
 
     urls = [write_store(str(tmp_path / f"s{g}.zarr"), 50, seed=g) for g in range(4)]
-    options = ReadOptions(frame_cache_bytes="20%", kept_bytes=64 << 20)
+    options = ReadOptions(frame_cache_bytes=budget, kept_bytes=64 << 20)
     mix = MultiGameDataset(urls, options=options)
     one = AtariZarrDataset(urls[0], options=options)
     for store in mix._stores:

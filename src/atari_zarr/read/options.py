@@ -136,6 +136,8 @@ class ReadOptions:
         >>> one = ReadOptions(kept_bytes=64 << 20).divided(4)
         >>> one.frame_cache_bytes, one.kept_bytes == 16 << 20, one.cache_group is not None
         ('6.25%', True, True)
+        >>> ReadOptions(frame_cache_bytes=1 << 30).divided(4).frame_cache_bytes == 1 << 28
+        True
         """
         if parts <= 1:
             return self
@@ -147,6 +149,8 @@ class ReadOptions:
         if isinstance(value, str):
             self.frame_cache_limit()  # checked
             changes["frame_cache_bytes"] = f"{float(value.strip()[:-1]) / parts!r}%"
+        else:
+            changes["frame_cache_bytes"] = self.frame_cache_limit() // parts
         return self.replace(**changes)
 
     def replace(self, **changes: Any) -> ReadOptions:
