@@ -764,8 +764,9 @@ def _check_source(
     a run pulled whole is whole, and a part has every checkpoint it names."""
     from atari_zarr.sources.registry import get_kind
 
+    kind = get_kind("rl-unplugged")
     try:
-        [run] = get_kind("rl-unplugged").find_runs(
+        [run] = kind.find_runs(
             game_url, runs=[request.run], storage_options=options, timeout=timeout
         )
     except FileNotFoundError:
@@ -775,7 +776,8 @@ def _check_source(
     missing = [i for i in needed if i not in present]
     if not missing:
         return
-    name = join(redact(game_url), f"run_{request.run}-{missing[0]:05d}-of-{game.shards:05d}")
+    assert kind.part_file is not None
+    name = join(redact(game_url), kind.part_file(request.run, missing[0], game.shards))
     more = f" (and {len(missing) - 1} more of its {len(needed)})" if len(missing) > 1 else ""
     there = [i for i in needed if i in present]
     advice = f"read the run from a mirror that holds it (mirrors= or ${MIRRORS_ENV})"
@@ -845,7 +847,11 @@ def source_sizes(
     timeout: Timeout = "default",
 ) -> dict[tuple[str, str], int]:
     """Bytes of every run of ``games`` at ``source``, listed (one request per game)."""
+    from atari_zarr.sources.registry import get_kind
     from atari_zarr.storage.filesystem import get_fs
+
+    run_of = get_kind("rl-unplugged").run_of_file
+    assert run_of is not None
 
     out: dict[tuple[str, str], int] = {}
     for game in games:
@@ -858,10 +864,9 @@ def source_sizes(
             continue
         for entry in entries:
             name = str(entry.get("name", "")).rstrip("/").rsplit("/", 1)[-1]
-            match = re.match(r"^run_(\d+)-\d{5}-of-\d{5}$", name)
-            if match and entry.get("size") is not None:
-                key = (game, str(int(match[1])))
-                out[key] = out.get(key, 0) + int(entry["size"])
+            run = run_of(name)
+            if run is not None and entry.get("size") is not None:
+                out[(game, run)] = out.get((game, run), 0) + int(entry["size"])
     return out
 
 

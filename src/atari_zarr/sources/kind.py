@@ -212,6 +212,12 @@ class SourceKind:
     #: Record ``--source-kind`` in the store's command (DQN Replay stores, which
     #: predate kinds, do not).
     command_names_kind: bool = True
+    #: ``(run, index, total) -> name``: the file of part ``index`` of ``total`` of a run,
+    #: for kinds whose parts are files named so (RL Unplugged's shards); the one
+    #: spelling of the name, which the pull uses to name a part a source lacks.
+    part_file: Callable[[str | int, int, int], str] | None = None
+    #: ``(name) -> run or None``: the run a file of the kind belongs to, by its name.
+    run_of_file: Callable[[str], str | None] | None = None
 
     @property
     def scans(self) -> bool:

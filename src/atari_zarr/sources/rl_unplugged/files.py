@@ -40,6 +40,7 @@ __all__ = [
     "is_shard_name",
     "presets",
     "shard_name",
+    "shard_run",
 ]
 
 log = logging.getLogger("atari_zarr")
@@ -56,6 +57,18 @@ def shard_name(run: str | int, index: int, total: int) -> str:
     'run_1-00003-of-00050'
     """
     return f"run_{run}-{index:05d}-of-{total:05d}"
+
+
+def shard_run(name: str) -> str | None:
+    """The run of shard file ``name`` (no directory), None when it is not one.
+
+    Examples
+    --------
+    >>> shard_run("run_2-00049-of-00050"), shard_run("replay_logs")
+    ('2', None)
+    """
+    match = _SHARD_RE.match(name)
+    return None if match is None else str(int(match["run"]))
 
 
 def is_shard_name(name: str) -> bool:

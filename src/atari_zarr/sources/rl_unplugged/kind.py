@@ -196,4 +196,6 @@ KIND = SourceKind(
     scan=_rlu_scan,
     scan_fields=(*RECORD_FIELDS, "index"),
     scans_needed=_rlu_scans_needed,
+    part_file=files.shard_name,
+    run_of_file=files.shard_run,
 )
