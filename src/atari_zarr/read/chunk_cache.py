@@ -119,9 +119,8 @@ class ChunkCache:
         #: Chunks the last :meth:`slots` decoded.
         self.last_misses = 0
         self._limits: dict[int, int] = {}
-        #: Chunks of each reader's array, and their sum: what the cache is a share of.
+        #: Chunks of each reader's array: the cache is a share of their sum.
         self._chunks: dict[int, int] = {}
-        self.chunks_behind = 0
         #: The admission policy's evidence: batches asked about, the recent hit rate
         #: (optimistic at first, so a fresh cache fills until its lookups say otherwise).
         self.hit_rate = 1.0
@@ -148,7 +147,6 @@ class ChunkCache:
             self._next_token += 1
             self._limits[token] = int(nbytes)
             self._chunks[token] = int(chunks)
-            self.chunks_behind += int(chunks)
             self._resize()
             return token
 
@@ -157,7 +155,7 @@ class ChunkCache:
         with self.lock:
             if self._limits.pop(token, None) is None:
                 return
-            self.chunks_behind -= self._chunks.pop(token, 0)
+            self._chunks.pop(token, None)
             self._evict(np.flatnonzero((self._key_of >> TOKEN_SHIFT) == token))
             self._resize()
 
@@ -176,6 +174,22 @@ class ChunkCache:
     def _drain(self) -> None:
         while self._gone:
             self.unregister(self._gone.pop())
+
+    @property
+    def chunks_behind(self) -> int:
+        """Chunks of all its readers' arrays together."""
+        return sum(self._chunks.values())
+
+    def admitted_slots(self, keys: np.ndarray, decode: Decode) -> np.ndarray | None:
+        """:meth:`slots` of the chunks ``keys`` when they fit (:meth:`room`) and the
+        admission policy takes this batch's misses in (:meth:`admits`), the hits then
+        noted (:meth:`note_hits`); None otherwise, for the caller to decode them in
+        passing."""
+        if len(keys) > self.room() or not self.admits():
+            return None
+        slots = self.slots(keys, decode)
+        self.note_hits(len(keys) - self.last_misses, len(keys))
+        return slots
 
     def admits(self) -> bool:
         """Whether this batch's misses enter the cache (the admission policy).

@@ -320,9 +320,9 @@ class ChunkReader:
             else:
                 keys = chunk_keys(self._token, uniq)
                 with cache.lock:
-                    if len(uniq) <= cache.room() and cache.admits():
-                        slots = self._cached_slots(uniq)
-                        cache.note_hits(len(uniq) - cache.last_misses, len(uniq))
+                    slots = cache.admitted_slots(keys, self.decode_keys)
+                    if slots is not None:
+                        self._stats["hits"] += len(uniq) - cache.last_misses
                         assert cache.slab is not None
                         flat = cache.slab.reshape(-1, *g.row_shape)
                         # mode='clip': numpy buffers ``out`` with the default mode
@@ -656,9 +656,8 @@ def read_rows_of(
                 by_token[t]._decode_into(cids[sel].tolist(), [dests[i] for i in sel])
 
         with cache.lock:
-            if len(uniq) <= cache.room() and cache.admits():
-                slots = cache.slots(uniq, decode)
-                cache.note_hits(len(uniq) - cache.last_misses, len(uniq))
+            slots = cache.admitted_slots(uniq, decode)
+            if slots is not None:
                 assert cache.slab is not None
                 flat = cache.slab.reshape(-1, *g.row_shape)
                 np.take(flat, slots[inverse] * cr + rows % cr, axis=0, out=out, mode="clip")
