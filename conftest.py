@@ -32,7 +32,7 @@ os.environ["STORAGE_EMULATOR_HOST"] = "http://127.0.0.1:9"
 def doctest_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """One fixture run and its store, made once for every docstring example."""
     from atari_zarr import convert
-    from atari_zarr.testing import write_fixture_run
+    from atari_zarr_testkit import write_fixture_run
 
     source = tmp_path_factory.mktemp("doctest-source")
     dest = tmp_path_factory.mktemp("doctest-stores")

@@ -37,8 +37,8 @@ CACHE_DIR = Path(__file__).resolve().parent / ".cache"
 
 
 def _make_env(game: str):
-    import gymnasium
     import ale_py
+    import gymnasium
 
     # gymnasium >= 1.0 no longer auto-discovers ALE envs via entry points:
     # importing ale_py registers the "ALE/" namespace; register_envs is a no-op

@@ -30,12 +30,12 @@ from pathlib import Path
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import fsspec
+from atari_zarr_testkit import write_fixture_run
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import convert
 from atari_zarr.read.mixing import MultiGameDataset
 from atari_zarr.storage.catalog import complete_stores, list_stores, write_catalog
-from atari_zarr.testing import write_fixture_run
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 BUCKET = "bench-catalog"
 GAMES = ["Pong", "Breakout", "Asterix", "Seaquest", "Qbert", "SpaceInvaders"]

@@ -11,7 +11,7 @@
    ``bench_rlu_decode.libpng_encode``; ``--png fixture`` uses the fixtures'
    ``encode_frame`` instead). ``--shards`` shards of ``--shard-steps`` Example steps each
    are written as ``{Game}/run_1-0000i-of-0000N`` with the package's fixture writer
-   (``encode_episode``, ``atari_zarr.testing.rl_unplugged.write_shard``: TFRecord framing,
+   (``encode_episode``, ``atari_zarr_testkit.rl_unplugged.write_shard``: TFRecord framing,
    masked CRC-32C, GZIP level 6, as ``TFRecordWriter(options="GZIP")`` writes them).
    Episodes are 1,000-3,000 steps (about the dataset's mean of 2,000), terminal, of
    consecutive frames (the recording is read in order, wrapping round). Built once under
@@ -89,8 +89,9 @@ def _lengths(rng: np.random.Generator, total: int) -> list[int]:
 def build_source(root: Path, games: list[str], shards: int, shard_steps: int, record: int,
                  png: str, seed: int = 0) -> dict[str, Any]:
     """Write the shards (once); return what was written."""
+    from atari_zarr_testkit.rl_unplugged import shard_name, write_shard
+
     from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode
-    from atari_zarr.testing.rl_unplugged import shard_name, write_shard
 
     stamp = root / "built.json"
     want = {"format": FORMAT, "games": games, "shards": shards, "shard_steps": shard_steps,

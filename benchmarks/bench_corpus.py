@@ -73,8 +73,9 @@ def gzip_npy_bytes(frames: np.ndarray) -> int:
 
 def build_store(root: Path, game: str, frames: np.ndarray) -> Path:
     """Our store of ``frames``, converted from a DQN Replay run of them (cached)."""
+    from atari_zarr_testkit import write_fixture_run
+
     from atari_zarr import convert
-    from atari_zarr.testing import write_fixture_run
 
     store = root / "zarr" / game / "1.zarr"
     if (root / "built").exists():

@@ -133,9 +133,9 @@ def _child(args: list[str]) -> dict[str, Any]:
 
 def remote_rows(root: Path, sizes: list[int], delay: float, batches: int) -> list[dict[str, Any]]:
     import fsspec
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
     from atari_zarr.storage.catalog import write_catalog
-    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
     rows = []
     most = max(sizes)

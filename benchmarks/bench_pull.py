@@ -43,6 +43,8 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import gcsfs
 import numpy as np
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
+from atari_zarr_testkit.rl_unplugged import read_shard_records
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.pull import Request, resolve
@@ -50,8 +52,6 @@ from atari_zarr.record.rl_unplugged import Played, played_episodes, shard_name, 
 from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode
 from atari_zarr.sources.rl_unplugged.png import encode_frame
 from atari_zarr.subsets import Subset
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
-from atari_zarr.testing.rl_unplugged import read_shard_records
 
 CACHE = Path(__file__).parent / ".cache"
 

@@ -67,10 +67,10 @@ def build(root: Path, steps: int, game: str = "Pong") -> dict:
         return json.loads(done.read_text())
     import torch  # noqa: F401  (torchrl needs it first)
     from ale_frames import record_frames
+    from atari_zarr_testkit import write_fixture_run
     from read_benchmark import torchrl_storage
 
     from atari_zarr import convert
-    from atari_zarr.testing import write_fixture_run
 
     shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
@@ -132,12 +132,19 @@ def build_large(root: Path, steps: int, game: str = "Pong") -> dict:
     import torch  # noqa: F401
     import zarr
     from ale_frames import CACHE_DIR, record_frames
+    from atari_zarr_testkit import write_fixture_run
     from torchrl.data.datasets.atari_dqn import AtariDQNExperienceReplay
 
     from atari_zarr.layout import (
-        ACTION, EPISODE, REWARD, SOURCE_ROW, TERMINATED, TRUNCATED, create_store, mark_complete,
+        ACTION,
+        EPISODE,
+        REWARD,
+        SOURCE_ROW,
+        TERMINATED,
+        TRUNCATED,
+        create_store,
+        mark_complete,
     )
-    from atari_zarr.testing import write_fixture_run
 
     root.mkdir(parents=True, exist_ok=True)
     recorded = record_frames(game, 20_000, seed=0)

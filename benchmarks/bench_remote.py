@@ -40,13 +40,13 @@ from pathlib import Path
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import numpy as np
+from atari_zarr_testkit import write_fixture_run
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import convert
 from atari_zarr.layout import ARRAYS, OBSERVATION
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.testing import write_fixture_run
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 BUCKET = "bench-remote"
 

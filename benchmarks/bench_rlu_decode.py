@@ -391,9 +391,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         decode_loop(args.decode_loop[0], int(args.decode_loop[1]), args.games, args.frames)
         return {}
 
+    from atari_zarr_testkit.rl_unplugged import write_shard
+
     from atari_zarr.sources.rl_unplugged.example import encode_episode
     from atari_zarr.sources.rl_unplugged.png import encode_frame
-    from atari_zarr.testing.rl_unplugged import write_shard
 
     report: dict[str, Any] = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",

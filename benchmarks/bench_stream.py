@@ -16,7 +16,7 @@ What it measures, in transitions per second (each transition with its next obser
   ``benchmarks/read_benchmark.py``), our ``sample(256)``, a sequential scan of our
   store, and one epoch of ``AtariZarrDataset.stream(256)``;
 * **remote**: the store uploaded to fake-gcs-server on 127.0.0.1, read through
-  :class:`atari_zarr.testing.proxy.CountingProxy` holding every request for a fixed
+  :class:`atari_zarr_testkit.proxy.CountingProxy` holding every request for a fixed
   delay (one round trip per HTTP request: 0, 20 and 50 ms): random batches of 256
   without and with prefetch, and one epoch of the stream, with the time to the first
   batch, the bytes fetched against the store's size, the requests and the time each
@@ -311,9 +311,9 @@ def remote_figures(
     ranks: int,
 ) -> dict[str, Any]:
     import fsspec
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
     from atari_zarr import AtariZarrDataset
-    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
     out: dict[str, Any] = {}
     n = meta["n"]

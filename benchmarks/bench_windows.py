@@ -248,8 +248,7 @@ def baseline(kzl: str, python: str, dqn_run: Path, steps: int, seconds: float) -
 # -- remote ---------------------------------------------------------------------------------------
 def remote(store: Path, seconds: float) -> dict[str, Any]:
     import fsspec
-
-    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
     out: dict[str, Any] = {}
     with FakeGCSServer() as srv:

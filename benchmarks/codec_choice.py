@@ -42,9 +42,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import numcodecs
 import numcodecs.blosc as blosc
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ale_frames import record_frames  # noqa: E402

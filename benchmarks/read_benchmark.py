@@ -10,7 +10,7 @@ One command::
 What is built, all from the same transitions, under a temporary directory:
 
 * DQN Replay checkpoint files (gzip -9, as dopamine writes them) written by
-  ``atari_zarr.testing.write_fixture_run`` from real ALE frames (random-policy
+  ``atari_zarr_testkit.write_fixture_run`` from real ALE frames (random-policy
   Pong recorded by ``benchmarks/ale_frames.py``; the full size cycles 20,000
   recorded frames), with episode lengths drawn from 500-2,500 steps;
 * our store, by ``atari_zarr.convert`` of those files;
@@ -90,9 +90,9 @@ def torchrl_storage(logs: Path, path: Path) -> float:
 def build(work: Path, game: str, steps: int, capacity: int) -> dict:
     import torch  # noqa: F401  (torchrl needs it first)
     from ale_frames import record_frames
+    from atari_zarr_testkit import write_fixture_run
 
     from atari_zarr import convert
-    from atari_zarr.testing import write_fixture_run
 
     recorded = record_frames(game, min(steps, 20_000), seed=0)
     rng = np.random.default_rng(0)

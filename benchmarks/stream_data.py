@@ -12,7 +12,7 @@ the same operations, which is about three times faster than through the wrappers
 ``build_run(...)`` records several seeds in parallel processes, concatenates them and
 writes everything the stream benchmark reads, cached under ``benchmarks/.cache/``:
 
-* DQN Replay checkpoint files (``atari_zarr.testing.write_fixture_run``, real frames,
+* DQN Replay checkpoint files (``atari_zarr_testkit.write_fixture_run``, real frames,
   actions and episode lengths),
 * our store (``atari_zarr.convert`` of those files),
 * TorchRL's AtariDQN storage (TorchRL's own ``_preproc_run`` per checkpoint, as
@@ -153,9 +153,9 @@ def build_run(
     del plays
 
     import torch  # noqa: F401  (torchrl needs it first)
+    from atari_zarr_testkit import write_fixture_run
 
     from atari_zarr import convert
-    from atari_zarr.testing import write_fixture_run
 
     if root.exists():
         shutil.rmtree(root)

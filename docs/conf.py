@@ -76,7 +76,17 @@ html_theme_options = {
     "show_toc_level": 2,
     "footer_start": ["copyright"],
     "footer_end": [],
+    # the header holds the sections of the root toctree, all of them: no "More" menu
+    "header_links_before_dropdown": 8,
+    "navbar_align": "left",
+    # the left sidebar shows the current section's pages, from its first level down
+    "show_nav_level": 1,
+    "navigation_depth": 2,
 }
-html_static_path: list[str] = []
+html_static_path = ["_static"]
+# code wraps instead of being cut, and the article takes the width the sidebars leave
+html_css_files = ["atari_zarr.css"]
+# search ranks the guides first (a migration guide for the name of the class it replaces)
+html_search_scorer = str(HERE / "_static" / "scorer.js")
 templates_path = ["_templates"]
 html_show_sourcelink = False

@@ -19,7 +19,16 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
     "$VPY" -m pip install --quiet "torch==2.13.0"
 fi
 "$VPY" -m pip install --quiet -e ".[${extras}]"
-# the test extras also need a browser (the episode player's tests): Debian's chromium
+# the test kit (tests/kit: fixture runs, loopback servers), for the tests, benchmarks and
+# notebook of this repository; it is not part of the atari-zarr wheel
+"$VPY" -m pip install --quiet --no-deps -e tests/kit
+# the test extras also need a browser (the episode player's tests): Debian's chromium, and
+# the wheels of the TorchRL drop-in's install, which tests/test_wheel.py puts into a fresh
+# venv with --no-index (the test itself talks only to loopback)
 if [ "$extras" = "test" ]; then
     bash scripts/chromium.sh
+    if [ ! -f .wheelhouse/complete ]; then
+        "$VPY" -m pip download --quiet --dest .wheelhouse "torch==2.13.0" ".[torchrl]"
+        rm -f .wheelhouse/atari_zarr-* && touch .wheelhouse/complete
+    fi
 fi

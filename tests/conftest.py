@@ -1,4 +1,4 @@
-"""Shared fixtures: fixture runs written by atari_zarr.testing, and their stores.
+"""Shared fixtures: fixture runs written by atari_zarr_testkit, and their stores.
 
 The Pong/1 fixture run is written once per session (``pong_source``) and converted
 once per session (``pong_store``); tests that only read share them. A test that
@@ -15,10 +15,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from atari_zarr_testkit import FixtureRun, Truth, write_fixture_run
 from hypothesis import settings
 
 from atari_zarr import ConvertedStore, convert
-from atari_zarr.testing import FixtureRun, Truth, write_fixture_run
 
 # Property tests draw the same examples on every run and keep no database of past
 # failures, so the suite gives the same result every time. HYPOTHESIS_PROFILE=explore
@@ -118,8 +118,8 @@ class PublicCopy:
 def rlu_public(tmp_path_factory: pytest.TempPathFactory):
     """The public copy (see :class:`PublicCopy`), once per session."""
     gcsfs = pytest.importorskip("gcsfs")
-    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
-    from atari_zarr.testing.rl_unplugged import upload_public_layout, write_fixture_rlu
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
+    from atari_zarr_testkit.rl_unplugged import upload_public_layout, write_fixture_rlu
 
     src = tmp_path_factory.mktemp("rlu-public")
     with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:

@@ -57,8 +57,8 @@ def modules() -> dict[str, set[str]]:
         rel = path.relative_to(ROOT).with_suffix("")
         parts = [p for p in rel.parts if p != "__init__"]
         name = ".".join(parts)
-        if not name or name.startswith("testing"):
-            continue  # the package root and the test kit stand aside
+        if not name:
+            continue  # the package root
         found = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if (
@@ -86,13 +86,7 @@ def test_imports_point_down_the_floors():
         for dep in deps:
             if (name, dep) in ALLOWED:
                 continue
-            if dep.startswith("testing") and not name.startswith("testing"):
-                wrong.append(f"{name} imports the test kit {dep}")
-            elif (
-                (name, dep) not in ALLOWED
-                and not dep.startswith("testing")
-                and floor(dep) > floor(name)
-            ):
+            if floor(dep) > floor(name):
                 wrong.append(f"{name} (floor {floor(name)}) imports {dep} (floor {floor(dep)})")
             elif (
                 floor(dep) == floor(name) == PATHS
@@ -101,6 +95,27 @@ def test_imports_point_down_the_floors():
             ):
                 wrong.append(f"{name} imports {dep}, another path through a store")
     assert not wrong, wrong
+
+
+def test_the_package_holds_no_test_kit():
+    """The test kit lives with the tests (``tests/kit``): nothing in ``src/`` names it,
+    not even a doctest, and no test server, proxy or fault injector is in the package."""
+    named = [
+        str(path.relative_to(ROOT))
+        for path in ROOT.rglob("*.py")
+        if "import atari_zarr_testkit" in path.read_text()
+        or "from atari_zarr_testkit" in path.read_text()
+    ]
+    assert not named, named
+    assert not (ROOT / "testing").exists()
+    kit = {"FakeGCSServer", "CountingProxy", "MotoS3Server", "LocalStore.set ="}
+    found = [
+        f"{path.relative_to(ROOT)}: {word}"
+        for path in ROOT.rglob("*.py")
+        for word in kit
+        if word in path.read_text()
+    ]
+    assert not found, found
 
 
 def test_no_import_cycles():

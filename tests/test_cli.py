@@ -9,12 +9,12 @@ import sys
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit.gcs import FakeGCSServer
 
 from atari_zarr import AtariZarrDataset
 from atari_zarr.cli import main
 from atari_zarr.layout import FINAL_OBSERVATION, UNCLIPPED_REWARD, create_store
 from atari_zarr.storage.remote import open_zarr_store
-from atari_zarr.testing.gcs import FakeGCSServer
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

@@ -16,10 +16,9 @@ from typing import Any
 
 import fsspec
 import pytest
-
-from atari_zarr.testing.gcs import FakeGCSServer
-from atari_zarr.testing.ports import fresh_port
-from atari_zarr.testing.s3 import ACCESS_KEY, SECRET_KEY, MotoS3Server
+from atari_zarr_testkit.gcs import FakeGCSServer
+from atari_zarr_testkit.ports import fresh_port
+from atari_zarr_testkit.s3 import ACCESS_KEY, SECRET_KEY, MotoS3Server
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from atari_zarr_testkit import FixtureRun
+
 from atari_zarr import AtariZarrDataset, ConvertedStore
 from atari_zarr.layout import REWARD
-from atari_zarr.testing import FixtureRun
 
 
 def test_pong_run_is_a_private_copy_of_the_shared_run(

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import write_fixture_run
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.episodes import checkpoint_summary
 from atari_zarr.layout import ATTRS_KEY, SOURCE_ROW
-from atari_zarr.testing import write_fixture_run
 from atari_zarr.verify import verify_store
 
 

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from atari_zarr_testkit.rl_unplugged import replace_record, write_fixture_rlu
 
 from atari_zarr import convert
 from atari_zarr.cli import main
@@ -13,7 +14,6 @@ from atari_zarr.errors import AtariZarrError, StoreFormatError, StoreNotFoundErr
 from atari_zarr.info import format_info, format_store_list, open_store_group, store_info
 from atari_zarr.layout import FINAL_OBSERVATION
 from atari_zarr.sources.rl_unplugged.example import encode_episode
-from atari_zarr.testing.rl_unplugged import replace_record, write_fixture_rlu
 
 
 def test_open_store_group_errors_are_ours(tmp_path: Path) -> None:

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-
-from atari_zarr.testing.browser import HeadlessChromium, find_chromium
+from atari_zarr_testkit.browser import HeadlessChromium, find_chromium
 
 NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.ipynb"))
 

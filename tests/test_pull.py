@@ -18,6 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import store_files
+from atari_zarr_testkit.pause import pause_command
+from atari_zarr_testkit.ports import fresh_port
+from atari_zarr_testkit.rl_unplugged import read_shard_records
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.errors import (
@@ -38,10 +42,6 @@ from atari_zarr.pull import (
     resolve,
 )
 from atari_zarr.subsets import Subset
-from atari_zarr.testing import store_files
-from atari_zarr.testing.pause import pause_command
-from atari_zarr.testing.ports import fresh_port
-from atari_zarr.testing.rl_unplugged import read_shard_records
 
 pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
@@ -265,9 +265,9 @@ def test_a_corrupt_shard_names_shard_and_record_and_nothing_is_complete(
     """A damaged record: one line naming the shard and the record; the store in the cache
     stays unfinished (never complete); once the shard is whole again, the pull resumes."""
     import gcsfs
+    from atari_zarr_testkit.rl_unplugged import corrupt_record_byte
 
     from atari_zarr.storage.catalog import store_state
-    from atari_zarr.testing.rl_unplugged import corrupt_record_byte
 
     server = public_copy.server
     server.create_bucket("broken")
@@ -295,7 +295,7 @@ def test_a_corrupt_shard_names_shard_and_record_and_nothing_is_complete(
 
 @pytest.mark.slow
 def test_a_full_disk_is_one_line_and_the_same_pull_resumes(public_copy, tmp_path):
-    from atari_zarr.testing.faults import full_disk_after
+    from atari_zarr_testkit.faults import full_disk_after
 
     request = Request.parse("Asterix/1")
     with full_disk_after(2), pytest.raises(StoreWriteError) as info:
@@ -465,7 +465,7 @@ def test_a_pull_spreads_its_shards_over_a_dask_cluster(public_copy, tmp_path):
     workers (which reach the source and the cache under the same names), and the store
     is the one a local pull writes."""
     pytest.importorskip("distributed")
-    from atari_zarr.testing.cluster import local_cluster
+    from atari_zarr_testkit.cluster import local_cluster
 
     request = Request.parse("Asterix/1")
     with local_cluster(2) as (cluster, client):

@@ -20,8 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from atari_zarr.testing.browser import HeadlessChromium, find_chromium
+from atari_zarr_testkit.browser import HeadlessChromium, find_chromium
 
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
@@ -96,6 +95,11 @@ def test_every_page_of_the_site_is_built(site: Path):
     for page in [
         "index",
         "getting-started",
+        "user-guide",
+        "reference",
+        "design",
+        "development",
+        "guides/pull",
         "guides/convert",
         "guides/read",
         "guides/stream",
@@ -172,6 +176,22 @@ def test_the_notebook_page_holds_its_executed_outputs(site: Path):
     figures = re.findall(r'<img[^>]+src="[^"]*\.png"', html)
     assert len(figures) >= 6, figures  # the notebook's matplotlib figures
     assert "Traceback" not in html
+    # no builder's directories in its outputs (the demo store records relative paths)
+    for builder in (str(ROOT), str(Path.home()), "/tmp/"):
+        assert builder not in html, builder
+
+
+@pytest.mark.slow
+def test_the_landing_page_has_the_install_line_the_two_commands_and_an_example(site: Path):
+    text = re.sub(r"<[^>]+>", "", (site / "index.html").read_text())
+    assert "pip install" in text and "atari-zarr[torchrl]" in text
+    assert "bash scripts/demo.sh" in text and "bash scripts/test.sh" in text
+    assert "&gt;&gt;&gt; from atari_zarr import AtariZarrDataset" in text
+
+
+def test_every_guide_shows_a_block_of_code_or_commands():
+    for page in sorted((DOCS / "guides").glob("*.md")):
+        assert re.search(r"^```", page.read_text(), re.M), f"{page.name} has no block"
 
 
 def test_a_code_block_that_neither_runs_nor_says_why_fails_the_build(tmp_path: Path):
@@ -243,3 +263,97 @@ def test_the_api_page_of_the_dataset_lists_sample_stream_and_windows(
         "document.getElementById('atari_zarr.AtariZarrDataset.windows').offsetHeight > 0"
     )
     assert visible
+
+
+#: the header's sections, in order: the root toctree of docs/index.md
+SECTIONS = [
+    "Getting started",
+    "User guide",
+    "Benchmarks",
+    "API reference",
+    "Command line",
+    "Reference",
+    "Design notes",
+    "Development",
+]
+#: every page users navigate (the generated per-module API pages aside)
+PAGES = [
+    "index",
+    "getting-started",
+    "user-guide",
+    *(f"guides/{p.stem}" for p in sorted((DOCS / "guides").glob("*.md"))),
+    "notebooks/explore",
+    *(f"benchmarks/{p.stem}" for p in sorted((DOCS / "benchmarks").glob("*.md"))),
+    "api/index",
+    "api/dataset",
+    "api/reading",
+    "cli",
+    "reference",
+    "format",
+    "guarantees",
+    "limitations",
+    "design",
+    "architecture",
+    "remote",
+    "development",
+    "changelog",
+]
+HEADER = (
+    "Array.from(document.querySelectorAll('.bd-header .navbar-header-items__center "
+    ".navbar-nav > li > a.nav-link')).map(a => a.textContent.trim())"
+)
+#: the theme's "More" menu of header links that did not fit (none expected)
+MORE = "document.querySelector('.bd-header .navbar-header-items__center .navbar-nav .dropdown')"
+SIDEBAR = "document.querySelectorAll('.bd-sidebar-primary nav.bd-docs-nav a').length"
+OVERFLOW = "document.documentElement.scrollWidth - document.documentElement.clientWidth"
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_header_holds_the_sections_and_every_guide_its_sidebar(
+    served: str, browser: HeadlessChromium
+):
+    guides = [p for p in PAGES if p.startswith(("guides/", "notebooks/"))]
+    for name in PAGES:
+        page = browser.open(f"{served}/{name}.html")
+        assert page.evaluate(HEADER) == SECTIONS, name
+        more = page.evaluate(f"{MORE} ? {MORE}.getBoundingClientRect().right : null", width=1280)
+        assert more is None or more <= 1280, (name, more)
+        if name in guides or name.startswith("benchmarks/"):
+            links = page.evaluate(SIDEBAR, width=1280)
+            assert links >= 10, f"{name}: {links} links in its sidebar"
+
+
+@pytest.mark.slow
+@needs_chromium
+@pytest.mark.parametrize("width", [1280, 390])
+def test_no_page_scrolls_sideways(served: str, browser: HeadlessChromium, width: int):
+    wide = {}
+    for name in PAGES:
+        page = browser.open(f"{served}/{name}.html")
+        overflow = page.evaluate(OVERFLOW, width=width)
+        if overflow > 0:
+            wide[name] = overflow
+    assert not wide, f"pages wider than {width} px, by px: {wide}"
+
+
+@pytest.mark.slow
+@needs_chromium
+@pytest.mark.parametrize(
+    "query,guide",
+    [
+        ("AtariDQNExperienceReplay", "guides/migrate-torchrl"),
+        ("get_atari_transitions", "guides/migrate-d3rlpy"),
+        ("create_dataset", "guides/migrate-decision-transformer"),
+    ],
+)
+def test_search_lists_the_migration_guide_first(
+    served: str, browser: HeadlessChromium, query: str, guide: str
+):
+    page = browser.open(f"{served}/search.html?q={query}")
+    links = "Array.from(document.querySelectorAll('#search-results ul.search li a'))"
+    status = "document.querySelector('#search-results p.search-summary')"
+    # the summary is written once every result is listed
+    page.wait_for(f"{status} && {status}.textContent.length > 0", 60)
+    found = page.evaluate(f"{links}.map(a => a.getAttribute('href'))")
+    assert found and found[0].split("#")[0] == f"{guide}.html", found[:5]

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from atari_zarr_testkit import write_fixture_run
 
 from atari_zarr import convert
 from atari_zarr.layout import ATTRS_KEY, OBSERVATION, TERMINATED, TRUNCATED
-from atari_zarr.testing import write_fixture_run
 from atari_zarr.verify import verify_store
 
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit.rl_unplugged import RluFixture, replace_record, write_fixture_rlu
 
 from atari_zarr import convert
 from atari_zarr.layout import ATTRS_KEY, FINAL_OBSERVATION, OBSERVATION, UNCLIPPED_REWARD
 from atari_zarr.sources.rl_unplugged.example import encode_episode
-from atari_zarr.testing.rl_unplugged import RluFixture, replace_record, write_fixture_rlu
 from atari_zarr.verify import verify_store
 
 

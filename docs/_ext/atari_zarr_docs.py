@@ -435,9 +435,18 @@ def make_demo_store(app: Sphinx) -> None:
         return
     from atari_zarr.demo import run_demo
 
-    where = Path(app.outdir).parent / "demo"
-    result = run_demo(str(where), steps=2000, progress=False, echo=False)
-    os.environ["ATARI_ZARR_STORE"] = result.store
+    # made from the build directory with relative paths: the store records where its
+    # source was and the command that converted it, and the notebook shows both; a
+    # reader of the site sees "demo/source/...", not the builder's directories
+    build = Path(app.outdir).parent
+    build.mkdir(parents=True, exist_ok=True)
+    here = os.getcwd()
+    os.chdir(build)
+    try:
+        result = run_demo("demo", steps=2000, progress=False, echo=False)
+    finally:
+        os.chdir(here)
+    os.environ["ATARI_ZARR_STORE"] = str(build / result.store)
 
 
 def setup(app: Sphinx) -> dict[str, Any]:

@@ -7,10 +7,15 @@ fsspec URL.
 Examples
 --------
 >>> import tempfile
+>>> import numpy as np
 >>> import atari_zarr
->>> from atari_zarr.testing import write_fixture_run
+>>> from atari_zarr.sources.dqn_replay.emulator import DopamineLoggedBuffer
 >>> root, dest = tempfile.mkdtemp(), tempfile.mkdtemp()
->>> _ = write_fixture_run(root, "Pong", "1", capacity=64, steps=300)
+>>> buffer = DopamineLoggedBuffer(f"{root}/Pong/1/replay_logs", 64, np.random.default_rng(0))
+>>> for k in range(300):  # episodes of 30 steps, logged as dopamine and batch_rl did
+...     frame = np.full((84, 84), k % 200 + 1, np.uint8)
+...     buffer.add(frame, 1, 0.0, k % 30 == 29, episode=k // 30, step=k % 30)
+>>> buffer.log_final()
 >>> [store] = atari_zarr.convert(root, dest, progress=False)
 >>> len(atari_zarr.AtariZarrDataset(store.url)) == store.transitions
 True

@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from atari_zarr_testkit.expect import expected_stacks
 from torch import nn
 
 from atari_zarr.compat.decision_transformer import StateActionReturnDataset, create_dataset
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.store import StoreReader
-from atari_zarr.testing.expect import expected_stacks
 
 K = 5
 

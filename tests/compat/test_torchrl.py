@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from atari_zarr_testkit import write_fixture_run
 from torch import nn
 
 from atari_zarr import AtariZarrDataset, convert
@@ -18,7 +19,6 @@ from atari_zarr.errors import (
     ReadOnlyDatasetError,
     StoreNotFoundError,
 )
-from atari_zarr.testing import write_fixture_run
 
 pytest.importorskip("torchrl")
 
@@ -330,7 +330,7 @@ def test_the_guides_migration_code_runs(tmp_path, monkeypatch, capsys):
 
 
 def test_url_root_with_storage_options(pong_run, source_root):
-    from atari_zarr.testing.gcs import FakeGCSServer
+    from atari_zarr_testkit.gcs import FakeGCSServer
 
     truth = pong_run.truth()
     with FakeGCSServer() as server:

@@ -28,13 +28,13 @@ import torch
 
 pytest.importorskip("torchrl")
 
+from atari_zarr_testkit import write_fixture_run
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers import ReplayBufferEnsemble
 from torchrl.envs import Compose, RenameTransform, UnsqueezeTransform
 from torchrl.envs.transforms import ObservationTransform
 
 from atari_zarr import convert
-from atari_zarr.testing import write_fixture_run
 from atari_zarr.torchrl import AtariZarrExperienceReplay as AtariDQNExperienceReplay
 
 # TorchRL's class-scoped fixture is an instance method, which pytest 9 deprecates

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import Truth, store_files, write_fixture_run
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -24,7 +25,6 @@ from atari_zarr.layout import (
     TERMINATED,
     TRUNCATED,
 )
-from atari_zarr.testing import Truth, store_files, write_fixture_run
 
 
 def assert_store_equals(url: str, truth: Truth) -> None:

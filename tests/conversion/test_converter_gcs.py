@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from atari_zarr_testkit.gcs import FakeGCSServer
 
 from atari_zarr import convert
-from atari_zarr.testing.gcs import FakeGCSServer
 from atari_zarr.verify import verify_store
 
 

@@ -10,6 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import store_files
+from atari_zarr_testkit.rl_unplugged import (
+    RluFixture,
+    corrupt_record_byte,
+    rename_shard,
+    spoil_record,
+    truncate_shard,
+    write_fixture_rlu,
+)
 from dask.callbacks import Callback
 
 from atari_zarr import AtariZarrDataset, convert
@@ -30,15 +39,6 @@ from atari_zarr.layout import (
 )
 from atari_zarr.sources.rl_unplugged.planner import SHARD_STRIDE, return_disagreements
 from atari_zarr.storage.catalog import store_state
-from atari_zarr.testing import store_files
-from atari_zarr.testing.rl_unplugged import (
-    RluFixture,
-    corrupt_record_byte,
-    rename_shard,
-    spoil_record,
-    truncate_shard,
-    write_fixture_rlu,
-)
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +192,9 @@ def test_unclipped_only_and_no_returns(tmp_path):
 
 
 def test_returns_that_disagree_are_recorded(rlu_copy, tmp_path):
+    from atari_zarr_testkit.rl_unplugged import replace_record
+
     from atari_zarr.sources.rl_unplugged.example import encode_episode
-    from atari_zarr.testing.rl_unplugged import replace_record
 
     episode = rlu_copy.episodes_of(2)[0]
     example = episode.example()
@@ -363,7 +364,7 @@ def test_killed_conversion_resumes_to_the_same_bytes(rlu, rlu_store, tmp_path):
 @pytest.mark.slow
 def test_convert_from_a_bucket(rlu, rlu_store, tmp_path):
     gcsfs = pytest.importorskip("gcsfs")
-    from atari_zarr.testing.gcs import FakeGCSServer
+    from atari_zarr_testkit.gcs import FakeGCSServer
 
     with FakeGCSServer() as server:
         server.create_bucket("rl_unplugged")

@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import write_fixture_run
 
 from atari_zarr import convert
 from atari_zarr.episodes import return_to_go
 from atari_zarr.errors import SourceFormatError
 from atari_zarr.info import format_info, store_info
 from atari_zarr.layout import ACTION, ACTION_FULL, ATTRS_KEY, RETURN_TO_GO
-from atari_zarr.testing import write_fixture_run
 
 
 def test_return_to_go_is_the_sum_to_the_episode_end(pong_run, source_root, dest_root):

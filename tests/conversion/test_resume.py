@@ -17,14 +17,15 @@ from pathlib import Path
 
 import pytest
 import zarr
+from atari_zarr_testkit import store_files, write_fixture_run
+from atari_zarr_testkit.pause import pause_command
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.conversion.workdir import LEASE_S, WorkDir, work_url
 from atari_zarr.errors import StoreExistsError, StoreIncompleteError, StoreLockedError
 from atari_zarr.layout import ATTRS_KEY, OBSERVATION
-from atari_zarr.testing import store_files, write_fixture_run
-from atari_zarr.testing.pause import pause_command
 from atari_zarr.verify import verify_store
+
 
 @pytest.fixture(scope="module")
 def run5(tmp_path_factory):
@@ -239,8 +240,9 @@ def test_a_full_disk_is_one_line_and_the_same_command_resumes(tmp_path, source_r
     """ENOSPC while a shard is written (injected from the test, as the disk would raise it):
     one line naming DEST, the object and the space left; nothing is marked complete; the
     same command then finishes a store equal to one written in one go."""
+    from atari_zarr_testkit.faults import full_disk_after
+
     from atari_zarr.errors import StoreWriteError
-    from atari_zarr.testing.faults import full_disk_after
 
     dest = tmp_path / "out"
     with full_disk_after(3), pytest.raises(StoreWriteError) as info:

@@ -6,11 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+from atari_zarr_testkit import store_files, write_fixture_run
 
 from atari_zarr import convert
 from atari_zarr.conversion.workdir import work_url
 from atari_zarr.layout import OBSERVATION
-from atari_zarr.testing import store_files, write_fixture_run
 from atari_zarr.verify import verify_store
 
 
@@ -58,7 +58,7 @@ def test_local_schedulers_write_the_same_bytes(big_run, reference, tmp_path, sch
 @pytest.mark.slow
 def test_distributed_local_cluster_writes_the_same_bytes(big_run, reference, tmp_path, capsys):
     pytest.importorskip("distributed")
-    from atari_zarr.testing.cluster import local_cluster
+    from atari_zarr_testkit.cluster import local_cluster
 
     root, _ = big_run
     with local_cluster(2) as (cluster, client):

@@ -108,9 +108,10 @@ def test_a_bucket_lock_is_created_with_one_conditional_request(backend, monkeypa
     """On a bucket the lock is created only if absent, by the server (GCS
     ifGenerationMatch=0, S3 If-None-Match): a taker that saw no lock, because another
     created it right after it looked, still cannot overwrite it."""
+    from atari_zarr_testkit.gcs import FakeGCSServer
+    from atari_zarr_testkit.s3 import MotoS3Server
+
     from atari_zarr.storage.filesystem import FileSystem
-    from atari_zarr.testing.gcs import FakeGCSServer
-    from atari_zarr.testing.s3 import MotoS3Server
 
     server = FakeGCSServer() if backend == "gs" else MotoS3Server()
     with server:

@@ -6,12 +6,12 @@ import json
 
 import numpy as np
 import pytest
+from atari_zarr_testkit.rl_unplugged import write_fixture_rlu
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.cli import main
 from atari_zarr.episodes import checkpoint_summary
 from atari_zarr.explore.curves import learning_curve, plot_learning_curves
-from atari_zarr.testing.rl_unplugged import write_fixture_rlu
 
 
 def _truth_rows(groups: dict[int, list[tuple[float, int, bool, bool]]], what: str) -> list[dict]:

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from atari_zarr_testkit.browser import HeadlessChromium, find_chromium
 
 from atari_zarr import AtariZarrDataset
 from atari_zarr.explore.video import action_names, caption_lines
-from atari_zarr.testing.browser import HeadlessChromium, find_chromium
 
 needs_chromium = pytest.mark.skipif(
     find_chromium() is None,
@@ -75,10 +75,11 @@ def test_the_player_plays_in_chromium(browser, pong_store, tmp_path):
 
 
 def test_the_player_holds_the_episode_and_its_captions(pong_store):
-    from PIL import Image
     import base64
     import json
     import re
+
+    from PIL import Image
 
     ds = AtariZarrDataset(pong_store.url)
     player = ds.show_episode(0, scale=2)
@@ -103,8 +104,7 @@ def test_the_player_holds_the_episode_and_its_captions(pong_store):
 
 def test_the_player_of_a_store_in_a_bucket_reads_only_its_episode(pong_store):
     import fsspec
-
-    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
     local = AtariZarrDataset(pong_store.url)
     with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from atari_zarr_testkit import fixture_frame
 from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
 
 from atari_zarr import AtariZarrDataset
@@ -22,7 +23,6 @@ from atari_zarr.layout import (
 )
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.testing import fixture_frame
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
 
@@ -253,8 +253,7 @@ def test_dataset_batches_match_zarr(pong_store):
 def test_remote_store_reads_only_needed_ranges(pong_store):
     """Through gcsfs against fake-gcs-server: same batches, range requests, cache hits."""
     import fsspec
-
-    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
     store = pong_store  # shared, read-only (uploaded, never changed)
     local = AtariZarrDataset(store.url)
@@ -296,9 +295,9 @@ def test_remote_store_reads_only_needed_ranges(pong_store):
 def test_adjacent_chunks_of_a_shard_are_one_request(tmp_path):
     """Over http: chunks of one shard become one ranged GET; the bytes are the same."""
     import fsspec
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
     from atari_zarr.storage.remote import RemoteStore
-    from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
     local = _array(zarr.storage.LocalStore(tmp_path / "a.zarr"), 256, chunk=8, shard=64)
     local[:] = _frames(256)[:, :6, :5]

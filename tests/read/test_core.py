@@ -14,11 +14,11 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from atari_zarr_testkit import write_fixture_rlu
 
 from atari_zarr import AtariZarrDataset, MultiGameDataset, ReadOptions, convert
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
-from atari_zarr.testing import write_fixture_rlu
 from tests.read.test_prefetch import _memory_copy
 
 

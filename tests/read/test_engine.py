@@ -10,8 +10,8 @@ import zarr
 
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.layout import ARRAYS, OBSERVATION
-from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.engine import ChunkEngine
+from atari_zarr.read.options import ReadOptions
 from atari_zarr.storage.ranges import ByteRange
 from atari_zarr.storage.remote import RemoteStore
 

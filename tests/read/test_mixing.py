@@ -7,13 +7,13 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from atari_zarr_testkit import write_fixture_run
 
 from atari_zarr import convert
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError
 from atari_zarr.read.dataset import collate_batch
 from atari_zarr.read.mixing import MixtureSampler, MultiGameDataset, store_probabilities
 from atari_zarr.storage.catalog import complete_stores
-from atari_zarr.testing import write_fixture_run
 
 
 @pytest.fixture

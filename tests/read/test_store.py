@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import write_fixture_run
+from atari_zarr_testkit.gcs import FakeGCSServer
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.errors import (
@@ -19,8 +21,6 @@ from atari_zarr.errors import (
 )
 from atari_zarr.layout import ATTRS_KEY
 from atari_zarr.read.store import StoreReader
-from atari_zarr.testing import write_fixture_run
-from atari_zarr.testing.gcs import FakeGCSServer
 
 
 @pytest.fixture

@@ -21,10 +21,10 @@ from typing import Any
 import fsspec
 import numpy as np
 import pytest
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import AtariZarrDataset
 from atari_zarr.errors import RemoteAccessError, StoreCorruptError
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 from tests.read.test_stream import rows_of, write_store
 
 pytestmark = pytest.mark.timeout(300)

@@ -7,12 +7,12 @@ import pickle
 import numpy as np
 import pytest
 import torch
+from atari_zarr_testkit import write_fixture_rlu
+from atari_zarr_testkit.expect import expected_return_to_go, expected_stacks
 
 from atari_zarr import AtariZarrDataset, MultiGameDataset, convert
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.batch import collate_batch
-from atari_zarr.testing import write_fixture_rlu
-from atari_zarr.testing.expect import expected_return_to_go, expected_stacks
 
 
 def window_starts(episode: np.ndarray, k: int, pad: bool = False) -> list[tuple[int, int]]:
@@ -227,7 +227,7 @@ def test_full_action_space(pong_store, tmp_path) -> None:
     with pytest.raises(InvalidArgumentError, match="--full-action-space"):
         AtariZarrDataset(pong_store.url, full_action_space=True)
     src = str(tmp_path / "src")
-    from atari_zarr.testing import write_fixture_run
+    from atari_zarr_testkit import write_fixture_run
 
     write_fixture_run(src, "Pong", "1", capacity=64, steps=200, seed=2)
     [store] = convert(src, str(tmp_path / "out"), progress=False, full_action_space=True)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from atari_zarr_testkit.rl_unplugged import write_fixture_rlu
 
 from atari_zarr.errors import InvalidArgumentError, SourceFormatError, SourceNotFoundError
 from atari_zarr.sources.registry import KINDS, Selection, detect_kind, get_kind
 from atari_zarr.sources.rl_unplugged.files import RluRun
-from atari_zarr.testing.rl_unplugged import write_fixture_rlu
 
 
 @pytest.fixture(scope="module")

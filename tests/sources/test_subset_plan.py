@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import write_fixture_rlu
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.cli import main
@@ -15,7 +16,6 @@ from atari_zarr.episodes import source_parts
 from atari_zarr.layout import ATTRS_KEY, FINAL_OBSERVATION
 from atari_zarr.read.store import StoreReader
 from atari_zarr.subsets import Subset, select_pieces
-from atari_zarr.testing import write_fixture_rlu
 from atari_zarr.verify import verify_store
 
 

@@ -6,14 +6,13 @@ Remote cases talk to fake-gcs-server on 127.0.0.1 only.
 
 from __future__ import annotations
 
-import os
-import time
-
 import http.client
 import json
+import os
 import threading
-import warnings
+import time
 import urllib.parse
+import warnings
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -21,6 +20,8 @@ from typing import Any
 
 import fsspec
 import pytest
+from atari_zarr_testkit import FixtureRun, write_fixture_run
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import convert
 from atari_zarr.cli import main as cli_main
@@ -42,8 +43,6 @@ from atari_zarr.storage.catalog import (
     write_catalog,
 )
 from atari_zarr.storage.remote import open_zarr_store
-from atari_zarr.testing import FixtureRun, write_fixture_run
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 BUCKET = "atari-catalog"
 UNFINISHED_COMMAND = "atari-zarr convert SRC DEST --runs 2"

@@ -15,13 +15,13 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 from zarr.core.sync import sync
 
 from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
 from atari_zarr.storage.catalog import list_stores, store_state
 from atari_zarr.storage.filesystem import FileSystem, get_fs
 from atari_zarr.storage.remote import open_zarr_store
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 BUCKET = "atari-fs"
 

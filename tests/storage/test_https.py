@@ -15,12 +15,12 @@ import fsspec
 import numpy as np
 import pytest
 import torch
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.errors import RemoteAccessError, StoreWriteError
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.remote import open_zarr_store
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,8 +168,9 @@ def test_reading_verbs_work_over_http(public, capsys) -> None:
     """info and verify answer over http(s) as over gs://; ls of one store answers its row,
     ls of a root is a clear error (http has no listing), a refused connection is not
     "does not exist"."""
+    from atari_zarr_testkit.ports import fresh_port
+
     from atari_zarr.cli import main
-    from atari_zarr.testing.ports import fresh_port
 
     url = public["url"]
     assert main(["info", "--json", url]) == 0

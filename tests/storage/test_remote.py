@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from atari_zarr_testkit import Truth, fixture_frame, write_fixture_run
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import convert
 from atari_zarr.cli import main as cli_main
@@ -42,8 +44,6 @@ from atari_zarr.layout import (
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.storage.paths import parse_storage_options, redact
 from atari_zarr.storage.remote import RemoteStore, open_zarr_store
-from atari_zarr.testing import Truth, fixture_frame, write_fixture_run
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -546,7 +546,7 @@ def test_importing_the_package_changes_no_environment() -> None:
     env = {k: v for k, v in os.environ.items() if k != "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"}
     first = _import_everything(env)
     assert "atari_zarr.storage.remote" in first["imported"]
-    assert "atari_zarr.testing.gcs" in first["imported"]
+    assert "atari_zarr_testkit.gcs" in first["imported"]
     second = _import_everything(env, json.dumps(first["third_party"]))
     assert second["imported"] == first["imported"]
     assert second["changed"] == [], "importing atari_zarr changed the environment"

@@ -14,13 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from atari_zarr_testkit import write_fixture_run
+from atari_zarr_testkit.proxy import CountingProxy
+from atari_zarr_testkit.s3 import SECRET_KEY, MotoS3Server
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
 from atari_zarr.storage.catalog import list_stores, store_state
-from atari_zarr.testing import write_fixture_run
-from atari_zarr.testing.proxy import CountingProxy
-from atari_zarr.testing.s3 import SECRET_KEY, MotoS3Server
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,4 +1,4 @@
-"""Self-test of the GCS emulator harness in ``atari_zarr.testing.gcs``.
+"""Self-test of the GCS emulator harness in ``atari_zarr_testkit.gcs``.
 
 Everything talks to 127.0.0.1 only. Timeouts here are hang guards: no test compares
 a duration with a bound; each asserts what only a working bound can produce.
@@ -20,12 +20,12 @@ import fsspec  # importing fsspec/zarr does not import gcsfs yet
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import gcs as testing_gcs
+from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer, find_fake_gcs_binary
 from zarr.core.sync import sync as zarr_sync
 from zarr.storage import FsspecStore
 
 from atari_zarr.errors import MissingDependencyError
-from atari_zarr.testing import gcs as testing_gcs
-from atari_zarr.testing.gcs import CountingProxy, FakeGCSServer, find_fake_gcs_binary
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -83,8 +83,8 @@ def test_importing_the_harness_changes_nothing() -> None:
         f"""
         import os, sys, threading
         before = dict(os.environ)
-        import atari_zarr.testing, atari_zarr.testing.gcs, atari_zarr.testing.proxy
-        import atari_zarr.testing.ports
+        import atari_zarr_testkit, atari_zarr_testkit.gcs, atari_zarr_testkit.proxy
+        import atari_zarr_testkit.ports
         assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())
         assert {HNS!r} not in os.environ
         assert "gcsfs" not in sys.modules
@@ -102,7 +102,7 @@ def test_start_warns_about_a_probing_gcsfs_and_sets_nothing() -> None:
         f"""
         import logging, os
         import gcsfs
-        from atari_zarr.testing.gcs import FakeGCSServer
+        from atari_zarr_testkit.gcs import FakeGCSServer
 
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
         print(gcsfs.GCSFileSystem.__name__)

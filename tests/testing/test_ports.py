@@ -1,10 +1,10 @@
-"""``atari_zarr.testing.ports``: loopback ports never handed out twice in one process."""
+"""``atari_zarr_testkit.ports``: loopback ports never handed out twice in one process."""
 
 from __future__ import annotations
 
 import socket
 
-from atari_zarr.testing.ports import LOOPBACK, claim_port, fresh_port
+from atari_zarr_testkit.ports import LOOPBACK, claim_port, fresh_port
 
 
 def test_fresh_ports_are_never_handed_out_twice() -> None:

@@ -1,4 +1,4 @@
-"""Self-test of ``atari_zarr.testing.proxy.CountingProxy`` (and its ports).
+"""Self-test of ``atari_zarr_testkit.proxy.CountingProxy`` (and its ports).
 
 Everything talks to 127.0.0.1 only.
 """
@@ -18,12 +18,12 @@ from typing import Any
 
 import fsspec
 import pytest
+from atari_zarr_testkit import proxy as proxy_module
+from atari_zarr_testkit.gcs import FakeGCSServer
+from atari_zarr_testkit.ports import claim_port
+from atari_zarr_testkit.proxy import CountingProxy
 
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.testing import proxy as proxy_module
-from atari_zarr.testing.gcs import FakeGCSServer
-from atari_zarr.testing.ports import claim_port
-from atari_zarr.testing.proxy import CountingProxy
 
 pytestmark = pytest.mark.timeout(300)
 

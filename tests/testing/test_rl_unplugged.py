@@ -8,13 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from atari_zarr.errors import SourceFormatError
-from atari_zarr.sources.rl_unplugged.example import parse_episode
-from atari_zarr.sources.rl_unplugged.png import decode_frames
-from atari_zarr.sources.rl_unplugged.tfrecord import iter_records, open_shard
-from atari_zarr.storage.filesystem import get_fs
-from atari_zarr.testing.rl_unplugged import (
+from atari_zarr_testkit.rl_unplugged import (
     TERMINAL_STEP_REWARD,
     RluFixture,
     corrupt_record_byte,
@@ -24,6 +18,12 @@ from atari_zarr.testing.rl_unplugged import (
     truncate_shard,
     write_fixture_rlu,
 )
+
+from atari_zarr.errors import SourceFormatError
+from atari_zarr.sources.rl_unplugged.example import parse_episode
+from atari_zarr.sources.rl_unplugged.png import decode_frames
+from atari_zarr.sources.rl_unplugged.tfrecord import iter_records, open_shard
+from atari_zarr.storage.filesystem import get_fs
 
 
 def read_run(fixture: RluFixture, shards=None) -> dict[str, np.ndarray]:

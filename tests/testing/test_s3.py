@@ -6,8 +6,7 @@ import socket
 
 import fsspec
 import pytest
-
-from atari_zarr.testing.s3 import MotoS3Server
+from atari_zarr_testkit.s3 import MotoS3Server
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,7 +6,7 @@ GZIP files of TFRecords (framing and masked CRC-32C written here, not by the
 reader), one ``tf.train.Example`` per episode
 (:func:`~atari_zarr.sources.rl_unplugged.example.encode_episode`), one
 PNG per step. This is what the demo converts; the test kit
-(:mod:`atari_zarr.testing.rl_unplugged`) adds to it the transitions a perfect
+(``tests/kit``: ``atari_zarr_testkit.rl_unplugged``) adds to it the transitions a perfect
 converter returns, and bad input.
 
 Examples
@@ -230,7 +230,7 @@ def write_rlu_run(
     """Write shards of real ALE play under ``{root}/{game}`` as RL Unplugged has them.
 
     What the demo (``atari-zarr demo --source-kind rl-unplugged``) converts, and
-    what the test kit's :func:`atari_zarr.testing.rl_unplugged.write_fixture_rlu`
+    what the test kit's ``atari_zarr_testkit.rl_unplugged.write_fixture_rlu``
     writes (adding the transitions a converter must give).
 
     In each present shard, every episode but the last is played until the game

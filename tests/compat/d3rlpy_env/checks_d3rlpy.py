@@ -13,13 +13,13 @@ import math
 import d3rlpy
 import numpy as np
 import pytest
+from atari_zarr_testkit import write_fixture_run
 
 from atari_zarr import convert
 from atari_zarr.compat.d3rlpy import get_atari, get_atari_transitions
 from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
 from atari_zarr.read.store import StoreReader
 from atari_zarr.subsets import Subset
-from atari_zarr.testing import write_fixture_run
 
 CAPACITY = 256
 
@@ -207,9 +207,8 @@ def test_the_original_call_fetches_from_the_public_copy(tmp_path, monkeypatch):
     converted: the run comes from RL Unplugged's public layout (fake-gcs-server, which
     the standard emulator variable points gcsfs at), and DiscreteCQL trains on it."""
     import gcsfs
-
-    from atari_zarr.testing.gcs import FakeGCSServer
-    from atari_zarr.testing.rl_unplugged import upload_public_layout, write_fixture_rlu
+    from atari_zarr_testkit.gcs import FakeGCSServer
+    from atari_zarr_testkit.rl_unplugged import upload_public_layout, write_fixture_rlu
 
     # a whole run (a pull never stores part of one as the run): two shards of two
     # episodes, the rest one short cut episode each

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
+from atari_zarr_testkit import Truth, write_fixture_run
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.errors import InvalidArgumentError, SourceNotFoundError
@@ -26,7 +27,6 @@ from atari_zarr.sources.dqn_replay.selection import (
     limit_plan,
     parse_checkpoints,
 )
-from atari_zarr.testing import Truth, write_fixture_run
 
 
 def cut(truth: Truth, n: int) -> Truth:

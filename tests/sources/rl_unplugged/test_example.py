@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from atari_zarr_testkit.rl_unplugged import SPOILS, spoil_example
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +15,6 @@ from atari_zarr.sources.rl_unplugged.example import (
     example_class,
     parse_episode,
 )
-from atari_zarr.testing.rl_unplugged import SPOILS, spoil_example
 
 WHERE = "gs://rl_unplugged/atari_episodes_ordered/Pong/run_1-00007-of-00050"
 

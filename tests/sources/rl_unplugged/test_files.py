@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from atari_zarr_testkit.rl_unplugged import rename_shard, write_fixture_rlu
 
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
 from atari_zarr.sources.rl_unplugged.files import RluRun, find_runs, presets, shard_name
-from atari_zarr.testing.rl_unplugged import rename_shard, write_fixture_rlu
 
 
 @pytest.fixture(scope="module")

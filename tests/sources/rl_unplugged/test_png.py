@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from atari_zarr_testkit.rl_unplugged import make_png, played_episodes, spoil_example
 
 from atari_zarr.errors import MissingDependencyError, SourceFormatError
 from atari_zarr.sources.rl_unplugged import png
@@ -14,7 +15,6 @@ from atari_zarr.sources.rl_unplugged.png import (
     decoder_name,
     encode_frame,
 )
-from atari_zarr.testing.rl_unplugged import make_png, played_episodes, spoil_example
 
 WHERE = "gs://rl_unplugged/atari_episodes_ordered/Asterix/run_2-00011-of-00050"
 

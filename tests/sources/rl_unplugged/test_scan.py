@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from atari_zarr_testkit.rl_unplugged import spoil_record, write_fixture_rlu
 
 from atari_zarr.errors import SourceFormatError
 from atari_zarr.sources.rl_unplugged.scan import ShardScan, clip_reward, scan_shard
-from atari_zarr.testing.rl_unplugged import spoil_record, write_fixture_rlu
 
 
 @pytest.fixture(scope="module")

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from atari_zarr.errors import SourceFormatError, SourceNotFoundError
-from atari_zarr.sources.rl_unplugged.tfrecord import iter_records, masked_crc32c, open_shard
-from atari_zarr.storage.filesystem import get_fs
-from atari_zarr.testing.rl_unplugged import (
+from atari_zarr_testkit.rl_unplugged import (
     corrupt_record_byte,
     frame_records,
     truncate_shard,
     write_shard,
 )
+
+from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.sources.rl_unplugged.tfrecord import iter_records, masked_crc32c, open_shard
+from atari_zarr.storage.filesystem import get_fs
 
 # Written by tensorflow 2.x's tf.io.TFRecordWriter (no compression): the records b"abc"
 # and b"123456789". The data CRC of the second, c78ab0e5, is the masked form of the

@@ -15,7 +15,7 @@ that produced the dataset, and writes real checkpoint files:
 It also keeps the ground truth that the files alone do not tell: which source row
 sits in which slot, which rows are real, and which episode and step each real row
 belongs to. The demo records real ALE play through it; the tests play synthetic
-transitions (:func:`atari_zarr.testing.write_fixture_run`) and check the converter
+transitions (the test kit's ``write_fixture_run``, in ``tests/kit``) and check the converter
 against that truth.
 """
 

@@ -142,9 +142,9 @@ class RluRun:
     Examples
     --------
     >>> import tempfile
-    >>> from atari_zarr.testing.rl_unplugged import write_fixture_rlu
-    >>> fixture = write_fixture_rlu(tempfile.mkdtemp(), num_shards=3, present=(0, 2))
-    >>> run = RluRun(fixture.game_dir, fixture.game, "1")
+    >>> from atari_zarr.record.rl_unplugged import write_rlu_run
+    >>> written = write_rlu_run(tempfile.mkdtemp(), "Asterix", num_shards=3, present=(0, 2))
+    >>> run = RluRun(written.game_dir, written.game, "1")
     >>> run.suffixes, run.num_shards, run.missing
     ([0, 2], 3, [1])
     """
@@ -323,9 +323,9 @@ def find_runs(
     Examples
     --------
     >>> import tempfile
-    >>> from atari_zarr.testing.rl_unplugged import write_fixture_rlu
-    >>> fixture = write_fixture_rlu(tempfile.mkdtemp(), num_shards=3, present=(0, 2))
-    >>> [(r.game, r.run, r.suffixes) for r in find_runs(fixture.root)]
+    >>> from atari_zarr.record.rl_unplugged import write_rlu_run
+    >>> written = write_rlu_run(tempfile.mkdtemp(), "Asterix", num_shards=3, present=(0, 2))
+    >>> [(r.game, r.run, r.suffixes) for r in find_runs(written.root)]
     [('Asterix', '1', [0, 2])]
     """
     runs = [str(int(r)) if str(r).isdigit() else str(r) for r in runs or []] or None

@@ -165,7 +165,7 @@ def scan_shard(
     --------
     >>> import io
     >>> from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode
-    >>> from atari_zarr.testing.rl_unplugged import frame_records
+    >>> from atari_zarr.record.rl_unplugged import frame_records
     >>> ep = Episode(2, 0, 3.0, 1.0, [b"a", b"b", b"c"], np.array([1, 0, 0]),
     ...              np.array([3.0, 0.0, 0.0]), None, np.array([1.0, 1.0, 0.0]))
     >>> scan = scan_shard(io.BytesIO(frame_records([encode_episode(ep)])), "s", 2)

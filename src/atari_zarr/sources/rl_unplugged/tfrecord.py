@@ -19,7 +19,7 @@ failure names the shard and the record index.
 Examples
 --------
 >>> import io
->>> from atari_zarr.testing.rl_unplugged import frame_records
+>>> from atari_zarr.record.rl_unplugged import frame_records
 >>> stream = io.BytesIO(frame_records([b"first", b"second"]))
 >>> list(iter_records(stream, "shard"))
 [(0, b'first'), (1, b'second')]
@@ -118,7 +118,7 @@ def open_shard(fs: FileSystem, path: str, block_size: int = READ_BLOCK) -> Itera
     --------
     >>> import gzip
     >>> from atari_zarr.storage.filesystem import get_fs
-    >>> from atari_zarr.testing.rl_unplugged import frame_records
+    >>> from atari_zarr.record.rl_unplugged import frame_records
     >>> fs, root = get_fs("memory://doc-tfrecord")
     >>> fs.pipe_file(root + "/run_1-00000-of-00001", gzip.compress(frame_records([b"ep"])))
     >>> with open_shard(fs, root + "/run_1-00000-of-00001") as stream:
@@ -200,7 +200,7 @@ def iter_records(stream: BinaryIO, where: str) -> Iterator[tuple[int, bytes]]:
     Examples
     --------
     >>> import io
-    >>> from atari_zarr.testing.rl_unplugged import frame_records
+    >>> from atari_zarr.record.rl_unplugged import frame_records
     >>> data = frame_records([b"episode"])
     >>> list(iter_records(io.BytesIO(data), "s"))
     [(0, b'episode')]

@@ -3,7 +3,7 @@
 Importing this package changes nothing in the process; servers start only when asked.
 """
 
-from atari_zarr.testing.dqn_replay import (
+from atari_zarr_testkit.dqn_replay import (
     DopamineLoggedBuffer,
     FixtureRun,
     Truth,
@@ -11,8 +11,8 @@ from atari_zarr.testing.dqn_replay import (
     store_files,
     write_fixture_run,
 )
-from atari_zarr.testing.rl_unplugged import RluFixture, RluTruth, write_fixture_rlu
-from atari_zarr.testing.s3 import MotoS3Server
+from atari_zarr_testkit.rl_unplugged import RluFixture, RluTruth, write_fixture_rlu
+from atari_zarr_testkit.s3 import MotoS3Server
 
 __all__ = [
     "DopamineLoggedBuffer",

@@ -1,7 +1,7 @@
 """A reverse proxy on 127.0.0.1 that counts the requests and bytes passing through it.
 
 :class:`CountingProxy` forwards every request to one target (the GCS emulator of
-:mod:`atari_zarr.testing.gcs`, or any ``http://`` server) and counts what flows:
+:mod:`atari_zarr_testkit.gcs`, or any ``http://`` server) and counts what flows:
 requests, request body bytes, response body bytes, one log entry per request. It can
 also answer the next requests with an error instead of forwarding them
 (:meth:`CountingProxy.fail_next`), to test retries, and hold every request for a fixed
@@ -26,8 +26,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.testing.ports import LOOPBACK, claim_port
-from atari_zarr.testing.process import StartStop
+from atari_zarr_testkit.ports import LOOPBACK, claim_port
+from atari_zarr_testkit.process import StartStop
 
 __all__ = ["CountingProxy"]
 
@@ -419,7 +419,7 @@ class CountingProxy(StartStop):
     Examples
     --------
     >>> import fsspec
-    >>> from atari_zarr.testing.gcs import FakeGCSServer
+    >>> from atari_zarr_testkit.gcs import FakeGCSServer
     >>> with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
     ...     server.create_bucket("counted")
     ...     opts = server.storage_options(endpoint_url=proxy.endpoint_url)

@@ -31,7 +31,7 @@ import time
 import urllib.parse
 from typing import Any, ClassVar
 
-from atari_zarr.testing.process import LoopbackServer
+from atari_zarr_testkit.process import LoopbackServer
 
 __all__ = ["HeadlessChromium", "Page", "find_chromium"]
 
@@ -56,28 +56,47 @@ class Page:
         self._ids = itertools.count(1)
 
     def _call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._calls([(method, params or {})])
+
+    def _calls(self, calls: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """Send ``calls`` in turn on one connection (one DevTools session, whose overrides
+        last as long as it does); the result of the last."""
+
         async def go() -> dict[str, Any]:
             import aiohttp
 
-            message_id = next(self._ids)
+            result: dict[str, Any] = {}
             async with aiohttp.ClientSession() as session:
                 async with session.ws_connect(self.ws_url, max_msg_size=0) as ws:
-                    await ws.send_json({"id": message_id, "method": method, "params": params or {}})
-                    async for msg in ws:
-                        data = json.loads(msg.data)
-                        if data.get("id") == message_id:
-                            if "error" in data:
-                                raise RuntimeError(f"{method}: {data['error']}")
-                            return dict(data.get("result", {}))
-            raise RuntimeError(f"{method}: the browser closed the connection")
+                    for method, params in calls:
+                        message_id = next(self._ids)
+                        await ws.send_json({"id": message_id, "method": method, "params": params})
+                        async for msg in ws:
+                            data = json.loads(msg.data)
+                            if data.get("id") == message_id:
+                                if "error" in data:
+                                    raise RuntimeError(f"{method}: {data['error']}")
+                                result = dict(data.get("result", {}))
+                                break
+                        else:
+                            raise RuntimeError(f"{method}: the browser closed the connection")
+            return result
 
         return asyncio.run(asyncio.wait_for(go(), self.timeout))
 
-    def evaluate(self, expression: str) -> Any:
-        """The value of ``expression`` in the page (promises awaited)."""
-        result = self._call(
+    def evaluate(self, expression: str, *, width: int | None = None, height: int = 900) -> Any:
+        """The value of ``expression`` in the page (promises awaited); with ``width``, as
+        laid out in a viewport of ``width`` x ``height`` CSS pixels (a phone's is 390
+        wide: the page's media queries apply as on one)."""
+        evaluate = (
             "Runtime.evaluate",
             {"expression": expression, "returnByValue": True, "awaitPromise": True},
+        )
+        viewport = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        result = self._calls(
+            [evaluate]
+            if width is None
+            else [("Emulation.setDeviceMetricsOverride", viewport), evaluate]
         )
         if "exceptionDetails" in result:
             raise RuntimeError(f"{expression!r} raised: {result['exceptionDetails']}")

@@ -5,7 +5,7 @@ until it answers an HTTP ``GET``, and stops, kills, pauses or resumes it; its ou
 to a temporary file (:meth:`LoopbackServer.read_log`), never to a pipe, which would block
 the server once nothing drains it. A subclass gives the command line (and, if it needs
 them, the environment, working directory and extra files) and its own client options:
-:class:`~atari_zarr.testing.gcs.FakeGCSServer` and :class:`~atari_zarr.testing.s3.MotoS3Server`.
+:class:`~atari_zarr_testkit.gcs.FakeGCSServer` and :class:`~atari_zarr_testkit.s3.MotoS3Server`.
 Importing this module changes nothing in the process.
 """
 
@@ -23,7 +23,7 @@ import weakref
 from types import TracebackType
 from typing import IO, ClassVar, Self
 
-from atari_zarr.testing.ports import LOOPBACK, fresh_port
+from atari_zarr_testkit.ports import LOOPBACK, fresh_port
 
 __all__ = ["LoopbackServer", "StartStop"]
 
@@ -106,7 +106,7 @@ class LoopbackServer(StartStop):
     ----------
     port : int or None, default None
         TCP port; when ``None``, a free one that no server of this process had
-        before (see :func:`~atari_zarr.testing.ports.fresh_port`), and a start that
+        before (see :func:`~atari_zarr_testkit.ports.fresh_port`), and a start that
         finds it taken tries another.
     startup_timeout : float, default 60.0
         Most seconds to wait for the server to answer: a bound for a server that

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from atari_zarr.errors import MissingDependencyError, install_hint
-from atari_zarr.testing.process import LoopbackServer
+from atari_zarr_testkit.process import LoopbackServer
 
 __all__ = ["MotoS3Server"]
 
@@ -35,7 +35,7 @@ class MotoS3Server(LoopbackServer):
     ----------
     port : int, optional
         TCP port; default a free one no server of this process had
-        (:func:`~atari_zarr.testing.ports.fresh_port`).
+        (:func:`~atari_zarr_testkit.ports.fresh_port`).
     startup_timeout : float
         Most seconds to wait for the server to answer (a bound, not a wait: it is
         usually ready within 1-2 s).
@@ -45,7 +45,7 @@ class MotoS3Server(LoopbackServer):
     ``endpoint_url`` (``http://127.0.0.1:<port>``) is what s3fs takes as its
     ``endpoint_url``.
     Start, stop, :meth:`kill`, :meth:`pause`, :meth:`resume` and :meth:`read_log` are
-    those of :class:`~atari_zarr.testing.process.LoopbackServer`; :meth:`start` raises
+    those of :class:`~atari_zarr_testkit.process.LoopbackServer`; :meth:`start` raises
     :class:`~atari_zarr.errors.MissingDependencyError` if ``moto[server]`` is not
     installed.
 

