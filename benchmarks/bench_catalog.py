@@ -35,7 +35,7 @@ from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import convert
 from atari_zarr.read.mixing import MultiGameDataset
-from atari_zarr.storage.catalog import complete_stores, list_stores, write_catalog
+from atari_zarr.catalog import complete_stores, list_stores, write_catalog
 
 BUCKET = "bench-catalog"
 GAMES = ["Pong", "Breakout", "Asterix", "Seaquest", "Qbert", "SpaceInvaders"]

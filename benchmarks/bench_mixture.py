@@ -54,7 +54,7 @@ def build_root(steps: int, stores: int) -> Path:
     """``stores`` hard-linked copies of one real Pong store under one root, with a catalog."""
     from stream_data import CACHE_DIR, build_run
 
-    from atari_zarr.storage.catalog import write_catalog
+    from atari_zarr.catalog import write_catalog
 
     meta = build_run("Pong", steps)
     root = CACHE_DIR / f"mixture_{steps}"
@@ -135,7 +135,7 @@ def remote_rows(root: Path, sizes: list[int], delay: float, batches: int) -> lis
     import fsspec
     from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
-    from atari_zarr.storage.catalog import write_catalog
+    from atari_zarr.catalog import write_catalog
 
     rows = []
     most = max(sizes)

@@ -214,7 +214,7 @@ def test_mirrors_are_read_in_place(public_copy, tmp_path, pong_store):
     """A mirror with a catalog.json answers with one request and is never copied."""
     import gcsfs
 
-    from atari_zarr.storage.catalog import write_catalog
+    from atari_zarr.catalog import write_catalog
 
     server = public_copy.server
     server.create_bucket("mirror")
@@ -267,7 +267,7 @@ def test_a_corrupt_shard_names_shard_and_record_and_nothing_is_complete(
     import gcsfs
     from atari_zarr_testkit.rl_unplugged import corrupt_record_byte
 
-    from atari_zarr.storage.catalog import store_state
+    from atari_zarr.catalog import store_state
 
     server = public_copy.server
     server.create_bucket("broken")
@@ -483,8 +483,8 @@ def test_a_run_missing_a_shard_is_refused_naming_it_before_any_fetch(public_copy
     the shards that are there can still be pulled by name."""
     import gcsfs
 
+    from atari_zarr.catalog import store_state
     from atari_zarr.errors import SourceNotFoundError
-    from atari_zarr.storage.catalog import store_state
 
     server = public_copy.server
     server.create_bucket("gappy")
@@ -597,7 +597,7 @@ def test_every_checkpoint_asked_is_the_cached_run_and_a_pull_keeps_the_catalog(
     a pull into a cache someone indexed rewrites its catalog, which then lists it."""
     import shutil
 
-    from atari_zarr.storage.catalog import complete_stores, read_catalog, write_catalog
+    from atari_zarr.catalog import complete_stores, read_catalog, write_catalog
 
     home = tmp_path / "home"
     shutil.copytree(pong_store.url, home / "Pong" / "1.zarr")

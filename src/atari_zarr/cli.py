@@ -157,7 +157,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
 
 def _write_index(root: str, args: argparse.Namespace, *, sizes: bool) -> None:
     """``ROOT/catalog.json`` (``index``, ``convert --index``), and one line saying so."""
-    from atari_zarr.storage.catalog import CATALOG, write_catalog
+    from atari_zarr.catalog import CATALOG, write_catalog
 
     doc = write_catalog(
         root, parse_storage_options(args.storage_option), sizes=sizes, timeout=_timeout(args)
@@ -359,8 +359,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
 
 def _cmd_ls(args: argparse.Namespace) -> int:
 
+    from atari_zarr.catalog import list_stores
     from atari_zarr.info import format_store_list
-    from atari_zarr.storage.catalog import list_stores
 
     if args.available:
         return _ls_available(args)

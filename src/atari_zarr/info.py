@@ -1,7 +1,7 @@
 """Summaries of stores: what ``atari-zarr info`` and ``atari-zarr ls`` print.
 
 The list of stores itself comes from the one catalog,
-:func:`atari_zarr.storage.catalog.list_stores`; this module renders it.
+:func:`atari_zarr.catalog.list_stores`; this module renders it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from atari_zarr.catalog import StoreRow
 from atari_zarr.episodes import checkpoint_summary, episode_table
 from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import (
@@ -22,11 +23,10 @@ from atari_zarr.layout import (
     is_complete,
     read_metadata,
 )
+from atari_zarr.opening import open_store
 from atari_zarr.sources.registry import kind_of
-from atari_zarr.storage.catalog import StoreRow
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
-from atari_zarr.storage.opening import open_store
 
 __all__ = ["format_info", "format_store_list", "open_store_group", "store_info"]
 
@@ -302,7 +302,7 @@ def format_info(info: dict[str, Any], *, episodes: bool = False, checkpoints: bo
 
 
 def format_store_list(rows: Sequence[StoreRow]) -> str:
-    """Render :func:`~atari_zarr.storage.catalog.list_stores` as an aligned table.
+    """Render :func:`~atari_zarr.catalog.list_stores` as an aligned table.
 
     Examples
     --------

@@ -56,6 +56,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from atari_zarr.catalog import (
+    CatalogEntry,
+    complete_stores,
+    find_store,
+    refresh_catalog,
+    store_state,
+)
 from atari_zarr.commands import command_line
 from atari_zarr.conversion.converter import convert
 from atari_zarr.conversion.workdir import WorkDir
@@ -71,13 +78,6 @@ from atari_zarr.errors import (
 )
 from atari_zarr.layout import store_path
 from atari_zarr.place import current_place
-from atari_zarr.storage.catalog import (
-    CatalogEntry,
-    complete_stores,
-    find_store,
-    refresh_catalog,
-    store_state,
-)
 from atari_zarr.storage.deadline import TIMEOUT_ENV, Timeout, resolve_timeout
 from atari_zarr.storage.paths import is_url, join, redact
 from atari_zarr.subsets import PLAYED, Subset

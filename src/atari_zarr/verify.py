@@ -71,6 +71,7 @@ from atari_zarr.layout import (
     is_complete,
 )
 from atari_zarr.layout import spec as layout_spec
+from atari_zarr.opening import open_store
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.engine import ChunkEngine, decode_chunk
 from atari_zarr.read.options import ReadOptions
@@ -89,7 +90,6 @@ from atari_zarr.sources.registry import (
 )
 from atari_zarr.storage.deadline import Timeout, resolve_timeout
 from atari_zarr.storage.filesystem import FileSystem, get_fs, not_regular_error
-from atari_zarr.storage.opening import open_store
 from atari_zarr.storage.ranges import ByteRange
 
 __all__ = ["VerifyReport", "verify_store"]

@@ -22,6 +22,7 @@ from atari_zarr_testkit.rl_unplugged import (
 from dask.callbacks import Callback
 
 from atari_zarr import AtariZarrDataset, convert
+from atari_zarr.catalog import store_state
 from atari_zarr.cli import main
 from atari_zarr.conversion.workdir import work_url
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
@@ -38,7 +39,6 @@ from atari_zarr.layout import (
     UNCLIPPED_REWARD,
 )
 from atari_zarr.sources.rl_unplugged.planner import SHARD_STRIDE, return_disagreements
-from atari_zarr.storage.catalog import store_state
 
 
 @pytest.fixture(scope="module")

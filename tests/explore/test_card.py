@@ -12,9 +12,9 @@ import fsspec
 import pytest
 from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
+from atari_zarr.catalog import write_catalog
 from atari_zarr.cli import main
 from atari_zarr.explore.card import size_category, write_card
-from atari_zarr.storage.catalog import write_catalog
 
 
 def _run_python_blocks(text: str, tmp_path: Path) -> str:

@@ -10,10 +10,10 @@ import torch
 from atari_zarr_testkit import write_fixture_run
 
 from atari_zarr import convert
+from atari_zarr.catalog import complete_stores
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError
 from atari_zarr.read.dataset import collate_batch
 from atari_zarr.read.mixing import MixtureSampler, MultiGameDataset, store_probabilities
-from atari_zarr.storage.catalog import complete_stores
 
 
 @pytest.fixture

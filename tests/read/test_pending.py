@@ -13,11 +13,11 @@ import torch
 import zarr
 
 from atari_zarr import MultiGameDataset
+from atari_zarr.catalog import write_catalog
 from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import ATTRS_KEY
 from atari_zarr.read.dataset import collate_batch
 from atari_zarr.read.pending import PendingStore
-from atari_zarr.storage.catalog import write_catalog
 
 
 @pytest.fixture

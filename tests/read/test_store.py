@@ -87,7 +87,7 @@ def test_a_missing_object_in_a_bucket_is_damage(big, tmp_path):
 def test_only_the_json_true_marks_a_store_complete(big):
     """A complete store is read with missing chunks as damage; ``"complete": "false"``
     (a string) is an unfinished store for the reader, ``ls`` and ``verify`` alike."""
-    from atari_zarr.storage.catalog import store_state
+    from atari_zarr.catalog import store_state
     from atari_zarr.verify import verify_store
 
     url = big["store"].url

@@ -18,8 +18,8 @@ import zarr
 from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 from zarr.core.sync import sync
 
+from atari_zarr.catalog import list_stores, store_state
 from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
-from atari_zarr.storage.catalog import list_stores, store_state
 from atari_zarr.storage.filesystem import FileSystem, get_fs
 from atari_zarr.storage.remote import open_zarr_store
 

@@ -19,8 +19,8 @@ from atari_zarr_testkit.proxy import CountingProxy
 from atari_zarr_testkit.s3 import SECRET_KEY, MotoS3Server
 
 from atari_zarr import AtariZarrDataset, convert
+from atari_zarr.catalog import list_stores, store_state
 from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
-from atari_zarr.storage.catalog import list_stores, store_state
 
 pytestmark = pytest.mark.timeout(300)
 

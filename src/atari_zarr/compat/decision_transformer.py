@@ -92,6 +92,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from atari_zarr.catalog import store_state
 from atari_zarr.compat.pieces import asked_pieces, open_asked
 from atari_zarr.conversion.converter import convert
 from atari_zarr.errors import InvalidArgumentError
@@ -99,7 +100,6 @@ from atari_zarr.layout import store_path
 from atari_zarr.pull import Download, Request
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.store import StoreReader
-from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import join

@@ -56,6 +56,7 @@ import torch
 import zarr
 from tensordict import TensorDictBase
 
+from atari_zarr.catalog import store_state
 from atari_zarr.compat.torchrl_storage import METADATA, PREPROCESS_KEY, PreprocessedStorage
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import InvalidArgumentError, StoreExistsError
@@ -63,7 +64,6 @@ from atari_zarr.layout import codecs_for, for_writing, get_array
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.resources import cpu_count
-from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.paths import redact
 from atari_zarr.storage.remote import open_zarr_store
 

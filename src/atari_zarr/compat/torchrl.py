@@ -32,11 +32,11 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from atari_zarr.catalog import check_entry, complete_stores, name_to_url
 from atari_zarr.compat.torchrl_storage import AtariZarrStorage, PreprocessedStorage, refuse
 from atari_zarr.errors import import_optional
 from atari_zarr.pull import Request, cache_home, resolve
 from atari_zarr.read.dataset import AtariZarrDataset
-from atari_zarr.storage.catalog import check_entry, complete_stores, name_to_url
 from atari_zarr.storage.deadline import Timeout
 
 # MissingDependencyError naming the extra when TorchRL is not installed

@@ -53,6 +53,7 @@ import numpy as np
 import zarr
 
 from atari_zarr._version import __version__
+from atari_zarr.catalog import store_state
 from atari_zarr.commands import command_line
 from atari_zarr.conversion.derived import write_derived
 from atari_zarr.conversion.graph import Job, build_graph, build_scan_graph, expected_keys
@@ -92,7 +93,6 @@ from atari_zarr.sources.registry import (
     get_kind,
     plan_run,
 )
-from atari_zarr.storage.catalog import store_state
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, Timeout, resolve_timeout
 from atari_zarr.storage.filesystem import disk_full_error
 from atari_zarr.storage.paths import is_url

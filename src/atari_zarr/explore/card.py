@@ -12,7 +12,7 @@
 * the learning curves, one panel per game and one line per run.
 
 The stores are found through the root's ``catalog.json`` when there is one
-(:mod:`atari_zarr.storage.catalog`), else by listing.
+(:mod:`atari_zarr.catalog`), else by listing.
 
 Examples
 --------
@@ -28,19 +28,19 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from atari_zarr.errors import StoreExistsError, StoreNotFoundError, import_optional
-from atari_zarr.explore.curves import plot_learning_curves
-from atari_zarr.sources.registry import kind_of
-from atari_zarr.storage.catalog import (
+from atari_zarr.catalog import (
     CATALOG,
     CatalogEntry,
     catalog_entries,
     check_root,
     store_state,
 )
+from atari_zarr.errors import StoreExistsError, StoreNotFoundError, import_optional
+from atari_zarr.explore.curves import plot_learning_curves
+from atari_zarr.opening import open_store
+from atari_zarr.sources.registry import kind_of
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
-from atari_zarr.storage.opening import open_store
 from atari_zarr.storage.paths import redact
 
 __all__ = ["CARD", "CURVES", "MARK", "card_text", "size_category", "write_card"]

@@ -21,8 +21,8 @@ from typing import Any
 
 from atari_zarr.episodes import checkpoint_summary
 from atari_zarr.errors import import_optional
+from atari_zarr.opening import open_store
 from atari_zarr.storage.deadline import Timeout
-from atari_zarr.storage.opening import open_store
 
 __all__ = ["learning_curve", "plot_learning_curves"]
 

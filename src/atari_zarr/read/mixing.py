@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from atari_zarr.catalog import check_names, complete_store_entries, name_to_url
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.dataset import AtariZarrDataset
@@ -33,7 +34,6 @@ from atari_zarr.read.mixture import (
 )
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pending import PendingStore, open_all
-from atari_zarr.storage.catalog import check_names, complete_store_entries, name_to_url
 from atari_zarr.storage.paths import is_url
 
 __all__ = [
@@ -178,7 +178,7 @@ class MultiGameDataset(ItemDataset):
         """Open ``{root}/{Game}/{run}.zarr`` for each ``"Game/run"`` in ``names``.
 
         The default is every complete store under ``root``
-        (:func:`~atari_zarr.storage.catalog.complete_stores`): unfinished
+        (:func:`~atari_zarr.catalog.complete_stores`): unfinished
         conversions are left out. With a ``catalog.json`` at ``root`` the dataset
         opens with that one request: the stores' games and lengths are their
         entries', and each store is opened when a batch or a stream first needs it

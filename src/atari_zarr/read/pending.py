@@ -9,7 +9,7 @@ in length, it stops with an error, since the mixture already numbered its items.
 
 Examples
 --------
->>> from atari_zarr.storage.catalog import content_id
+>>> from atari_zarr.catalog import content_id
 >>> content = content_id(StoreReader(store_url).metadata)  # the converted Pong/1 fixture
 >>> entry = {"game": "Pong", "run": "1", "transitions": 300, "content": content}
 >>> p = PendingStore(store_url, entry)
@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from zarr.core.metadata.v3 import ArrayV3Metadata
 
+from atari_zarr.catalog import CATALOG, CatalogEntry, check_entry
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import (
     AtariZarrError,
@@ -39,7 +40,6 @@ from atari_zarr.errors import (
 from atari_zarr.layout import OBSERVATION
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.store import StoreReader
-from atari_zarr.storage.catalog import CATALOG, CatalogEntry, check_entry
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, redact
 

@@ -40,6 +40,7 @@ from atari_zarr.layout import (
     is_complete,
     read_metadata,
 )
+from atari_zarr.opening import changed_or_damaged, open_store
 from atari_zarr.place import current_place
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
@@ -48,7 +49,6 @@ from atari_zarr.read.consumer import quiet_worker_exit
 from atari_zarr.read.engine import DEFAULT_REMEDY
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
-from atari_zarr.storage.opening import changed_or_damaged, open_store
 from atari_zarr.storage.paths import redact
 
 __all__ = ["StoreReader", "store_remedy"]

@@ -15,7 +15,7 @@ from atari_zarr.errors import (
     StoreNotFoundError,
 )
 from atari_zarr.layout import ATTRS_KEY
-from atari_zarr.storage.opening import changed_or_damaged, open_store
+from atari_zarr.opening import changed_or_damaged, open_store
 
 DAMAGE = (
     "{url}: chunk 3 of array 'observation' (rows 48-63), stored in 'observation/c/0/0/0', "

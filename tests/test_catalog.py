@@ -24,6 +24,13 @@ from atari_zarr_testkit import FixtureRun, write_fixture_run
 from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
 
 from atari_zarr import convert
+from atari_zarr.catalog import (
+    complete_stores,
+    list_stores,
+    name_to_url,
+    store_state,
+    write_catalog,
+)
 from atari_zarr.cli import main as cli_main
 from atari_zarr.errors import (
     InvalidArgumentError,
@@ -35,13 +42,6 @@ from atari_zarr.errors import (
 from atari_zarr.layout import create_store
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.mixing import MultiGameDataset
-from atari_zarr.storage.catalog import (
-    complete_stores,
-    list_stores,
-    name_to_url,
-    store_state,
-    write_catalog,
-)
 from atari_zarr.storage.remote import open_zarr_store
 
 BUCKET = "atari-catalog"
@@ -421,7 +421,7 @@ def test_a_catalogued_bucket_root_opens_with_one_request_and_stale_entries_stop_
 def test_writers_finishing_at_once_lose_no_entry(indexed, pong_store, monkeypatch) -> None:
     """Writer A lists the root before B's store is complete, and its write lands after
     B's: A lists again after writing, sees B's store, and writes again."""
-    from atari_zarr.storage import catalog as catalog_module
+    from atari_zarr import catalog as catalog_module
 
     server = indexed["server"]
     opts = server.storage_options()
@@ -607,8 +607,8 @@ def test_a_relative_root_is_advised_relative(pong_store, tmp_path, monkeypatch):
     pass instead is the right parent, as the user would type it."""
     import shutil
 
+    from atari_zarr.catalog import check_root
     from atari_zarr.errors import InvalidArgumentError
-    from atari_zarr.storage.catalog import check_root
 
     shutil.copytree(pong_store.url, tmp_path / "gdir" / "Pong" / "1.zarr")
     monkeypatch.chdir(tmp_path / "gdir" / "Pong")
