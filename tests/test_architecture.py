@@ -35,7 +35,7 @@ FLOORS = [
     {"conversion", "read", "record"},
     {"pull"},
     {"compat", "explore"},
-    {"verify", "info", "demo", "torchrl"},
+    {"verify", "info", "demo", "torchrl", "listing"},
     {"cli", "__main__"},
 ]
 #: The floor of the paths through a store: its packages do not import each other.
@@ -243,3 +243,17 @@ def test_the_read_picture_and_table_match_the_imports():
             name = m.group(1)
             wrong.append(f"{name}: table {sorted(listed)}, imports {sorted(graph[name])}")
     assert not wrong, wrong
+
+
+def test_the_drop_ins_open_through_one_door_and_read_through_the_dataset():
+    """Every drop-in opens what its loader asks for with ``pull.open_request`` (which
+    checks the root's catalog entry, once) and reads the store through the public
+    ``AtariZarrDataset``: none resolves on its own or reaches for ``StoreReader``."""
+    graph = modules()
+    for name in ("compat.torchrl", "compat.d3rlpy", "compat.decision_transformer"):
+        text = (ROOT / Path(*name.split("."))).with_suffix(".py").read_text()
+        assert "open_request(" in text, f"{name} does not open through pull.open_request"
+        assert "resolve(" not in text, f"{name} resolves on its own"
+    for name in ("compat.torchrl", "compat.d3rlpy", "compat.decision_transformer", "compat.pieces"):
+        inner = {"read.store", "read.chunks", "read.engine"} & graph[name]
+        assert not inner, f"{name} imports {sorted(inner)}, not a front door"

@@ -397,7 +397,7 @@ class _Who:
         return 1
 
     def __getitem__(self, i):
-        from atari_zarr.pull import _follower
+        from atari_zarr.pull.fetch import _follower
 
         return _follower()
 
@@ -409,7 +409,7 @@ def _first(items):
 def test_dataloader_workers_never_pull():
     import torch
 
-    from atari_zarr.pull import _follower
+    from atari_zarr.pull.fetch import _follower
 
     loader = torch.utils.data.DataLoader(_Who(), num_workers=1, collate_fn=_first)
     assert next(iter(loader)) == "DataLoader worker 0"

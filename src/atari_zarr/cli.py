@@ -324,7 +324,8 @@ def _cmd_card(args: argparse.Namespace) -> int:
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
-    from atari_zarr.pull import RLU_URL, Request, loading_line, pull
+    from atari_zarr.listing import loading_line
+    from atari_zarr.pull import RLU_URL, Request, pull
 
     subset = _subset(args)
     requests = [
@@ -380,7 +381,8 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 
 def _ls_available(args: argparse.Namespace) -> int:
-    from atari_zarr.pull import available, format_available
+    from atari_zarr.listing import format_available
+    from atari_zarr.pull import available
 
     rows = available(
         home=args.home,

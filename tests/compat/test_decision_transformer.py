@@ -174,7 +174,7 @@ def _same_data(a, b):
     for name in ("actions", "rtgs", "timesteps", "done_idxs", "returns"):
         np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
     np.testing.assert_array_equal(
-        a.store.frames.read(a.rows), b.store.frames.read(b.rows), err_msg="frames"
+        a.store.read_frames(a.rows), b.store.read_frames(b.rows), err_msg="frames"
     )
 
 
@@ -245,7 +245,7 @@ def test_returns_to_go_differ_from_the_originals_exactly_as_documented(pong_stor
     next trajectory's first reward, and every trajectory after the first keeps 0 at its
     first step; elsewhere they are ours."""
     data = create_dataset(6, 400, trajectories_per_buffer=3, store=pong_store.url, seed=0)
-    rewards = data.store.reward[data.rows].astype(np.float64)
+    rewards = data.store.read_steps(data.rows)["reward"].astype(np.float64)
     theirs = kzl_rtg(rewards, data.done_idxs)
     ours = data.rtgs.astype(np.float64)
     starts = np.r_[0, data.done_idxs[:-1]]

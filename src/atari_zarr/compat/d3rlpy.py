@@ -40,10 +40,11 @@ from typing import Any
 
 import numpy as np
 
-from atari_zarr.compat.pieces import asked_pieces, open_asked
+from atari_zarr.compat.pieces import asked_pieces
 from atari_zarr.errors import InvalidArgumentError, import_optional
-from atari_zarr.pull import GAMES, Download, Request, game_name
-from atari_zarr.read.store import StoreReader
+from atari_zarr.layout import FRAME_SHAPE
+from atari_zarr.pull import GAMES, Download, Request, game_name, open_request
+from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.subsets import PLAYED, Pieces
 
@@ -65,7 +66,7 @@ def ale_name(snake: str) -> str:
 
 
 def _episodes(
-    store: StoreReader, pieces: Pieces, *, pre_stack: bool, num_stack: int | None
+    store: AtariZarrDataset, pieces: Pieces, *, pre_stack: bool, num_stack: int | None
 ) -> list:
     d3rlpy = import_optional("d3rlpy", extra="d3rlpy", purpose="atari_zarr.compat.d3rlpy")
     out = []
@@ -73,13 +74,14 @@ def _episodes(
         pieces.start.tolist(), pieces.stop.tolist(), pieces.terminated.tolist(), strict=True
     ):
         rows = np.arange(a, b, dtype=np.int64)
-        frames = np.empty((len(rows), 1, *store.observation.shape[1:]), dtype=np.uint8)
+        frames = np.empty((len(rows), 1, *FRAME_SHAPE), dtype=np.uint8)
         for lo in range(0, len(rows), _BLOCK):
-            frames[lo : lo + _BLOCK, 0] = store.frames.read(rows[lo : lo + _BLOCK])
+            frames[lo : lo + _BLOCK, 0] = store.read_frames(rows[lo : lo + _BLOCK])
+        steps = store.read_steps(rows)
         episode = d3rlpy.dataset.Episode(
             observations=frames,
-            actions=store.action[rows].astype(np.int64).reshape(-1, 1),
-            rewards=store.reward[rows].astype(np.float32).reshape(-1, 1),
+            actions=steps["action"].astype(np.int64).reshape(-1, 1),
+            rewards=steps["reward"].astype(np.float32).reshape(-1, 1),
             terminated=bool(terminated),
         )
         if pre_stack:
@@ -108,6 +110,38 @@ def _buffer(episodes: list, num_stack: int | None, pre_stack: bool) -> Any:
         transition_picker=picker,
         trajectory_slicer=slicer,
     )
+
+
+def _load(
+    request: Request,
+    store: str | os.PathLike[str] | AtariZarrDataset | None,
+    where: dict[str, Any],
+    storage_options: dict[str, Any] | None,
+    *,
+    subset: Any = None,
+    checkpoints: tuple[int, ...] | None = None,
+    game: str | None = None,
+    env: dict[str, Any],
+    pre_stack: bool,
+    make_environment: bool,
+) -> tuple[Any, Any]:
+    """What both loaders return: the store opened (``pull.open_request``), the pieces
+    asked taken from it as d3rlpy's episodes, and the game's environment."""
+    reader, _ = open_request(
+        request,
+        store=store,
+        home=where["root"],
+        download=where["download"],
+        mirrors=where["mirrors"],
+        storage_options=storage_options,
+        timeout=where["timeout"],
+    )
+    pieces = asked_pieces(reader, subset, checkpoints=checkpoints)
+    episodes = _episodes(reader, pieces, pre_stack=pre_stack, num_stack=env["num_stack"])
+    made = None
+    if make_environment:
+        made = make_env(game or str(reader.metadata.get("game")), **env)
+    return _buffer(episodes, env["num_stack"], pre_stack), made
 
 
 def make_env(
@@ -144,7 +178,7 @@ def _preset_checkpoints(game: str, preset: str) -> tuple[int, ...]:
 
 
 def get_atari(
-    env_name: str | os.PathLike[str] | StoreReader,
+    env_name: str | os.PathLike[str] | AtariZarrDataset,
     num_stack: int | None = None,
     sticky_action: bool = True,
     pre_stack: bool = False,
@@ -162,38 +196,28 @@ def get_atari(
     ``env_name`` is d4rl-atari's id, ``"{game}-{mixed|medium|expert}-v{index}"``: run
     ``index + 1``, checkpoint 1 (mixed), 10 (medium) or the run's last (expert),
     found or fetched as :func:`get_atari_transitions` does. A store's path (or a
-    :class:`~atari_zarr.read.store.StoreReader`) reads that store whole instead.
+    :class:`~atari_zarr.AtariZarrDataset`) reads that store whole instead.
     Returns ``(ReplayBuffer, env)``; ``env`` is None with ``make_environment=False``.
     """
     match = _ENV_NAME.match(str(env_name)) if isinstance(env_name, str) else None
     checkpoints = None
-    if isinstance(env_name, StoreReader):
-        reader = env_name
-    elif match is None:
-        reader = StoreReader(os.fspath(env_name), storage_options=storage_options)
+    store: str | os.PathLike[str] | AtariZarrDataset | None = None
+    if match is None:  # a store named (or open) instead of d4rl-atari's id
+        store, request = env_name, Request.parse("store")
     else:
         game = game_name(match["game"])
         checkpoints = _preset_checkpoints(game, match["preset"])
         request = Request.parse(game, run=int(match["index"]) + 1, checkpoints=checkpoints)
-        reader = open_asked(
-            request,
-            root=root,
-            download=download,
-            mirrors=mirrors,
-            storage_options=storage_options,
-            timeout=timeout,
-        )
-    pieces = asked_pieces(reader, checkpoints=checkpoints)
-    episodes = _episodes(reader, pieces, pre_stack=pre_stack, num_stack=num_stack)
-    env = None
-    if make_environment:
-        env = make_env(
-            str(reader.metadata.get("game")),
-            num_stack=num_stack,
-            sticky_action=sticky_action,
-            render_mode=render_mode,
-        )
-    return _buffer(episodes, num_stack, pre_stack), env
+    return _load(
+        request,
+        store,
+        dict(root=root, download=download, mirrors=mirrors, timeout=timeout),
+        storage_options,
+        checkpoints=checkpoints,
+        env=dict(num_stack=num_stack, sticky_action=sticky_action, render_mode=render_mode),
+        pre_stack=pre_stack,
+        make_environment=make_environment,
+    )
 
 
 def get_atari_transitions(
@@ -206,7 +230,7 @@ def get_atari_transitions(
     render_mode: str | None = None,
     *,
     root: str | os.PathLike[str] | None = None,
-    store: str | os.PathLike[str] | StoreReader | None = None,
+    store: str | os.PathLike[str] | AtariZarrDataset | None = None,
     download: Download = True,
     mirrors: str | list[str] | None = None,
     order: str = PLAYED,
@@ -229,7 +253,7 @@ def get_atari_transitions(
         d3rlpy's.
     root : str or path, optional
         A directory (or URL) of stores ``{Game}/{run}.zarr``, where a download goes.
-    store : str, path or StoreReader, optional
+    store : str, path or AtariZarrDataset, optional
         Read this store instead (a whole run, or the same subset): nothing is looked
         up or fetched.
     order : {"played", "random"}
@@ -254,20 +278,14 @@ def get_atari_transitions(
     request = Request.parse(
         game_name, run=int(index) + 1, fraction=fraction, order=order, seed=seed
     )
-    reader = open_asked(
+    return _load(
         request,
-        store=store,
-        root=root,
-        download=download,
-        mirrors=mirrors,
-        storage_options=storage_options,
-        timeout=timeout,
+        store,
+        dict(root=root, download=download, mirrors=mirrors, timeout=timeout),
+        storage_options,
+        subset=request.subset,
+        game=request.game,
+        env=dict(num_stack=num_stack, sticky_action=sticky_action, render_mode=render_mode),
+        pre_stack=pre_stack,
+        make_environment=make_environment,
     )
-    pieces = asked_pieces(reader, request.subset)
-    episodes = _episodes(reader, pieces, pre_stack=pre_stack, num_stack=num_stack)
-    env = None
-    if make_environment:
-        env = make_env(
-            request.game, num_stack=num_stack, sticky_action=sticky_action, render_mode=render_mode
-        )
-    return _buffer(episodes, num_stack, pre_stack), env

@@ -92,17 +92,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from atari_zarr.catalog import store_state
-from atari_zarr.compat.pieces import asked_pieces, open_asked
-from atari_zarr.conversion.converter import convert
+from atari_zarr.compat.pieces import asked_pieces
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.layout import store_path
-from atari_zarr.pull import Download, Request
+from atari_zarr.pull import Download, Request, open_request
+from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.indexing import normalize_index
-from atari_zarr.read.store import StoreReader
 from atari_zarr.storage.deadline import Timeout
-from atari_zarr.storage.filesystem import get_fs
-from atari_zarr.storage.paths import join
 from atari_zarr.subsets import Pieces, Subset
 
 __all__ = ["DecisionTransformerData", "StateActionReturnDataset", "create_dataset"]
@@ -117,8 +112,8 @@ class DecisionTransformerData:
 
     Attributes
     ----------
-    store : StoreReader
-        The store they are read from.
+    store : AtariZarrDataset
+        The store they are read from, with frames stacked as the original's states.
     pieces : Pieces
         The trajectories (rows of the store), in row order.
     rows : numpy.ndarray
@@ -138,7 +133,7 @@ class DecisionTransformerData:
         steps instead.
     """
 
-    store: StoreReader
+    store: AtariZarrDataset
     pieces: Pieces
     rows: np.ndarray
     actions: np.ndarray
@@ -164,7 +159,7 @@ def create_dataset(
     data_dir_prefix: str | os.PathLike[str] | None = "./dqn_replay/",
     trajectories_per_buffer: int = 10,
     *,
-    store: str | os.PathLike[str] | StoreReader | None = None,
+    store: str | os.PathLike[str] | AtariZarrDataset | None = None,
     seed: int = 123,
     download: Download = True,
     home: str | os.PathLike[str] | None = None,
@@ -187,7 +182,7 @@ def create_dataset(
     ----------
     num_buffers, num_steps, game, data_dir_prefix, trajectories_per_buffer :
         As the original's (defaults: ``run_dt_atari.py``'s).
-    store : str, path or StoreReader, optional
+    store : str, path or AtariZarrDataset, optional
         Read this store instead (a run converted from DQN Replay or RL Unplugged, or a
         store of the same selection), local or any fsspec URL.
     seed : int
@@ -220,19 +215,17 @@ def create_dataset(
             "num_steps, game, data_dir_prefix, trajectories_per_buffer)) or store=; got neither"
         )
     request = Request.parse(str(game or "store"), run=1, subset=subset)
-    local = (
-        _from_prefix(request, str(game), data_dir_prefix, storage_options)
-        if store is None
-        else None
-    )
-    store = local or open_asked(
+    store, _ = open_request(
         request,
         store=store,
-        root=home,
+        home=home,
         download=download,
         mirrors=mirrors,
+        # the original reads {data_dir_prefix}{game}/1/replay_logs: converted beside them
+        local_source=None if data_dir_prefix is None else os.fspath(data_dir_prefix),
         storage_options=storage_options,
         timeout=timeout,
+        frame_stack=STACK,
     )
     pieces = asked_pieces(store, subset, need_parts=True)
     lengths = pieces.length
@@ -243,49 +236,25 @@ def create_dataset(
     ).astype(np.int64)
     done_idxs = np.cumsum(lengths).astype(np.int64)
     rtg = store.return_to_go(rows) if len(rows) else np.zeros(0, np.float32)
+    steps = store.read_steps(rows)
+    first_episodes = store.read_steps(np.asarray(pieces.start, dtype=np.int64))["episode"]
     first = np.repeat(np.r_[0, done_idxs[:-1]], lengths) if len(pieces) else rows
     returns = rtg[np.r_[0, done_idxs[:-1]]] if len(pieces) else np.zeros(0, np.float32)
     return DecisionTransformerData(
         store=store,
         pieces=pieces,
         rows=rows,
-        actions=store.action[rows].astype(np.int64) if len(rows) else rows,
+        actions=steps["action"].astype(np.int64) if len(rows) else rows,
         rtgs=rtg.astype(np.float32),
         timesteps=(np.arange(len(rows)) - first).astype(np.int64) if len(rows) else rows,
         done_idxs=done_idxs,
         returns=returns.astype(np.float32),
         fragments=(
-            store.steps_before(store.episode[np.asarray(pieces.start, dtype=np.int64)])[1]
+            store.episode_table["fragment"].to_numpy(dtype=bool)[first_episodes]
             if len(pieces)
             else np.zeros(0, dtype=bool)
         ),
     )
-
-
-def _from_prefix(
-    request: Request,
-    game: str,
-    prefix: str | os.PathLike[str] | None,
-    options: dict[str, Any] | None,
-) -> StoreReader | None:
-    """The run in ``prefix``: its store, or its DQN Replay files converted beside them."""
-    if prefix is None:
-        return None
-    root = os.fspath(prefix).rstrip("/") or "/"
-    for name in dict.fromkeys([request.game, game]):  # as converted from {prefix}{game}/1
-        url = store_path(root, name, request.run)
-        if store_state(url, options) == "complete":
-            return StoreReader(url, storage_options=options)
-    fs, path = get_fs(join(root, game, "1", "replay_logs"), options)
-    if not fs.exists(path):
-        return None
-    [done] = convert(
-        join(root, game, "1"),
-        root,
-        storage_options=options,
-        progress=False,
-    )
-    return StoreReader(done.url, storage_options=options)
 
 
 class StateActionReturnDataset(torch.utils.data.Dataset):
@@ -344,7 +313,7 @@ class StateActionReturnDataset(torch.utils.data.Dataset):
     def _items(self, idx: np.ndarray) -> tuple[torch.Tensor, ...]:
         steps = self.window(idx)
         b, k = steps.shape
-        td = self.data.store.read_items(self.data.rows[steps.ravel()], length=1, stack=STACK)
+        td = self.data.store[self.data.rows[steps.ravel()]]
         obs = td["observation"]  # [b * k, 4, 84, 84], views of the frames read
         if self.uint8:
             states = obs.contiguous().reshape(b, k, STACK, *obs.shape[-2:])

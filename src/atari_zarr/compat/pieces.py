@@ -1,71 +1,45 @@
 """The episodes a drop-in reads from a store: the part of a run its loader asked for.
 
-:func:`open_asked` finds the store (:func:`atari_zarr.pull.resolve`: the cache, mirrors,
-a pull) or opens the one given; :func:`asked_pieces` takes the part from it.
-
 A loader asks for a part of a run (some checkpoints, a subset rule). The store
-:func:`atari_zarr.pull.resolve` finds either holds exactly that part (a store
+:func:`atari_zarr.pull.open_request` finds either holds exactly that part (a store
 converted with the same rule, e.g. pulled) or the whole run (a mirror, a store the
-user converted), of which the part is taken here, lazily, with the rule of
+user converted), of which :func:`asked_pieces` takes the part, lazily, with the rule of
 :mod:`atari_zarr.subsets`. Either way the drop-in reads the same episodes.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
-from typing import Any
 
-from atari_zarr.episodes import SourcePart, source_parts
+import numpy as np
+
+from atari_zarr.episodes import EpisodeTable, SourcePart, episode_table, source_parts
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.pull import Download, Request, resolve
-from atari_zarr.read.store import StoreReader
-from atari_zarr.storage.deadline import Timeout
+from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.subsets import CHECKPOINT_ROWS, Pieces, Subset, episode_pieces, select_pieces
 
-__all__ = ["asked_pieces", "open_asked"]
+__all__ = ["asked_pieces", "store_episodes"]
 
 
-def open_asked(
-    request: Request,
-    *,
-    store: str | os.PathLike[str] | StoreReader | None = None,
-    root: str | os.PathLike[str] | None = None,
-    download: Download = True,
-    mirrors: str | list[str] | None = None,
-    storage_options: dict[str, Any] | None = None,
-    timeout: Timeout = "default",
-) -> StoreReader:
-    """The store of ``request``: ``store`` when given, else the one
-    :func:`~atari_zarr.pull.resolve` finds under ``root`` (the cache), in a mirror, or
-    pulls (``download``); ``storage_options`` serve a URL ``store``, ``root`` and mirrors;
-    ``timeout`` bounds each remote call (``"default"``: ``$ATARI_ZARR_TIMEOUT``, else 60 s).
+def store_episodes(ds: AtariZarrDataset) -> EpisodeTable:
+    """The per-episode table of ``ds``: its attribute, else (an unfinished recording)
+    built from the per-step values.
 
     Examples
     --------
-    >>> # dest_root: a directory holding the converted fixture store Pong/1
-    >>> open_asked(Request.parse("Pong/1"), root=dest_root, download=False).where
-    '.../Pong/1.zarr'
+    >>> table = store_episodes(AtariZarrDataset(store_url))
+    >>> int(table.length.sum()) == len(AtariZarrDataset(store_url))
+    True
     """
-    if isinstance(store, StoreReader):
-        return store
-    if store is not None:
-        return StoreReader(os.fspath(store), storage_options=storage_options)
-    found = resolve(
-        request,
-        home=root,
-        home_options=storage_options,
-        mirrors=mirrors,
-        mirror_options=storage_options,
-        download=download,
-        progress=True,  # a download shows its bars, as the originals' did
-        timeout=timeout,
-    )
-    return StoreReader(found.url, storage_options=found.storage_options)
+    table = episode_table(ds.metadata, len(ds))
+    if table is None:
+        steps = ds.read_steps(np.arange(len(ds), dtype=np.int64))
+        table = EpisodeTable.from_steps(steps["episode"], steps["terminated"], steps["reward"])
+    return table
 
 
 def asked_pieces(
-    reader: StoreReader,
+    reader: AtariZarrDataset,
     subset: Subset | None = None,
     *,
     checkpoints: Iterable[int] | None = None,
@@ -85,7 +59,7 @@ def asked_pieces(
 
     Examples
     --------
-    >>> reader = StoreReader(store_url)  # the converted Pong/1 fixture run: 6 checkpoints
+    >>> reader = AtariZarrDataset(store_url)  # the converted Pong/1 fixture run: 6 checkpoints
     >>> asked_pieces(reader).rows == len(reader)  # every row, cut at checkpoints
     True
     >>> # 32 rows of each checkpoint; the last, partial one has fewer
@@ -107,8 +81,9 @@ def asked_pieces(
     recorded = Subset.from_attributes(
         selection.get("subset") if isinstance(selection, dict) else None
     )
+    episodes = store_episodes(reader)
     if subset is None or recorded == subset:
-        return episode_pieces(parts, reader.episodes)
+        return episode_pieces(parts, episodes)
     if recorded is not None:
         raise InvalidArgumentError(
             f"{reader.where} holds a subset ({recorded.describe()}), not the run; expected the "
@@ -116,6 +91,4 @@ def asked_pieces(
             f"or leave the store to the loader (it finds or fetches the subset asked)."
         )
     capacity = int((reader.metadata.get("conversion") or {}).get("capacity") or CHECKPOINT_ROWS)
-    return select_pieces(
-        subset, parts, reader.episodes, checkpoint_rows=capacity, where=reader.where
-    )
+    return select_pieces(subset, parts, episodes, checkpoint_rows=capacity, where=reader.where)

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from atari_zarr.catalog import check_entry, complete_stores, name_to_url
+from atari_zarr.catalog import complete_stores, name_to_url
 from atari_zarr.compat.torchrl_storage import AtariZarrStorage, PreprocessedStorage, refuse
 from atari_zarr.errors import import_optional
-from atari_zarr.pull import Request, cache_home, resolve
+from atari_zarr.pull import Request, open_request
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.storage.deadline import Timeout
 
@@ -170,31 +170,21 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         if "strict_length" in kwargs:
             strict_len = bool(kwargs.pop("strict_length"))
         request = Request.parse(str(dataset_id))
-        home = cache_home(root)
-        found = resolve(
+        dataset, found = open_request(
             request,
-            home=home,
-            home_options=storage_options,
+            home=root,
             mirrors=mirrors,
-            mirror_options=storage_options,
             download=download,  # type: ignore[arg-type]
-            progress=True,
+            storage_options=storage_options,
             timeout=timeout,
+            frame_stack=frame_stack,
         )
         self.storage_options = dict(found.storage_options)
         self.root = found.root
         self.dataset_id = request.dataset_id
         #: Where the store was found: ``"cache"``, ``"mirror"`` or ``"pulled"``.
         self.origin = found.origin
-        entry = found.entry
-        storage = AtariZarrStorage(
-            self.data_path,
-            storage_options=self.storage_options,
-            frame_stack=frame_stack,
-            dataset_id=self.dataset_id,
-        )
-        if entry is not None:
-            check_entry(entry, storage.dataset.metadata, self.data_path)
+        storage = AtariZarrStorage(dataset, dataset_id=self.dataset_id)
         if writer is None:
             writer = ImmutableDatasetWriter()
         if sampler is None:

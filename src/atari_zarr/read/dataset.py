@@ -246,6 +246,20 @@ class AtariZarrDataset(ItemDataset):
             "episode": store.episode[rows],
         }
 
+    def return_to_go(self, rows: np.ndarray) -> np.ndarray:
+        """``(len(rows),)`` float32: the sum of ``next/reward`` from each row to the end of
+        its episode (:func:`atari_zarr.episodes.return_to_go`, as the windows give it).
+
+        Examples
+        --------
+        >>> ds = AtariZarrDataset(store_url)
+        >>> rows = np.asarray(ds.episode_rows(0))
+        >>> bool(np.isclose(ds.return_to_go(rows[:1])[0], ds.read_steps(rows)["reward"].sum()))
+        True
+        """
+        rows, _ = normalize_index(np.asarray(rows, dtype=np.int64), len(self), self.where)
+        return self._store.return_to_go(rows)
+
     def episode(self, i: int) -> TensorDict:
         """Episode ``i`` (negative counts from the end) as one TED TensorDict of shape ``[T]``.
 

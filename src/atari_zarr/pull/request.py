@@ -1,0 +1,383 @@
+"""What a loader asks for, and what exists: the games table and the request grammar.
+
+:data:`GAMES` is the one table of what can be pulled, from TFDS's
+``rlu_atari_checkpoints_ordered`` builder: 46 games, runs 1 to 5, 50 shards a run (49
+for Carnival, Gravitar and StarGunner), and the size of a run where TFDS's catalog
+gives it. A :class:`Request` is a dataset id as the loaders spell it, parsed once; a
+:class:`Resolved` is where one was found. The cache's root (:func:`cache_home`) is where
+both a lookup and a pull start.
+
+Examples
+--------
+>>> GAMES["Pong"].shards, Request.parse("space_invaders", run=2).dataset_id
+(50, 'SpaceInvaders/2')
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from atari_zarr.catalog import CatalogEntry
+from atari_zarr.commands import command_line
+from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
+from atari_zarr.storage.paths import is_url, join
+from atari_zarr.subsets import PLAYED, Subset
+
+__all__ = [
+    "GAMES",
+    "HOME_ENV",
+    "MIRRORS_ENV",
+    "RUNS",
+    "Download",
+    "Game",
+    "Request",
+    "Resolved",
+    "cache_home",
+    "game_name",
+    "pullable",
+    "spans",
+]
+
+#: Where pulled stores go (default ``~/.cache/atari_zarr``).
+HOME_ENV = "ATARI_ZARR_HOME"
+#: Roots of stores read in place before anything is pulled, comma-separated.
+MIRRORS_ENV = "ATARI_ZARR_MIRRORS"
+#: Runs of every game.
+RUNS = (1, 2, 3, 4, 5)
+
+#: ``True`` fetches what is missing, ``"force"`` fetches again, ``False`` never does.
+Download = bool | Literal["force"]
+
+
+@dataclass(frozen=True)
+class Game:
+    """One game of RL Unplugged's ordered Atari episodes."""
+
+    name: str
+    #: Shards (checkpoints) of each run.
+    shards: int = 50
+    #: GiB of each run 1..5 in TFDS's catalog (None where it was not taken from there).
+    sizes: tuple[float | None, ...] = (None,) * 5
+
+
+_SHORT = ("Carnival", "Gravitar", "StarGunner")  # 49 shards: TFDS's _SHORT_GAMES
+# GiB of a run: TFDS's catalog page of rlu_atari_checkpoints_ordered ("Dataset size") for
+# Alien 1-3, Krull and KungFuMaster; run 1 of Breakout, Pong, Qbert and UpNDown as the
+# project's notes on the source round them. The rest is listed from the source on demand.
+_SIZES: dict[str, tuple[float | None, ...]] = {
+    "Alien": (74.09, 74.32, 74.21, None, None),
+    "Breakout": (31.0, None, None, None, None),
+    "Krull": (90.54, 90.60, 90.46, 90.57, 90.58),
+    "KungFuMaster": (62.07, 61.93, 61.96, 62.19, 62.18),
+    "Pong": (21.0, None, None, None, None),
+    "Qbert": (97.0, None, None, None, None),
+    "UpNDown": (100.0, None, None, None, None),
+}
+#: The one table of what can be pulled: TFDS's ``_GAMES``, with shards and sizes.
+GAMES: dict[str, Game] = {
+    name: Game(name, 49 if name in _SHORT else 50, _SIZES.get(name, (None,) * 5))
+    for name in (
+        "Alien Amidar Assault Asterix Atlantis BankHeist BattleZone BeamRider Boxing "
+        "Breakout Carnival Centipede ChopperCommand CrazyClimber DemonAttack DoubleDunk "
+        "Enduro FishingDerby Freeway Frostbite Gopher Gravitar Hero IceHockey Jamesbond "
+        "Kangaroo Krull KungFuMaster MsPacman NameThisGame Phoenix Pong Pooyan Qbert "
+        "Riverraid RoadRunner Robotank Seaquest SpaceInvaders StarGunner TimePilot UpNDown "
+        "VideoPinball WizardOfWor YarsRevenge Zaxxon"
+    ).split()
+}
+
+
+def _squash(name: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+def game_name(name: str) -> str:
+    """The game as the stores spell it, from any of the spellings loaders use.
+
+    ``"pong"``, ``"Pong"``, ``"space_invaders"`` (d3rlpy), ``"space-invaders"``
+    (d4rl-atari) and ``"SpaceInvaders"`` are the same game. A name not in
+    :data:`GAMES` is returned as it was given in CamelCase, so a store of another
+    game in the cache or a mirror is still found.
+
+    Examples
+    --------
+    >>> game_name("space_invaders"), game_name("ms-pacman"), game_name("Pong")
+    ('SpaceInvaders', 'MsPacman', 'Pong')
+    """
+    squashed = _squash(name)
+    for game in GAMES:
+        if _squash(game) == squashed:
+            return game
+    return "".join(p[:1].upper() + p[1:] for p in re.split(r"[_\-\s]+", str(name)) if p)
+
+
+def cache_home(home: str | os.PathLike[str] | None = None) -> str:
+    """The cache's root: ``home``, else ``$ATARI_ZARR_HOME``, else ``~/.cache/atari_zarr``.
+
+    A leading ``~`` of a local path is the user's home directory.
+
+    Examples
+    --------
+    >>> cache_home("~/stores") == os.path.expanduser("~/stores")
+    True
+    >>> cache_home("gs://bucket/~x")
+    'gs://bucket/~x'
+    """
+    if home is not None:
+        found = os.fspath(home)
+    else:
+        found = os.environ.get(HOME_ENV, "").strip() or os.path.join("~", ".cache", "atari_zarr")
+    # "~/x" is the user's home, never a directory named "~" in the working directory
+    return found if is_url(found) else os.path.expanduser(found)
+
+
+def spans(values: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"``."""
+    out: list[str] = []
+    items = sorted(set(values))
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a loader asks for: a game's run, whole or in part.
+
+    Make one with :meth:`parse`. ``checkpoints`` are shard indices (checkpoint ``i`` of
+    the run is shard ``i``); ``subset`` a rule of :mod:`atari_zarr.subsets`.
+    """
+
+    game: str
+    run: str
+    checkpoints: tuple[int, ...] | None = None
+    subset: Subset | None = None
+    #: The game as the loader spelled it (``"space_invaders"``), for files named that way.
+    spelled: str = field(default="", compare=False, repr=False)
+
+    @classmethod
+    def parse(
+        cls,
+        dataset_id: str,
+        *,
+        run: int | str | None = None,
+        checkpoints: str | Iterable[int] | None = None,
+        fraction: float | None = None,
+        order: str = PLAYED,
+        subset: Subset | None = None,
+        seed: int = 0,
+    ) -> Request:
+        """A request from the ids loaders take.
+
+        ``dataset_id`` is TorchRL's ``"Pong/5"``, or a game alone (d3rlpy's
+        ``"pong"``) with ``run`` (d3rlpy's ``index + 1``; default 1). ``fraction``
+        is d3rlpy's subset, taken in ``order`` (default ``"played"``: a prefix of every
+        checkpoint, the part of a shard that is fetched; ``"random"``: d3rlpy's
+        shuffle, which needs every shard whole).
+
+        Raises
+        ------
+        InvalidArgumentError
+            A malformed id, run or checkpoint list, or two subsets.
+        """
+        text = str(dataset_id).strip()
+        game, sep, found = text.partition("/")
+        if sep:
+            if run is not None and str(run) != found:
+                raise InvalidArgumentError(
+                    f"{text!r} names run {found} and run={run!r} another; pass one"
+                )
+            run = found
+        if not game or "/" in str(found) or (sep and not found):
+            raise InvalidArgumentError(
+                f"dataset id {text!r} is not 'Game/run' (e.g. 'Pong/5') or a game name "
+                f"(e.g. 'pong'); expected one of those"
+            )
+        run_s = str(1 if run is None else run).strip()
+        if not run_s.isdigit() or int(run_s) < 1:
+            raise InvalidArgumentError(
+                f"run {run!r} of {text!r} is not a positive integer; RL Unplugged's runs are "
+                f"1 to 5 (d3rlpy's index 0 to 4)"
+            )
+        chosen: tuple[int, ...] | None = None
+        known = GAMES.get(game_name(game))
+        if checkpoints is not None:
+            chosen = _parse_checkpoints(checkpoints, text, known.shards if known else None)
+            if known is not None and chosen == tuple(range(known.shards)):
+                chosen = None  # every checkpoint is the whole run: one store, not two
+        if fraction is not None:
+            if subset is not None:
+                raise InvalidArgumentError(
+                    f"fraction={fraction!r} and subset={subset!r} choose two subsets of {text}; "
+                    f"pass one"
+                )
+            subset = Subset.fraction_of(fraction, seed=seed, order=order, where=text)
+        return cls(game_name(game), str(int(run_s)), chosen, subset, spelled=game)
+
+    @property
+    def dataset_id(self) -> str:
+        """``"Game/run"``, as TorchRL names it."""
+        return f"{self.game}/{self.run}"
+
+    @property
+    def asked_game(self) -> str:
+        """The game as the loader spelled it (else as the stores spell it)."""
+        return self.spelled or self.game
+
+    @property
+    def whole(self) -> bool:
+        """The whole run is asked for."""
+        return self.checkpoints is None and self.subset is None
+
+    @property
+    def label(self) -> str:
+        """The name of the part asked for (``""`` for a whole run), for the cache."""
+        parts: list[str] = []
+        if self.checkpoints is not None:
+            parts.append("checkpoints-" + spans(self.checkpoints))
+        subset = self.subset
+        if subset is not None:
+            if subset.rule == "fraction":
+                parts.append(f"fraction-{subset.fraction:g}")
+                if subset.order == PLAYED:
+                    parts.append("played")
+            else:
+                parts.append(
+                    f"dt-{subset.num_buffers}-{subset.num_steps}-{subset.trajectories_per_buffer}"
+                )
+            if subset.seed:
+                parts.append(f"seed{subset.seed}")
+        return "-".join(parts)
+
+    def root(self, home: str) -> str:
+        """The root under ``home`` whose ``{Game}/{run}.zarr`` holds this request."""
+        return join(home, "subsets", self.label) if self.label else home
+
+    def describe(self) -> str:
+        """One line for messages."""
+        what = [self.dataset_id]
+        if self.checkpoints is not None:
+            what.append(f"checkpoints {spans(self.checkpoints)}")
+        if self.subset is not None:
+            what.append(self.subset.describe())
+        return ", ".join(what)
+
+    def command(self) -> str:
+        """The ``atari-zarr pull`` command that fetches this request."""
+        subset = self.subset
+        options: dict[str, Any] = {
+            "checkpoints": None if self.checkpoints is None else spans(self.checkpoints)
+        }
+        if subset is not None and subset.rule == "fraction":
+            options["fraction"] = subset.fraction
+            if subset.order != PLAYED:
+                options["fraction_order"] = subset.order
+        elif subset is not None:
+            options.update(
+                dt_buffers=subset.num_buffers,
+                dt_steps=subset.num_steps,
+                dt_trajectories=subset.trajectories_per_buffer,
+            )
+        if subset is not None and subset.seed:
+            options["subset_seed"] = subset.seed
+        return command_line("pull", self.dataset_id, **options)
+
+    def source_checkpoints(self) -> tuple[int, ...] | None:
+        """The shards a pull converts (None: all): those asked for, or for the Decision
+        Transformer's rule only its last ``num_buffers`` (the only ones it draws from)."""
+        subset = self.subset
+        if self.checkpoints is not None or subset is None or subset.rule == "fraction":
+            return self.checkpoints
+        shards = pullable(self).shards
+        assert subset.num_buffers is not None
+        return tuple(range(max(0, shards - subset.num_buffers), shards))
+
+
+#: Shard indices have five digits in RL Unplugged's names: no run has more shards.
+MAX_SHARDS = 100_000
+
+
+def _parse_checkpoints(
+    spec: str | Iterable[int], where: str, shards: int | None = None
+) -> tuple[int, ...]:
+    """Shard indices from ``"0-9,49"`` or a list; each below ``shards`` (when known), and
+    never more than :data:`MAX_SHARDS`, checked before a range is spelled out."""
+    limit = MAX_SHARDS if shards is None else shards
+    pairs: list[tuple[int, int]] = []
+    try:
+        if isinstance(spec, str):
+            for piece in spec.split(","):
+                a, dash, b = piece.strip().partition("-")
+                pairs.append((int(a), int(b)) if dash else (int(a), int(a)))
+        else:
+            pairs = [(int(v), int(v)) for v in spec]
+    except (TypeError, ValueError):
+        pairs = []
+    if not pairs or min(a for a, _ in pairs) < 0 or any(b < a for a, b in pairs):
+        raise InvalidArgumentError(
+            f"checkpoints {spec!r} of {where} are not shard indices; expected e.g. '0-9,49' "
+            f"or [0, 1] (shard i holds checkpoint i, 0 to 49)"
+        )
+    top = max(b for _, b in pairs)
+    if top >= limit:
+        raise InvalidArgumentError(
+            f"checkpoints {spec!r} of {where} go up to {top}, but the run has "
+            f"{'at most ' if shards is None else ''}{limit} shards (0 to {limit - 1}); "
+            f"choose among those"
+        )
+    return tuple(sorted({v for a, b in pairs for v in range(a, b + 1)}))
+
+
+def pullable(request: Request) -> Game:
+    """The game of ``request`` in :data:`GAMES`, with its run and checkpoints checked:
+    what a pull can fetch, or one line saying why nothing can be."""
+    game = GAMES.get(request.game)
+    if game is None:
+        close = difflib.get_close_matches(request.game, list(GAMES), n=3, cutoff=0.5)
+        raise StoreNotFoundError(
+            f"{request.game} is not a game of RL Unplugged's Atari episodes (expected one of "
+            f"its {len(GAMES)} games{', e.g. ' + ', '.join(close) if close else ''}): nothing "
+            f"can be pulled for {request.dataset_id}. List them with `atari-zarr ls "
+            f"--available`, or pass root= a directory of stores you converted."
+        )
+    if int(request.run) not in RUNS:
+        raise StoreNotFoundError(
+            f"{request.dataset_id}: RL Unplugged has runs 1 to 5 of {game.name}, not "
+            f"{request.run}; expected one of those (d3rlpy's index 0 to 4)."
+        )
+    if request.checkpoints and max(request.checkpoints) >= game.shards:
+        raise InvalidArgumentError(
+            f"{request.dataset_id}: checkpoints {spans(request.checkpoints)} asked, but "
+            f"{game.name} has {game.shards} shards (0 to {game.shards - 1}); choose among those"
+        )
+    return game
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a request was found: a store, and what it holds of the request."""
+
+    #: The store's URL.
+    url: str
+    #: The root it lies under (``{root}/{Game}/{run}.zarr``).
+    root: str
+    #: fsspec options to read it.
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    #: ``"cache"``, ``"local"`` (the loader's own root), ``"mirror"``, ``"pulled"``, or
+    #: ``"given"`` (a store the loader named).
+    origin: str = "cache"
+    #: The store holds exactly what was asked; False: it holds the whole run, of which
+    #: the reader takes the part asked (the checkpoints, the subset's rule).
+    exact: bool = True
+    #: The root's catalog entry of the store, to check when it is opened.
+    entry: CatalogEntry | None = None
