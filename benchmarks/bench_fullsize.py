@@ -38,6 +38,14 @@ with every round and the medians, and what a reader holds besides its frame budg
 (RSS growth in a fresh process: the episode table, the per-step columns once every row
 is read, the return-to-go).
 
+``verify`` of the kept stores, on one process and on its default of one per core::
+
+    python benchmarks/bench_fullsize.py --sizes 1,50 --verify --rounds 2
+
+each in a fresh process, alternating; the ratio to the conversion is taken against the
+newest ``fullsize-*.json`` that converted the same size. Results go to
+``benchmarks/results/fullsize-verify-<time>.json``.
+
 Full-size pulls from RL Unplugged's layout are ``bench_pull.py --corpus``.
 """
 
@@ -235,6 +243,49 @@ def reads(sizes: list[int], seconds: float, warmup: float, rounds: int) -> None:
     print(f"results: {out}")
 
 
+def verify_child(dest: Path, workers: int) -> dict:
+    """``verify_store`` of a kept store on ``workers`` processes, in this fresh process."""
+    from atari_zarr.verify import verify_store
+
+    [url] = [str(p) for p in dest.glob("*/*.zarr")]
+    t0 = time.perf_counter()
+    report = verify_store(url, workers=workers)
+    wall = time.perf_counter() - t0
+    return {"workers": workers, "seconds": round(wall, 1), "ok": bool(report.ok),
+            "chunks": report.checked.get("chunks")}
+
+
+def verify(sizes: list[int], rounds: int) -> None:
+    """Time ``verify`` of kept stores on 1 process and on one per core, alternating."""
+    converted = {}
+    for path in sorted((HERE / "results").glob("fullsize-2*.json")):
+        for r in json.loads(path.read_text())["sizes"]:
+            converted[r["checkpoints"]] = (r["convert"]["seconds"], path.name)
+    cores = os.cpu_count() or 1
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{cores} cores, {platform.machine()}",
+        "sizes": [],
+    }
+    for size in sizes:
+        runs = [_run_child(["--verify-child", str(size), "--workers", str(w)])
+                for _ in range(rounds) for w in (1, cores)]
+        for r in runs:
+            print(size, json.dumps(r), flush=True)
+        row: dict = {"checkpoints": size, "runs": runs}
+        for w in (1, cores):
+            best = min(r["seconds"] for r in runs if r["workers"] == w)
+            row[f"seconds_{w}_workers"] = best
+            if size in converted:
+                row[f"of_conversion_{w}_workers"] = round(best / converted[size][0], 3)
+        if size in converted:
+            row["conversion_seconds"], row["conversion_file"] = converted[size]
+        results["sizes"].append(row)
+    out = HERE / "results" / f"fullsize-verify-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(f"results: {out}")
+
+
 def _run_child(argv: list[str]) -> dict:
     run = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True)
     if run.returncode:
@@ -255,6 +306,9 @@ def main() -> None:
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--reads-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--verify", action="store_true", help="time verify of kept stores only")
+    p.add_argument("--verify-child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     args = p.parse_args()
     source = CACHE / "dqn"
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -265,8 +319,14 @@ def main() -> None:
     if args.memory_child:
         print(json.dumps(memory_child(CACHE / f"zarr_{args.memory_child}")))
         return
+    if args.verify_child:
+        print(json.dumps(verify_child(CACHE / f"zarr_{args.verify_child}", args.workers)))
+        return
     if args.reads:
         reads(sizes, args.seconds, args.warmup, args.rounds)
+        return
+    if args.verify:
+        verify(sizes, args.rounds)
         return
     if args.child:
         dest = CACHE / f"zarr_{args.child}"

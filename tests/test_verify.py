@@ -244,3 +244,29 @@ def test_selection_that_does_not_fit_the_source_is_reported(source, tmp_path, ca
     # nothing is compared, and the bar does not count on it
     assert report.checked["compared"] == 0
     assert "5000/5000" in capsys.readouterr().err
+
+
+def test_frames_decoded_on_processes_report_what_one_process_reports(copy, monkeypatch):
+    """Frames spread over worker processes (here from 2 units, not 256) find the same
+    damaged chunks, reported in the same order, as one process does."""
+    import atari_zarr.verify as verify
+
+    _, path = copy
+    shards = sorted((path / OBSERVATION / "c").rglob("*"))
+    shards = [s for s in shards if s.is_file()]
+    assert len(shards) >= 3  # 9,000 rows: three shards of 4,096 frames
+    for shard in (shards[2], shards[0]):
+        flip(shard, 100)  # the first chunk's bytes of each shard
+    serial = verify_store(str(path), workers=1)
+    monkeypatch.setattr(verify, "PARALLEL_UNITS", 2)
+    import atari_zarr.conversion.scheduling as scheduling
+
+    pools = []
+    start = scheduling.worker_processes
+    monkeypatch.setattr(scheduling, "worker_processes", lambda n: pools.append(n) or start(n))
+    parallel = verify_store(str(path), workers=2)
+    assert pools == [2]  # the frames were read on two processes
+    assert not serial.ok and len(serial.problems) == 2, serial.format()
+    assert parallel.problems == serial.problems
+    assert parallel.checked == serial.checked
+    assert "shard 0" in parallel.problems[0] and "shard 2" in parallel.problems[1]

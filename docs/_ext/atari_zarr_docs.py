@@ -374,6 +374,23 @@ def fullsize_reads(doc: dict[str, Any]) -> nodes.table:
     return _grid(["transitions", "read", "median", "rounds"], rows)
 
 
+def fullsize_verify(doc: dict[str, Any]) -> nodes.table:
+    """``verify`` of kept stores on one process and on one per core, against the conversion."""
+    rows: list[list[str]] = []
+    for r in doc["sizes"]:
+        for w in sorted({run["workers"] for run in r["runs"]}):
+            runs = ", ".join(f"{x['seconds']:,.1f} s" for x in r["runs"] if x["workers"] == w)
+            share = r.get(f"of_conversion_{w}_workers")
+            rows.append([
+                str(r["checkpoints"]),
+                str(w),
+                f"{r[f'seconds_{w}_workers']:,.1f} s",
+                runs,
+                "" if share is None else f"{share:.2f} of {r['conversion_seconds']:,.0f} s",
+            ])
+    return _grid(["checkpoints of 1M", "processes", "best", "rounds", "of the conversion"], rows)
+
+
 #: Tables drawn from a result file by name (``:table:``); without one, every figure.
 TABLES = {
     "random-rates": random_rates,
@@ -384,6 +401,7 @@ TABLES = {
     "corpus-random": corpus_random,
     "fullsize": fullsize_run,
     "fullsize-reads": fullsize_reads,
+    "fullsize-verify": fullsize_verify,
 }
 
 

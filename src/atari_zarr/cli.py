@@ -199,6 +199,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         storage_options=parse_storage_options(args.storage_option),
         progress=not args.quiet and not args.no_progress,
         timeout=_timeout(args),
+        workers=args.workers,
     )
     if not report.ok or not args.quiet:
         print(report.format(), file=sys.stdout if report.ok else sys.stderr)
@@ -493,6 +494,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--source",
         metavar="SOURCE",
         help="what it was converted from: the dataset root, a game or a run directory",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes that decode the frames (default: one per core; 1: this process)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", "-q", action="store_true", help="print only problems")

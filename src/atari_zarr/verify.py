@@ -75,6 +75,7 @@ from atari_zarr.opening import open_store
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.engine import ChunkEngine, decode_chunk
 from atari_zarr.read.options import ReadOptions
+from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import index_problem, object_key
 from atari_zarr.sources.registry import (
     DQN_REPLAY,
@@ -522,6 +523,7 @@ def verify_store(
     source_storage_options: dict[str, Any] | None = None,
     progress: bool = False,
     timeout: Timeout = "default",
+    workers: int | None = None,
 ) -> VerifyReport:
     """Check the store at ``url``; see the module docstring for what is checked.
 
@@ -540,6 +542,9 @@ def verify_store(
     timeout : float, None or "default"
         Seconds each call to the store's or the source's storage may take, retries
         included (default 60; None: no limit).
+    workers : int, optional
+        Processes that decode the frames (default: the cores this process may run
+        on; 1: all in this process).
 
     Returns
     -------
@@ -608,7 +613,9 @@ def verify_store(
         chunks = _check_steps(group, url, meta, n_rows, report)
         # the rest, in write units: frames, and the kind's optional arrays
         units = {n: v for n, v in specs.items() if n == OBSERVATION or n not in ARRAYS}
-        chunks += _check_units(group, url, units, report, bar)
+        chunks += _check_units(
+            group, url, units, report, bar, (storage_options, seconds), workers or cpu_count()
+        )
         report.checked["chunks"] = chunks
         if source is not None:  # nothing is compared when the plan does not fit
             compared = _compare(group, url, meta, planned, source, report, bar) if planned else 0
@@ -663,17 +670,83 @@ def _check_units(
     specs: dict[str, tuple[ArraySpec, int]],
     report: VerifyReport,
     bar: Any,
+    opened: tuple[dict[str, Any] | None, float | None],
+    workers: int,
 ) -> int:
-    """Decode every write unit of ``specs`` (their checksums); return the chunks read."""
+    """Decode every write unit of ``specs`` (their checksums); return the chunks read.
+
+    The frames, most of a store's bytes, are decoded on ``workers`` processes when
+    there is more than one and the frames span :data:`PARALLEL_UNITS` units or more:
+    each process reads whole shards of its own (:func:`_frame_units`), and their
+    findings are reported in the order of the units, as one process reports them.
+    """
     count = 0
     for name, (spec, rows) in specs.items():
+        units = list(_units(rows, spec.write_rows))
+        count += sum(math.ceil((b - a) / spec.chunk_rows) for _, a, b in units)
+        if name == OBSERVATION and workers > 1 and len(units) >= PARALLEL_UNITS:
+            _frames_on_processes(url, opened, units, report, bar, workers)
+            continue
         engine = _reader(get_array(group, name, url), url, report)
-        for unit, a, b in _units(rows, spec.write_rows):
+        for unit, a, b in units:
             _read_unit(engine, name, unit, a, b, report)
-            count += math.ceil((b - a) / spec.chunk_rows)
             if name == OBSERVATION:  # the rows whose frames are read
                 bar.update(b - a)
     return count
+
+
+#: Write units of frames per task of a process (about 115 MB of frames decoded).
+UNITS_PER_TASK = 4
+#: Units of frames from which they are decoded on several processes (1M frames: below,
+#: starting the processes costs about what they save).
+PARALLEL_UNITS = 256
+
+
+def _frames_on_processes(
+    url: str,
+    opened: tuple[dict[str, Any] | None, float | None],
+    units: list[tuple[int, int, int]],
+    report: VerifyReport,
+    bar: Any,
+    workers: int,
+) -> None:
+    from atari_zarr.conversion.scheduling import worker_processes
+
+    per_task = max(1, min(UNITS_PER_TASK, math.ceil(len(units) / workers)))
+    tasks = [units[i : i + per_task] for i in range(0, len(units), per_task)]
+    with worker_processes(min(workers, len(tasks))) as pool:
+        futures = [pool.submit(_frame_units, url, *opened, report.remedy, t) for t in tasks]
+        for task, future in zip(tasks, futures, strict=True):  # in the units' order
+            for kind, message in future.result():
+                report.add(kind, message)
+            bar.update(sum(b - a for _, a, b in task))
+
+
+def _frame_units(
+    url: str,
+    storage_options: dict[str, Any] | None,
+    timeout: float | None,
+    remedy: str,
+    units: list[tuple[int, int, int]],
+) -> list[tuple[str, str]]:
+    """In a worker process: decode the frames of ``units``; the problems found, as
+    ``(kind, message)``."""
+    group, _ = open_store(url, storage_options, timeout=timeout, require_complete=False)
+    findings = _Findings(url, remedy=remedy)
+    engine = _reader(get_array(group, OBSERVATION, url), url, findings)
+    for unit, a, b in units:
+        _read_unit(engine, OBSERVATION, unit, a, b, findings)
+    return findings.found
+
+
+@dataclass
+class _Findings(VerifyReport):
+    """A worker's findings, every one kept in order, for the parent's report to add."""
+
+    found: list[tuple[str, str]] = field(default_factory=list)
+
+    def add(self, kind: str, message: str) -> None:
+        self.found.append((kind, message))
 
 
 # -- against the source, through the registry -----------------------------------------

@@ -33,6 +33,7 @@ __all__ = [
     "describe_scheduler",
     "process_pool",
     "run_graph",
+    "worker_processes",
 ]
 
 log = logging.getLogger("atari_zarr")
@@ -125,6 +126,26 @@ class _QuietContext:
         return getattr(self._context, name)
 
 
+def worker_processes(workers: int | None = None) -> Any:
+    """A pool of ``workers`` processes (default: the cores given) as conversions use
+    them: started with Ctrl-C ignored, dask's worker set-up, and each gone with its
+    parent. A ``concurrent.futures.ProcessPoolExecutor``; ``verify`` reads with one too.
+    """
+    import functools
+    from concurrent.futures import ProcessPoolExecutor
+
+    import dask.multiprocessing
+
+    if os.environ.get("PYTHONHASHSEED") in (None, "0"):
+        os.environ["PYTHONHASHSEED"] = "6640"  # as dask.multiprocessing.get does
+    context: Any = _QuietContext(dask.multiprocessing.get_context())
+    return ProcessPoolExecutor(
+        workers or cpu_count(),
+        mp_context=context,
+        initializer=functools.partial(_init_worker, os.getpid()),
+    )
+
+
 @contextlib.contextmanager
 def process_pool(scheduler: Any, workers: int | None) -> Iterator[None]:
     """Run every graph inside on one process pool, when ``scheduler`` is ``"processes"``.
@@ -144,19 +165,7 @@ def process_pool(scheduler: Any, workers: int | None) -> Iterator[None]:
     if _resolve(scheduler) != "processes" or _POOL.get() is not None:
         yield
         return
-    import functools
-    from concurrent.futures import ProcessPoolExecutor
-
-    import dask.multiprocessing
-
-    if os.environ.get("PYTHONHASHSEED") in (None, "0"):
-        os.environ["PYTHONHASHSEED"] = "6640"  # as dask.multiprocessing.get does
-    context: Any = _QuietContext(dask.multiprocessing.get_context())
-    pool = ProcessPoolExecutor(
-        workers or cpu_count(),
-        mp_context=context,
-        initializer=functools.partial(_init_worker, os.getpid()),
-    )
+    pool = worker_processes(workers)
     token = _POOL.set(pool)
     finished = False
     try:
