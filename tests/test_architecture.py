@@ -170,7 +170,9 @@ def test_the_registry_is_a_list_of_kinds():
     }, kinds
 
 
-@pytest.mark.parametrize("module", ["atari_zarr", "atari_zarr.storage.paths", "atari_zarr.errors"])
+@pytest.mark.parametrize(
+    "module", ["atari_zarr", "atari_zarr.storage.paths", "atari_zarr.errors", "atari_zarr.pull"]
+)
 def test_light_modules_import_no_converter_dask_or_torch(module: str) -> None:
     """The package and its light modules cost their own imports only: the converter,
     dask and torch come when first used (`atari_zarr.convert` still works)."""

@@ -20,8 +20,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from atari_zarr.catalog import refresh_catalog, store_state
-from atari_zarr.conversion.converter import convert
-from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import (
     RemoteAccessError,
     SourceNotFoundError,
@@ -83,6 +81,8 @@ def _wait(
     has held it for ``timeout`` seconds (rank 0 never started the pull, or its pull
     failed), it gives up in one line.
     """
+    from atari_zarr.conversion.workdir import WorkDir
+
     work = WorkDir(url, options, timeout=timeout)
     limit = resolve_timeout(timeout)
     told = -TELL_S
@@ -164,6 +164,8 @@ def pull(
     StoreWriteError
         The cache's disk is full: run the same pull again once there is room.
     """
+    from atari_zarr.conversion.converter import convert  # dask: only for a pull
+
     game = pullable(request)
     root = request.root(cache_home(home))
     options = dict(home_options or {})
