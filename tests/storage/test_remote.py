@@ -506,8 +506,13 @@ for name in third_party:  # what the dependencies do to the environment is their
         pass
 before = dict(os.environ)
 import atari_zarr
+import atari_zarr_testkit  # the test kit (tests/kit): its servers start only when asked
 imported, skipped = [], []
-for info in pkgutil.walk_packages(atari_zarr.__path__, "atari_zarr."):
+infos = [
+    *pkgutil.walk_packages(atari_zarr.__path__, "atari_zarr."),
+    *pkgutil.walk_packages(atari_zarr_testkit.__path__, "atari_zarr_testkit."),
+]
+for info in infos:
     if info.name.endswith("__main__"):  # runs the CLI
         continue
     try:
@@ -522,7 +527,7 @@ for info in pkgutil.walk_packages(atari_zarr.__path__, "atari_zarr."):
 changed = sorted(k for k in set(before) | set(os.environ) if before.get(k) != os.environ.get(k))
 outside = sorted(
     {m.split(".")[0] for m in sys.modules}
-    - set(sys.stdlib_module_names) - {"atari_zarr", "__main__"}
+    - set(sys.stdlib_module_names) - {"atari_zarr", "atari_zarr_testkit", "__main__"}
 )
 print(json.dumps({"changed": changed, "imported": imported, "third_party": outside}))
 """
@@ -538,7 +543,8 @@ def _import_everything(env: dict[str, str], *args: str) -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 def test_importing_the_package_changes_no_environment() -> None:
-    """``import atari_zarr`` (and every submodule) leaves ``os.environ`` as it was.
+    """``import atari_zarr`` (and every submodule, and the test kit's) leaves
+    ``os.environ`` as it was.
 
     Some dependencies set variables when imported (tensordict, gymnasium); they are
     imported first, in a second run, so that only the package's own changes count.

@@ -6,7 +6,7 @@ TorchRL's ``AtariDQNExperienceReplay("Pong/5")``, d3rlpy's
 ``create_dataset(..., game, ...)``. Their bucket is gone, but the same runs are
 public as RL Unplugged's ordered episodes (:data:`RLU_URL`). :func:`resolve` turns
 such an id, a :class:`Request`, into a store, by a list of steps
-(:mod:`~atari_zarr.pull.resolve`):
+(:mod:`~atari_zarr.pull.resolution`):
 
 1. **a local source**, where a loader's own call says its files are (the Decision
    Transformer's ``data_dir_prefix``), converted beside them once;
@@ -30,7 +30,7 @@ says in one line what is missing and the command that fetches it.
 :class:`~atari_zarr.AtariZarrDataset` and checked once against its catalog entry.
 
 The package has three parts: :mod:`~atari_zarr.pull.request` (the games table and the
-request grammar), :mod:`~atari_zarr.pull.resolve` (the steps, and :func:`open_request`)
+request grammar), :mod:`~atari_zarr.pull.resolution` (the steps, and :func:`open_request`)
 and :mod:`~atari_zarr.pull.fetch` (a pull, with its locking and wait).
 
 A pull is a conversion: it resumes after a crash, locks the store so that two
@@ -67,7 +67,7 @@ from atari_zarr.pull.request import (
     cache_home,
     game_name,
 )
-from atari_zarr.pull.resolve import mirror_roots, open_request, resolve
+from atari_zarr.pull.resolution import mirror_roots, open_request, resolve
 
 __all__ = [
     "GAMES",

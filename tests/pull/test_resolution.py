@@ -11,7 +11,7 @@ import pytest
 
 from atari_zarr.catalog import CATALOG, write_catalog
 from atari_zarr.pull import Request, open_request, resolve
-from atari_zarr.pull.resolve import STEPS
+from atari_zarr.pull.resolution import STEPS
 
 
 def _stale_catalog(root: Path) -> None:
