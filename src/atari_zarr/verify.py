@@ -695,8 +695,8 @@ def _check_units(
     return count
 
 
-#: Write units of frames per task of a process (about 115 MB of frames decoded).
-UNITS_PER_TASK = 4
+#: Write units of frames per task of a process (about 0.9 GB of frames decoded).
+UNITS_PER_TASK = 32
 #: Units of frames from which they are decoded on several processes (1M frames: below,
 #: starting the processes costs about what they save).
 PARALLEL_UNITS = 256
@@ -731,12 +731,19 @@ def _frame_units(
 ) -> list[tuple[str, str]]:
     """In a worker process: decode the frames of ``units``; the problems found, as
     ``(kind, message)``."""
-    group, _ = open_store(url, storage_options, timeout=timeout, require_complete=False)
     findings = _Findings(url, remedy=remedy)
-    engine = _reader(get_array(group, OBSERVATION, url), url, findings)
+    engine = _ENGINES.get(url)
+    if engine is None:  # once per worker process, for all its tasks
+        group, _ = open_store(url, storage_options, timeout=timeout, require_complete=False)
+        engine = _ENGINES[url] = _reader(get_array(group, OBSERVATION, url), url, findings)
+    engine.remedy = remedy
     for unit, a, b in units:
         _read_unit(engine, OBSERVATION, unit, a, b, findings)
     return findings.found
+
+
+#: A worker process's engine of the frames of each store it verifies.
+_ENGINES: dict[str, ChunkEngine] = {}
 
 
 @dataclass
