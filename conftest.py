@@ -9,6 +9,7 @@ directory holding ``Pong/1.zarr``) in their namespace.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from _pytest.doctest import DoctestItem
@@ -31,8 +32,9 @@ os.environ["STORAGE_EMULATOR_HOST"] = "http://127.0.0.1:9"
 @pytest.fixture(scope="session")
 def doctest_store(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """One fixture run and its store, made once for every docstring example."""
-    from atari_zarr import convert
     from atari_zarr_testkit import write_fixture_run
+
+    from atari_zarr import convert
 
     source = tmp_path_factory.mktemp("doctest-source")
     dest = tmp_path_factory.mktemp("doctest-stores")
@@ -46,3 +48,21 @@ def _doctest_namespace(request: pytest.FixtureRequest) -> None:
     if isinstance(request.node, DoctestItem):
         namespace = request.getfixturevalue("doctest_namespace")
         namespace.update(request.getfixturevalue("doctest_store"))
+
+
+#: The files that take longest, in the order they start. ``scripts/test.sh`` runs the suite
+#: on two pytest-xdist workers, a file to a worker, handed out in collection order: a long
+#: file collected last would leave one worker running it alone at the end.
+LONGEST_FIRST = (
+    "tests/test_site.py",
+    "tests/compat/test_d3rlpy.py",
+    "tests/test_wheel.py",
+    "tests/read/test_mixture.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Move the files of ``LONGEST_FIRST`` to the front, each file's tests in their order."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    root = Path(__file__).parent
+    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))

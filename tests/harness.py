@@ -5,6 +5,11 @@ inside pytest's or a plugin's own code), a crash of a plugin. Its closing line t
 counts only what ran ("799 passed"), which reads like success. This plugin counts the
 tests that finished against those collected and, when some never ran, says so in
 one line and makes the run fail.
+
+Under pytest-xdist the count is the controller's: each worker collects every test but
+runs its share, so a worker's own count means nothing. The controller learns what the
+workers collected (``pytest_xdist_node_collection_finished``) and receives every
+test's reports, and a worker that died is counted like a run that stopped early.
 """
 
 from __future__ import annotations
@@ -12,6 +17,11 @@ from __future__ import annotations
 import pytest
 
 _finished: set[str] = set()
+_collected_by_workers: dict[str, None] = {}  # in collection order
+
+
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -21,16 +31,29 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _finished.add(report.nodeid)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    _collected_by_workers.update(dict.fromkeys(ids))
+
+
+def _collected(session: pytest.Session) -> list[str]:
+    if _collected_by_workers:
+        return list(_collected_by_workers)
+    return [item.nodeid for item in getattr(session, "items", None) or ()]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    items = getattr(session, "items", None)
-    if not items or session.config.option.collectonly:
+    if _is_xdist_worker(session.config) or session.config.option.collectonly:
         return
-    missing = [item.nodeid for item in items if item.nodeid not in _finished]
+    collected = _collected(session)
+    if not collected:
+        return
+    missing = [nodeid for nodeid in collected if nodeid not in _finished]
     if not missing:
         return
     line = (
-        f"{len(missing)} of the {len(items)} tests collected never ran (the first: "
+        f"{len(missing)} of the {len(collected)} tests collected never ran (the first: "
         f"{missing[0]}): the run stopped early, so it fails; the error above says why"
     )
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

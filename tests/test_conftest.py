@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 from atari_zarr_testkit import FixtureRun
 
 from atari_zarr import AtariZarrDataset, ConvertedStore
@@ -69,3 +70,48 @@ def test_a_run_that_stops_early_says_so_and_fails(tmp_path: Path) -> None:
     )
     assert res.returncode != 0
     assert "2 of the 3 tests collected never ran" in res.stdout, res.stdout + res.stderr
+
+
+def _run_pytest(tmp_path: Path, *args: str):
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).parent.parent
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.harness", "-p", "no:cacheprovider",
+         *args, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        # a run of its own: not a worker of the xdist run this test may be in
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")},
+            "PYTHONPATH": str(root),
+        },
+        timeout=300,
+    )
+
+
+@pytest.mark.slow  # two runs of pytest with two workers each: about 20-40 s
+def test_under_xdist_the_controller_counts_what_the_workers_collected(tmp_path: Path) -> None:
+    """With ``-n 2`` each worker collects all four tests and runs its share: a whole run
+    passes with no line from the harness, and a run whose worker breaks after its first
+    test (a plugin raising in that worker) fails, naming the tests that never ran."""
+    (tmp_path / "test_four.py").write_text(
+        "".join(f"def test_{name}():\n    pass\n\n" for name in "abcd")
+    )
+    res = _run_pytest(tmp_path, "-n", "2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "4 passed" in res.stdout and "never ran" not in res.stdout
+
+    (tmp_path / "conftest.py").write_text(
+        "import os\n"
+        "def pytest_runtest_logreport(report):\n"
+        "    worker = os.environ.get('PYTEST_XDIST_WORKER')\n"
+        "    if worker and report.when == 'teardown' and report.nodeid.endswith('test_a'):\n"
+        "        os._exit(3)  # the worker dies, as a crash in a plugin's code does\n"
+    )
+    res = _run_pytest(tmp_path, "-n", "2", "--max-worker-restart=0", "--dist", "loadfile")
+    assert res.returncode != 0
+    assert "of the 4 tests collected never ran" in res.stdout, res.stdout + res.stderr

@@ -29,7 +29,10 @@ def test_scripts_do_what_the_readme_says():
     test = (ROOT / "scripts" / "test.sh").read_text()
     assert "scripts/setup.sh test" in test and "pytest" in test
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "bash scripts/test.sh" in ci
+    # CI runs the README's command (the suite without the slow tests), then the slow ones
+    commands = [line.split("#", 1)[0].strip() for line in ci.splitlines()]
+    assert "bash scripts/test.sh" in commands and "bash scripts/test.sh --slow" in commands
+    assert '-m "not slow"' in test and "--slow) select=(-m slow)" in test
     # the demo's pictures, as the README names them
     assert "atari-zarr-demo/frames.png" in README and "atari-zarr-demo/returns.png" in README
 
