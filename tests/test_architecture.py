@@ -192,7 +192,7 @@ def test_light_modules_import_no_converter_dask_or_torch(module: str) -> None:
 #: the modules of the lines below its own, and of its own line those to its right.
 READ_LINES = [
     ["mixing", "dataset", "windows", "core"],
-    ["stream", "units", "pending", "store"],
+    ["stream", "units", "pending", "store", "arrays"],
     ["columns", "chunks", "engine", "batch"],
     ["options", "chunk_cache", "pool", "consumer", "epoch", "items", "indexing", "mixture"],
 ]
@@ -250,12 +250,14 @@ def test_the_read_picture_and_table_match_the_imports():
 def test_the_drop_ins_open_through_one_door_and_read_through_the_dataset():
     """Every drop-in opens what its loader asks for with ``pull.open_request`` (which
     checks the root's catalog entry, once) and reads the store through the public
-    ``AtariZarrDataset``: none resolves on its own or reaches for ``StoreReader``."""
+    ``AtariZarrDataset``: none resolves on its own or reaches for ``StoreReader``, and no
+    module of ``compat/`` for the chunk reader or the engine (a preprocessed group is read
+    through ``read.arrays.GroupRows``)."""
     graph = modules()
     for name in ("compat.torchrl", "compat.d3rlpy", "compat.decision_transformer"):
         text = (ROOT / Path(*name.split("."))).with_suffix(".py").read_text()
         assert "open_request(" in text, f"{name} does not open through pull.open_request"
         assert "resolve(" not in text, f"{name} resolves on its own"
-    for name in ("compat.torchrl", "compat.d3rlpy", "compat.decision_transformer", "compat.pieces"):
+    for name in sorted(n for n in graph if n.startswith("compat.")):
         inner = {"read.store", "read.chunks", "read.engine"} & graph[name]
         assert not inner, f"{name} imports {sorted(inner)}, not a front door"

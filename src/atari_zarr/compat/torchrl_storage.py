@@ -34,8 +34,7 @@ from atari_zarr.errors import (
     StoreIncompleteError,
     import_optional,
 )
-from atari_zarr.layout import get_array
-from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.read.arrays import GroupRows
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.storage.paths import redact
@@ -297,18 +296,14 @@ class PreprocessedStorage(ReadOnlyTensorStorage):
         self.info = info
         self._metadata = info.get("metadata")
         # keys are recorded as lists of names (nested keys); each is an array at its path
-        self._readers = {
-            tuple(key): ChunkReader(
-                get_array(group, "/".join(key), self.where), where=self.where, cache_bytes=32 << 20
-            )
-            for key in info["keys"]
-        }
+        self._keys = {"/".join(key): tuple(key) for key in info["keys"]}
+        self._rows = GroupRows(group, list(self._keys), where=self.where)
         super().__init__(int(info["num_frames"]))
 
     def read(self, rows: np.ndarray) -> TensorDictBase:
         td = TensorDict({}, batch_size=[len(rows)])
-        for key, reader in self._readers.items():
-            td.set(key, torch.from_numpy(reader.read(rows)))
+        for path, values in self._rows.read(rows).items():
+            td.set(self._keys[path], torch.from_numpy(values))
         if self._metadata is not None:
             td.set_non_tensor(METADATA, self._metadata)
         return td
