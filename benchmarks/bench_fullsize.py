@@ -147,19 +147,23 @@ def _cache_bytes(n: int) -> int:
     return min(ReadOptions().frame_cache_limit(), int(0.02 * n * FRAME_BYTES))
 
 
-def _reads(ds, seconds: float, warmup: float = 0.0, fresh=None) -> dict:
+def _reads(ds, seconds: float, warmup: float = 0.0, fresh=None, stream_only=False) -> dict:
     """Random TED-256 at stack 4, the stream, windows of 8: transitions per second.
 
     ``fresh`` (a function opening the dataset again) gives the stream a dataset of
-    its own, as a training job's would have.
+    its own, as a training job's would have. ``stream_only``: the stream alone.
     """
     n = len(ds)
-    out = {"random_stack4": round(_timed(lambda g: ds[g.integers(0, n, 256)], seconds, 256,
-                                         warmup))}
+    out = {}
+    if not stream_only:
+        out["random_stack4"] = round(_timed(lambda g: ds[g.integers(0, n, 256)], seconds, 256,
+                                            warmup))
     sds = fresh() if fresh is not None else ds
     stream = itertools.chain.from_iterable(sds.stream(256, seed=0, epoch=e)
                                            for e in itertools.count())
     out["stream"] = round(_timed(lambda g: next(stream), seconds, 256, warmup))
+    if stream_only:
+        return out
     windows = ds.windows(8)
     m = len(windows)
     out["windows8"] = round(_timed(lambda g: windows[g.integers(0, m, 64)], seconds, 64,
@@ -167,7 +171,7 @@ def _reads(ds, seconds: float, warmup: float = 0.0, fresh=None) -> dict:
     return out
 
 
-def reads_child(dest: Path, seconds: float, warmup: float) -> dict:
+def reads_child(dest: Path, seconds: float, warmup: float, stream_only: bool = False) -> dict:
     """The reads of kept store ``dest`` only, after ``warmup`` seconds of each."""
     import torch
 
@@ -187,7 +191,7 @@ def reads_child(dest: Path, seconds: float, warmup: float) -> dict:
     out = {"transitions": len(ds), "cache_bytes": _cache_bytes(len(ds)),
            "open_rss_MB": round(rss1 - rss0, 1),
            "episode_table_rss_MB": round(_rss_mb() - rss1, 1), "episodes": len(table)}
-    out.update(_reads(ds, seconds, warmup, fresh=open_ds))
+    out.update(_reads(ds, seconds, warmup, fresh=open_ds, stream_only=stream_only))
     out["rss_end_MB"] = round(_rss_mb())
     return out
 
@@ -215,19 +219,22 @@ def memory_child(dest: Path) -> dict:
             "return_to_go_MB": round(r3 - r2, 1)}
 
 
-def reads(sizes: list[int], seconds: float, warmup: float, rounds: int) -> None:
-    """Time the reads of kept stores, ``rounds`` fresh processes per size, alternating."""
+def reads(sizes: list[int], seconds: float, warmup: float, rounds: int,
+          stream_only: bool = False) -> None:
+    """Time the reads of kept stores, ``rounds`` fresh processes per size, alternating
+    (``stream_only``: the stream alone, into ``fullsize-stream-<time>.json``)."""
     runs: dict[int, list[dict]] = {s: [] for s in sizes}
     for _ in range(rounds):
         for size in sizes:
             if not (CACHE / f"zarr_{size}").exists():
                 raise SystemExit(f"no kept store of {size} checkpoints: run with --keep first")
             r = _run_child(["--reads-child", str(size), "--seconds", str(seconds),
-                            "--warmup", str(warmup)])
+                            "--warmup", str(warmup)] + ["--stream-only"] * stream_only)
             runs[size].append(r)
             print(size, json.dumps(r), flush=True)
-    keys = ("random_stack4", "stream", "windows8")
-    memory = {s: _run_child(["--memory-child", str(s)]) for s in sizes}
+    keys = ("stream",) if stream_only else ("random_stack4", "stream", "windows8")
+    memory = {s: None if stream_only else _run_child(["--memory-child", str(s)])
+              for s in sizes}
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}",
@@ -236,7 +243,8 @@ def reads(sizes: list[int], seconds: float, warmup: float, rounds: int) -> None:
                    **{k: round(statistics.median(r[k] for r in runs[s])) for k in keys},
                    "runs": runs[s], "memory": memory[s]} for s in sizes],
     }
-    out = HERE / "results" / f"fullsize-reads-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
+    kind = "stream" if stream_only else "reads"
+    out = HERE / "results" / f"fullsize-{kind}-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
     out.write_text(json.dumps(results, indent=1))
     for r in results["sizes"]:
         print(r["checkpoints"], {k: r[k] for k in keys})
@@ -303,6 +311,7 @@ def main() -> None:
     p.add_argument("--reads", action="store_true", help="time the reads of kept stores only")
     p.add_argument("--warmup", type=float, default=30.0, help="--reads: seconds before timing")
     p.add_argument("--rounds", type=int, default=3, help="--reads: processes per size")
+    p.add_argument("--stream-only", action="store_true", help="--reads: the stream alone")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--reads-child", type=int, help=argparse.SUPPRESS)
     p.add_argument("--memory-child", type=int, help=argparse.SUPPRESS)
@@ -314,7 +323,7 @@ def main() -> None:
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.reads_child:
         print(json.dumps(reads_child(CACHE / f"zarr_{args.reads_child}", args.seconds,
-                                     args.warmup)))
+                                     args.warmup, args.stream_only)))
         return
     if args.memory_child:
         print(json.dumps(memory_child(CACHE / f"zarr_{args.memory_child}")))
@@ -323,7 +332,7 @@ def main() -> None:
         print(json.dumps(verify_child(CACHE / f"zarr_{args.verify_child}", args.workers)))
         return
     if args.reads:
-        reads(sizes, args.seconds, args.warmup, args.rounds)
+        reads(sizes, args.seconds, args.warmup, args.rounds, args.stream_only)
         return
     if args.verify:
         verify(sizes, args.rounds)
