@@ -65,4 +65,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Move the files of ``LONGEST_FIRST`` to the front, each file's tests in their order."""
     rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
     root = Path(__file__).parent
-    items.sort(key=lambda item: rank.get(item.path.relative_to(root).as_posix(), len(rank)))
+
+    def place(item: pytest.Item) -> int:
+        if not item.path.is_relative_to(root):  # a file outside the repository: in its turn
+            return len(rank)
+        return rank.get(item.path.relative_to(root).as_posix(), len(rank))
+
+    items.sort(key=place)
