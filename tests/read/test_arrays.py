@@ -50,4 +50,4 @@ def test_a_path_the_group_lacks_is_one_line_naming_it(tmp_path) -> None:
         GroupRows(group, ["pixels", "next/missing"], where="g.zarr")
     message = str(info.value)
     assert "\n" not in message
-    assert message.startswith("g.zarr/next/missing is missing: expected an array there")
+    assert message.startswith("g.zarr/next/missing is missing: expected an array at that path")

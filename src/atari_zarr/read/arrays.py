@@ -88,6 +88,6 @@ def _array(group: zarr.Group, path: str, where: str) -> zarr.Array:
         return get_array(group, path, where)
     except KeyError:
         raise StoreFormatError(
-            f"{where}/{path} is missing: expected an array there, as the group's "
-            f"attributes name it. Write the group again."
+            f"{where}/{path} is missing: expected an array at that path of the group. "
+            f"Check the path; if the group's own attributes name it, write the group again."
         ) from None
