@@ -1,0 +1,123 @@
+"""Random TED-256 (stack 4) against Lance 2.1's ``take`` of the same frames, at millions of rows.
+
+The six-game corpus (``bench_corpus.py``) compares the two on 50,000 frames. This
+builds Lance 2.1 from the first ``--transitions`` frames of the kept 50-checkpoint store
+of ``bench_fullsize.py --keep`` (the same frames, read back from the store, in order;
+cached under ``benchmarks/.cache/fullsize/lance21_<n>``) and times, in turn and
+``--rounds`` times:
+
+* ours: ``AtariZarrDataset(frame_stack=4)`` at random batches of 256 rows below
+  ``--transitions``, its decoded-frame cache 2% of those rows' frames;
+* Lance 2.1: ``take`` of the same 5 frames per transition (stack 4 and the next frame),
+  warm in the page cache, as in ``bench_corpus.py``.
+
+Each reader runs ``--warmup`` seconds before it is timed for ``--seconds``::
+
+    python benchmarks/bench_lance_scale.py --transitions 5000000 --rounds 3
+
+Results go to ``benchmarks/results/lance-scale-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+CACHE = HERE / ".cache" / "fullsize"
+STORE = CACHE / "zarr_50" / "Pong" / "1.zarr"
+FRAME_BYTES = 84 * 84
+BATCH = 256
+
+
+def build_lance(n: int) -> tuple[Path, float]:
+    """Lance 2.1 of the store's first ``n`` frames (cached), and the seconds it took."""
+    import lance
+    import pyarrow as pa
+    import zarr
+
+    uri = CACHE / f"lance21_{n}"
+    if (uri / "_versions").exists():
+        return uri, 0.0
+    frames = zarr.open_group(str(STORE), mode="r")["observation"]
+    field = pa.field("observation", pa.binary(), metadata={"lance-encoding:compression": "zstd"})
+    schema = pa.schema([field])
+
+    def batches():
+        for start in range(0, n, 65_536):
+            block = np.ascontiguousarray(frames[start : min(n, start + 65_536)])
+            flat = block.reshape(-1, FRAME_BYTES)
+            values = pa.array([row.tobytes() for row in flat], type=pa.binary())
+            yield pa.RecordBatch.from_arrays([values], schema=schema)
+
+    t0 = time.perf_counter()
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
+    lance.write_dataset(reader, str(uri), schema=schema, data_storage_version="2.1")
+    return uri, time.perf_counter() - t0
+
+
+def rate(fn, n: int, seconds: float, warmup: float, seed: int) -> float:
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup:
+        fn(rng.integers(3, n - 1, BATCH))
+    done, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or done < 3 * BATCH:
+        fn(rng.integers(3, n - 1, BATCH))
+        done += BATCH
+    return done / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--transitions", type=int, default=5_000_000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=10.0)
+    args = p.parse_args()
+    if not STORE.exists():
+        raise SystemExit(f"{STORE} is missing: run bench_fullsize.py --sizes 50 --keep first")
+    import torch
+
+    torch.set_num_threads(1)
+    from bench_corpus import lance_take
+
+    from atari_zarr import AtariZarrDataset, ReadOptions
+
+    n = args.transitions
+    uri, build_s = build_lance(n)
+    lance_bytes = sum(f.stat().st_size for f in uri.rglob("*") if f.is_file())
+    cache = int(0.02 * n * FRAME_BYTES)
+    ds = AtariZarrDataset(str(STORE), frame_stack=4,
+                          options=ReadOptions(frame_cache_bytes=cache))
+    ours, take = (lambda rows: ds[rows]), lance_take(uri)
+    runs: dict[str, list[float]] = {"ours": [], "Lance 2.1 take": []}
+    for r in range(args.rounds):
+        for name, fn in (("ours", ours), ("Lance 2.1 take", take)):
+            runs[name].append(round(rate(fn, n, args.seconds, args.warmup, seed=r)))
+            print(name, runs[name][-1], flush=True)
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+        "transitions": n, "cache_bytes": cache, "seconds": args.seconds, "warmup": args.warmup,
+        "lance_build_s": round(build_s, 1), "lance_bytes_per_frame": round(lance_bytes / n, 1),
+        "random_stack4": {k: round(statistics.median(v)) for k, v in runs.items()},
+        "runs": runs,
+    }
+    out = HERE / "results" / f"lance-scale-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(json.dumps({k: results[k] for k in ("random_stack4", "lance_bytes_per_frame")}))
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()
