@@ -131,8 +131,10 @@ def rechunked(base: Path, dest: Path, frames: np.ndarray, chunk_rows: int) -> Pa
     return dest
 
 
-def build_lance(root: Path, frames: np.ndarray, version: str) -> Path:
-    """The frames as a Lance dataset: one zstd binary column (cached)."""
+def build_lance(root: Path, frames, version: str, rows: int | None = None) -> Path:
+    """The first ``rows`` (default all) of ``frames`` as a Lance dataset: one zstd binary
+    column (cached). ``frames`` is anything sliced into numpy arrays: an array in memory,
+    or a store's ``zarr.Array``, read 16,384 frames at a time."""
     import lance
     import pyarrow as pa
 
@@ -141,10 +143,12 @@ def build_lance(root: Path, frames: np.ndarray, version: str) -> Path:
         return uri
     field = pa.field("observation", pa.binary(), metadata={"lance-encoding:compression": "zstd"})
     schema = pa.schema([field])
+    n = len(frames) if rows is None else rows
 
     def batches():
-        for start in range(0, len(frames), 16_384):
-            flat = np.ascontiguousarray(frames[start : start + 16_384]).reshape(-1, FRAME_BYTES)
+        for start in range(0, n, 16_384):
+            block = frames[start : min(n, start + 16_384)]
+            flat = np.ascontiguousarray(block).reshape(-1, FRAME_BYTES)
             values = pa.array([row.tobytes() for row in flat], type=pa.binary())
             yield pa.RecordBatch.from_arrays([values], schema=schema)
 
@@ -183,9 +187,15 @@ def ours(store: Path, cache_bytes: int, decoder: str) -> Callable[[np.ndarray], 
     return read
 
 
-def rate(fn: Callable[[np.ndarray], object], n: int, seconds: float, seed: int) -> float:
+def rate(
+    fn: Callable[[np.ndarray], object], n: int, seconds: float, seed: int, warmup: float = 0.0
+) -> float:
+    """Rows per second of ``fn`` at random batches, after 3 batches and ``warmup`` seconds."""
     rng = np.random.default_rng(seed)
     for _ in range(3):
+        fn(rng.integers(3, n - 1, BATCH))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warmup:
         fn(rng.integers(3, n - 1, BATCH))
     done, t0 = 0, time.perf_counter()
     while True:

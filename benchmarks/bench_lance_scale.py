@@ -2,9 +2,9 @@
 
 The six-game corpus (``bench_corpus.py``) compares the two on 50,000 frames. This
 builds Lance 2.1 from the first ``--transitions`` frames of the kept 50-checkpoint store
-of ``bench_fullsize.py --keep`` (the same frames, read back from the store, in order;
-cached under ``benchmarks/.cache/fullsize/lance21_<n>``) and times, in turn and
-``--rounds`` times:
+of ``bench_fullsize.py --keep`` (the same frames, read back from the store, in order, by
+``bench_corpus.build_lance``; cached under ``benchmarks/.cache/fullsize/lance21_<n>``) and
+times, in turn and ``--rounds`` times:
 
 * ours: ``AtariZarrDataset(frame_stack=4)`` at random batches of 256 rows below
   ``--transitions``, its decoded-frame cache 2% of those rows' frames;
@@ -29,52 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 CACHE = HERE / ".cache" / "fullsize"
 STORE = CACHE / "zarr_50" / "Pong" / "1.zarr"
 FRAME_BYTES = 84 * 84
-BATCH = 256
-
-
-def build_lance(n: int) -> tuple[Path, float]:
-    """Lance 2.1 of the store's first ``n`` frames (cached), and the seconds it took."""
-    import lance
-    import pyarrow as pa
-    import zarr
-
-    uri = CACHE / f"lance21_{n}"
-    if (uri / "_versions").exists():
-        return uri, 0.0
-    frames = zarr.open_group(str(STORE), mode="r")["observation"]
-    field = pa.field("observation", pa.binary(), metadata={"lance-encoding:compression": "zstd"})
-    schema = pa.schema([field])
-
-    def batches():
-        for start in range(0, n, 65_536):
-            block = np.ascontiguousarray(frames[start : min(n, start + 65_536)])
-            flat = block.reshape(-1, FRAME_BYTES)
-            values = pa.array([row.tobytes() for row in flat], type=pa.binary())
-            yield pa.RecordBatch.from_arrays([values], schema=schema)
-
-    t0 = time.perf_counter()
-    reader = pa.RecordBatchReader.from_batches(schema, batches())
-    lance.write_dataset(reader, str(uri), schema=schema, data_storage_version="2.1")
-    return uri, time.perf_counter() - t0
-
-
-def rate(fn, n: int, seconds: float, warmup: float, seed: int) -> float:
-    rng = np.random.default_rng(seed)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < warmup:
-        fn(rng.integers(3, n - 1, BATCH))
-    done, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds or done < 3 * BATCH:
-        fn(rng.integers(3, n - 1, BATCH))
-        done += BATCH
-    return done / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -89,12 +48,18 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(1)
-    from bench_corpus import lance_take
+    import zarr
+    from bench_corpus import build_lance, lance_take, rate
 
     from atari_zarr import AtariZarrDataset, ReadOptions
 
     n = args.transitions
-    uri, build_s = build_lance(n)
+    t0 = time.perf_counter()
+    root = CACHE / f"lance21_{n}"
+    cached = (root / "frames-2.1.lance" / "_versions").exists()
+    frames = zarr.open_group(str(STORE), mode="r")["observation"]
+    uri = build_lance(root, frames, "2.1", rows=n)
+    build_s = None if cached else round(time.perf_counter() - t0, 1)  # None: built before
     lance_bytes = sum(f.stat().st_size for f in uri.rglob("*") if f.is_file())
     cache = int(0.02 * n * FRAME_BYTES)
     ds = AtariZarrDataset(str(STORE), frame_stack=4,
@@ -103,13 +68,13 @@ def main() -> None:
     runs: dict[str, list[float]] = {"ours": [], "Lance 2.1 take": []}
     for r in range(args.rounds):
         for name, fn in (("ours", ours), ("Lance 2.1 take", take)):
-            runs[name].append(round(rate(fn, n, args.seconds, args.warmup, seed=r)))
+            runs[name].append(round(rate(fn, n, args.seconds, seed=r, warmup=args.warmup)))
             print(name, runs[name][-1], flush=True)
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}",
         "transitions": n, "cache_bytes": cache, "seconds": args.seconds, "warmup": args.warmup,
-        "lance_build_s": round(build_s, 1), "lance_bytes_per_frame": round(lance_bytes / n, 1),
+        "lance_build_s": build_s, "lance_bytes_per_frame": round(lance_bytes / n, 1),
         "random_stack4": {k: round(statistics.median(v)) for k, v in runs.items()},
         "runs": runs,
     }

@@ -42,36 +42,6 @@ def test_pong_store_copy_is_a_private_copy_of_the_shared_store(
     assert (shared / REWARD).is_dir()  # the shared store is untouched
 
 
-def test_a_run_that_stops_early_says_so_and_fails(tmp_path: Path) -> None:
-    """A hook that breaks after the first test (as a timeout firing inside a plugin's
-    teardown did): the closing line counts one passed, and the harness says two tests
-    never ran, and fails the run."""
-    import os
-    import subprocess
-    import sys
-
-    (tmp_path / "conftest.py").write_text(
-        "def pytest_runtest_logreport(report):\n"
-        "    if report.when == 'teardown' and report.nodeid.endswith('test_a'):\n"
-        "        raise RuntimeError('a plugin broke here')\n"
-    )
-    (tmp_path / "test_three.py").write_text(
-        "def test_a():\n    pass\n\ndef test_b():\n    pass\n\ndef test_c():\n    pass\n"
-    )
-    root = Path(__file__).parent.parent
-    res = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "tests.harness", "-p", "no:cacheprovider",
-         str(tmp_path)],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(root)},
-        timeout=300,
-    )
-    assert res.returncode != 0
-    assert "2 of the 3 tests collected never ran" in res.stdout, res.stdout + res.stderr
-
-
 def _run_pytest(tmp_path: Path, *args: str):
     import os
     import subprocess
@@ -93,11 +63,28 @@ def _run_pytest(tmp_path: Path, *args: str):
     )
 
 
+def test_a_run_that_stops_early_says_so_and_fails(tmp_path: Path) -> None:
+    """A hook that breaks after the first test (as a timeout firing inside a plugin's
+    teardown did): the closing line counts one passed, and the harness says two tests
+    never ran, and fails the run."""
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_runtest_logreport(report):\n"
+        "    if report.when == 'teardown' and report.nodeid.endswith('test_a'):\n"
+        "        raise RuntimeError('a plugin broke here')\n"
+    )
+    (tmp_path / "test_three.py").write_text(
+        "def test_a():\n    pass\n\ndef test_b():\n    pass\n\ndef test_c():\n    pass\n"
+    )
+    res = _run_pytest(tmp_path)
+    assert res.returncode != 0
+    assert "2 of the 3 tests collected never ran" in res.stdout, res.stdout + res.stderr
+
+
 @pytest.mark.slow  # two runs of pytest with two workers each: about 20-40 s
 def test_under_xdist_the_controller_counts_what_the_workers_collected(tmp_path: Path) -> None:
     """With ``-n 2`` each worker collects all four tests and runs its share: a whole run
     passes with no line from the harness, and a run whose worker breaks after its first
-    test (a plugin raising in that worker) fails, naming the tests that never ran."""
+    test (a plugin's code ending that worker) fails, naming the tests that never ran."""
     (tmp_path / "test_four.py").write_text(
         "".join(f"def test_{name}():\n    pass\n\n" for name in "abcd")
     )
