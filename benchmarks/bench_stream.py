@@ -55,6 +55,8 @@ from stream_data import build_run  # noqa: E402
 RESULTS = HERE / "results"
 BUCKET = "bench-stream"
 BATCH = 256
+#: Epochs read after the first by one stream, as a training job reads them.
+LATER_EPOCHS = 5
 X = "\N{MULTIPLICATION SIGN}"
 
 
@@ -239,6 +241,7 @@ def local_figures(
 
     from atari_zarr import AtariZarrDataset
 
+    default_threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as read_benchmark.py: torch indexing with 2 threads was slower here
     out: dict[str, Any] = {}
     n = meta["n"]
@@ -271,6 +274,14 @@ def local_figures(
                 best[name] = r
     out.update(best)
     out["torchrl_rows"] = n_trl
+    # the same read at torch's default intra-op threads, as a user runs it (reported
+    # beside the one-thread figure, which the ratios use)
+    torch.set_num_threads(default_threads)
+    r = random_rate(torchrl, seconds / rounds)
+    torch.set_num_threads(1)
+    r["threads"] = default_threads
+    out["torchrl_random_256_default_threads"] = r
+    print(f"  torchrl_random_256_default_threads: {r}", file=sys.stderr)
 
     t = time.perf_counter()
     c0 = cpu_seconds()
@@ -298,6 +309,21 @@ def local_figures(
             r["fraction_of_epoch"] = round(r["transitions"] / n, 4)
             out[name] = r
             print(f"  {name}: {r}", file=sys.stderr)
+        # the epochs after the first, as a training job reads them: one stream, set_epoch
+        stream = AtariZarrDataset(meta["store"]).stream(BATCH, seed=0, epoch=0)
+        for _ in stream:
+            pass
+
+        def later_epochs() -> Iterator[Any]:
+            for e in range(1, LATER_EPOCHS + 1):
+                stream.set_epoch(e)
+                yield from stream
+
+        r = time_stream(later_epochs(), max_seconds=max_epoch_s)
+        r["epochs"] = LATER_EPOCHS
+        r["fraction_of_epoch"] = round(r["transitions"] / n, 4)
+        out["ours_stream_256_later_epochs"] = r
+        print(f"  ours_stream_256_later_epochs: {r}", file=sys.stderr)
     return out
 
 
@@ -449,6 +475,8 @@ def remote_random_prefetch(url, opts, n, prefetch, seconds, proxy, traffic, pid)
 
 def stream_label(r: dict[str, Any]) -> str:
     what = "one epoch" if r["complete_epoch"] else f"{r['fraction_of_epoch']:.0%} of an epoch"
+    if r.get("epochs"):
+        what = f"its next {r['epochs']} epochs (`set_epoch`)"
     workers = r.get("workers") or 0
     how = f", {workers} DataLoader workers" if workers else ""
     if r.get("ranks"):
@@ -485,6 +513,9 @@ def markdown(res: dict[str, Any]) -> str:
         )
 
     row("local", "TorchRL AtariDQN storage, random 256", loc.get("torchrl_random_256"))
+    dflt = loc.get("torchrl_random_256_default_threads")
+    if dflt:
+        row("local", f"the same, torch's default {dflt['threads']} threads", dflt)
     row("local", "ours, random 256 (`ds[rows]`)", loc.get("ours_random_256"))
     row("local", "ours, sequential scan", loc.get("ours_sequential_scan"))
     for name, r in sorted(loc.items()):

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from atari_zarr import AtariZarrDataset
@@ -71,3 +72,72 @@ def test_rss_stays_under_the_bound_over_an_epoch(large_store: str) -> None:
     assert growth <= bound + allowance, (growth, bound)
     # far below what holding the store's frames would take
     assert len(ds) * 84 * 84 > 4 * (bound + allowance)
+
+
+@pytest.fixture(scope="module")
+def three_shards(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """10,000 transitions in 3 frame shards, final observations kept."""
+    return write_store(str(tmp_path_factory.mktemp("reuse") / "s.zarr"), 10_000)
+
+
+def leaves_equal(a: Any, b: Any) -> None:
+    for key in b.keys(include_nested=True, leaves_only=True):
+        np.testing.assert_array_equal(a[key].numpy(), b[key].numpy(), err_msg=str(key))
+
+
+def test_the_next_epoch_reuses_the_slab_and_leaves_held_batches_alone(three_shards: str) -> None:
+    """An epoch's reader hands its slab to the next epoch's, whose batches are those of a
+    fresh stream; batches still held from the epoch before are not written over."""
+    ds = AtariZarrDataset(three_shards, frame_stack=4)
+    options = {"seed": 5, "unit_rows": 1024, "shuffle_buffer": 2048}
+    stream = ds.stream(100, **options)
+    first = list(stream)  # held: their memory must stay theirs
+    copies = [b.clone() for b in first]
+    kept = stream._memory._slab
+    assert kept is not None  # the finished reader gave its slab back
+
+    stream.set_epoch(1)
+    batches = iter(stream)
+    second = [next(batches)]
+    assert stream._memory._slab is None  # taken by this epoch's reader
+    second += list(batches)
+    assert stream._memory._slab is kept  # the same memory, given back again
+
+    fresh = ds.stream(100, epoch=1, **options)
+    want = list(fresh)
+    assert len(second) == len(want)
+    for got, ref in zip(second, want, strict=True):
+        leaves_equal(got, ref)
+    for held, copy in zip(first, copies, strict=True):
+        leaves_equal(held, copy)
+
+
+def test_an_epoch_left_early_then_a_whole_one_reads_every_row_right(three_shards: str) -> None:
+    """A reader closed in the middle of its epoch (units still being decoded) gives the
+    next one no memory that a decode may still write into: the next epoch is exact."""
+    ds = AtariZarrDataset(three_shards, frame_stack=2)
+    options = {"seed": 2, "unit_rows": 512, "shuffle_buffer": 1024}
+    stream = ds.stream(64, **options)
+    for _ in range(3):
+        batches = iter(stream)
+        next(batches)
+        batches.close()  # left early: the reader closes with units in flight
+    stream.set_epoch(3)
+    got = list(stream)
+    want = list(ds.stream(64, epoch=3, **options))
+    assert len(got) == len(want)
+    for a, b in zip(got, want, strict=True):
+        leaves_equal(a, b)
+
+
+def test_a_pickled_stream_keeps_no_memory(three_shards: str) -> None:
+    """A DataLoader worker's copy of the stream starts with nothing kept, and reads."""
+    import pickle
+
+    stream = AtariZarrDataset(three_shards).stream(500, seed=1)
+    list(stream)
+    assert stream._memory._slab is not None
+    copy = pickle.loads(pickle.dumps(stream))
+    assert copy._memory._slab is None
+    copy.set_epoch(1)
+    assert sum(len(b) for b in copy) == 10_000

@@ -34,6 +34,7 @@ from atari_zarr.read.store import StoreReader
 from atari_zarr.read.units import (
     DEFAULT_SHUFFLE_BUFFER,
     DEFAULT_UNITS_AHEAD,
+    StreamMemory,
     UnitReader,
     Units,
     stream_memory_bound,
@@ -160,6 +161,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         self._base: Consumed | None = None
         #: The items a loaded state had emitted, until the consumers are known.
         self._loaded: Consumed | None = None
+        #: The slab and batch memory each epoch's reader reuses.
+        self._memory = StreamMemory()
 
     @property
     def fast(self) -> bool:
@@ -261,6 +264,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             units_ahead=self.units_ahead,
             decoders=threading.BoundedSemaphore(max(1, cpu_count() - 1)),
             tag=self._tagger(),
+            memory=self._memory,
         )
         try:
             while True:

@@ -54,6 +54,7 @@ from atari_zarr.read.store import StoreReader
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
     "DEFAULT_UNITS_AHEAD",
+    "StreamMemory",
     "UnitLayout",
     "UnitReader",
     "Units",
@@ -181,6 +182,56 @@ class Units:
         return int(self.layouts[g].bounds[int(self.local[unit]), 0])
 
 
+class StreamMemory:
+    """Memory a stream's unit readers reuse from one epoch to the next.
+
+    Every epoch has a reader of its own, and a reader's first writes to fresh memory
+    cost a page fault per 4 KB page. The slab of decoded units (about 260 MB by
+    default) and the batches' blocks used to be taken anew each epoch: on a store of
+    60,000 transitions, whose epoch takes a fraction of a second, that was a large
+    part of every epoch (``docs/benchmarks/stream.md``).
+
+    A reader takes the slab when it starts and gives it back when it closes, if no
+    decode may still be writing into it. A second reader at the same time gets none
+    and allocates its own. The batches' :class:`~atari_zarr.read.pool.BufferPool` is
+    shared, since it never hands out a block that a batch still refers to. Pickled
+    (a DataLoader worker's copy of the stream), it starts empty.
+
+    Examples
+    --------
+    >>> memory = StreamMemory()
+    >>> memory.give_slab(np.zeros((2, 3), np.uint8))
+    >>> memory.take_slab((2, 4)) is None  # another shape: not reused
+    True
+    >>> memory.give_slab(np.zeros((2, 3), np.uint8))
+    >>> memory.take_slab((2, 3)).shape, memory.take_slab((2, 3))
+    ((2, 3), None)
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._slab: np.ndarray | None = None
+        #: The blocks batches are gathered into.
+        self.pool = BufferPool()
+
+    def take_slab(self, shape: tuple[int, ...]) -> np.ndarray | None:
+        """The kept slab if it has ``shape`` (then no longer kept), else None."""
+        with self._lock:
+            slab, self._slab = self._slab, None
+        return slab if slab is not None and slab.shape == tuple(shape) else None
+
+    def give_slab(self, slab: np.ndarray) -> None:
+        """Keep ``slab`` for the next reader (replacing any slab kept)."""
+        with self._lock:
+            self._slab = slab
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
 class UnitReader:
     """One consumer's items, of one store or several, taken ``n`` at a time as TED batches.
 
@@ -203,6 +254,8 @@ class UnitReader:
     tag : callable, optional
         ``tag(batch, stores)``: the batch as the mixture gives it, ``stores`` the store
         of each item (default: as the store gives it).
+    memory : StreamMemory, optional
+        The slab and batch memory to reuse, the stream's (default: this reader's own).
     """
 
     def __init__(
@@ -218,8 +271,10 @@ class UnitReader:
         units_ahead: int,
         decoders: threading.BoundedSemaphore,
         tag: Any = None,
+        memory: StreamMemory | None = None,
     ) -> None:
         self.stores, self.items, self.units, self.plan = stores, items, units, plan
+        self.memory = memory
         self.tag = tag
         self.k = stack
         self.length = items[0].length
@@ -237,7 +292,7 @@ class UnitReader:
         self.padded = items[0].pad
         self.frame_shape = FRAME_SHAPE
         #: Memory of the batches handed out, reused once no tensor refers to it.
-        self.pool = BufferPool()
+        self.pool = memory.pool if memory is not None else BufferPool()
         # window units mixed, one more whose last items wait in a partly taken batch,
         # units ahead on their way (a batch larger than a unit may need more: _grow)
         self.n_slots = 0
@@ -272,7 +327,13 @@ class UnitReader:
             return new
 
         first = self.n_slots == 0
-        self.slab = grown(None if first else self.slab, (self.ext, *self.frame_shape), np.uint8)
+        shape = (self.ext, *self.frame_shape)
+        kept = None
+        if first and self.memory is not None:
+            kept = self.memory.take_slab((n_slots, *shape))
+        if kept is None:
+            kept = grown(None if first else self.slab, shape, np.uint8)
+        self.slab = kept
         for name, dtype in step_fields(self.windowed).items():
             self.col[name] = grown(None if first else self.col[name], (self.cols,), dtype)
         self.slot_lo = grown(None if first else self.slot_lo, (), np.int64)
@@ -498,3 +559,6 @@ class UnitReader:
         if pool is not None:
             # in-flight requests end on their own deadline; nothing waits for them
             pool.shutdown(wait=False, cancel_futures=True)
+        # the next epoch's reader takes the slab, unless a decode may still write into it
+        if self.memory is not None and all(f.done() for f in self.futures.values()):
+            self.memory.give_slab(self.slab)
