@@ -59,7 +59,8 @@ BATCH = 256
 FRAME_BYTES = 84 * 84
 
 
-def _du(path: Path) -> int:
+def dir_bytes(path: Path) -> int:
+    """Bytes of the files under ``path``."""
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
@@ -238,8 +239,11 @@ def main() -> None:
         entry = {
             "bytes_per_frame": {
                 "gzip'd .npy (level 9)": gzip_npy_bytes(frames) / n,
-                **{f"ours, {c}-frame chunks": _du(s / "observation") / n for c, s in stores.items()},
-                **{f"Lance {v}": _du(u) / n for v, u in lances.items()},
+                **{
+                    f"ours, {c}-frame chunks": dir_bytes(s / "observation") / n
+                    for c, s in stores.items()
+                },
+                **{f"Lance {v}": dir_bytes(u) / n for v, u in lances.items()},
             }
         }
         print(game, {k: round(v, 1) for k, v in entry["bytes_per_frame"].items()}, flush=True)

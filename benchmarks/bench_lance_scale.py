@@ -49,7 +49,7 @@ def main() -> None:
 
     torch.set_num_threads(1)
     import zarr
-    from bench_corpus import build_lance, lance_take, rate
+    from bench_corpus import build_lance, dir_bytes, lance_take, rate
 
     from atari_zarr import AtariZarrDataset, ReadOptions
 
@@ -60,7 +60,7 @@ def main() -> None:
     frames = zarr.open_group(str(STORE), mode="r")["observation"]
     uri = build_lance(root, frames, "2.1", rows=n)
     build_s = None if cached else round(time.perf_counter() - t0, 1)  # None: built before
-    lance_bytes = sum(f.stat().st_size for f in uri.rglob("*") if f.is_file())
+    lance_bytes = dir_bytes(uri)
     cache = int(0.02 * n * FRAME_BYTES)
     ds = AtariZarrDataset(str(STORE), frame_stack=4,
                           options=ReadOptions(frame_cache_bytes=cache))
