@@ -547,8 +547,17 @@ def targets(res: dict[str, Any]) -> list[str]:
             f"- Local stream, one process, vs TorchRL's storage at random 256: "
             f"**{s / t:.1f}{X}** "
             f"(target ≥ 10{X}: {'met' if s >= 10 * t else 'missed'}); vs our random 256: "
-            f"**{s / o:.1f}{X}**."
+            f"**{s / o:.2f}{X}**."
         )
+        later = loc.get("ours_stream_256_later_epochs")
+        if later:
+            v = later["transitions_per_s"]
+            out.append(
+                f"- The same over its next {later['epochs']} epochs (a training job's steady "
+                f"state; the random figure is warm too): **{v / t:.1f}{X}** TorchRL's "
+                f"(target ≥ 10{X}: {'met' if v >= 10 * t else 'missed'}); vs our warm random "
+                f"256: **{v / o:.2f}{X}** (target ≥ 1{X}: {'met' if v >= o else 'missed'})."
+            )
     r20 = res.get("remote", {}).get("20ms", {})
     st = r20.get("stream_256")
     if st:

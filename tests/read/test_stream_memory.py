@@ -1,4 +1,5 @@
-"""The stream's resident memory stays under its documented bound over a whole epoch."""
+"""The stream's resident memory stays under its documented bound over a whole epoch, and
+what a stream keeps from one epoch to the next: its slab, or every unit decoded."""
 
 from __future__ import annotations
 
@@ -10,9 +11,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from atari_zarr import AtariZarrDataset
+from atari_zarr import AtariZarrDataset, ReadOptions
 from atari_zarr.read.stream import stream_memory_bound
+from atari_zarr.read.units import kept_units_bytes
 from tests.read.test_stream import write_store
+
+#: No decoded-frame budget: a stream reads through a window of slots, keeping no units.
+WINDOW = ReadOptions(frame_cache_bytes=0)
 
 SHARDS = 24  # 98,304 transitions: 693 MB of decoded frames
 ROWS = SHARDS * 4096
@@ -62,7 +67,8 @@ def test_rss_stays_under_the_bound_over_an_epoch(large_store: str) -> None:
     warm-up batch loaded every code path; polled after every batch.
     """
     options = {"shuffle_buffer": 4096, "units_ahead": 1}
-    ds = AtariZarrDataset(large_store)
+    ds = AtariZarrDataset(large_store, options=WINDOW)
+    assert not ds.stream(256, **options).keeps_units()
     rows, growth = epoch_rss_growth(ds, options)
     assert rows == ROWS
     bound = stream_memory_bound(1, **options)
@@ -88,7 +94,7 @@ def leaves_equal(a: Any, b: Any) -> None:
 def test_the_next_epoch_reuses_the_slab_and_leaves_held_batches_alone(three_shards: str) -> None:
     """An epoch's reader hands its slab to the next epoch's, whose batches are those of a
     fresh stream; batches still held from the epoch before are not written over."""
-    ds = AtariZarrDataset(three_shards, frame_stack=4)
+    ds = AtariZarrDataset(three_shards, frame_stack=4, options=WINDOW)
     options = {"seed": 5, "unit_rows": 1024, "shuffle_buffer": 2048}
     stream = ds.stream(100, **options)
     first = list(stream)  # held: their memory must stay theirs
@@ -112,19 +118,23 @@ def test_the_next_epoch_reuses_the_slab_and_leaves_held_batches_alone(three_shar
         leaves_equal(held, copy)
 
 
-def test_an_epoch_left_early_then_a_whole_one_reads_every_row_right(three_shards: str) -> None:
+@pytest.mark.parametrize("options", [WINDOW, None], ids=["window", "kept"])
+def test_an_epoch_left_early_then_a_whole_one_reads_every_row_right(
+    three_shards: str, options: ReadOptions | None
+) -> None:
     """A reader closed in the middle of its epoch (units still being decoded) gives the
     next one no memory that a decode may still write into: the next epoch is exact."""
-    ds = AtariZarrDataset(three_shards, frame_stack=2)
-    options = {"seed": 2, "unit_rows": 512, "shuffle_buffer": 1024}
-    stream = ds.stream(64, **options)
+    ds = AtariZarrDataset(three_shards, frame_stack=2, options=options)
+    kwargs = {"seed": 2, "unit_rows": 512, "shuffle_buffer": 1024}
+    stream = ds.stream(64, **kwargs)
+    assert stream.keeps_units() is (options is None)
     for _ in range(3):
         batches = iter(stream)
         next(batches)
         batches.close()  # left early: the reader closes with units in flight
     stream.set_epoch(3)
     got = list(stream)
-    want = list(ds.stream(64, epoch=3, **options))
+    want = list(AtariZarrDataset(three_shards, frame_stack=2).stream(64, epoch=3, **kwargs))
     assert len(got) == len(want)
     for a, b in zip(got, want, strict=True):
         leaves_equal(a, b)
@@ -134,10 +144,90 @@ def test_a_pickled_stream_keeps_no_memory(three_shards: str) -> None:
     """A DataLoader worker's copy of the stream starts with nothing kept, and reads."""
     import pickle
 
-    stream = AtariZarrDataset(three_shards).stream(500, seed=1)
-    list(stream)
-    assert stream._memory._slab is not None
-    copy = pickle.loads(pickle.dumps(stream))
-    assert copy._memory._slab is None
-    copy.set_epoch(1)
-    assert sum(len(b) for b in copy) == 10_000
+    for options in (WINDOW, None):
+        stream = AtariZarrDataset(three_shards, options=options).stream(500, seed=1)
+        list(stream)
+        kept = stream._memory._units if options is None else stream._memory._slab
+        assert kept is not None
+        copy = pickle.loads(pickle.dumps(stream))
+        assert copy._memory._slab is None and copy._memory._units is None
+        copy.set_epoch(1)
+        assert sum(len(b) for b in copy) == 10_000
+
+
+def test_kept_units_are_read_once_and_the_later_epochs_are_exact(
+    three_shards: str, tmp_path: Path
+) -> None:
+    """A store that fits the decoded-frame budget is decoded in the first epoch only: the
+    later epochs read nothing from it (here it is gone), and give the batches a stream
+    reading every unit again gives."""
+    path = shutil.copytree(three_shards, tmp_path / "s.zarr")
+    kwargs = {"seed": 4, "unit_rows": 1024, "shuffle_buffer": 2048}
+    stream = AtariZarrDataset(path, frame_stack=4).stream(100, **kwargs)
+    assert stream.keeps_units()
+    first = list(stream)
+    copies = [b.clone() for b in first]
+    kept = stream._memory._units
+    assert kept is not None and kept.loaded.all()
+
+    gone = path.rename(tmp_path / "gone.zarr")
+    later = []
+    for epoch in (1, 2):
+        stream.set_epoch(epoch)
+        later.append(list(stream))
+    assert stream._memory._units is kept  # the same units, given back again
+    gone.rename(path)
+
+    window = AtariZarrDataset(path, frame_stack=4, options=WINDOW)
+    for epoch, got in enumerate([first, *later]):
+        want = list(window.stream(100, epoch=epoch, **kwargs))
+        assert len(got) == len(want) == 100
+        for a, b in zip(got, want, strict=True):
+            leaves_equal(a, b)
+    for held, copy in zip(first, copies, strict=True):  # batches handed out stay theirs
+        leaves_equal(held, copy)
+
+
+def test_units_are_kept_when_they_fit_the_budget(three_shards: str) -> None:
+    """The units are kept exactly when their frames fit ``frame_cache_bytes``; a share of
+    memory is divided among the DataLoader workers."""
+    stream = AtariZarrDataset(three_shards, frame_stack=4).stream(100, unit_rows=1024)
+    need = kept_units_bytes(stream.units, 4)
+    assert need == 10 * (3 + 1024 + 1) * 84 * 84  # 10 units of 1024 rows, each with its halo
+
+    def keeps(budget: int | str, workers: int = 1) -> bool:
+        options = ReadOptions(frame_cache_bytes=budget)
+        ds = AtariZarrDataset(three_shards, frame_stack=4, options=options)
+        return ds.stream(100, unit_rows=1024).keeps_units(workers)
+
+    assert keeps(need) and not keeps(need - 1)
+    most = ReadOptions(frame_cache_bytes="25%").frame_cache_limit() // need  # workers it fits
+    assert keeps("25%", workers=most) and not keeps("25%", workers=most + 1)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
+def test_kept_units_hold_the_store_once(large_store: str) -> None:
+    """With a budget the store's units fit, resident memory grows by their frames (not by
+    a stream's bound per epoch), and not at all in the epochs after the first."""
+    options = {"shuffle_buffer": 4096, "units_ahead": 1}
+    probe = AtariZarrDataset(large_store).stream(256, **options)
+    need = kept_units_bytes(probe.units)
+    ds = AtariZarrDataset(large_store, options=ReadOptions(frame_cache_bytes=need))
+    stream = ds.stream(256, seed=0, **options)
+    assert stream.keeps_units()
+    next(iter(ds.stream(256, seed=1, **options)))  # every code path loaded
+    gc.collect()
+    base = status("VmRSS")
+    peaks = []
+    for epoch in range(2):
+        stream.set_epoch(epoch)
+        peak, rows = 0, 0
+        for batch in stream:
+            rows += len(batch)
+            peak = max(peak, status("VmRSS"))
+            del batch
+        assert rows == ROWS
+        peaks.append(peak - base)
+    allowance = 48 << 20  # as the bound's test
+    assert need // 2 < peaks[0] <= need + allowance, (peaks, need)  # the units, held
+    assert peaks[1] <= peaks[0] + (8 << 20), peaks  # nothing decoded again

@@ -37,6 +37,7 @@ from atari_zarr.read.units import (
     StreamMemory,
     UnitReader,
     Units,
+    kept_units_bytes,
     stream_memory_bound,
 )
 from atari_zarr.resources import cpu_count
@@ -239,7 +240,25 @@ class EpochStream(torch.utils.data.IterableDataset):
         quiet_worker_exit()
         me = Consumer.current(self.rank, self.world_size)
         self._check_consumers(me.count)
-        yield from self._consume(me.index, me.count)
+        yield from self._consume(me.index, me.count, self.keeps_units(me.workers))
+
+    def keeps_units(self, workers: int = 1) -> bool:
+        """Whether every unit is kept decoded from one epoch to the next: when their
+        frames fit the stores' decoded-frame budget (``frame_cache_bytes``, shared by
+        ``workers`` DataLoader workers), as :class:`~atari_zarr.read.units.KeptUnits`.
+
+        Examples
+        --------
+        >>> from atari_zarr import AtariZarrDataset, ReadOptions
+        >>> AtariZarrDataset(store_url).stream(8).keeps_units()
+        True
+        >>> none = ReadOptions(frame_cache_bytes=0)
+        >>> AtariZarrDataset(store_url, options=none).stream(8).keeps_units()
+        False
+        """
+        budget = sum(s.options.frame_cache_limit(workers) for s in self.stores)
+        need = kept_units_bytes(self.units, self.frame_stack, self.items[0].length)
+        return 0 < need <= budget
 
     def _tagger(self) -> Callable[[TensorDict, np.ndarray], TensorDict] | None:
         """What tags a batch with its items' stores (None: items untagged)."""
@@ -248,7 +267,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         offsets, games = self.offsets, self.game_ids
         return lambda td, stores: tag_items(td, stores, offsets, games)
 
-    def _consume(self, consumer: int, consumers: int) -> Iterator[TensorDict]:
+    def _consume(self, consumer: int, consumers: int, keep: bool = False) -> Iterator[TensorDict]:
         # an epoch too small for its consumers is one line, before anything is read
         items, pads = self.balance(consumers)
         plan = self._plan(consumer, consumers, int(pads[consumer]))
@@ -265,6 +284,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             decoders=threading.BoundedSemaphore(max(1, cpu_count() - 1)),
             tag=self._tagger(),
             memory=self._memory,
+            keep=keep,
         )
         try:
             while True:

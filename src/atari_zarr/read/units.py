@@ -54,10 +54,12 @@ from atari_zarr.read.store import StoreReader
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
     "DEFAULT_UNITS_AHEAD",
+    "KeptUnits",
     "StreamMemory",
     "UnitLayout",
     "UnitReader",
     "Units",
+    "kept_units_bytes",
     "stream_memory_bound",
 ]
 
@@ -182,6 +184,66 @@ class Units:
         return int(self.layouts[g].bounds[int(self.local[unit]), 0])
 
 
+def kept_units_bytes(units: Units, frame_stack: int = 1, length: int = 1) -> int:
+    """Bytes of frames every unit of ``units`` takes decoded, each with the frames just
+    outside it (a stream keeps them all when this fits the decoded-frame budget:
+    :class:`KeptUnits`).
+
+    Examples
+    --------
+    >>> from atari_zarr import AtariZarrDataset
+    >>> units = AtariZarrDataset(store_url).stream(8).units
+    >>> kept_units_bytes(units) == len(units.bounds) * (units.span + 1) * 84 * 84
+    True
+    """
+    frame_bytes = int(np.prod(FRAME_SHAPE))
+    return len(units.bounds) * (frame_stack - 1 + units.span + length) * frame_bytes
+
+
+class KeptUnits:
+    """Every unit of a stream, decoded once and kept from one epoch to the next.
+
+    When the decoded frames of all of a stream's units fit the decoded-frame budget
+    (``frame_cache_bytes``, a quarter of memory by default: :func:`kept_units_bytes`),
+    unit ``u`` has slot ``u`` of one slab, and a unit decoded in one epoch is not
+    decoded again: the epochs after the first only gather batches. Without it, every
+    epoch decodes every unit into a window of slots (``docs/streaming.md``).
+
+    Parameters
+    ----------
+    n_units : int
+        Units (slots).
+    ext, cols : int
+        Frames and per-step values a slot holds.
+    fields : dict
+        The per-step columns' names and dtypes.
+
+    Examples
+    --------
+    >>> kept = KeptUnits(3, 5, 4, {"reward": np.float32})
+    >>> kept.slab.shape, kept.col["reward"].shape, kept.loaded.tolist()
+    ((3, 5, 84, 84), (3, 4), [False, False, False])
+    """
+
+    def __init__(self, n_units: int, ext: int, cols: int, fields: dict[str, Any]) -> None:
+        #: ``(n_units, ext, 84, 84)`` frames (pages are mapped as units are decoded).
+        self.slab = np.empty((n_units, ext, *FRAME_SHAPE), dtype=np.uint8)
+        self.col = {name: np.empty((n_units, cols), dtype=dt) for name, dt in fields.items()}
+        self.slot_lo = np.empty(n_units, dtype=np.int64)
+        self.slot_items = np.empty(n_units, dtype=np.int64)
+        self.slot_store = np.empty(n_units, dtype=np.int64)
+        #: Kept frames after episodes' ends, by slot.
+        self.finals: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        #: Whether each unit is decoded (set once all of its slot is written).
+        self.loaded = np.zeros(n_units, dtype=bool)
+
+    @property
+    def shape(self) -> tuple[int, int, tuple[str, ...]]:
+        """What a reader checks before taking these units: slots, frames per slot, and
+        the columns."""
+        return (len(self.loaded), self.slab.shape[1], tuple(self.col))
+
+
 class StreamMemory:
     """Memory a stream's unit readers reuse from one epoch to the next.
 
@@ -193,9 +255,11 @@ class StreamMemory:
 
     A reader takes the slab when it starts and gives it back when it closes, if no
     decode may still be writing into it. A second reader at the same time gets none
-    and allocates its own. The batches' :class:`~atari_zarr.read.pool.BufferPool` is
-    shared, since it never hands out a block that a batch still refers to. Pickled
-    (a DataLoader worker's copy of the stream), it starts empty.
+    and allocates its own. A stream whose units all fit the decoded-frame budget keeps
+    them decoded instead (:class:`KeptUnits`), taken and given back the same way.
+    The batches' :class:`~atari_zarr.read.pool.BufferPool` is shared, since it never
+    hands out a block that a batch still refers to. Pickled (a DataLoader worker's
+    copy of the stream), it starts empty.
 
     Examples
     --------
@@ -211,6 +275,7 @@ class StreamMemory:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slab: np.ndarray | None = None
+        self._units: KeptUnits | None = None
         #: The blocks batches are gathered into.
         self.pool = BufferPool()
 
@@ -224,6 +289,18 @@ class StreamMemory:
         """Keep ``slab`` for the next reader (replacing any slab kept)."""
         with self._lock:
             self._slab = slab
+
+    def take_units(self, shape: tuple[Any, ...]) -> KeptUnits | None:
+        """The kept units if their :attr:`KeptUnits.shape` is ``shape`` (then no longer
+        kept), else None."""
+        with self._lock:
+            units, self._units = self._units, None
+        return units if units is not None and units.shape == tuple(shape) else None
+
+    def give_units(self, units: KeptUnits) -> None:
+        """Keep ``units`` for the next reader (replacing any kept)."""
+        with self._lock:
+            self._units = units
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
@@ -256,6 +333,10 @@ class UnitReader:
         of each item (default: as the store gives it).
     memory : StreamMemory, optional
         The slab and batch memory to reuse, the stream's (default: this reader's own).
+    keep : bool
+        Hold every unit decoded in :class:`KeptUnits` (taken from ``memory``), and
+        decode only those not decoded yet (default: a window of slots, every unit
+        decoded when the plan reaches it).
     """
 
     def __init__(
@@ -272,6 +353,7 @@ class UnitReader:
         decoders: threading.BoundedSemaphore,
         tag: Any = None,
         memory: StreamMemory | None = None,
+        keep: bool = False,
     ) -> None:
         self.stores, self.items, self.units, self.plan = stores, items, units, plan
         self.memory = memory
@@ -301,9 +383,14 @@ class UnitReader:
         self.slot_lo: np.ndarray
         self.slot_items: np.ndarray
         self.slot_store: np.ndarray
-        self._allocate(min(m, plan.window + 1 + units_ahead) if m else 0)
         self.finals: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.free = list(range(self.n_slots))[::-1]
+        #: Every unit decoded once, slot ``u`` unit ``u`` (None: a window of slots).
+        self.kept: KeptUnits | None = None
+        if keep:
+            self._keep_units()
+        else:
+            self._allocate(min(m, plan.window + 1 + units_ahead) if m else 0)
+        self.free = [] if keep else list(range(self.n_slots))[::-1]
         self.slot_of: dict[int, int] = {}
         self.slot_by_pos = np.full(m, -1, dtype=np.int64)
         self.futures: dict[int, Future] = {}
@@ -341,6 +428,23 @@ class UnitReader:
         self.slot_store = grown(None if first else self.slot_store, (), np.int64)
         self.n_slots = n_slots
 
+    def _keep_units(self) -> None:
+        """One slot per unit, holding what earlier epochs decoded (the stream's)."""
+        n = len(self.units.bounds)
+        fields = step_fields(self.windowed)
+        shape = (n, self.ext, tuple(fields))
+        kept = self.memory.take_units(shape) if self.memory is not None else None
+        if kept is None:
+            kept = KeptUnits(n, self.ext, self.cols, fields)
+        self.kept = kept
+        self.slab, self.col, self.finals = kept.slab, kept.col, kept.finals
+        self.slot_lo, self.slot_items, self.slot_store = (
+            kept.slot_lo,
+            kept.slot_items,
+            kept.slot_store,
+        )
+        self.n_slots = n
+
     def _grow(self) -> None:
         """One more slot: a batch spans more segments than the slots were sized for."""
         for fut in list(self.futures.values()):  # nothing may write into the old slab
@@ -353,12 +457,21 @@ class UnitReader:
         m = len(self.plan.units)
         horizon = min(m, self.next_seg + 1 + self.units_ahead)
         while self.next_fetch < horizon:
-            if not self.free:
-                if self.next_fetch > self.next_seg:
-                    break  # read ahead later, when a slot is free
-                self._grow()  # the unit the next segment needs must have a slot
             j = self.next_fetch
-            slot = self.free.pop()
+            if self.kept is not None:
+                slot = int(self.plan.units[j])  # unit u's slot is u
+                if self.kept.loaded[slot]:  # decoded by an epoch before
+                    self.slot_of[j] = slot
+                    self.slot_by_pos[j] = slot
+                    self.segs[j] = self.plan.row_segments(j)
+                    self.next_fetch += 1
+                    continue
+            else:
+                if not self.free:
+                    if self.next_fetch > self.next_seg:
+                        break  # read ahead later, when a slot is free
+                    self._grow()  # the unit the next segment needs must have a slot
+                slot = self.free.pop()
             if self.pool_threads is None:
                 self.pool_threads = ThreadPoolExecutor(
                     max(1, self.units_ahead), thread_name_prefix="atari_zarr-stream"
@@ -403,6 +516,11 @@ class UnitReader:
         unit = int(self.plan.units[j])
         g, lo, hi = self.units.rows(unit)
         store = self._store(g)
+        kept = self.kept
+        if kept is not None:
+            # a fresh slot: its pages' first writes fault (costlier than decoding here);
+            # numpy takes those with the GIL released, decoding would hold it
+            self.slab[slot, : self.halo_front + hi - lo + self.length] = 0
         self._read_frames(g, lo, hi, self.slab[slot])
         top = min(hi + self.length - 1, int(self.n_rows[g]))
         rows = np.arange(lo, top, dtype=np.int64)
@@ -419,6 +537,8 @@ class UnitReader:
             eps = values["episode"][done]
             self.finals[slot] = (done, store.final_frames(eps))
         self.segs[j] = self.plan.row_segments(j)
+        if kept is not None:
+            kept.loaded[slot] = True  # all of its slot is written
 
     def _wait(self, positions: range) -> None:
         self._submit()
@@ -432,7 +552,9 @@ class UnitReader:
         last = len(self.plan.units) - 1
         for j in [j for j in self.slot_of if j not in self.futures]:
             if min(j + self.plan.window - 1, last) < oldest:
-                self.free.append(self.slot_of.pop(j))
+                slot = self.slot_of.pop(j)
+                if self.kept is None:  # kept units keep their slots
+                    self.free.append(slot)
                 self.segs.pop(j, None)
 
     # -- items ----------------------------------------------------------------------------
@@ -561,4 +683,7 @@ class UnitReader:
             pool.shutdown(wait=False, cancel_futures=True)
         # the next epoch's reader takes the slab, unless a decode may still write into it
         if self.memory is not None and all(f.done() for f in self.futures.values()):
-            self.memory.give_slab(self.slab)
+            if self.kept is not None:
+                self.memory.give_units(self.kept)
+            else:
+                self.memory.give_slab(self.slab)
