@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from atari_zarr import AtariZarrDataset, MultiGameDataset, ReadOptions
+from atari_zarr import AtariZarrDataset, MultiGameDataset
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.mixture import game_numbers, store_weights
 from atari_zarr.read.stream import stream_memory_bound
@@ -137,10 +137,9 @@ def shard_stores(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 def test_a_stream_of_48_stores_holds_the_memory_of_one(shard_stores: list[str]) -> None:
     """Resident memory while streaming 48 one-shard stores grows by one stream's bound,
-    not by a shard per store (which would be 48 x 29 MB), when their frames do not fit
-    the decoded-frame budget (here none: the stream then keeps no units decoded)."""
+    not by a shard per store (which would be 48 x 29 MB)."""
     options = {"shuffle_buffer": 4096, "units_ahead": 1}
-    mix = MultiGameDataset(shard_stores, options=ReadOptions(frame_cache_bytes=0))
+    mix = MultiGameDataset(shard_stores)
     rows, growth = epoch_rss_growth(mix, options)
     assert rows == len(mix) == 48 * 4096
     bound = stream_memory_bound(1, **options)

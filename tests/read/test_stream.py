@@ -33,11 +33,11 @@ from atari_zarr.read.stream import AtariZarrStream, EpochStream, stream_memory_b
 
 @pytest.fixture(autouse=True, params=["kept", "window"])
 def units_held(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test here runs with both ways a stream holds units: every unit kept decoded
-    from one epoch to the next (a store that fits the decoded-frame budget, as these
-    do), and a window of slots decoded anew each epoch (a store larger than it)."""
-    if request.param == "window":
-        monkeypatch.setattr(EpochStream, "keeps_units", lambda self, workers=1: False)
+    """Every test here runs with both ways a stream holds units, whatever its options
+    and stores: every unit kept decoded from one epoch to the next (``keep_units``),
+    and a window of slots decoded anew each epoch."""
+    kept = request.param == "kept"
+    monkeypatch.setattr(EpochStream, "keeps_units", lambda self, workers=1: kept)
     return str(request.param)
 
 

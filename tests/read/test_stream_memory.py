@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 
 from atari_zarr import AtariZarrDataset, ReadOptions
+from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.stream import stream_memory_bound
 from atari_zarr.read.units import kept_units_bytes
 from tests.read.test_stream import write_store
-
-#: No decoded-frame budget: a stream reads through a window of slots, keeping no units.
-WINDOW = ReadOptions(frame_cache_bytes=0)
 
 SHARDS = 24  # 98,304 transitions: 693 MB of decoded frames
 ROWS = SHARDS * 4096
@@ -30,6 +28,23 @@ def status(field: str) -> int:
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     raise AssertionError(f"no {field} in /proc/self/status")
+
+
+def resident_bytes(array: np.ndarray) -> int:
+    """Resident bytes of the memory mappings that hold ``array``, from /proc/self/smaps
+    (a large array is mapped apart from other memory, in one mapping or a few)."""
+    start = array.__array_interface__["data"][0]
+    end = start + array.nbytes
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(maxsplit=1)[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo < end and start < hi
+            elif inside and head == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
 
 
 def epoch_rss_growth(ds: Any, options: dict[str, int]) -> tuple[int, int]:
@@ -67,8 +82,8 @@ def test_rss_stays_under_the_bound_over_an_epoch(large_store: str) -> None:
     warm-up batch loaded every code path; polled after every batch.
     """
     options = {"shuffle_buffer": 4096, "units_ahead": 1}
-    ds = AtariZarrDataset(large_store, options=WINDOW)
-    assert not ds.stream(256, **options).keeps_units()
+    ds = AtariZarrDataset(large_store)
+    assert not ds.stream(256, **options).keeps_units()  # by default, 24 units are not kept
     rows, growth = epoch_rss_growth(ds, options)
     assert rows == ROWS
     bound = stream_memory_bound(1, **options)
@@ -94,8 +109,8 @@ def leaves_equal(a: Any, b: Any) -> None:
 def test_the_next_epoch_reuses_the_slab_and_leaves_held_batches_alone(three_shards: str) -> None:
     """An epoch's reader hands its slab to the next epoch's, whose batches are those of a
     fresh stream; batches still held from the epoch before are not written over."""
-    ds = AtariZarrDataset(three_shards, frame_stack=4, options=WINDOW)
-    options = {"seed": 5, "unit_rows": 1024, "shuffle_buffer": 2048}
+    ds = AtariZarrDataset(three_shards, frame_stack=4)
+    options = {"seed": 5, "unit_rows": 1024, "shuffle_buffer": 2048, "keep_units": False}
     stream = ds.stream(100, **options)
     first = list(stream)  # held: their memory must stay theirs
     copies = [b.clone() for b in first]
@@ -118,16 +133,16 @@ def test_the_next_epoch_reuses_the_slab_and_leaves_held_batches_alone(three_shar
         leaves_equal(held, copy)
 
 
-@pytest.mark.parametrize("options", [WINDOW, None], ids=["window", "kept"])
+@pytest.mark.parametrize("keep", [False, True], ids=["window", "kept"])
 def test_an_epoch_left_early_then_a_whole_one_reads_every_row_right(
-    three_shards: str, options: ReadOptions | None
+    three_shards: str, keep: bool
 ) -> None:
     """A reader closed in the middle of its epoch (units still being decoded) gives the
     next one no memory that a decode may still write into: the next epoch is exact."""
-    ds = AtariZarrDataset(three_shards, frame_stack=2, options=options)
+    ds = AtariZarrDataset(three_shards, frame_stack=2)
     kwargs = {"seed": 2, "unit_rows": 512, "shuffle_buffer": 1024}
-    stream = ds.stream(64, **kwargs)
-    assert stream.keeps_units() is (options is None)
+    stream = ds.stream(64, keep_units=keep, **kwargs)
+    assert stream.keeps_units() is keep
     for _ in range(3):
         batches = iter(stream)
         next(batches)
@@ -144,10 +159,10 @@ def test_a_pickled_stream_keeps_no_memory(three_shards: str) -> None:
     """A DataLoader worker's copy of the stream starts with nothing kept, and reads."""
     import pickle
 
-    for options in (WINDOW, None):
-        stream = AtariZarrDataset(three_shards, options=options).stream(500, seed=1)
+    for keep in (False, True):
+        stream = AtariZarrDataset(three_shards).stream(500, seed=1, keep_units=keep)
         list(stream)
-        kept = stream._memory._units if options is None else stream._memory._slab
+        kept = stream._memory._units if keep else stream._memory._slab
         assert kept is not None
         copy = pickle.loads(pickle.dumps(stream))
         assert copy._memory._slab is None and copy._memory._units is None
@@ -158,12 +173,12 @@ def test_a_pickled_stream_keeps_no_memory(three_shards: str) -> None:
 def test_kept_units_are_read_once_and_the_later_epochs_are_exact(
     three_shards: str, tmp_path: Path
 ) -> None:
-    """A store that fits the decoded-frame budget is decoded in the first epoch only: the
+    """A stream that keeps its units decodes the store in the first epoch only: the
     later epochs read nothing from it (here it is gone), and give the batches a stream
     reading every unit again gives."""
     path = shutil.copytree(three_shards, tmp_path / "s.zarr")
     kwargs = {"seed": 4, "unit_rows": 1024, "shuffle_buffer": 2048}
-    stream = AtariZarrDataset(path, frame_stack=4).stream(100, **kwargs)
+    stream = AtariZarrDataset(path, frame_stack=4).stream(100, keep_units=True, **kwargs)
     assert stream.keeps_units()
     first = list(stream)
     copies = [b.clone() for b in first]
@@ -178,9 +193,9 @@ def test_kept_units_are_read_once_and_the_later_epochs_are_exact(
     assert stream._memory._units is kept  # the same units, given back again
     gone.rename(path)
 
-    window = AtariZarrDataset(path, frame_stack=4, options=WINDOW)
+    window = AtariZarrDataset(path, frame_stack=4)
     for epoch, got in enumerate([first, *later]):
-        want = list(window.stream(100, epoch=epoch, **kwargs))
+        want = list(window.stream(100, epoch=epoch, keep_units=False, **kwargs))
         assert len(got) == len(want) == 100
         for a, b in zip(got, want, strict=True):
             leaves_equal(a, b)
@@ -188,21 +203,34 @@ def test_kept_units_are_read_once_and_the_later_epochs_are_exact(
         leaves_equal(held, copy)
 
 
-def test_units_are_kept_when_they_fit_the_budget(three_shards: str) -> None:
-    """The units are kept exactly when their frames fit ``frame_cache_bytes``; a share of
-    memory is divided among the DataLoader workers."""
-    stream = AtariZarrDataset(three_shards, frame_stack=4).stream(100, unit_rows=1024)
+def test_units_are_kept_as_asked_and_within_the_budget(three_shards: str) -> None:
+    """By default units are kept only when a window would hold as many; asked, when
+    their frames fit ``frame_cache_bytes`` (a share of memory divided among DataLoader
+    workers), and else the epoch stops with one line saying what to do."""
+    ds = AtariZarrDataset(three_shards, frame_stack=4)
+    # 10 units of 1024 rows; a window of 2048 // 1024 = 2 units, 1 more, units_ahead more
+    assert ds.stream(100, unit_rows=1024, shuffle_buffer=2048, units_ahead=7).keeps_units()
+    assert not ds.stream(100, unit_rows=1024, shuffle_buffer=2048, units_ahead=6).keeps_units()
+    assert not ds.stream(100, unit_rows=1024, units_ahead=7, keep_units=False).keeps_units()
+
+    stream = ds.stream(100, unit_rows=1024, keep_units=True)
     need = kept_units_bytes(stream.units, 4)
-    assert need == 10 * (3 + 1024 + 1) * 84 * 84  # 10 units of 1024 rows, each with its halo
+    assert need == 10 * (3 + 1024 + 1) * 84 * 84  # each unit with its halo
 
-    def keeps(budget: int | str, workers: int = 1) -> bool:
+    def asked(budget: int | str, workers: int = 1) -> bool:
         options = ReadOptions(frame_cache_bytes=budget)
-        ds = AtariZarrDataset(three_shards, frame_stack=4, options=options)
-        return ds.stream(100, unit_rows=1024).keeps_units(workers)
+        kept = AtariZarrDataset(three_shards, frame_stack=4, options=options)
+        return kept.stream(100, unit_rows=1024, keep_units=True).keeps_units(workers)
 
-    assert keeps(need) and not keeps(need - 1)
+    assert asked(need)
     most = ReadOptions(frame_cache_bytes="25%").frame_cache_limit() // need  # workers it fits
-    assert keeps("25%", workers=most) and not keeps("25%", workers=most + 1)
+    assert asked("25%", workers=most)
+    for budget, workers in ((need - 1, 1), ("25%", most + 1)):
+        with pytest.raises(InvalidArgumentError, match="keep_units=True.*frame_cache_bytes") as err:
+            asked(budget, workers)
+        assert "\n" not in str(err.value) and "s.zarr" in str(err.value)
+    with pytest.raises(InvalidArgumentError, match="keep_units must be True, False or None"):
+        ds.stream(100, keep_units=1)
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
@@ -213,7 +241,7 @@ def test_kept_units_hold_the_store_once(large_store: str) -> None:
     probe = AtariZarrDataset(large_store).stream(256, **options)
     need = kept_units_bytes(probe.units)
     ds = AtariZarrDataset(large_store, options=ReadOptions(frame_cache_bytes=need))
-    stream = ds.stream(256, seed=0, **options)
+    stream = ds.stream(256, seed=0, keep_units=True, **options)
     assert stream.keeps_units()
     next(iter(ds.stream(256, seed=1, **options)))  # every code path loaded
     gc.collect()
@@ -229,5 +257,8 @@ def test_kept_units_hold_the_store_once(large_store: str) -> None:
         assert rows == ROWS
         peaks.append(peak - base)
     allowance = 48 << 20  # as the bound's test
-    assert need // 2 < peaks[0] <= need + allowance, (peaks, need)  # the units, held
+    assert peaks[0] <= need + allowance, (peaks, need)
     assert peaks[1] <= peaks[0] + (8 << 20), peaks  # nothing decoded again
+    kept = stream._memory._units
+    assert kept is not None and kept.loaded.all()
+    assert resident_bytes(kept.slab) > need // 2  # the units, held

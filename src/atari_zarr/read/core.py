@@ -331,6 +331,7 @@ class ItemDataset(torch.utils.data.Dataset):
         drop_last: bool = False,
         units_ahead: int | None = None,
         unit_rows: int | None = None,
+        keep_units: bool | None = None,
     ) -> EpochStream:
         """One epoch as TED batches, each item exactly once, read unit by unit.
 
@@ -368,6 +369,14 @@ class ItemDataset(torch.utils.data.Dataset):
             Units fetched and decoded ahead of the one being read (default 4).
         unit_rows : int, optional
             Rows per read unit (default: a shard), a multiple of the chunk rows.
+        keep_units : bool, optional
+            Keep every unit decoded from one epoch to the next, so that the epochs
+            after the first decode nothing (:class:`~atari_zarr.read.units.KeptUnits`).
+            True: up to the stores' decoded-frame budget
+            (``ReadOptions.frame_cache_bytes``; an epoch whose units do not fit it
+            stops with one line). None (default): only when there are no more units
+            than a window of them has slots, so that memory stays within
+            ``stream_memory_bound``. False: never.
 
         Returns
         -------
@@ -407,6 +416,7 @@ class ItemDataset(torch.utils.data.Dataset):
             drop_last=drop_last,
             units_ahead=DEFAULT_UNITS_AHEAD if units_ahead is None else units_ahead,
             unit_rows=unit_rows,
+            keep_units=keep_units,
             weights=self._weights_given,
             game_ids=self.game_ids,
             where=self.where,

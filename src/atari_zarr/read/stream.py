@@ -123,6 +123,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         drop_last: bool = False,
         units_ahead: int = DEFAULT_UNITS_AHEAD,
         unit_rows: int | None = None,
+        keep_units: bool | None = None,
         weights: Sequence[float] | np.ndarray | None = None,
         game_ids: Sequence[int] | np.ndarray | None = None,
         where: str | None = None,
@@ -143,6 +144,13 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.shuffle_buffer = whole_number(shuffle_buffer, "shuffle_buffer", where, low=0)
         self.units_ahead = whole_number(units_ahead, "units_ahead", where)
         self.drop_last = bool(drop_last)
+        if keep_units is not None and not isinstance(keep_units, bool):
+            raise InvalidArgumentError(
+                f"{where}: keep_units must be True, False or None; got {keep_units!r}. "
+                "Pass True to keep every unit decoded up to the decoded-frame budget"
+            )
+        #: Keep every unit decoded across epochs: True, False, or None (within the bound).
+        self.keep_units = keep_units
         self.rank, self.world_size = check_rank(rank, world_size, where)
         self.units = Units(self.stores, self.items, unit_rows)
         self.unit_rows = self.units.unit_rows
@@ -243,22 +251,43 @@ class EpochStream(torch.utils.data.IterableDataset):
         yield from self._consume(me.index, me.count, self.keeps_units(me.workers))
 
     def keeps_units(self, workers: int = 1) -> bool:
-        """Whether every unit is kept decoded from one epoch to the next: when their
-        frames fit the stores' decoded-frame budget (``frame_cache_bytes``, shared by
-        ``workers`` DataLoader workers), as :class:`~atari_zarr.read.units.KeptUnits`.
+        """Whether every unit is kept decoded from one epoch to the next
+        (:class:`~atari_zarr.read.units.KeptUnits`), with ``workers`` DataLoader workers.
+
+        ``keep_units=None``: when there are no more units than a window of them has
+        slots (``shuffle_buffer // unit_rows + 1 + units_ahead``), so keeping them
+        takes no memory beyond :func:`stream_memory_bound`. ``keep_units=True``: when
+        they fit the stores' decoded-frame budget (``frame_cache_bytes``; a share of
+        memory is divided among the workers), else one line.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``keep_units=True`` and the units do not fit the budget.
 
         Examples
         --------
-        >>> from atari_zarr import AtariZarrDataset, ReadOptions
-        >>> AtariZarrDataset(store_url).stream(8).keeps_units()
-        True
-        >>> none = ReadOptions(frame_cache_bytes=0)
-        >>> AtariZarrDataset(store_url, options=none).stream(8).keeps_units()
-        False
+        >>> from atari_zarr import AtariZarrDataset
+        >>> ds = AtariZarrDataset(store_url)
+        >>> ds.stream(8).keeps_units(), ds.stream(8, keep_units=False).keeps_units()
+        (True, False)
         """
-        budget = sum(s.options.frame_cache_limit(workers) for s in self.stores)
+        if self.keep_units is False:
+            return False
+        if self.keep_units is None:
+            # no more units than a window has slots: the same memory, kept
+            return len(self.units.bounds) <= self.window + 1 + self.units_ahead
         need = kept_units_bytes(self.units, self.frame_stack, self.items[0].length)
-        return 0 < need <= budget
+        budget = sum(s.options.frame_cache_limit(workers) for s in self.stores)
+        if need > budget:
+            per = f" ({workers} DataLoader workers share it)" if workers > 1 else ""
+            raise InvalidArgumentError(
+                f"{self.where}: keep_units=True, but its units take {need / 2**30:.2f} GiB "
+                f"decoded, more than the decoded-frame budget of {budget / 2**30:.2f} GiB"
+                f"{per}. Raise ReadOptions(frame_cache_bytes=...), or stream with "
+                "keep_units=None to read through a window of units"
+            )
+        return True
 
     def _tagger(self) -> Callable[[TensorDict, np.ndarray], TensorDict] | None:
         """What tags a batch with its items' stores (None: items untagged)."""

@@ -186,8 +186,8 @@ class Units:
 
 def kept_units_bytes(units: Units, frame_stack: int = 1, length: int = 1) -> int:
     """Bytes of frames every unit of ``units`` takes decoded, each with the frames just
-    outside it (a stream keeps them all when this fits the decoded-frame budget:
-    :class:`KeptUnits`).
+    outside it: what a stream that keeps its units holds (:class:`KeptUnits`; with
+    ``keep_units=True``, at most the decoded-frame budget).
 
     Examples
     --------
@@ -203,11 +203,12 @@ def kept_units_bytes(units: Units, frame_stack: int = 1, length: int = 1) -> int
 class KeptUnits:
     """Every unit of a stream, decoded once and kept from one epoch to the next.
 
-    When the decoded frames of all of a stream's units fit the decoded-frame budget
-    (``frame_cache_bytes``, a quarter of memory by default: :func:`kept_units_bytes`),
-    unit ``u`` has slot ``u`` of one slab, and a unit decoded in one epoch is not
-    decoded again: the epochs after the first only gather batches. Without it, every
-    epoch decodes every unit into a window of slots (``docs/streaming.md``).
+    A stream that keeps its units (``stream(keep_units=True)``, when their frames fit
+    the decoded-frame budget, :func:`kept_units_bytes`; by default only when a window
+    would hold as many) gives unit ``u`` slot ``u`` of one slab, and a unit decoded in
+    one epoch is not decoded again: the epochs after the first only gather batches.
+    Otherwise every epoch decodes every unit into a window of slots
+    (``docs/streaming.md``).
 
     Parameters
     ----------
@@ -255,8 +256,8 @@ class StreamMemory:
 
     A reader takes the slab when it starts and gives it back when it closes, if no
     decode may still be writing into it. A second reader at the same time gets none
-    and allocates its own. A stream whose units all fit the decoded-frame budget keeps
-    them decoded instead (:class:`KeptUnits`), taken and given back the same way.
+    and allocates its own. A stream that keeps every unit decoded holds them instead
+    (:class:`KeptUnits`), taken and given back the same way.
     The batches' :class:`~atari_zarr.read.pool.BufferPool` is shared, since it never
     hands out a block that a batch still refers to. Pickled (a DataLoader worker's
     copy of the stream), it starts empty.
