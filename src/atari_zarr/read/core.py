@@ -331,7 +331,7 @@ class ItemDataset(torch.utils.data.Dataset):
         drop_last: bool = False,
         units_ahead: int | None = None,
         unit_rows: int | None = None,
-        keep_units: bool | None = None,
+        keep_units: bool = False,
     ) -> EpochStream:
         """One epoch as TED batches, each item exactly once, read unit by unit.
 
@@ -369,14 +369,12 @@ class ItemDataset(torch.utils.data.Dataset):
             Units fetched and decoded ahead of the one being read (default 4).
         unit_rows : int, optional
             Rows per read unit (default: a shard), a multiple of the chunk rows.
-        keep_units : bool, optional
+        keep_units : bool
             Keep every unit decoded from one epoch to the next, so that the epochs
-            after the first decode nothing (:class:`~atari_zarr.read.units.KeptUnits`).
-            True: up to the stores' decoded-frame budget
-            (``ReadOptions.frame_cache_bytes``; an epoch whose units do not fit it
-            stops with one line). None (default): only when there are no more units
-            than a window of them has slots, so that memory stays within
-            ``stream_memory_bound``. False: never.
+            after the first decode nothing (:class:`~atari_zarr.read.units.KeptUnits`),
+            up to the stores' decoded-frame budget (``ReadOptions.frame_cache_bytes``;
+            an epoch whose units do not fit it stops with one line). False (default):
+            a window of units, within ``stream_memory_bound``.
 
         Returns
         -------

@@ -123,7 +123,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         drop_last: bool = False,
         units_ahead: int = DEFAULT_UNITS_AHEAD,
         unit_rows: int | None = None,
-        keep_units: bool | None = None,
+        keep_units: bool = False,
         weights: Sequence[float] | np.ndarray | None = None,
         game_ids: Sequence[int] | np.ndarray | None = None,
         where: str | None = None,
@@ -144,12 +144,12 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.shuffle_buffer = whole_number(shuffle_buffer, "shuffle_buffer", where, low=0)
         self.units_ahead = whole_number(units_ahead, "units_ahead", where)
         self.drop_last = bool(drop_last)
-        if keep_units is not None and not isinstance(keep_units, bool):
+        if not isinstance(keep_units, bool):
             raise InvalidArgumentError(
-                f"{where}: keep_units must be True, False or None; got {keep_units!r}. "
+                f"{where}: keep_units must be True or False; got {keep_units!r}. "
                 "Pass True to keep every unit decoded up to the decoded-frame budget"
             )
-        #: Keep every unit decoded across epochs: True, False, or None (within the bound).
+        #: Keep every unit decoded from one epoch to the next (within the budget).
         self.keep_units = keep_units
         self.rank, self.world_size = check_rank(rank, world_size, where)
         self.units = Units(self.stores, self.items, unit_rows)
@@ -254,11 +254,9 @@ class EpochStream(torch.utils.data.IterableDataset):
         """Whether every unit is kept decoded from one epoch to the next
         (:class:`~atari_zarr.read.units.KeptUnits`), with ``workers`` DataLoader workers.
 
-        ``keep_units=None``: when there are no more units than a window of them has
-        slots (``shuffle_buffer // unit_rows + 1 + units_ahead``), so keeping them
-        takes no memory beyond :func:`stream_memory_bound`. ``keep_units=True``: when
-        they fit the stores' decoded-frame budget (``frame_cache_bytes``; a share of
-        memory is divided among the workers), else one line.
+        Only with ``keep_units=True``, and then only when they fit the stores'
+        decoded-frame budget (``frame_cache_bytes``; a share of memory is divided
+        among the workers): otherwise one line.
 
         Raises
         ------
@@ -269,14 +267,11 @@ class EpochStream(torch.utils.data.IterableDataset):
         --------
         >>> from atari_zarr import AtariZarrDataset
         >>> ds = AtariZarrDataset(store_url)
-        >>> ds.stream(8).keeps_units(), ds.stream(8, keep_units=False).keeps_units()
-        (True, False)
+        >>> ds.stream(8).keeps_units(), ds.stream(8, keep_units=True).keeps_units()
+        (False, True)
         """
-        if self.keep_units is False:
+        if not self.keep_units:
             return False
-        if self.keep_units is None:
-            # no more units than a window has slots: the same memory, kept
-            return len(self.units.bounds) <= self.window + 1 + self.units_ahead
         need = kept_units_bytes(self.units, self.frame_stack, self.items[0].length)
         budget = sum(s.options.frame_cache_limit(workers) for s in self.stores)
         if need > budget:
@@ -284,8 +279,8 @@ class EpochStream(torch.utils.data.IterableDataset):
             raise InvalidArgumentError(
                 f"{self.where}: keep_units=True, but its units take {need / 2**30:.2f} GiB "
                 f"decoded, more than the decoded-frame budget of {budget / 2**30:.2f} GiB"
-                f"{per}. Raise ReadOptions(frame_cache_bytes=...), or stream with "
-                "keep_units=None to read through a window of units"
+                f"{per}. Raise ReadOptions(frame_cache_bytes=...), or stream without "
+                "keep_units to read through a window of units"
             )
         return True
 

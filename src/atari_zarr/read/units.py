@@ -204,9 +204,9 @@ class KeptUnits:
     """Every unit of a stream, decoded once and kept from one epoch to the next.
 
     A stream that keeps its units (``stream(keep_units=True)``, when their frames fit
-    the decoded-frame budget, :func:`kept_units_bytes`; by default only when a window
-    would hold as many) gives unit ``u`` slot ``u`` of one slab, and a unit decoded in
-    one epoch is not decoded again: the epochs after the first only gather batches.
+    the decoded-frame budget, :func:`kept_units_bytes`) gives unit ``u`` slot ``u`` of
+    one slab, and a unit decoded in one epoch is not decoded again: the epochs after
+    the first only gather batches.
     Otherwise every epoch decodes every unit into a window of slots
     (``docs/streaming.md``).
 
