@@ -60,6 +60,7 @@ __all__ = [
     "UnitReader",
     "Units",
     "kept_units_bytes",
+    "slot_frames",
     "stream_memory_bound",
 ]
 
@@ -69,6 +70,19 @@ log = logging.getLogger("atari_zarr")
 DEFAULT_SHUFFLE_BUFFER = 16384
 #: Units fetched and decoded ahead of the one being read.
 DEFAULT_UNITS_AHEAD = 4
+
+
+def slot_frames(rows: int, frame_stack: int = 1, length: int = 1) -> int:
+    """Frames a slot of the slab holds for a unit of ``rows`` rows: the ``frame_stack - 1``
+    frames before it (stacks), its rows, and the ``length`` rows after its last items
+    (next observations, windows).
+
+    Examples
+    --------
+    >>> slot_frames(4096, frame_stack=4)
+    4100
+    """
+    return frame_stack - 1 + rows + length
 
 
 def stream_memory_bound(
@@ -96,7 +110,7 @@ def stream_memory_bound(
     358
     """
     window = max(1, shuffle_buffer // unit_rows)
-    unit = (unit_rows + frame_stack + length - 1) * frame_bytes
+    unit = slot_frames(unit_rows, frame_stack, length) * frame_bytes
     return (window + 1 + units_ahead) * unit + units_ahead * unit
 
 
@@ -197,7 +211,7 @@ def kept_units_bytes(units: Units, frame_stack: int = 1, length: int = 1) -> int
     True
     """
     frame_bytes = int(np.prod(FRAME_SHAPE))
-    return len(units.bounds) * (frame_stack - 1 + units.span + length) * frame_bytes
+    return len(units.bounds) * slot_frames(units.span, frame_stack, length) * frame_bytes
 
 
 class KeptUnits:
@@ -206,37 +220,41 @@ class KeptUnits:
     A stream that keeps its units (``stream(keep_units=True)``, when their frames fit
     the decoded-frame budget, :func:`kept_units_bytes`) gives unit ``u`` slot ``u`` of
     one slab, and a unit decoded in one epoch is not decoded again: the epochs after
-    the first only gather batches.
-    Otherwise every epoch decodes every unit into a window of slots
-    (``docs/streaming.md``).
+    the first only gather batches. Otherwise every epoch decodes every unit into a
+    window of slots (``docs/streaming.md``).
 
     Parameters
     ----------
-    n_units : int
-        Units (slots).
-    ext, cols : int
-        Frames and per-step values a slot holds.
-    fields : dict
-        The per-step columns' names and dtypes.
+    slab : numpy.ndarray
+        ``(n_units, ext, 84, 84)`` frames, one slot per unit (pages are mapped as
+        units are decoded).
+    col : dict
+        The per-step columns, ``(n_units, cols)`` each.
+    slot_lo, slot_items, slot_store : numpy.ndarray
+        Each slot's first row, first item and store.
 
     Examples
     --------
-    >>> kept = KeptUnits(3, 5, 4, {"reward": np.float32})
-    >>> kept.slab.shape, kept.col["reward"].shape, kept.loaded.tolist()
-    ((3, 5, 84, 84), (3, 4), [False, False, False])
+    >>> slab, col = np.empty((3, 5, 84, 84), np.uint8), {"reward": np.empty((3, 4))}
+    >>> kept = KeptUnits(slab, col, *np.empty((3, 3), np.int64))
+    >>> kept.shape, kept.loaded.tolist()
+    ((3, 5, ('reward',)), [False, False, False])
     """
 
-    def __init__(self, n_units: int, ext: int, cols: int, fields: dict[str, Any]) -> None:
-        #: ``(n_units, ext, 84, 84)`` frames (pages are mapped as units are decoded).
-        self.slab = np.empty((n_units, ext, *FRAME_SHAPE), dtype=np.uint8)
-        self.col = {name: np.empty((n_units, cols), dtype=dt) for name, dt in fields.items()}
-        self.slot_lo = np.empty(n_units, dtype=np.int64)
-        self.slot_items = np.empty(n_units, dtype=np.int64)
-        self.slot_store = np.empty(n_units, dtype=np.int64)
+    def __init__(
+        self,
+        slab: np.ndarray,
+        col: dict[str, np.ndarray],
+        slot_lo: np.ndarray,
+        slot_items: np.ndarray,
+        slot_store: np.ndarray,
+    ) -> None:
+        self.slab, self.col = slab, col
+        self.slot_lo, self.slot_items, self.slot_store = slot_lo, slot_items, slot_store
         #: Kept frames after episodes' ends, by slot.
         self.finals: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         #: Whether each unit is decoded (set once all of its slot is written).
-        self.loaded = np.zeros(n_units, dtype=bool)
+        self.loaded = np.zeros(len(slab), dtype=bool)
 
     @property
     def shape(self) -> tuple[int, int, tuple[str, ...]]:
@@ -368,7 +386,7 @@ class UnitReader:
         m = len(plan.units)
         self.halo_front = self.k - 1
         #: Frames held per unit: the stacks before it, the unit, the items' rows after it.
-        self.ext = self.halo_front + units.span + self.length
+        self.ext = slot_frames(units.span, self.k, self.length)
         #: Per-step values held per unit: its rows and the items' rows after it.
         self.cols = units.span + self.length - 1
         self.windowed = not items[0].identity
@@ -436,7 +454,8 @@ class UnitReader:
         shape = (n, self.ext, tuple(fields))
         kept = self.memory.take_units(shape) if self.memory is not None else None
         if kept is None:
-            kept = KeptUnits(n, self.ext, self.cols, fields)
+            self._allocate(n)
+            kept = KeptUnits(self.slab, self.col, self.slot_lo, self.slot_items, self.slot_store)
         self.kept = kept
         self.slab, self.col, self.finals = kept.slab, kept.col, kept.finals
         self.slot_lo, self.slot_items, self.slot_store = (
