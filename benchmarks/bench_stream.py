@@ -311,9 +311,8 @@ def local_figures(
             print(f"  {name}: {r}", file=sys.stderr)
         # the epochs after the first, as a training job reads them: one stream, set_epoch;
         # by default, and with every unit kept decoded (keep_units=True) where it may
-        fresh = AtariZarrDataset(meta["store"])
         for name, extra in (("", {}), ("_keep_units", {"keep_units": True})):
-            kwargs = stream_kwargs(fresh, extra)
+            kwargs = stream_kwargs(ds, extra)
             if kwargs != extra:
                 continue  # this version has no such option
             r = later_epochs(AtariZarrDataset(meta["store"]), kwargs, max_epoch_s)

@@ -47,19 +47,33 @@ def resident_bytes(array: np.ndarray) -> int:
     return total
 
 
-def epoch_rss_growth(ds: Any, options: dict[str, int]) -> tuple[int, int]:
-    """Stream one epoch of ``ds`` (``stream(256, **options)``): its transitions, and how
-    far resident memory rose above where it was after a warm-up batch loaded every code
-    path (polled after every batch)."""
+def rss_growth_per_epoch(
+    ds: Any, stream: Any, options: dict[str, int], epochs: int = 1
+) -> list[tuple[int, int]]:
+    """Stream epochs ``0 .. epochs - 1`` of ``stream`` (one of ``ds``'s): for each, its
+    transitions, and how far resident memory rose above where it was after a warm-up
+    batch (``stream(256, **options)``) loaded every code path (polled after every
+    batch)."""
     next(iter(ds.stream(256, seed=1, **options)))
     gc.collect()
-    base = peak = status("VmRSS")
-    rows = 0
-    for batch in ds.stream(256, seed=0, **options):
-        rows += len(batch)
-        peak = max(peak, status("VmRSS"))
-        del batch
-    return rows, peak - base
+    base = status("VmRSS")
+    out = []
+    for epoch in range(epochs):
+        stream.set_epoch(epoch)
+        rows, peak = 0, base
+        for batch in stream:
+            rows += len(batch)
+            peak = max(peak, status("VmRSS"))
+            del batch
+        out.append((rows, peak - base))
+    return out
+
+
+def epoch_rss_growth(ds: Any, options: dict[str, int]) -> tuple[int, int]:
+    """Stream one epoch of ``ds`` (``stream(256, **options)``): its transitions, and how
+    far resident memory rose (:func:`rss_growth_per_epoch`)."""
+    [(rows, growth)] = rss_growth_per_epoch(ds, ds.stream(256, seed=0, **options), options)
+    return rows, growth
 
 
 @pytest.fixture(scope="module")
@@ -241,19 +255,9 @@ def test_kept_units_hold_the_store_once(large_store: str) -> None:
     ds = AtariZarrDataset(large_store, options=ReadOptions(frame_cache_bytes=need))
     stream = ds.stream(256, seed=0, keep_units=True, **options)
     assert stream.keeps_units()
-    next(iter(ds.stream(256, seed=1, **options)))  # every code path loaded
-    gc.collect()
-    base = status("VmRSS")
-    peaks = []
-    for epoch in range(2):
-        stream.set_epoch(epoch)
-        peak, rows = 0, 0
-        for batch in stream:
-            rows += len(batch)
-            peak = max(peak, status("VmRSS"))
-            del batch
-        assert rows == ROWS
-        peaks.append(peak - base)
+    epochs = rss_growth_per_epoch(ds, stream, options, epochs=2)
+    assert [rows for rows, _ in epochs] == [ROWS, ROWS]
+    peaks = [growth for _, growth in epochs]
     allowance = 48 << 20  # as the bound's test
     assert peaks[0] <= need + allowance, (peaks, need)
     assert peaks[1] <= peaks[0] + (8 << 20), peaks  # nothing decoded again
