@@ -221,6 +221,69 @@ def test_the_default_decoder_is_c_blosc2_where_installed():
         blosc_decoder("snappy")
 
 
+def _main_thread_steps_while_decoding(decode, calls: int = 10) -> list[int]:
+    """Steps the main thread took during each of ``calls`` decodes of 16 MB on another thread.
+
+    The switch interval is raised to 10 s, so a thread that holds the GIL keeps it for
+    the whole decode; the main thread's loop gives the GIL back at every step."""
+    import sys
+    import threading
+    import time
+
+    from numcodecs import Blosc
+
+    data = np.repeat(np.random.default_rng(0).integers(0, 255, 1 << 22, dtype=np.uint8), 4)
+    encoded = Blosc(cname="zstd", clevel=5, shuffle=0).encode(data)
+    out = np.empty_like(data)
+    count, during, stop = [0], [], threading.Event()
+
+    def work() -> None:
+        try:
+            for _ in range(calls):
+                before = count[0]
+                decode(encoded, out)
+                during.append(count[0] - before)
+        finally:
+            stop.set()
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        thread = threading.Thread(target=work)
+        thread.start()
+        while not stop.is_set():
+            count[0] += 1
+            time.sleep(0)
+        thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    np.testing.assert_array_equal(out, data)
+    return during
+
+
+def test_the_background_decoder_lets_the_main_thread_run_while_it_decodes(monkeypatch):
+    """On a second core, the stream's units decode without the GIL (numcodecs' c-blosc1),
+    so the loop that gathers batches runs meanwhile; python-blosc2, the default, holds it."""
+    from atari_zarr.read import engine as engine_module
+    from atari_zarr.read.engine import background_decoder, blosc_decoder
+
+    monkeypatch.setattr(engine_module, "cpu_count", lambda: 2)
+    assert background_decoder() is blosc_decoder("numcodecs")
+    released = _main_thread_steps_while_decoding(background_decoder())
+    assert any(released), released
+    held = _main_thread_steps_while_decoding(blosc_decoder("blosc2"), calls=3)
+    assert sum(held) < sum(released), (held, released)
+
+
+def test_on_one_core_the_background_decoder_is_the_default(monkeypatch):
+    """Nothing runs beside the decoding on one core: the faster c-blosc2 decodes."""
+    from atari_zarr.read import engine as engine_module
+    from atari_zarr.read.engine import background_decoder, blosc_decoder
+
+    monkeypatch.setattr(engine_module, "cpu_count", lambda: 1)
+    assert background_decoder() is blosc_decoder()
+
+
 def _old_way(engine: ChunkEngine, cids: list[int]) -> np.ndarray:
     out = np.empty((len(cids), 8, 6, 5), dtype=np.uint8)
     nbytes = sum(engine.decode(c, d) for c, d in zip(engine.fetch(cids), out, strict=True))

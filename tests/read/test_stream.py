@@ -256,6 +256,34 @@ def test_stream_keeps_final_observations(small_store: str, k: int) -> None:
         np.testing.assert_array_equal(last.numpy(), frame_of(10**6 + eps))
 
 
+def test_units_decode_beside_the_loop_without_the_gil(small_store: str, monkeypatch) -> None:
+    """Where there is a second core, the units decode with the background decoder
+    (numcodecs, which releases the GIL) while the loop gathers batches, and with the
+    default (c-blosc2) while it waits for a unit; every frame goes through one of them,
+    and the batches equal random access, which decodes with c-blosc2."""
+    from atari_zarr.read import engine, units
+
+    monkeypatch.setattr(engine, "cpu_count", lambda: 2)
+    assert engine.background_decoder() is engine.blosc_decoder("numcodecs")
+    decoded = {"beside": 0, "alone": 0}
+
+    def counting(name, real):
+        def decode(src, dest) -> None:
+            decoded[name] += dest.nbytes
+            real(src, dest)
+
+        return decode
+
+    beside, alone = engine.background_decoder(), engine.blosc_decoder()
+    monkeypatch.setattr(units, "background_decoder", lambda: counting("beside", beside))
+    monkeypatch.setattr(units, "blosc_decoder", lambda: counting("alone", alone))
+    ds = AtariZarrDataset(small_store, frame_stack=4)
+    batches = list(ds.stream(512, seed=3, unit_rows=1024))
+    assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))
+    assert_same(ds, batches)
+    assert decoded["beside"] + decoded["alone"] >= len(ds) * 84 * 84, decoded
+
+
 def test_same_seed_same_order_and_shuffle_false_is_stored_order(small_store: str) -> None:
     ds = AtariZarrDataset(small_store)
     a = rows_of(list(ds.stream(256, seed=4, unit_rows=1024)))

@@ -16,7 +16,9 @@ grow with the stores; a store no unit in flight comes from costs nothing here.
   on a thread pool, with the frames just outside each unit (``frame_stack - 1``
   before it, the ``L`` rows of its last items after it), so next observations,
   stacks and windows are exact at unit boundaries. Decoding takes the cores but
-  one, which is left to the loop that gathers batches;
+  one, which is left to the loop that gathers batches, and it lets that loop run
+  meanwhile (:func:`~atari_zarr.read.engine.background_decoder` releases the GIL;
+  while the loop waits for a unit, the faster c-blosc2 decodes it);
 * :meth:`UnitReader.take` leaves the items of the plan's segments in order and
   gathers their frames from the slab with one ``np.take`` into memory from its
   :class:`~atari_zarr.read.pool.BufferPool`; :mod:`atari_zarr.read.batch` builds
@@ -45,6 +47,7 @@ from atari_zarr.read.batch import (
     step_fields,
     steps_before_by_store,
 )
+from atari_zarr.read.engine import background_decoder, blosc_decoder
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items
 from atari_zarr.read.pending import PendingStore
@@ -383,6 +386,10 @@ class UnitReader:
         self.remaining = max(0, stop - start)
         self.units_ahead = units_ahead
         self.decoders = decoders
+        #: Whether the loop that gathers batches waits for a unit (then nothing runs
+        #: beside the decoding, and the faster decoder, which holds the GIL, decodes).
+        self.waiting = False
+        self._beside, self._alone = background_decoder(), blosc_decoder()
         m = len(plan.units)
         self.halo_front = self.k - 1
         #: Frames held per unit: the stacks before it, the unit, the items' rows after it.
@@ -526,7 +533,7 @@ class UnitReader:
             # all units' requests fly at once; decoding takes the cores but one, which
             # is left to the loop that gathers batches
             with self.decoders:
-                got = engine.decode_span(lo, hi, out, span, halo, around)
+                got = engine.decode_span(lo, hi, out, span, halo, around, self._decode)
         else:
             out[:] = np.asarray(store.observation[lo:hi])
             got = engine.read_generic(halo)
@@ -539,7 +546,7 @@ class UnitReader:
         kept = self.kept
         if kept is not None:
             # a fresh slot: its pages' first writes fault (costlier than decoding here);
-            # numpy takes those with the GIL released, decoding would hold it
+            # numpy takes those with the GIL released, c-blosc2's decoding would hold it
             self.slab[slot, : self.halo_front + hi - lo + self.length] = 0
         self._read_frames(g, lo, hi, self.slab[slot])
         top = min(hi + self.length - 1, int(self.n_rows[g]))
@@ -560,12 +567,22 @@ class UnitReader:
         if kept is not None:
             kept.loaded[slot] = True  # all of its slot is written
 
+    def _decode(self, src: Any, dest: np.ndarray) -> None:
+        """Decode one chunk: without the GIL while the loop gathers batches beside it
+        (:func:`~atari_zarr.read.engine.background_decoder`), with the faster decoder
+        while the loop waits for a unit."""
+        (self._alone if self.waiting else self._beside)(src, dest)
+
     def _wait(self, positions: range) -> None:
         self._submit()
         for j in positions:
             fut = self.futures.pop(j, None)
             if fut is not None:
-                fut.result()
+                self.waiting = not fut.done()
+                try:
+                    fut.result()
+                finally:
+                    self.waiting = False
 
     def _release(self) -> None:
         oldest = self.pending[0][0] if self.pending else self.next_seg
