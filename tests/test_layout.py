@@ -120,3 +120,58 @@ def test_a_complete_store_that_lost_an_array_is_damaged(store_url):
             match=r"marked complete but lacks the arrays \['next/reward'\].*damaged",
         ):
             read_metadata(group, store_url, require_complete=require_complete)
+
+
+def _arrays(group: zarr.Group, prefix: str = ""):
+    """Every array of ``group`` and its subgroups, by path."""
+    for name, arr in group.arrays():
+        yield prefix + name, arr
+    for name, sub in group.groups():
+        yield from _arrays(sub, f"{prefix}{name}/")
+
+
+@pytest.fixture(params=["dqn-replay", "rl-unplugged", "collected"])
+def any_store(request, pong_source, tmp_path):
+    """A store of each writer: a DQN Replay run with both derived arrays, RL Unplugged
+    shards (kept final frames, unclipped rewards), and play recorded by the collector."""
+    from atari_zarr_testkit.rl_unplugged import write_fixture_rlu
+
+    from atari_zarr import convert
+    from atari_zarr.record.collector import collect
+    from atari_zarr.record.envs import make_dqn_env
+
+    if request.param == "dqn-replay":
+        [store] = convert(
+            str(Path(pong_source.url).parents[1]),
+            str(tmp_path / "out"),
+            return_to_go=True,
+            full_action_space=True,
+            progress=False,
+        )
+        return Path(store.url)
+    if request.param == "rl-unplugged":
+        rlu = write_fixture_rlu(str(tmp_path / "rlu"), num_shards=3, present=(0, 2))
+        [store] = convert(rlu.root, str(tmp_path / "out"), progress=False)
+        return Path(store.url)
+    dest = tmp_path / "pong.zarr"
+    collect(make_dqn_env("Pong", max_episode_steps=120), str(dest), steps=300, seed=3)
+    return dest
+
+
+def test_tensorstore_reads_every_array_as_zarr_does(any_store):
+    """tensorstore, a reader that shares no code with zarr-python or this package, opens
+    every array of a store by its own zarr.json and reads the same values, shapes, dtypes
+    and dimension names."""
+    import numpy as np
+    import tensorstore as ts
+
+    seen = set()
+    for path, arr in _arrays(zarr.open_group(str(any_store), mode="r")):
+        spec = {"driver": "zarr3", "kvstore": {"driver": "file", "path": str(any_store / path)}}
+        other = ts.open(spec, read=True).result()
+        assert other.shape == arr.shape, path
+        assert other.dtype.numpy_dtype == arr.dtype, path
+        assert tuple(other.domain.labels) == tuple(arr.metadata.dimension_names or ()), path
+        np.testing.assert_array_equal(other.read().result(), arr[...], err_msg=path)
+        seen.add(path)
+    assert {OBSERVATION, REWARD} <= seen
