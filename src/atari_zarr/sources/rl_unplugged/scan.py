@@ -103,11 +103,6 @@ class ShardScan:
     def records(self) -> int:
         return int(self.steps.shape[0])
 
-    @property
-    def real_rows(self) -> int:
-        """Rows the whole shard gives."""
-        return int(self.real.sum())
-
     def record_offsets(self) -> np.ndarray:
         """First real step of every record in the per-step arrays (and the total at the end)."""
         return np.concatenate([[0], np.cumsum(self.real, dtype=np.int64)])
