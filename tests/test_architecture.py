@@ -21,6 +21,7 @@ FLOORS = [
         "codec_chain",
         "fingerprints",
         "shard_format",
+        "npy_format",
         "arguments",
         "resources",
         "place",

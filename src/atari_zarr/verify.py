@@ -71,6 +71,7 @@ from atari_zarr.layout import (
     is_complete,
 )
 from atari_zarr.layout import spec as layout_spec
+from atari_zarr.npy_format import HEADER_PARSE
 from atari_zarr.opening import open_store
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.engine import ChunkEngine, decode_chunk
@@ -758,7 +759,8 @@ class _Findings(VerifyReport):
 
 # -- against the source, through the registry -----------------------------------------
 def _load_scan(spool: Path, unit: int, names: list[str] | None = None) -> dict[str, np.ndarray]:
-    with np.load(spool / f"{unit}.npz") as arrays:  # allow_pickle stays False
+    # each member's .npy header is parsed as it is read: one parse at a time
+    with HEADER_PARSE, np.load(spool / f"{unit}.npz") as arrays:  # allow_pickle stays False
         return {name: arrays[name] for name in (names or arrays.files)}
 
 

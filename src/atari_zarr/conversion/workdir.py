@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 from numcodecs import Blosc
 
+from atari_zarr import npy_format
 from atari_zarr.errors import StoreLockedError
 
 try:  # POSIX: the guard of stale-lock takeovers
@@ -191,7 +192,7 @@ class WorkDir:
     def load_piece(self, name: str, unit: int, start: int) -> np.ndarray:
         with self.fs.open(self._piece_path(name, unit, start), "rb") as f:
             raw = bytes(_PIECE_CODEC.decode(f.read()))
-        return np.load(io.BytesIO(raw), allow_pickle=False)
+        return npy_format.load(raw)
 
     def drop_pieces(self, name: str, unit: int) -> None:
         """Remove the pieces of a unit once it is written (a tidy-up: never fatal).
@@ -226,7 +227,7 @@ class WorkDir:
     def load_array(self, *parts: str) -> np.ndarray:
         """What :meth:`save_array` kept at ``parts`` (never unpickled)."""
         raw = bytes(_PIECE_CODEC.decode(self.load_bytes(*parts)))
-        return np.load(io.BytesIO(raw), allow_pickle=False)
+        return npy_format.load(raw)
 
     def drop(self, *parts: str) -> None:
         """Remove what lies at ``parts`` (a tidy-up: never fatal)."""
@@ -275,7 +276,7 @@ class WorkDir:
         for name in names:
             with self.fs.open(self._p("scans", str(index), f"{name}.npy.blosc"), "rb") as f:
                 raw = bytes(_PIECE_CODEC.decode(f.read()))
-            out[name] = np.load(io.BytesIO(raw), allow_pickle=False)
+            out[name] = npy_format.load(raw)
         return out
 
     def mark_scan(self, index: int) -> None:

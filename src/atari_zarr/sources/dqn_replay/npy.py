@@ -2,20 +2,20 @@
 
 A DQN Replay observation file is 7 GB once inflated, so it is read as a stream in
 blocks of rows rather than loaded. The header is parsed with numpy's literal parser
-and object dtypes are refused, so a pickled file is never loaded. The stream is
+(:func:`atari_zarr.npy_format.read_header`, one parse at a time) and object dtypes
+are refused, so a pickled file is never loaded. The stream is
 inflated by :func:`atari_zarr.sources.gzip_stream.open_gzip` (isal when installed).
 """
 
 from __future__ import annotations
 
-import io
-import threading
 from typing import IO, Any
 
 import numpy as np
 from numpy.lib import format as npformat
 
 from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.npy_format import read_header
 from atari_zarr.sources.gzip_stream import GZIP_ERRORS as _GZIP_ERRORS
 from atari_zarr.sources.gzip_stream import gzip_backend, open_gzip
 
@@ -28,22 +28,6 @@ READ_BLOCK = 8 << 20  # bytes per remote read request while streaming
 MAX_CHECKPOINT_ROWS = 1_000_000
 #: Values of one row at most: an 84x84 frame.
 MAX_ROW_VALUES = 84 * 84
-
-
-#: numpy parses a .npy header with ``ast.literal_eval``, and CPython 3.11 can fail a
-#: parse run on two threads at once ("AST constructor recursion depth mismatch",
-#: python/cpython#106905); conversion reads headers on dask's threads. The header's
-#: bytes are read outside the lock, only the parse is inside.
-_HEADER_PARSE = threading.Lock()
-
-
-def _read_header(fh: Any, version: tuple[int, int]) -> tuple[Any, bool, np.dtype]:
-    """Shape, Fortran order and dtype of the .npy header that ``fh`` is at (after the magic)."""
-    length = fh.read(2 if version == (1, 0) else 4)
-    raw = length + fh.read(int.from_bytes(length, "little"))
-    read = npformat.read_array_header_1_0 if version == (1, 0) else npformat.read_array_header_2_0
-    with _HEADER_PARSE:
-        return read(io.BytesIO(raw))  # type: ignore[no-any-return]
 
 
 class NpyStream:
@@ -102,7 +86,7 @@ class NpyStream:
             self.close()
             raise self._gzip_error(exc) from exc
         try:
-            shape, fortran, dtype = _read_header(self._fh, version)
+            shape, fortran, dtype = read_header(self._fh, version)
         except (ValueError, SyntaxError) as exc:
             self.close()
             raise SourceFormatError(
