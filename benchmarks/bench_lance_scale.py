@@ -74,7 +74,7 @@ def main() -> None:
                 while f.read(1 << 24):
                     pass
     warm_s = round(time.perf_counter() - t1, 1)
-    print(f"read {dir_bytes(uri) + dir_bytes(STORE):,} bytes into the page cache in {warm_s} s")
+    print(f"read {lance_bytes + dir_bytes(STORE):,} bytes into the page cache in {warm_s} s")
     cache = min(ReadOptions().frame_cache_limit(), int(0.02 * n * FRAME_BYTES))
     ds = AtariZarrDataset(str(STORE), frame_stack=4,
                           options=ReadOptions(frame_cache_bytes=cache))
