@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from atari_zarr.arguments import whole_number
+from atari_zarr.arguments import parse_indices, spans, whole_number
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.sources.selection import parse_checkpoints
 
 
 @pytest.mark.parametrize("value", [np.int64(5), torch.tensor(5), np.array(5), 5])
@@ -54,3 +55,30 @@ def test_every_reader_argument_goes_through_it(pong_store):
             InvalidArgumentError, match=r"must be a[n]? [a-z -]*integer.*Pass an int"
         ):
             call()
+
+
+def test_checkpoint_lists_read_and_written_back():
+    assert parse_indices("9, 0-2,2", "--checkpoints") == [0, 1, 2, 9]
+    assert parse_indices(np.arange(3), "--checkpoints", limit=3) == [0, 1, 2]
+    assert spans([0, 1, 2, 9, 5, 6]) == "0-2,5-6,9"
+    assert parse_indices(spans([0, 1, 2, 9, 5, 6]), "x") == [0, 1, 2, 5, 6, 9]
+
+
+@pytest.mark.parametrize("spec", ["5-2", "x", "1-x", "", "-1", [-1], [1.5], ["a"], "3,,4"])
+def test_a_checkpoint_list_that_is_not_one_is_one_line(spec):
+    with pytest.raises(InvalidArgumentError) as info:
+        parse_indices(spec, "--checkpoints")
+    text = str(info.value)
+    assert "\n" not in text and "--checkpoints" in text and "not a suffix or a range" in text
+
+
+def test_a_huge_range_is_refused_before_it_is_spelled_out():
+    """Sources and pulls share the grammar: "0-100000000000" is refused at once."""
+    with pytest.raises(InvalidArgumentError, match="goes up to 100000000000.*at most 100000"):
+        parse_indices("0-100000000000", "--checkpoints")
+    with pytest.raises(InvalidArgumentError, match="50 checkpoints"):
+        parse_indices("3-50", "--checkpoints", limit=50)
+    with pytest.raises(InvalidArgumentError, match="goes up to"):
+        parse_checkpoints("0-100000000000", range(51))
+    with pytest.raises(InvalidArgumentError, match="not a suffix"):
+        parse_checkpoints("5-2", range(51))  # nothing chosen is no selection

@@ -121,7 +121,7 @@ def test_what_cannot_be_pulled_is_refused_before_any_request(public_copy, tmp_pa
         pull(Request.parse("pongg/1"), home=tmp_path)
     with pytest.raises(StoreNotFoundError, match="runs 1 to 5 of Pong, not 6"):
         pull(Request.parse("Pong/6"), home=tmp_path)
-    with pytest.raises(InvalidArgumentError, match="has 50 shards"):
+    with pytest.raises(InvalidArgumentError, match="has 50 checkpoints"):
         pull(Request.parse("Pong/1", checkpoints=[50]), home=tmp_path)
     assert public_copy.proxy.requests == 0
 
@@ -534,7 +534,7 @@ def test_huge_checkpoint_ranges_are_refused_before_they_are_spelled_out():
         with pytest.raises(InvalidArgumentError) as info:
             Request.parse(dataset_id, checkpoints="0-100000000000")
         assert "\n" not in str(info.value) and "100000000000" in str(info.value)
-    with pytest.raises(InvalidArgumentError, match="50 shards"):
+    with pytest.raises(InvalidArgumentError, match="50 checkpoints"):
         Request.parse("Pong/1", checkpoints="3-50")
     with pytest.raises(InvalidArgumentError):
         Request.parse("Pong/1", checkpoints="5-3")

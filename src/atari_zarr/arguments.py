@@ -1,9 +1,11 @@
-"""The one check of a whole-number argument, and its one-line error.
+"""The one check of a whole-number argument, the one grammar of checkpoint lists.
 
 Batch sizes, frame stacks, window lengths, prefetch depths, byte bounds: every
 whole number a user passes is checked here, so a float is refused rather than
 rounded, ``True`` is not 1, a NumPy or torch scalar is accepted, and the error
-names the argument, what was expected, what was found and where.
+names the argument, what was expected, what was found and where. Checkpoints
+(DQN Replay's suffixes, RL Unplugged's shards) are asked for as ``"0-9,50"`` or a
+list, read by :func:`parse_indices` and written back by :func:`spans`.
 
 Examples
 --------
@@ -18,13 +20,19 @@ got 2.5 for Pong/1.zarr. Pass an int 0 or more
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["whole_number"]
+__all__ = ["MAX_PARTS", "parse_indices", "spans", "whole_number"]
+
+#: No run has more checkpoints (RL Unplugged's shard numbers have five digits): a range
+#: is checked against it before it is spelled out.
+MAX_PARTS = 100_000
 
 
 def whole_number(value: Any, name: str, where: str, *, low: int = 1, unit: str = "") -> int:
@@ -56,3 +64,65 @@ def whole_number(value: Any, name: str, where: str, *, low: int = 1, unit: str =
             f"{name} must be {kind}{what}; got {value!r} for {where}. Pass an int {low} or more"
         )
     return int(found)
+
+
+def parse_indices(spec: str | Iterable[int], where: str, limit: int | None = None) -> list[int]:
+    """Checkpoint numbers from ``"0-9,50"`` or a list, sorted, each below ``limit``
+    (default :data:`MAX_PARTS`), checked before a range is spelled out.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A part that is not a number or an ascending range, or a number not below ``limit``.
+
+    Examples
+    --------
+    >>> parse_indices("9,0-2", "--checkpoints")
+    [0, 1, 2, 9]
+    >>> spans(parse_indices([5, 3, 4], "--checkpoints"))
+    '3-5'
+    """
+    bound = MAX_PARTS if limit is None else limit
+    pairs: list[tuple[int, int]] = []
+    try:
+        if isinstance(spec, str):
+            for piece in spec.split(","):
+                a, dash, b = piece.strip().partition("-")
+                pairs.append((int(a), int(b) if dash else int(a)))
+        else:
+            pairs = [(operator.index(v), operator.index(v)) for v in spec]
+    except (TypeError, ValueError):
+        pairs = []
+    if not pairs or min(a for a, _ in pairs) < 0 or any(b < a for a, b in pairs):
+        raise InvalidArgumentError(
+            f"{where} {spec!r} is not a suffix or a range (a list of them); expected e.g. "
+            f"'0-9,50' or [0, 1]. Pass checkpoint numbers, low to high"
+        )
+    top = max(b for _, b in pairs)
+    if top >= bound:
+        raise InvalidArgumentError(
+            f"{where} {spec!r} goes up to {top}, but "
+            f"{'a run has at most' if limit is None else 'the run has'} {bound} checkpoints "
+            f"(0 to {bound - 1}); choose among those"
+        )
+    return sorted({v for a, b in pairs for v in range(a, b + 1)})
+
+
+def spans(values: Iterable[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2,5"``, what :func:`parse_indices` reads.
+
+    Examples
+    --------
+    >>> spans([5, 0, 2, 1])
+    '0-2,5'
+    """
+    out: list[str] = []
+    items = sorted(set(values))
+    i = 0
+    while i < len(items):
+        j = i
+        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
+            j += 1
+        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
+        i = j + 1
+    return ",".join(out)

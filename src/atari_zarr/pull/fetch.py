@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from atari_zarr.arguments import spans
 from atari_zarr.catalog import refresh_catalog, store_state
 from atari_zarr.errors import (
     RemoteAccessError,
@@ -39,7 +40,6 @@ from atari_zarr.pull.request import (
     Resolved,
     cache_home,
     pullable,
-    spans,
 )
 from atari_zarr.storage.deadline import TIMEOUT_ENV, Timeout, resolve_timeout
 from atari_zarr.storage.paths import join, redact

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from atari_zarr.arguments import parse_indices, spans
 from atari_zarr.catalog import CatalogEntry
 from atari_zarr.commands import command_line
 from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
@@ -40,7 +41,6 @@ __all__ = [
     "cache_home",
     "game_name",
     "pullable",
-    "spans",
 ]
 
 #: Where pulled stores go (default ``~/.cache/atari_zarr``).
@@ -136,20 +136,6 @@ def cache_home(home: str | os.PathLike[str] | None = None) -> str:
     return found if is_url(found) else os.path.expanduser(found)
 
 
-def spans(values: Iterable[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``"0-2,5"``."""
-    out: list[str] = []
-    items = sorted(set(values))
-    i = 0
-    while i < len(items):
-        j = i
-        while j + 1 < len(items) and items[j + 1] == items[j] + 1:
-            j += 1
-        out.append(str(items[i]) if i == j else f"{items[i]}-{items[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
 @dataclass(frozen=True)
 class Request:
     """What a loader asks for: a game's run, whole or in part.
@@ -212,7 +198,8 @@ class Request:
         chosen: tuple[int, ...] | None = None
         known = GAMES.get(game_name(game))
         if checkpoints is not None:
-            chosen = _parse_checkpoints(checkpoints, text, known.shards if known else None)
+            where = f"checkpoints of {text}"
+            chosen = tuple(parse_indices(checkpoints, where, known.shards if known else None))
             if known is not None and chosen == tuple(range(known.shards)):
                 chosen = None  # every checkpoint is the whole run: one store, not two
         if fraction is not None:
@@ -301,41 +288,6 @@ class Request:
         shards = pullable(self).shards
         assert subset.num_buffers is not None
         return tuple(range(max(0, shards - subset.num_buffers), shards))
-
-
-#: Shard indices have five digits in RL Unplugged's names: no run has more shards.
-MAX_SHARDS = 100_000
-
-
-def _parse_checkpoints(
-    spec: str | Iterable[int], where: str, shards: int | None = None
-) -> tuple[int, ...]:
-    """Shard indices from ``"0-9,49"`` or a list; each below ``shards`` (when known), and
-    never more than :data:`MAX_SHARDS`, checked before a range is spelled out."""
-    limit = MAX_SHARDS if shards is None else shards
-    pairs: list[tuple[int, int]] = []
-    try:
-        if isinstance(spec, str):
-            for piece in spec.split(","):
-                a, dash, b = piece.strip().partition("-")
-                pairs.append((int(a), int(b)) if dash else (int(a), int(a)))
-        else:
-            pairs = [(int(v), int(v)) for v in spec]
-    except (TypeError, ValueError):
-        pairs = []
-    if not pairs or min(a for a, _ in pairs) < 0 or any(b < a for a, b in pairs):
-        raise InvalidArgumentError(
-            f"checkpoints {spec!r} of {where} are not shard indices; expected e.g. '0-9,49' "
-            f"or [0, 1] (shard i holds checkpoint i, 0 to 49)"
-        )
-    top = max(b for _, b in pairs)
-    if top >= limit:
-        raise InvalidArgumentError(
-            f"checkpoints {spec!r} of {where} go up to {top}, but the run has "
-            f"{'at most ' if shards is None else ''}{limit} shards (0 to {limit - 1}); "
-            f"choose among those"
-        )
-    return tuple(sorted({v for a, b in pairs for v in range(a, b + 1)}))
 
 
 def pullable(request: Request) -> Game:

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from atari_zarr.arguments import parse_indices, spans
 from atari_zarr.errors import InvalidArgumentError, SourceNotFoundError
 from atari_zarr.subsets import Subset
 
@@ -69,17 +70,19 @@ def expand_presets(
 
 
 def parse_checkpoints(
-    spec: str | Iterable[int] | None, available: Sequence[int]
+    spec: str | Iterable[int] | None, available: Sequence[int], where: str = "--checkpoints"
 ) -> list[int] | None:
     """Turn a checkpoint selection into suffixes.
 
     Parameters
     ----------
     spec : str, iterable of int or None
-        ``None`` or ``"all"`` for everything; otherwise a comma-separated list of
-        suffixes and inclusive ranges (``"0-9,50"``), or an iterable of ints.
+        ``None`` or ``"all"`` for everything; otherwise what
+        :func:`~atari_zarr.arguments.parse_indices` reads: ``"0-9,50"`` or a list of ints.
     available : sequence of int
         Suffixes present in the source.
+    where : str
+        What ``spec`` was passed as, for messages.
 
     Raises
     ------
@@ -97,30 +100,14 @@ def parse_checkpoints(
     """
     if spec is None or (isinstance(spec, str) and spec.strip().lower() == "all"):
         return None
-    chosen: set[int] = set()
-    if isinstance(spec, str):
-        for part in spec.split(","):
-            part = part.strip()
-            lo, sep, hi = part.partition("-")
-            try:
-                if sep:
-                    chosen.update(range(int(lo), int(hi) + 1))
-                else:
-                    chosen.add(int(part))
-            except ValueError:
-                raise InvalidArgumentError(
-                    f"--checkpoints {spec!r}: {part!r} is not a suffix or a range; expected "
-                    f"e.g. '0-9,50' or 'all'."
-                ) from None
-    else:
-        chosen.update(int(s) for s in spec)
-    missing = sorted(chosen - set(available))
+    chosen = parse_indices(spec, where)
+    missing = sorted(set(chosen) - set(available))
     if missing:
         raise SourceNotFoundError(
-            f"checkpoints {missing} were asked for but the source has {list(available)}; "
-            f"choose among those."
+            f"checkpoints {spans(missing)} were asked for but the source has "
+            f"{spans(available)}; choose among those."
         )
-    return sorted(chosen)
+    return chosen
 
 
 def check_limit(value: int | None, name: str) -> int | None:

@@ -84,7 +84,7 @@ def test_presets_are_d4rl_atari_checkpoints(source_root, dest_root):
     )
     assert_matches(store.url, pong_run.truth([1]))
     # the fixture has fewer than 51 checkpoints: the error names what exists
-    with pytest.raises(SourceNotFoundError, match=r"checkpoints \[50\].*choose among"):
+    with pytest.raises(SourceNotFoundError, match=r"checkpoints 50 .*choose among"):
         convert(
             str(source_root), str(dest_root), checkpoints="expert", progress=False, overwrite=True
         )
@@ -168,7 +168,7 @@ def test_selection_records_what_was_asked_for():
     for bad in ({"max_transitions": 0}, {"max_episodes": -2}):
         with pytest.raises(InvalidArgumentError, match="must be a positive number"):
             Selection(**bad)
-    with pytest.raises(SourceNotFoundError, match=r"checkpoints \[50\] were asked for"):
+    with pytest.raises(SourceNotFoundError, match=r"checkpoints 50 were asked for"):
         Selection("expert").suffixes(range(3))
 
 
@@ -188,5 +188,5 @@ def test_parse_checkpoints():
     assert parse_checkpoints("all", range(3)) is None
     with pytest.raises(InvalidArgumentError, match="not a suffix or a range"):
         parse_checkpoints("1-x", range(3))
-    with pytest.raises(SourceNotFoundError, match=r"checkpoints \[9\] were asked for"):
+    with pytest.raises(SourceNotFoundError, match=r"checkpoints 9 were asked for"):
         parse_checkpoints("9", range(3))
