@@ -74,7 +74,7 @@ def test_a_checkpoint_list_that_is_not_one_is_one_line(spec):
 
 def test_a_huge_range_is_refused_before_it_is_spelled_out():
     """Sources and pulls share the grammar: "0-100000000000" is refused at once."""
-    with pytest.raises(InvalidArgumentError, match="goes up to 100000000000.*at most 100000"):
+    with pytest.raises(InvalidArgumentError, match=r"goes up to 100000000000.*at most 100000"):
         parse_indices("0-100000000000", "--checkpoints")
     with pytest.raises(InvalidArgumentError, match="50 checkpoints"):
         parse_indices("3-50", "--checkpoints", limit=50)
