@@ -1,4 +1,4 @@
-"""Summaries of stores: ``open_store_group`` errors, the ``ls`` table, RL Unplugged stores."""
+"""Summaries of stores: errors, the ``ls`` table, RL Unplugged stores."""
 
 from __future__ import annotations
 
@@ -10,21 +10,21 @@ from atari_zarr_testkit.rl_unplugged import replace_record, write_fixture_rlu
 
 from atari_zarr import convert
 from atari_zarr.cli import main
-from atari_zarr.errors import AtariZarrError, StoreFormatError, StoreNotFoundError
-from atari_zarr.info import format_info, format_store_list, open_store_group, store_info
+from atari_zarr.errors import AtariZarrError, StoreNotFoundError
+from atari_zarr.info import format_info, format_store_list, store_info
 from atari_zarr.layout import FINAL_OBSERVATION
 from atari_zarr.sources.rl_unplugged.example import encode_episode
 
 
-def test_open_store_group_errors_are_ours(tmp_path: Path) -> None:
-    missing = tmp_path / "Pong" / "1.zarr"
-    with pytest.raises(StoreNotFoundError, match=r"does not exist.*atari-zarr ls") as info:
-        open_store_group(str(missing))
-    # one `except AtariZarrError` in the CLI handles it; callers catching the built-in too
-    assert isinstance(info.value, AtariZarrError) and isinstance(info.value, FileNotFoundError)
+def test_info_of_what_is_not_a_store_is_one_line(tmp_path: Path) -> None:
+    """``store_info`` opens a store as every reader does (``opening.open_store``)."""
     (tmp_path / "notes.zarr").mkdir()
-    with pytest.raises(StoreFormatError, match="is not a Zarr store"):
-        open_store_group(str(tmp_path / "notes.zarr"))
+    for where in (tmp_path / "Pong" / "1.zarr", tmp_path / "notes.zarr"):
+        with pytest.raises(StoreNotFoundError, match=r"(does not exist|found none).*atari-zarr ls") as info:
+            store_info(str(where))
+        # one `except AtariZarrError` in the CLI handles it; callers catching the built-in too
+        assert isinstance(info.value, AtariZarrError) and isinstance(info.value, FileNotFoundError)
+        assert "\n" not in str(info.value) and str(where) in str(info.value)
 
 
 def test_empty_listing() -> None:
@@ -62,7 +62,7 @@ def test_info_of_an_rl_unplugged_store(rlu_store: str) -> None:
     text = format_info(info)
     assert "game/run     Asterix/1 (rl-unplugged, format v1)" in text
     assert "source       3 shards, 2 present, missing 1" in text
-    assert "shards       2 converted (0, 2)" in text
+    assert "shards       2 converted (0,2)" in text
     assert "gaps         1: shards 1 (absent) not converted" in text
     assert f"WARNING      source returns: {line}" in text
 

@@ -26,8 +26,11 @@ DAMAGE = (
 def test_open_store_gives_group_metadata_and_one_line_errors(pong_store, tmp_path):
     opened = open_store(pong_store.url)
     assert opened.metadata["game"] == "Pong" and "observation" in opened.group
-    with pytest.raises(StoreNotFoundError, match="is not a Zarr store"):
+    with pytest.raises(StoreNotFoundError, match="nothing.zarr does not exist: expected"):
         open_store(str(tmp_path / "nothing.zarr"))
+    (tmp_path / "notes").mkdir()  # something there, but no zarr.json
+    with pytest.raises(StoreNotFoundError, match="exists but is not a Zarr store.*found none"):
+        open_store(str(tmp_path / "notes"))
     for i, text in enumerate(
         [
             '{"zarr_format": 3, "node_type": "group", "attributes": 5}',

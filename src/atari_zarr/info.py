@@ -10,66 +10,23 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import zarr
 
+from atari_zarr.arguments import spans
 from atari_zarr.catalog import StoreRow
 from atari_zarr.episodes import checkpoint_summary, episode_table
-from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import (
     ARRAYS,
     FLUSHED_KEY,
     OPTIONAL_ARRAYS,
     get_array,
     is_complete,
-    read_metadata,
 )
 from atari_zarr.opening import open_store
 from atari_zarr.sources.registry import kind_of
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 
-__all__ = ["format_info", "format_store_list", "open_store_group", "store_info"]
-
-
-def open_store_group(
-    url: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
-) -> zarr.Group:
-    """Open the root group of a store read-only, with clear errors when it is not one.
-
-    Raises
-    ------
-    StoreNotFoundError
-        Nothing exists at ``url`` (a ``FileNotFoundError``).
-    StoreFormatError
-        Something exists but it is not a Zarr group.
-    RemoteAccessError, RemoteTimeoutError
-        The store could not be reached.
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> open_store_group(tempfile.mkdtemp() + "/missing.zarr")
-    Traceback (most recent call last):
-        ...
-    atari_zarr.errors.StoreNotFoundError: .../missing.zarr does not exist: expected a store ...
-    """
-    fs, path = get_fs(url, storage_options, timeout=timeout)
-    # over http(s) only objects exist (no directories): the store is its zarr.json
-    there = fs.exists(f"{path.rstrip('/')}/zarr.json") or (not fs.read_only and fs.exists(path))
-    if not there:
-        raise StoreNotFoundError(
-            f"{url} does not exist: expected a store written by `atari-zarr convert` "
-            f"(e.g. DEST/Pong/1.zarr). Check the path, or list the stores under a "
-            f"directory with `atari-zarr ls DEST`."
-        )
-    try:
-        return open_store(url, storage_options, timeout=timeout, require_complete=False).group
-    except StoreNotFoundError:  # something is there, but no zarr.json
-        raise StoreFormatError(
-            f"{url} exists but is not a Zarr store: expected a zarr.json written by "
-            f"`atari-zarr convert`, found none. If it holds stores, list them with "
-            f"`atari-zarr ls {url}`."
-        ) from None
+__all__ = ["format_info", "format_store_list", "store_info"]
 
 
 def store_info(
@@ -100,8 +57,7 @@ def store_info(
     >>> info["game"], info["transitions"], info["complete"], info["stored_bytes"] > 0
     ('Pong', 300, True, True)
     """
-    group = open_store_group(url, storage_options, timeout=timeout)
-    meta = read_metadata(group, url, require_complete=False)
+    group, meta = open_store(url, storage_options, timeout=timeout, require_complete=False)
     fs, path = get_fs(url, storage_options, timeout=timeout)
     stored = fs.du(path)
     n = int(get_array(group, next(iter(ARRAYS)), url).shape[0])
@@ -164,23 +120,6 @@ def _size(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
-def _ranges(values: Sequence[int]) -> str:
-    """Integers as compact ranges.
-
-    Examples
-    --------
-    >>> _ranges([0, 1, 2, 5, 7, 8])
-    '0-2, 5, 7-8'
-    """
-    out: list[tuple[int, int]] = []
-    for v in values:
-        if out and out[-1][1] + 1 == v:
-            out[-1] = (out[-1][0], v)
-        else:
-            out.append((v, v))
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
-
 def _shard_gap(gap: dict[str, Any]) -> str:
     """One gap of an RL Unplugged store: its shards, and which were absent from the source.
 
@@ -194,10 +133,10 @@ def _shard_gap(gap: dict[str, Any]) -> str:
     if absent == shards:
         note = "absent"
     elif absent:
-        note = f"{_ranges(absent)} absent"
+        note = f"{spans(absent)} absent"
     else:
         note = "not selected"
-    return f"{_ranges(shards)} ({note})"
+    return f"{spans(shards)} ({note})"
 
 
 def format_info(info: dict[str, Any], *, episodes: bool = False, checkpoints: bool = False) -> str:
@@ -251,12 +190,12 @@ def format_info(info: dict[str, Any], *, episodes: bool = False, checkpoints: bo
         lines.append(
             f"source       {shards.get('num_shards')} shards, "
             f"{len(shards.get('present') or [])} present"
-            + (f", missing {_ranges(missing)}" if missing else "")
+            + (f", missing {spans(missing)}" if missing else "")
         )
     if info["checkpoints"]:
         ck = info["checkpoints"]
         if shards:
-            lines.append(f"shards       {len(ck)} converted ({_ranges(ck)})")
+            lines.append(f"shards       {len(ck)} converted ({spans(ck)})")
         else:
             lines.append(f"checkpoints  {len(ck)} ({ck[0]}..{ck[-1]})")
     gaps = info["gaps"]

@@ -13,9 +13,9 @@ Examples
 >>> open_store(store_url + "-nothing")  # doctest: +ELLIPSIS
 Traceback (most recent call last):
     ...
-atari_zarr.errors.StoreNotFoundError: ...-nothing is not a Zarr store: expected a directory \
-or URL written by `atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path, or list the \
-stores under a directory with `atari-zarr ls DEST`.
+atari_zarr.errors.StoreNotFoundError: ...-nothing does not exist: expected a store written by \
+`atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path, or list the stores under a \
+directory with `atari-zarr ls DEST`.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from atari_zarr.errors import (
 )
 from atari_zarr.layout import ATTRS_KEY, is_complete, read_metadata
 from atari_zarr.storage.deadline import Timeout
+from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, redact
 from atari_zarr.storage.remote import open_zarr_store
 
@@ -88,10 +89,19 @@ def open_store(
         # consolidated metadata, so opening costs one request
         group = zarr.open_group(store, mode="r", zarr_format=3)
     except FileNotFoundError as exc:  # zarr's GroupNotFoundError: no zarr.json
+        # the error path alone asks what is there (over http(s) only objects exist)
+        fs, path = get_fs(url, storage_options, timeout=timeout)
+        if not fs.read_only and fs.exists(path):
+            raise StoreNotFoundError(
+                f"{where} exists but is not a Zarr store: expected a zarr.json written by "
+                f"`atari-zarr convert`, found none. If it holds stores, list them with "
+                f"`atari-zarr ls {where}`."
+            ) from None if is_url(url) else exc
+        found = "is not a Zarr store (no zarr.json)" if fs.read_only else "does not exist"
         raise StoreNotFoundError(
-            f"{where} is not a Zarr store: expected a directory or URL written by "
-            f"`atari-zarr convert` (e.g. DEST/Pong/1.zarr). Check the path, or list the "
-            f"stores under a directory with `atari-zarr ls DEST`."
+            f"{where} {found}: expected a store written by `atari-zarr convert` (e.g. "
+            f"DEST/Pong/1.zarr). Check the path, or list the stores under a directory with "
+            f"`atari-zarr ls DEST`."
         ) from None if is_url(url) else exc
     except (ValueError, TypeError, KeyError) as exc:  # zarr's validation of the metadata
         raise StoreFormatError(

@@ -160,7 +160,7 @@ def test_not_a_store(tmp_path):
     zarr.open_group(str(tmp_path / "other.zarr"), mode="w")
     with pytest.raises(StoreFormatError, match="not an atari_zarr store"):
         AtariZarrDataset(str(tmp_path / "other.zarr"))
-    with pytest.raises(StoreNotFoundError, match="is not a Zarr store"):
+    with pytest.raises(StoreNotFoundError, match="missing.zarr does not exist"):
         AtariZarrDataset(str(tmp_path / "missing.zarr"))
 
 

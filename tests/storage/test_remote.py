@@ -318,7 +318,7 @@ def test_permanent_error_is_clear(remote_run: dict[str, Any], proxy: CountingPro
 
 def test_missing_store_is_clear(server: FakeGCSServer) -> None:
     url = f"gs://{BUCKET}/absent/Pong/1.zarr"
-    with pytest.raises(FileNotFoundError, match=rf"{re.escape(url)} is not a Zarr store"):
+    with pytest.raises(FileNotFoundError, match=rf"{re.escape(url)} does not exist: expected a store"):
         AtariZarrDataset(url, storage_options=server.storage_options())
 
 

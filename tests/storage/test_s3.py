@@ -116,6 +116,6 @@ def test_s3_errors_are_clear_and_bounded(s3: dict[str, Any]) -> None:
 def test_missing_object_is_not_a_store(s3: dict[str, Any]) -> None:
     url = f"s3://{BUCKET}/absent/Pong/1.zarr"
     assert store_state(url, s3["opts"]) == "absent"
-    with pytest.raises(FileNotFoundError, match="is not a Zarr store"):
+    with pytest.raises(FileNotFoundError, match="1.zarr does not exist: expected"):
         AtariZarrDataset(url, storage_options=s3["opts"])
     assert Path(s3["local"]).exists()
