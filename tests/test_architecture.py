@@ -164,11 +164,7 @@ def test_the_registry_is_a_list_of_kinds():
     """``sources/registry`` imports each kind's ``kind`` module and nothing else of a kind."""
     deps = modules()["sources.registry"]
     kinds = {d for d in deps if d.startswith(("sources.dqn_replay", "sources.rl_unplugged"))}
-    assert kinds <= {
-        "sources.dqn_replay.kind",
-        "sources.rl_unplugged.kind",
-        "sources.dqn_replay.selection",  # Selection, which every kind takes
-    }, kinds
+    assert kinds == {"sources.dqn_replay.kind", "sources.rl_unplugged.kind"}, kinds
 
 
 @pytest.mark.parametrize(

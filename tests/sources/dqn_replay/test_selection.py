@@ -20,13 +20,8 @@ from atari_zarr.layout import (
 )
 from atari_zarr.sources.dqn_replay.files import RunSource
 from atari_zarr.sources.dqn_replay.planner import plan_run
-from atari_zarr.sources.dqn_replay.selection import (
-    CHECKPOINT_PRESETS,
-    Selection,
-    build_plan,
-    limit_plan,
-    parse_checkpoints,
-)
+from atari_zarr.sources.dqn_replay.selection import build_plan, limit_plan
+from atari_zarr.sources.selection import CHECKPOINT_PRESETS, Selection, parse_checkpoints
 
 
 def cut(truth: Truth, n: int) -> Truth:

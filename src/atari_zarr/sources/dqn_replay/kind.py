@@ -18,9 +18,10 @@ from atari_zarr.episodes import FIRST_STEP
 from atari_zarr.layout import OBSERVATION
 from atari_zarr.sources.dqn_replay import files
 from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_destinations, lap_step_arrays
-from atari_zarr.sources.dqn_replay.selection import Selection, build_plan
+from atari_zarr.sources.dqn_replay.selection import build_plan
 from atari_zarr.sources.kind import KeptFrames, Part, Plan, ScanArrays, SourceKind, Stream
 from atari_zarr.sources.roots import entries, game_dirs_to_detect
+from atari_zarr.sources.selection import Selection
 
 __all__ = ["DQN_REPLAY", "KIND"]
 

@@ -1,16 +1,12 @@
-"""Choosing part of a DQN Replay run: checkpoints, presets and transition/episode limits.
+"""Choosing part of a DQN Replay run: :func:`build_plan` and its limits.
 
 A :class:`~atari_zarr.sources.selection.Selection` says what to take from a run
-(any kind's); :func:`build_plan` turns it and
-the run into the plan of the store (the one function both ``convert`` and ``verify``
-call, so a store is checked against exactly the plan it was written from).
-
-The presets are d4rl-atari's: ``mixed`` is checkpoint 1 (early training), ``medium``
-checkpoint 10, ``expert`` checkpoint 50 (the end of training), each one checkpoint of
-1M transitions. Limits are applied to the plan
-(:class:`~atari_zarr.sources.dqn_replay.planner.RunPlan`) before anything is written:
-the plan is cut after the last row allowed, the episode that the cut falls into is
-kept up to there and marked truncated, and checkpoints after the cut are not read.
+(any kind's: checkpoints, presets, limits); :func:`build_plan` turns it and the run
+into the plan of the store (the one function both ``convert`` and ``verify`` call, so
+a store is checked against exactly the plan it was written from). Limits are applied
+to the plan (:class:`~atari_zarr.sources.dqn_replay.planner.RunPlan`) before anything
+is written: the plan is cut after the last row allowed, the episode that the cut falls
+into is kept up to there and marked truncated, and checkpoints after the cut are not read.
 """
 
 from __future__ import annotations
@@ -23,22 +19,9 @@ import numpy as np
 from atari_zarr.layout import REWARD, TERMINATED, TRUNCATED
 from atari_zarr.sources.dqn_replay.files import RunSource
 from atari_zarr.sources.dqn_replay.planner import RunPlan, lap_step_arrays, plan_run
-from atari_zarr.sources.selection import (
-    CHECKPOINT_PRESETS,
-    Selection,
-    check_limit,
-    expand_presets,
-    parse_checkpoints,
-)
+from atari_zarr.sources.selection import Selection, check_limit
 
-__all__ = [
-    "CHECKPOINT_PRESETS",
-    "Selection",
-    "build_plan",
-    "expand_presets",
-    "limit_plan",
-    "parse_checkpoints",
-]
+__all__ = ["build_plan", "limit_plan"]
 
 log = logging.getLogger("atari_zarr")
 
