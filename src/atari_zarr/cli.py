@@ -477,10 +477,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="then write DEST/catalog.json, the index of DEST's complete stores (see `index`)",
     )
     _add_scheduler_options(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_convert)
 
     p = sub.add_parser(
         "verify",
@@ -501,10 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="processes that decode the frames (default: one per core; 1: this process)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_verify)
 
     p = sub.add_parser("info", help="summarise a store", description="Summarise a store.")
     p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
@@ -516,8 +509,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="episode statistics per source checkpoint (RL Unplugged: per shard): the "
         "learning curve of the agent that logged the data",
     )
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_info)
 
     p = sub.add_parser(
         "video",
@@ -531,9 +522,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=int, default=4, help="upscale factor (default 4)")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
     p.add_argument("--no-caption", action="store_true", help="frames only")
-    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_video)
 
     p = sub.add_parser(
         "collect",
@@ -561,10 +549,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--buffer-steps", type=int, default=4096, help="flush every N steps (default 4096)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace DEST")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_collect)
 
     p = sub.add_parser(
         "demo",
@@ -599,9 +583,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="shards of the run, the middle one left out as a gap (rl-unplugged; default 5)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the play and the samples")
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-    p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser(
         "ls",
@@ -635,8 +616,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --available: list the source's shards for every run's size (one request "
         "per game)",
     )
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_ls)
 
     p = sub.add_parser(
         "pull",
@@ -678,12 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="fsspec option for the source (default token=anon)",
     )
     _add_scheduler_options(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument(
         "--quiet", "-q", action="store_true", help="print only the store's path, no progress"
     )
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_pull)
 
     p = sub.add_parser(
         "index",
@@ -695,9 +671,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("root", metavar="ROOT", help="destination root of convert (path or URL)")
     p.add_argument("--no-size", action="store_true", help="do not record sizes (faster remotely)")
-    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_index)
 
     p = sub.add_parser(
         "card",
@@ -726,17 +699,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace ROOT/README.md even when `card` did not write it",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
-    _add_storage_option(p)
-    p.set_defaults(func=_cmd_card)
-    for verb in sub.choices.values():  # -q after the verb, wherever it has no -q of its own
-        if "-q" not in verb._option_string_actions:
-            verb.add_argument(
-                "--quiet",
-                "-q",
-                action="store_true",
-                help="as atari-zarr -q: nothing but errors and what was asked for",
-            )
+    for name, verb in sub.choices.items():  # what verbs share, after their own options
+        verb.set_defaults(func=globals()[f"_cmd_{name}"])
+        if name in ("convert", "verify", "collect", "demo", "pull"):
+            verb.add_argument("--no-progress", action="store_true", help="no progress bars")
+        if "-q" not in verb._option_string_actions:  # -q after the verb too
+            verb.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+        if name != "demo":  # the demo writes and reads local files only
+            _add_storage_option(verb)
     return parser
 
 

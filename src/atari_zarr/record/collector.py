@@ -125,23 +125,10 @@ class ZarrCollector(gymnasium.Wrapper):
     env : gymnasium.Env
         Env with 84x84 uint8 frames and discrete actions, e.g.
         :func:`atari_zarr.record.envs.make_dqn_env`.
-    path : str
-        Store to create (local path or fsspec URL), e.g. ``pong.zarr``.
-    max_buffer_steps : int
-        Flush after this many buffered steps. A multiple of 4096 (a frame shard)
-        keeps rewrites of partial shards to a minimum.
-    max_buffer_episodes : int or None
-        Also flush after this many finished episodes.
-    overwrite : bool
-        Replace whatever is at ``path``.
     game, run : str, optional
         Recorded as attributes (default: from the env id, and ``"collected"``).
-    command : str, optional
-        How to make the store again, shown when it is found unfinished.
-    storage_options : dict, optional
-        fsspec options for ``path``.
-    timeout : float, None or "default"
-        Seconds each call to the store's storage may take (default 60).
+    path, max_buffer_steps, max_buffer_episodes, overwrite, command, storage_options, timeout
+        As :class:`~atari_zarr.record.writer.StoreWriter` takes them.
 
     Attributes
     ----------
