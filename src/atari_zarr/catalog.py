@@ -73,6 +73,7 @@ __all__ = [
     "name_to_url",
     "read_catalog",
     "refresh_catalog",
+    "size_text",
     "store_state",
     "write_catalog",
 ]
@@ -128,6 +129,23 @@ class StoreRow(TypedDict):
     transitions: int | None
     episodes: int | None
     stored_bytes: int | None
+
+
+def size_text(n: float | None) -> str:
+    """A store's ``stored_bytes`` as people read it (``"-"`` when unknown).
+
+    Examples
+    --------
+    >>> size_text(950), size_text(2_500), size_text(None)
+    ('950 B', '2.5 KB', '-')
+    """
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
 
 
 def _our_attrs(raw: bytes) -> dict[str, Any] | None:

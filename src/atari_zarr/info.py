@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.arguments import spans
-from atari_zarr.catalog import StoreRow
+from atari_zarr.catalog import StoreRow, size_text
 from atari_zarr.episodes import checkpoint_summary, episode_table
 from atari_zarr.layout import (
     ARRAYS,
@@ -112,14 +112,6 @@ def store_info(
     }
 
 
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1000
-    return f"{n:.1f} TB"  # pragma: no cover
-
-
 def _shard_gap(gap: dict[str, Any]) -> str:
     """One gap of an RL Unplugged store: its shards, and which were absent from the source.
 
@@ -167,8 +159,8 @@ def format_info(info: dict[str, Any], *, episodes: bool = False, checkpoints: bo
         f"transitions  {info['transitions']:,}",
         f"episodes     {info['episodes']:,} ({info['terminated_episodes']:,} terminated, "
         f"{info['episodes'] - info['terminated_episodes']:,} cut)",
-        f"size         {_size(info['stored_bytes'])} on storage, {_size(info['raw_bytes'])} raw "
-        f"({info['compression_ratio']:.1f}x)",
+        f"size         {size_text(info['stored_bytes'])} on storage, "
+        f"{size_text(info['raw_bytes'])} raw ({info['compression_ratio']:.1f}x)",
     ]
     if info["return_mean"] is not None:
         lines.append(
@@ -259,7 +251,7 @@ def format_store_list(rows: Sequence[StoreRow]) -> str:
             r["url"],
             "-" if r["transitions"] is None else f"{r['transitions']:,}",
             "-" if r["episodes"] is None else f"{r['episodes']:,}",
-            "-" if r["stored_bytes"] is None else _size(r["stored_bytes"]),
+            size_text(r["stored_bytes"]),
             r["status"],
         )
         for r in rows

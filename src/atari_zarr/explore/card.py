@@ -33,6 +33,7 @@ from atari_zarr.catalog import (
     CatalogEntry,
     catalog_entries,
     check_root,
+    size_text,
     store_state,
 )
 from atari_zarr.errors import StoreExistsError, StoreNotFoundError, import_optional
@@ -76,14 +77,6 @@ def size_category(transitions: int) -> str:
         if transitions < bound:
             return label
     return "n>10B"
-
-
-def _size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    units = ["B", "KB", "MB", "GB", "TB"]
-    k = min(int(math.log(max(n, 1), 1000)), len(units) - 1)
-    return f"{n / 1000**k:.1f} {units[k]}"
 
 
 def _sources(
@@ -179,7 +172,7 @@ def _card_text(
         mean = "-" if e["return_mean"] is None else f"{e['return_mean']:.2f}"
         table.append(
             f"| {e['game']}/{e['run']} | {e['kind']} | {int(e['transitions'] or 0):,} | "
-            f"{int(e['episodes'] or 0):,} | {_size(e['stored_bytes'])} | {mean} |"
+            f"{int(e['episodes'] or 0):,} | {size_text(e['stored_bytes'])} | {mean} |"
         )
     first = entries[0]["path"].removesuffix(".zarr") if entries else "Game/run"
     opts = f", storage_options={dict(reader_options)!r}" if reader_options else ""
