@@ -267,3 +267,10 @@ def test_a_float_index_is_refused_not_rounded(pong_store):
         ds[1.5]
     with pytest.raises(IndexError, match=rf"with {len(ds)} items"):
         ds[len(ds)]
+
+
+@pytest.mark.parametrize("block_size", [2, 7.5, True, "15"])
+def test_a_block_size_that_holds_no_context_is_one_line(pong_store, block_size):
+    data = create_dataset(4, 150, trajectories_per_buffer=2, store=pong_store.url, seed=1)
+    with pytest.raises(InvalidArgumentError, match="block_size must be an integer of at least 3"):
+        StateActionReturnDataset(data, block_size)

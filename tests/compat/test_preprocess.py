@@ -189,7 +189,7 @@ def test_fn_that_changes_the_batch_size(store, tmp_path):
         )
     with pytest.raises(InvalidArgumentError, match="dim=1 is not supported"):
         preprocess(ds, shrink, dim=1, dest=tmp_path / "e")
-    with pytest.raises(InvalidArgumentError, match="num_frames must be a positive count"):
+    with pytest.raises(InvalidArgumentError, match="num_frames must be a positive integer"):
         preprocess(ds, shrink, num_frames=0, dest=tmp_path / "f")
 
 

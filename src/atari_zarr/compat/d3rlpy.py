@@ -1,35 +1,18 @@
 """d3rlpy's Atari loaders, reading stores: ``get_atari`` and ``get_atari_transitions``.
 
 d3rlpy's ``d3rlpy.datasets.get_atari`` and ``get_atari_transitions`` load DQN Replay
-through d4rl-atari from the bucket that is gone. These take the same calls and find
-the run in a root of stores, the cache or a mirror, or fetch it from RL Unplugged's
-public copy (:mod:`atari_zarr.pull`), and return what d3rlpy's return: a d3rlpy
-``ReplayBuffer`` of ``Episode`` objects (observations ``(T, 1, 84, 84)`` uint8,
-actions ``(T, 1)``, clipped rewards ``(T, 1)`` float32, ``terminated``), with d3rlpy's
-transition picker and trajectory slicer (``FrameStackTransitionPicker(num_stack)``
-unless ``pre_stack``), and an environment made with ale-py with DQN's preprocessing
-(channel first, frames stacked when ``num_stack`` is given). Migrating is an import
-(before: ``from d3rlpy.datasets import get_atari_transitions``):
+through d4rl-atari from the bucket that is gone. These take the same calls, find the
+run in a root of stores, the cache or a mirror, or fetch it from RL Unplugged's public
+copy (:mod:`atari_zarr.pull`), and return what d3rlpy's return: a d3rlpy
+``ReplayBuffer`` of ``Episode`` objects and an ALE environment with DQN's
+preprocessing. Migrating is an import:
 
 >>> from atari_zarr.compat.d3rlpy import get_atari_transitions
 
-    dataset, env = get_atari_transitions("breakout", fraction=0.01, index=0, num_stack=4)
-
-``get_atari_transitions`` chooses episodes with d3rlpy's fraction rule
-(:class:`~atari_zarr.subsets.Subset.fraction_of`, the rule of ``convert --fraction``):
-from every checkpoint, its episodes until ``fraction`` times 1,000,000 transitions,
-the last one trimmed. d3rlpy takes them in a random order (Python's unseeded
-``random.shuffle``), which needs every checkpoint whole: 21 to 100 GiB a run to
-download. By default they are taken here in the order they were played
-(``order="played"``), so a download reads only that prefix of each shard (about 1%
-of the run for ``fraction=0.01``); ``order="random"`` gives d3rlpy's shuffle, seeded.
-``index`` is d4rl-atari's run index (``-v0`` .. ``-v4``): run ``index + 1``;
-``game`` is d3rlpy's lower_snake_case name (``"space_invaders"`` is
-``SpaceInvaders``).
-
-Needs the ``d3rlpy`` extra (``pip install 'atari-zarr[d3rlpy]'``), whose d3rlpy pins
-``gymnasium==1.0.0`` and the legacy ``gym``; ``docs/guides/migrate-d3rlpy.md`` says how it is
-tested.
+The migration guide, ``docs/guides/migrate-d3rlpy.md``, says what each argument
+does here, how ``fraction`` is taken (in the order played by default, so a download
+reads only that prefix of each shard), and how the ``d3rlpy`` extra is installed and
+tested (``pip install 'atari-zarr[d3rlpy]'``).
 """
 
 from __future__ import annotations

@@ -30,48 +30,9 @@ attributes of one :class:`DecisionTransformerData`).
 ``[1, 1]`` (the first step's), with ``K = block_size // 3``. ``uint8=True`` gives
 states as uint8 ``[K, 4, 84, 84]`` instead, for a conversion on the device.
 
-Where this differs from the original, on purpose:
-
-* **Selection** (:class:`~atari_zarr.subsets.Subset.decision_transformer`): buffers
-  are the last ``num_buffers`` checkpoints present in the store; a draw takes the
-  next ``trajectories_per_buffer`` whole episodes of the drawn checkpoint, in the
-  order they were played. The original reads each buffer in its circular storage
-  order from index 0 (so its first "trajectory" is usually the tail of an episode,
-  or stale rows), only the first 100,000 indices of each buffer (``replay_capacity
-  =100000``), takes ``trajectories_per_buffer + 1`` trajectories per draw, and on
-  reaching index 100,000 rolls the transitions back but keeps the ``done_idxs``
-  added meanwhile. A checkpoint without whole episodes left is no longer drawn
-  here (the original would draw it again forever). The draws use NumPy's
-  ``default_rng(seed)``, not the global ``np.random``.
-* **Timesteps** are the step within the trajectory (``row - first row``). The
-  original's loop writes each trajectory's length into the next trajectory's
-  first step and starts that trajectory's count one step late.
-* **Fragments.** A trajectory whose episode began before the store's rows (in a
-  checkpoint the store left out, or before a missed log; the store's episode table
-  says so) is taken as a trajectory, as the original takes the tail of an episode
-  at the start of a buffer it reads, and its timesteps count from 0 as the
-  original's do. ``data.fragments`` flags them. The difference: the original's
-  first trajectory of every buffer is such a tail (it reads from buffer index 0),
-  while here only an episode whose start is truly missing from the store is one;
-  an episode that began in the checkpoint before, when the store holds it, belongs
-  to that checkpoint. Their returns-to-go are exact (they only look forward).
-* **Length**: ``len(dataset) = N - K`` items; the original gives ``N - 3K``
-  (``block_size`` is ``3K`` there, ``K`` in ``__getitem__``).
-* **Returns-to-go** are the sum of the clipped rewards from each step to the end of
-  its trajectory. The original's loop differs at every trajectory boundary: it sums
-  ``stepwise_returns[j:i+1]`` for the steps ``j`` of a trajectory that ends before
-  ``i`` (``done_idxs`` are exclusive ends), so each trajectory's returns-to-go also
-  count the next trajectory's first reward, and it restarts at ``i + 1``, so every
-  trajectory after the first keeps 0 at its first step. Elsewhere the two agree; they
-  differ by that one reward, which is 0 unless the next trajectory's first step
-  scored. Returns-to-go only look forward, so a trajectory cut from a longer episode
-  has the same returns-to-go as the steps it holds would have in the episode up to
-  the cut. (The ``actions`` assigned to ``stepwise_returns`` on a rollback was fixed
-  in the original's "fixed rtg bug" commit; this follows the fixed version.)
-* **Windows** are the original's: item ``idx`` ends at the first trajectory end
-  after ``idx``, or at ``idx + K``. A trajectory shorter than ``K`` therefore gives
-  windows that begin in the previous trajectory, as in the original (at the very
-  start of the data, they run into the next one instead).
+Where this differs from the original, on purpose (the selection's storage order, the
+timesteps, fragments, the length, returns-to-go at trajectory boundaries, windows): the
+migration guide, ``docs/guides/migrate-decision-transformer.md``.
 
 Examples
 --------
@@ -92,6 +53,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.compat.pieces import asked_pieces
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.pull import Download, Request, open_request
@@ -277,18 +239,14 @@ class StateActionReturnDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, data: DecisionTransformerData, block_size: int, *, uint8: bool = False):
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 3:
-            raise InvalidArgumentError(
-                f"block_size must be 3 x the context length (at least 3); got {block_size!r} "
-                f"for {data.store.where}"
-            )
+        where = data.store.where
+        self.block_size = whole_number(block_size, "block_size", where, low=3, unit="3 x context")
         self.data = data
-        self.block_size = block_size
-        self.context = block_size // 3
+        self.context = self.block_size // 3
         self.uint8 = bool(uint8)
         if len(data) < self.context:
             raise InvalidArgumentError(
-                f"{data.store.where}: the {len(data)} steps chosen are fewer than one context "
+                f"{where}: the {len(data)} steps chosen are fewer than one context "
                 f"of {self.context}; choose more steps or a shorter context"
             )
         self.vocab_size = int(data.actions.max()) + 1 if len(data) else 0

@@ -14,23 +14,11 @@ chunk), and read back lazily by :class:`~atari_zarr.compat.torchrl_storage.Prepr
       observation, next/observation, action, ...   one array per key of fn's output
     dest.converting/              done markers while it is written (deleted at the end)
 
-* **One writer per shard.** Rows are cut into units of :data:`UNIT_ROWS` (a shard of
-  frame-like arrays, a chunk of the others); a task writes whole units, so no two
-  workers ever write one object.
-* **Workers and progress bars** as TorchRL offers them: ``num_workers`` processes
-  (``mp_start_method``, ``max_tasks_per_child``), or a ``pool`` of yours; tasks of
-  ``chunksize`` rows or ``num_chunks`` tasks (rounded to whole units); ``pbar``.
-* **Resumable, never mixed.** Each unit is marked done after it is written; running
-  the same call again does only what is missing, and a dest that is complete for the
-  same source, output and ``fn`` is returned as it is. The completion attribute is
-  written last, so an interrupted dest never looks complete. ``dest`` records what
-  made it (:func:`fn_fingerprint`): a dest begun or completed by another ``fn`` is
-  refused in one line, never mixed (``overwrite=True`` writes it again).
-* **Errors.** ``fn`` raising, or changing the batch size, gives one line naming the
-  sample index (the first sample it fails on).
-
-``fn`` takes a batch TensorDict (the dataset's TED samples, with ``metadata``) and
-returns a TensorDict of the same batch size, as TorchRL's ``preprocess`` needs.
+One writer per shard (a task writes whole units of :data:`UNIT_ROWS` rows), TorchRL's
+workers and progress bar, resumable, and never two functions in one ``dest``
+(:func:`fn_fingerprint`): ``docs/torchrl.md`` gives each rule. ``fn`` takes a batch
+TensorDict (the dataset's TED samples, with ``metadata``) and returns a TensorDict of
+the same batch size, as TorchRL's ``preprocess`` needs.
 """
 
 from __future__ import annotations
@@ -56,6 +44,7 @@ import torch
 import zarr
 from tensordict import TensorDictBase
 
+from atari_zarr.arguments import whole_number
 from atari_zarr.catalog import store_state
 from atari_zarr.compat.torchrl_storage import METADATA, PREPROCESS_KEY, PreprocessedStorage
 from atari_zarr.conversion.workdir import WorkDir
@@ -384,11 +373,7 @@ def preprocess(
         )
     n = len(dataset)
     if num_frames is not None:
-        if isinstance(num_frames, bool) or not isinstance(num_frames, int) or num_frames < 1:
-            raise InvalidArgumentError(
-                f"preprocess of {where}: num_frames must be a positive count; got {num_frames!r}"
-            )
-        n = min(n, num_frames)
+        n = min(n, whole_number(num_frames, "num_frames", f"preprocess of {where}"))
     del generator, index_with_generator, worker_threads  # accepted for TorchRL's signature
     fn_id = fn_fingerprint(fn, version)  # what made dest, as the caller passed it
     task = _Task(dataset, fn, dest, options, metadata)
