@@ -1,24 +1,12 @@
 """TorchRL drop-in: :class:`AtariZarrExperienceReplay` (and :class:`AtariZarrStorage`).
 
-``AtariZarrExperienceReplay`` takes the arguments of TorchRL's
-``AtariDQNExperienceReplay`` with the same meaning, reading stores
-(``{root}/{Game}/{run}.zarr``, local or any fsspec URL) instead of memory-mapping
-the original files; what is missing is downloaded as TorchRL's does, from RL
-Unplugged's public copy (:mod:`atari_zarr.pull`). Importing this module registers
-it in TorchRL's dataset registry: ``load_dataset("atari_zarr:Pong/5", batch_size=32)``.
-Its samples carry TorchRL's ``metadata`` entry (``dataset_id``); ``preprocess``
-writes a transformed copy, compressed (:mod:`atari_zarr.compat.preprocess`).
-``AtariZarrStorage``
-(:mod:`atari_zarr.compat.torchrl_storage`) is the read-only TorchRL storage
-underneath; any TorchRL replay buffer can use it.
-
-What of TorchRL's class does what (``docs/torchrl.md`` has the table): sampling,
-iteration, samplers, transforms, ensembles and ``preprocess`` work as TorchRL
-documents them; writing (``add``, ``extend``, ``empty``), ``dumps``/``loads`` and
-``delete`` raise one line saying why and what to do instead.
-
-This module needs the ``torchrl`` extra (``pip install 'atari-zarr[torchrl]'``);
-``import atari_zarr`` never imports it.
+``AtariZarrExperienceReplay`` takes the arguments of TorchRL's ``AtariDQNExperienceReplay``
+with the same meaning, reading stores instead of memory-mapping the original files and
+fetching what is missing from RL Unplugged's public copy (:mod:`atari_zarr.pull`).
+Importing this module registers it in TorchRL's dataset registry
+(``load_dataset("atari_zarr:Pong/5", batch_size=32)``). ``docs/torchrl.md`` goes through
+TorchRL's class method by method. It needs the ``torchrl`` extra (``pip install
+'atari-zarr[torchrl]'``); ``import atari_zarr`` never imports it.
 """
 
 from __future__ import annotations

@@ -156,8 +156,6 @@ class WrittenEpisode:
     clipped_rewards: np.ndarray
     discounts: np.ndarray
     terminal: bool
-    write_clipped: bool = True
-    write_returns: bool = True
 
     @property
     def real_steps(self) -> int:
@@ -179,14 +177,12 @@ class WrittenEpisode:
         return Episode(
             checkpoint_idx=self.checkpoint_idx,
             episode_idx=self.episode_idx,
-            episode_return=self.episode_return if self.write_returns else None,
-            clipped_episode_return=(
-                self.clipped_episode_return if self.write_returns and self.write_clipped else None
-            ),
+            episode_return=self.episode_return,
+            clipped_episode_return=self.clipped_episode_return,
             observations=[encode_frame(f) for f in self.observations],
             actions=self.actions,
             unclipped_rewards=self.unclipped_rewards,
-            clipped_rewards=self.clipped_rewards if self.write_clipped else None,
+            clipped_rewards=self.clipped_rewards,
             discounts=self.discounts,
         )
 
@@ -222,9 +218,6 @@ def write_rlu_run(
     present: Sequence[int] = (0, 2),
     episodes_per_shard: int | Mapping[int, int] = 2,
     seed: int = 0,
-    clipped: bool = True,
-    returns: bool = True,
-    reward_scale: float = 1.0,
     cut_length: int = 30,
 ) -> WrittenRun:
     """Write shards of real ALE play under ``{root}/{game}`` as RL Unplugged has them.
@@ -258,14 +251,6 @@ def write_rlu_run(
         a quarter of ``cut_length``): a complete run at little cost.
     seed : int
         Seeds the policy and the environment.
-    clipped : bool
-        Write ``clipped_rewards`` and ``clipped_episode_return`` (older releases);
-        ``False`` leaves them out, as newer releases do.
-    returns : bool
-        Write ``episode_return`` (and the clipped return when ``clipped``).
-    reward_scale : float
-        ALE's rewards are multiplied by this in ``unclipped_rewards`` (for games
-        whose rewards are within [-1, 1], so that clipping matters).
     cut_length : int
         Steps of a cut episode (each shard's own length varies by a few steps).
 
@@ -299,7 +284,7 @@ def write_rlu_run(
         records = []
         for p in played[starts[k] : starts[k + 1]]:
             n = len(p.actions)
-            unclipped = p.rewards * np.float32(reward_scale)
+            unclipped = p.rewards
             if p.terminated:
                 # the file's last step is the terminal frame alone
                 observations = p.frames
@@ -321,8 +306,6 @@ def write_rlu_run(
                 clipped_rewards=np.clip(unclipped, -1, 1).astype(np.float32),
                 discounts=discounts.astype(np.float32),
                 terminal=p.terminated,
-                write_clipped=clipped,
-                write_returns=returns,
             )
             fixture.episodes.append(episode)
             records.append(encode_episode(episode.example()))

@@ -27,7 +27,7 @@ import re
 import struct
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from atari_zarr.record.rl_unplugged import (
     write_rlu_run,
     write_shard,
 )
-from atari_zarr.sources.rl_unplugged.example import example_class
+from atari_zarr.sources.rl_unplugged.example import Episode, encode_episode, example_class
 from atari_zarr.sources.rl_unplugged.files import shard_name
 
 __all__ = [
@@ -151,7 +151,25 @@ class RluTruth:
 
 @dataclass
 class RluFixture(WrittenRun):
-    """A written fixture run, and the transitions a perfect converter returns for it."""
+    """A written fixture run, and the transitions a perfect converter returns for it.
+
+    ``clipped`` and ``returns`` say whether its Examples hold ``clipped_rewards`` and
+    ``clipped_episode_return`` (older releases) and ``episode_return``.
+    """
+
+    clipped: bool = True
+    returns: bool = True
+
+    def example(self, episode: FixtureEpisode) -> Episode:
+        """The Example of ``episode`` as this fixture wrote it."""
+        return replace(
+            episode.example(),
+            episode_return=episode.episode_return if self.returns else None,
+            clipped_episode_return=(
+                episode.clipped_episode_return if self.returns and self.clipped else None
+            ),
+            clipped_rewards=episode.clipped_rewards if self.clipped else None,
+        )
 
     def truth(self, shards: Sequence[int] | None = None) -> RluTruth:
         """Transitions a perfect converter returns for ``shards`` (default: all present).
@@ -198,11 +216,11 @@ class RluFixture(WrittenRun):
             checkpoint_idx=np.array([e.checkpoint_idx for e in episodes], np.int64),
             episode_idx=np.array([e.episode_idx for e in episodes], np.int64),
             episode_return=np.array(
-                [e.episode_return if e.write_returns else nan for e in episodes], np.float32
+                [e.episode_return if self.returns else nan for e in episodes], np.float32
             ),
             clipped_episode_return=np.array(
                 [
-                    e.clipped_episode_return if e.write_returns and e.write_clipped else nan
+                    e.clipped_episode_return if self.returns and self.clipped else nan
                     for e in episodes
                 ],
                 np.float32,
@@ -216,15 +234,25 @@ def write_fixture_rlu(
     root: str | os.PathLike[str],
     game: str = "Asterix",
     run: int = 1,
+    *,
+    clipped: bool = True,
+    returns: bool = True,
     **options: Any,
 ) -> RluFixture:
     """:func:`~atari_zarr.record.rl_unplugged.write_rlu_run`, with the truth.
 
-    Takes the same options (``num_shards``, ``present``, ``episodes_per_shard``,
-    ``seed``, ``clipped``, ``returns``, ``reward_scale``, ``cut_length``); the
+    Takes its options (``num_shards``, ``present``, ``episodes_per_shard``, ``seed``,
+    ``cut_length``), and ``clipped=False`` / ``returns=False`` to leave the clipped
+    rewards and returns / every return out of the Examples, as newer releases do; the
     returned :class:`RluFixture` also derives the transitions a converter must give.
     """
-    return RluFixture(**vars(write_rlu_run(root, game, run, **options)))
+    fixture = RluFixture(**vars(write_rlu_run(root, game, run, **options)))
+    fixture.clipped, fixture.returns = clipped, returns
+    if not (clipped and returns):  # the shards again, without what is left out
+        for shard, path in fixture.paths.items():
+            records = [encode_episode(fixture.example(e)) for e in fixture.episodes_of(shard)]
+            write_shard(path, records)
+    return fixture
 
 
 # -- bad input -------------------------------------------------------------------------
