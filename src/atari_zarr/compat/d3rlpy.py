@@ -31,21 +31,10 @@ from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.subsets import PLAYED, Pieces
 
-__all__ = ["ale_name", "get_atari", "get_atari_transitions", "make_env"]
+__all__ = ["get_atari", "get_atari_transitions", "make_env"]
 
 #: Frames read from a store at a time while building episodes.
 _BLOCK = 4096
-
-
-def ale_name(snake: str) -> str:
-    """d3rlpy's game name (``"space_invaders"``) as ALE and the stores spell it.
-
-    Examples
-    --------
-    >>> ale_name("space_invaders"), ale_name("Pong")
-    ('SpaceInvaders', 'Pong')
-    """
-    return "".join(part[:1].upper() + part[1:] for part in str(snake).split("_"))
 
 
 def _episodes(
