@@ -36,7 +36,7 @@ from atari_zarr.info import format_info, store_info
 from atari_zarr.layout import REWARD, TERMINATED, get_array
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.dataset import AtariZarrDataset
-from atari_zarr.record.envs import quiet_ale
+from atari_zarr.record.envs import game_action_names, quiet_ale
 from atari_zarr.record.rl_unplugged import write_rlu_run
 from atari_zarr.sources.dqn_replay.emulator import LOGS_DIR, DopamineLoggedBuffer
 from atari_zarr.sources.registry import DQN_REPLAY, RL_UNPLUGGED, get_kind
@@ -205,7 +205,7 @@ def record_rlu_run(
     """
     if shards < 2:
         raise ValueError(f"shards must be at least 2 (one is left out as a gap), not {shards}")
-    names = _action_names(game)  # first: fails fast, before writing anything, without ale-py
+    names = game_action_names(game)  # first: fails fast, before writing anything, without ale-py
     present = [i for i in range(shards) if i != shards // 2]
     fixture = write_rlu_run(
         root,
@@ -227,17 +227,6 @@ def record_rlu_run(
         num_shards=shards,
         terminated=sum(bool(e.terminal) for e in episodes),
     )
-
-
-def _action_names(game: str) -> list[str]:
-    """Names of ``game``'s minimal action set, as DQN's actions index it."""
-    from atari_zarr.record.envs import make_dqn_env
-
-    env = make_dqn_env(game)
-    try:
-        return list(env.unwrapped.get_action_meanings())
-    finally:
-        env.close()
 
 
 def _pyplot() -> Any:

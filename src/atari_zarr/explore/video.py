@@ -32,7 +32,6 @@ from atari_zarr.layout import FRAME_SHAPE
 from atari_zarr.storage.filesystem import disk_full_error, local_write_error
 
 __all__ = [
-    "ALE_ACTIONS",
     "FORMATS",
     "MAX_SCALE",
     "EpisodeFrames",
@@ -44,12 +43,6 @@ __all__ = [
     "write_video",
 ]
 
-#: ALE's 18 actions, by ALE action id.
-ALE_ACTIONS = (
-    "NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN", "UPRIGHT", "UPLEFT", "DOWNRIGHT",
-    "DOWNLEFT", "UPFIRE", "RIGHTFIRE", "LEFTFIRE", "DOWNFIRE", "UPRIGHTFIRE",
-    "UPLEFTFIRE", "DOWNRIGHTFIRE", "DOWNLEFTFIRE",
-)  # fmt: skip
 #: The largest upscale: 84x84 frames become 2,688 pixels wide.
 MAX_SCALE = 32
 #: Frames upscaled at a time while encoding (memory: this many upscaled frames).
@@ -354,14 +347,14 @@ def episode_frames(
 
 def action_names(ds: Any) -> list[str] | None:
     """The names of ``ds``'s actions as its ``action`` column indexes them, if known."""
+    from atari_zarr.record.envs import ALE_ACTIONS, game_action_names
+
     if getattr(ds, "full_action_space", False):
         return list(ALE_ACTIONS)
     game = ds.metadata.get("game")
     if not game:
         return None
     try:
-        from atari_zarr.record.envs import minimal_action_set
-
-        return [ALE_ACTIONS[a] for a in minimal_action_set(str(game))]
+        return game_action_names(str(game))
     except Exception:  # no ale-py, or a game it does not know: indices instead
         return None

@@ -17,7 +17,15 @@ from typing import Any
 
 from atari_zarr.errors import InvalidArgumentError, import_optional
 
-__all__ = ["DQN_SETTINGS", "game_of_env_id", "make_dqn_env", "minimal_action_set", "quiet_ale"]
+__all__ = [
+    "ALE_ACTIONS",
+    "DQN_SETTINGS",
+    "game_action_names",
+    "game_of_env_id",
+    "make_dqn_env",
+    "minimal_action_set",
+    "quiet_ale",
+]
 
 #: Preprocessing of the DQN Replay dataset (dopamine's Atari defaults).
 DQN_SETTINGS: dict[str, Any] = {
@@ -33,6 +41,13 @@ DQN_SETTINGS: dict[str, Any] = {
 GAMES_URL = "https://ale.farama.org/environments/"
 
 _PURPOSE = "playing Atari games"
+
+#: ALE's 18 actions, by ALE action id.
+ALE_ACTIONS = (
+    "NOOP", "FIRE", "UP", "RIGHT", "LEFT", "DOWN", "UPRIGHT", "UPLEFT", "DOWNRIGHT",
+    "DOWNLEFT", "UPFIRE", "RIGHTFIRE", "LEFTFIRE", "DOWNFIRE", "UPRIGHTFIRE",
+    "UPLEFTFIRE", "DOWNRIGHTFIRE", "DOWNLEFTFIRE",
+)  # fmt: skip
 
 
 def _gymnasium() -> ModuleType:
@@ -190,6 +205,17 @@ def minimal_action_set(game: str) -> list[int]:
         return [int(getattr(a, "value", a)) for a in env.unwrapped.ale.getMinimalActionSet()]
     finally:
         env.close()
+
+
+def game_action_names(game: str) -> list[str]:
+    """Names of ``game``'s minimal action set, as DQN Replay's actions index it.
+
+    Examples
+    --------
+    >>> game_action_names("Pong")
+    ['NOOP', 'FIRE', 'RIGHT', 'LEFT', 'RIGHTFIRE', 'LEFTFIRE']
+    """
+    return [ALE_ACTIONS[a] for a in minimal_action_set(game)]
 
 
 def quiet_ale() -> None:
