@@ -147,18 +147,9 @@ class WorkDir:
         return "/".join([self.path.rstrip("/"), *parts])
 
     def _write(self, path: str, data: bytes) -> None:
-        parent = path.rsplit("/", 1)[0]
         if not is_url(self.url):
-            self.fs.makedirs(parent, exist_ok=True)
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)  # never a half-written marker or piece
-            except OSError as exc:
-                raise local_write_error("writing", path, exc) from None
-        else:
-            self.fs.pipe_file(path, data)  # object stores publish whole objects only
+            self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.write_whole(path, data)  # never a half-written marker or piece
 
     def mark(self, key: str) -> None:
         """Record that the work named ``key`` is written."""
