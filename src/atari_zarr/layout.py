@@ -21,14 +21,9 @@ One Zarr v3 group per game/run, at ``DEST/{Game}/{run}.zarr``:
       action_full            (N,) int32   the action as one of ALE's 18 actions
       return_to_go           (N,) float32 sum of the rewards from row i to its episode's end
 
-Row ``i`` of every array is transition ``i``; there are no holes. The frame that
-follows row ``i`` is ``observation[i + 1]`` unless row ``i`` is terminated or
-truncated; then it is ``final_observation[episode[i]]`` where that array exists
-(stores recorded by the collector, stores converted from RL Unplugged), and unknown
-otherwise (DQN Replay). In RL Unplugged stores the frame after a truncated episode
-was never recorded either: its ``final_observation`` row is zeros, the same
-"unknown" a reader returns for DQN Replay stores. See ``docs/format.md`` for the
-attributes.
+Row ``i`` of every array is transition ``i``; there are no holes. ``docs/format.md``
+says what each array means (the frame after a row that ends an episode included) and
+what the attributes hold.
 
 Converter, collector and reader all import the names below; nothing else spells
 an array name.

@@ -4,26 +4,13 @@ One :class:`UnitReader` serves one consumer (:class:`~atari_zarr.read.consumer.C
 of an epoch of :class:`~atari_zarr.read.stream.EpochStream`, whatever the number of
 stores: one slab, one shuffle buffer, one set of units ahead, so its memory does not
 grow with the stores; a store no unit in flight comes from costs nothing here.
-
-* :class:`UnitLayout` cuts one store into read units (a frame shard, 4096 frames,
-  by default) and counts the items (:class:`~atari_zarr.read.items.Items`) each
-  unit starts; :class:`Units` puts every store's units in one list, item numbers
-  global (store after store), which the epoch plan permutes and splits;
-* **units ahead**: the epoch plan (:mod:`atari_zarr.read.epoch`) says which units
-  this consumer reads and in which order; ``units_ahead`` of them are fetched by
-  the engine (:meth:`~atari_zarr.read.engine.ChunkEngine.fetch_span`: the whole
-  shard object with one request) and decoded into slots of one preallocated slab
-  on a thread pool, with the frames just outside each unit (``frame_stack - 1``
-  before it, the ``L`` rows of its last items after it), so next observations,
-  stacks and windows are exact at unit boundaries. Decoding takes the cores but
-  one, which is left to the loop that gathers batches, and it lets that loop run
-  meanwhile (:func:`~atari_zarr.read.engine.background_decoder` releases the GIL;
-  while the loop waits for a unit, the faster c-blosc2 decodes it);
-* :meth:`UnitReader.take` leaves the items of the plan's segments in order and
-  gathers their frames from the slab with one ``np.take`` into memory from its
-  :class:`~atari_zarr.read.pool.BufferPool`; :mod:`atari_zarr.read.batch` builds
-  one TensorDict for the batch, whichever stores its items come from. The shuffle
-  buffer is item numbers into decoded units, never a second copy of the frames.
+:class:`UnitLayout` cuts one store into read units and counts the items
+(:class:`~atari_zarr.read.items.Items`) each unit starts; :class:`Units` puts every
+store's units in one list, item numbers global, which the epoch plan
+(:mod:`atari_zarr.read.epoch`) permutes and splits. How units are fetched ahead and
+decoded into the slab's slots with the frames just outside them, and how
+:meth:`UnitReader.take` gathers batches from the slab (one ``np.take``, never a second
+copy of the frames), is ``docs/streaming.md``'s "How it works".
 """
 
 from __future__ import annotations

@@ -1,28 +1,13 @@
 """Windows of ``K`` consecutive steps of one episode, for sequence models: :class:`WindowDataset`.
 
-Decision Transformer and its successors train on windows of consecutive steps
-with returns-to-go and timesteps. :meth:`AtariZarrDataset.windows
-<atari_zarr.AtariZarrDataset.windows>` gives them as a map-style dataset, read by
-the same engine and batch builder as every other reader:
-
-* item ``j`` is a TensorDict of shape ``[K]`` with the TED keys of ``ds[rows]``
-  (``frame_stack`` applied) for ``K`` consecutive rows of one episode, plus
-  ``index`` ``[K]`` (the rows), ``return_to_go`` ``[K, 1]`` float32 (the sum of
-  ``next/reward`` from that row to the last stored row of its episode),
-  ``timestep`` ``[K]`` int64 (the episode's true step: the row minus its
-  episode's first row, plus the steps played before that row where the episode is
-  a fragment whose start the source tells), ``fragment`` ``[K]`` bool (the episode's
-  first steps are not in the store: it began in a checkpoint left out, or before a
-  missed log; see :func:`atari_zarr.episodes.first_steps`) and ``mask`` ``[K]``
-  bool. A fragment's ``return_to_go`` is exact: it only looks forward;
-* windows never cross an episode boundary: without ``pad`` the items are every
-  start row ``s`` such that ``s .. s + K - 1`` lie in one episode, in row order
-  (an episode of length ``L`` gives ``max(0, L - K + 1)`` items); with ``pad``,
-  an episode shorter than ``K`` also gives one item, right-padded with zeros and
-  ``mask`` False (``index`` -1 there);
-* frame stacks are views of the ``K + k`` distinct frames of a window
-  (:mod:`atari_zarr.read.batch`): ``.contiguous()`` where a contiguous tensor is
-  needed.
+Decision Transformer and its successors train on windows of consecutive steps with
+returns-to-go and timesteps. :meth:`AtariZarrDataset.windows
+<atari_zarr.AtariZarrDataset.windows>` gives them as a map-style dataset, read by the
+same engine and batch builder as every other reader (:mod:`atari_zarr.read.batch`: a
+window's frame stacks are views of its ``K + k`` distinct frames). Which windows exist
+is :class:`~atari_zarr.read.items.Items`' rule (never across an episode; ``pad`` for
+shorter ones); what an item holds (``index``, ``return_to_go``, ``timestep``,
+``fragment``, ``mask``) is the guide's, ``docs/guides/windows.md``.
 """
 
 from __future__ import annotations

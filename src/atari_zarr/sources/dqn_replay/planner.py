@@ -6,27 +6,10 @@ per-step arrays of every checkpoint (small: ``9·C`` bytes) into a :class:`RunPl
 for each checkpoint, which buffer rows are real, new transitions and which output
 row each one becomes. The frames are moved later, by streaming, following the plan.
 
-The rules, in the order they apply:
-
-* A checkpoint is placed by its stored ``add_count`` ``A``: it holds source rows
-  ``[A - C, A - 1]``, the oldest at buffer index ``A % C``. Its suffix only decides
-  which checkpoint is the final, partial one.
-* The final checkpoint was logged with ``add_count`` reset to the cursor ``c``: only
-  its newest ``c + 1`` rows (index ``C - 1`` then ``0 .. c - 1``) are new; the rest
-  are stale copies. If its stale part disagrees with the previous checkpoint, a log
-  was missed in between and the whole buffer is new (placed one lap later).
-* Source row ``-1`` (index ``C - 1`` of checkpoint 0) was never written.
-* The 3 rows after every terminal row, and the first 3 rows of the stream, are the
-  zero padding that dopamine inserts for frame stacking; they are dropped. After a
-  gap the position is unknown, so leading rows that are entirely zero (frame,
-  action, reward, terminal) are taken as padding, at most 3.
-* A jump in source rows (a missed log, or a checkpoint left out) is a gap: the
-  episode in progress is cut there (``truncated``), as is the last episode.
-* Every episode's true first step is tracked through every checkpoint, selected or
-  not (their small arrays are walked anyway): after a checkpoint left out, the
-  episode the output resumes with is a fragment that began ``first_step`` steps
-  earlier, counted from its start in the checkpoint left out. After a missed log
-  the start is unknown (``-1``) until the next episode begins.
+The rules it applies, in order (placement by ``add_count``, the never-written row, the
+padding, missed logs as gaps, the final partial checkpoint, the ends, and the true first
+step of every episode through checkpoints left out) are defined once, in
+``docs/format.md``: "How the source maps to the store" and "Fragments".
 """
 
 from __future__ import annotations

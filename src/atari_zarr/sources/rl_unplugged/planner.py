@@ -1,20 +1,11 @@
 """Plan the store of an RL Unplugged run from its scans: offsets, episode ids, limits.
 
-Each record (a ``tf.train.Example``) is one episode. Its *real* steps become rows
-in file order, shard after shard: a terminal episode (``discounts[-1] == 0``) gives
-``steps - 1`` rows, the last one ``terminated``, and its last step's observation is
-the episode's ``final_observation``; a cut episode gives ``steps`` rows, the last
-one ``truncated``. A record without a real step (a terminal observation alone) gives
-no row and no episode; it is counted in ``dropped``.
-
-Limits are applied here, before anything is written: ``max_episodes`` keeps the
-first episodes whole, ``max_transitions`` cuts the episode it falls into, which
-ends there as truncated (its frame after the cut is unknown). Shards after the cut
-are not scanned (:func:`scans_needed`) nor written.
-
-``source_row`` of a row is ``shard * SHARD_STRIDE + step``, where ``step`` counts
-the Example steps of the shard before it, terminal steps included: the shard and
-the position in it can be read back from it, whatever was selected.
+Each record (a ``tf.train.Example``) is one episode, its real steps rows in file order,
+shard after shard; a record without a real step gives no row (counted in ``dropped``).
+Limits are applied here, before anything is written, and shards after the cut are not
+scanned (:func:`scans_needed`). The rules (rows, ``final_observation``, limits, gaps,
+``source_row = shard * SHARD_STRIDE + step``) are defined once, in ``docs/format.md``:
+"How RL Unplugged maps to the store".
 """
 
 from __future__ import annotations
