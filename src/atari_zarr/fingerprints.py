@@ -1,26 +1,11 @@
 """Which writer wrote each object of a store: one crc32c per object, recorded at completion.
 
-Every object of a store in this layout ends with a crc32c that depends on what is in
-it: a frame shard's index (the offset and length of each of its chunks) ends with the
-crc32c of the index, and a chunk of a per-step array (one object each) with the crc32c
-of its compressed bytes. When a writer marks a store complete
-(:func:`atari_zarr.layout.mark_complete`), it records that crc32c of every object of
-every array in the array's attributes, under :data:`FINGERPRINTS_KEY`:
-
-.. code-block:: text
-
-    "atari_zarr_objects": {"crc32c": "<base64 of one little-endian uint32 per object>"}
-
-in the order of the objects along the rows (0: no object there). An object copied in
-from another store or another conversion (of the same game, say) then carries another
-crc32c, although every byte of it is valid: the readers compare the crc32c of each
-object at its first touch (the shard index or chunk they fetch anyway, so nothing more
-is read) and plain ``verify`` compares all of them, so its frames never reach a batch
-beside this store's actions. Objects with the same bytes have the same crc32c: a store
-copied whole, or converted again from the same source, passes.
-
-Stores written before this record (and arrays outside the layout's codecs) have no
-fingerprints, and nothing is compared for them.
+Every object of a store in this layout ends with a crc32c that depends on what is in it
+(a frame shard's index, a per-step chunk's compressed bytes). When a writer marks a
+store complete (:func:`atari_zarr.layout.mark_complete`), it records that crc32c of every
+object of every array under :data:`FINGERPRINTS_KEY`, so an object copied in from another
+store or conversion is named by the readers at its first touch and by ``verify``,
+although every byte of it is valid. ``docs/format.md`` defines the attribute.
 
 Examples
 --------

@@ -342,13 +342,9 @@ def preprocess(
     ``generator``, ``index_with_generator`` and ``worker_threads`` are accepted and
     change nothing (the order samples are processed in does not show in ``dest``).
 
-    ``dest`` never mixes the outputs of two functions. It records
-    :func:`fn_fingerprint` of ``fn`` (or ``version``, when given): a complete ``dest``
-    is returned as it is only for the same fingerprint, source and output, and an
-    unfinished one keeps its parts only for the same fingerprint. A ``dest`` begun or
-    completed by another ``fn`` is refused in one line; ``overwrite=True`` starts it
-    over with this ``fn``. Pass the same ``version=`` to keep parts across an edit that
-    does not change the output of the rows already written.
+    ``dest`` never mixes the outputs of two functions: it records :func:`fn_fingerprint`
+    of ``fn`` (or ``version``), and the rules of reuse, refusal and ``overwrite=True``
+    are ``docs/torchrl.md``'s.
 
     Returns
     -------

@@ -20,12 +20,8 @@ The conversion of one run happens in passes; every source kind
    whichever runs it: one task per checkpoint or shard, plus one per unit two of
    them share.
 
-Cost for RL Unplugged: every source byte is read and inflated twice (pass 1 and
-pass 3) and every PNG is decoded once (pass 3). The work area holds about 17
-bytes per step of scans (17 MB for a 1M-step shard), plus the pieces of shared
-units until they are written. Memory per worker: one record's bytes (an
-episode's PNGs, a few MB), one block of 1024 decoded frames (7 MB) and the write
-units open at a time (one 4096-frame shard, 29 MB, and a chunk of final frames).
+What the passes cost an RL Unplugged run (bytes read, work area, memory per worker) is
+``docs/format.md``'s "The passes, and what they cost".
 
 Every task records a marker after its data (:mod:`atari_zarr.conversion.workdir`); a
 conversion killed at any point and run again redoes only the work without a marker

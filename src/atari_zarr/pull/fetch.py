@@ -2,13 +2,11 @@
 
 :func:`pull` converts only the shards a request needs and, where its rule takes a prefix
 of each checkpoint (:meth:`~atari_zarr.subsets.Subset.prefix_rows`), only that prefix of
-each shard's bytes; each byte is fetched once, streamed into the conversion. It resumes
-after a crash, locks the store so that two processes pulling the same id convert it
-once (the second waits, and says so), and never presents an unfinished store as
-complete. DataLoader workers and DDP ranks other than 0 on their machine
-(:func:`~atari_zarr.place.current_place`) never start a pull: they wait for the store to
-be complete, and give up in one line once no process has been pulling it for
-``timeout`` seconds. :func:`available` lists what can be pulled.
+each shard's bytes, each byte fetched once. It is a conversion: it resumes, locks the
+store (a second process waits for the first), and DataLoader workers and DDP ranks other
+than 0 on their machine (:func:`~atari_zarr.place.current_place`) only wait for it
+(``docs/guides/pull.md``: what is safe, and how). :func:`available` lists what can be
+pulled.
 """
 
 from __future__ import annotations

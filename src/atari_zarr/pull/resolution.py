@@ -1,25 +1,14 @@
 """Resolution: a request's store found by a list of steps, and opened once for a loader.
 
 :func:`resolve` tries :data:`STEPS` in turn, and the first that finds the store wins:
-
-1. **a local source** (:func:`in_local_source`), where the loader's own call says its
-   files are: the store ``{root}/{Game}/{run}.zarr``, else DQN Replay files
-   ``{root}/{Game}/{run}/replay_logs`` converted once beside them (the Decision
-   Transformer's ``data_dir_prefix``). What the original loader would read comes first;
-2. **the cache** (:func:`in_cache`), ``$ATARI_ZARR_HOME`` (default
-   ``~/.cache/atari_zarr``): a whole run is ``{Game}/{run}.zarr``, a part of one
-   ``subsets/{label}/{Game}/{run}.zarr``; a whole run in the cache serves any part of it;
-3. **mirrors** (:func:`in_mirrors`; ``mirrors=`` or ``$ATARI_ZARR_MIRRORS``): roots of
-   stores, local or any fsspec URL, asked with one request each and read in place;
-4. **RL Unplugged's public copy** (:func:`from_public_copy`), converted into the cache
-   by :func:`~atari_zarr.pull.fetch.pull`.
-
-``download`` says how far to go: ``True`` fetches what is missing; ``"force"`` fetches
-again (only the local source is still looked in); ``False`` never touches the network
-(only the cache, the local source and local mirrors), and says in one line what is
-missing and the command that fetches it. :func:`open_request` is what every drop-in
-calls: the store resolved, opened as an :class:`~atari_zarr.AtariZarrDataset`, and
-checked once against its root's catalog entry.
+a local source the loader names (:func:`in_local_source`), the cache
+(:func:`in_cache`), mirrors (:func:`in_mirrors`), then RL Unplugged's public copy
+(:func:`from_public_copy`, converted into the cache by
+:func:`~atari_zarr.pull.fetch.pull`). ``download`` says how far to go (``True``,
+``"force"``, ``False``). ``docs/guides/pull.md`` says what each step looks at and what
+``download`` allows. :func:`open_request` is what every drop-in calls: the store
+resolved, opened as an :class:`~atari_zarr.AtariZarrDataset`, and checked once against
+its root's catalog entry.
 """
 
 from __future__ import annotations
@@ -243,7 +232,8 @@ def resolve(
         Roots of stores read in place (default ``$ATARI_ZARR_MIRRORS``).
     download : bool or "force"
         ``True``: pull what is missing; ``"force"``: pull again, into the cache, even
-        when it is there; ``False``: never touch the network.
+        when it is there (a local source still comes first); ``False``: never touch the
+        network (the cache, the local source and local mirrors only).
     mirror_options : dict, optional
         fsspec options for the mirrors (e.g. ``{"token": "anon"}``).
     local_source, local_options : optional

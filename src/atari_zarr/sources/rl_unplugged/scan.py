@@ -1,11 +1,8 @@
 """Pass 1 over a shard: its small per-step arrays and per-episode rows, frames left out.
 
-Where a shard's rows land in the store is known only once every earlier shard has
-been read, and a shard (0.5 to 2 GB) is never held whole. So conversion reads each
-shard twice: this scan, which keeps what planning and the per-step arrays need
-(about 17 bytes per step: 1M steps give 17 MB), then the write pass, which decodes
-the frames. The scan streams the shard one record at a time and drops the PNG bytes
-as soon as each record is parsed.
+Conversion reads each shard twice (``docs/format.md``, "The passes, and what they
+cost"): this scan keeps what planning and the per-step arrays need, streaming the shard
+one record at a time and dropping each record's PNG bytes once it is parsed.
 
 A :class:`ShardScan` is plain numpy arrays (:meth:`ShardScan.to_arrays`), so the
 conversion can keep it in its work area and a resumed conversion does not scan
