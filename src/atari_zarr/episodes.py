@@ -25,8 +25,6 @@ go with it (``counts.episodes``, ``terminated_episodes``, ``truncated_episodes``
   the source tells, and :data:`UNKNOWN_STEP` (-1) where it does not.
   :func:`first_steps` is the one reader of it (stores written before it existed get
   it inferred: an episode after a cut one is unknown).
-
-This module sits on the bottom floor: it imports numpy and :mod:`atari_zarr.errors` only.
 """
 
 from __future__ import annotations

@@ -2,15 +2,10 @@
 
 They are written into a finished (or just written, not yet marked complete) store,
 streaming one write unit at a time, so memory stays small at 50M transitions:
-
-* :data:`~atari_zarr.layout.ACTION_FULL`: the stored action (an index into the
-  game's minimal action set) as one of ALE's 18 actions, through ale-py's minimal
-  action set of the game. Multi-game training (e.g. Multi-Game Decision
-  Transformer) needs one action space for all games.
-* :data:`~atari_zarr.layout.RETURN_TO_GO`: the undiscounted sum of the rewards from
-  row ``i`` to the last row of its episode (Decision Transformer's return-to-go). For
-  a truncated episode the sum stops at its last stored row: the rewards after the
-  cut were never recorded, so it is the return-to-go of the data, not of the game.
+:data:`~atari_zarr.layout.ACTION_FULL` (each action as one of ALE's 18, for one action
+space across games) and :data:`~atari_zarr.layout.RETURN_TO_GO` (Decision Transformer's
+undiscounted return-to-go, to the last stored row of a truncated episode), as
+``docs/format.md``'s optional arrays define them.
 """
 
 from __future__ import annotations

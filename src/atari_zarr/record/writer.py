@@ -7,18 +7,11 @@ as it goes, plus :data:`~atari_zarr.layout.FINAL_OBSERVATION`: the frame that en
 each episode, which DQN Replay never kept. So ``next.observation`` is exact at every
 terminated and truncated row of a recorded store.
 
-Crash safety. Steps are buffered in memory and flushed every ``max_buffer_steps``
-steps or ``max_buffer_episodes`` finished episodes. A flush (1) grows the arrays,
-(2) writes the buffered rows, (3) records in the attributes how many rows and whole
-episodes are now on storage (:data:`~atari_zarr.layout.FLUSHED_KEY`). Every object
-is replaced atomically (local files are written to a temporary name and renamed;
-object stores replace objects whole), so a process killed at any point leaves the
-flushed prefix intact, readable with ``AtariZarrDataset(path, partial=True)``.
-``close()`` writes the rest and the completion marker.
-
-Write units (shards of frames, chunks of per-step values) are written whole: the
-writer keeps the rows of the last, still partial unit of every array in memory and
-writes that unit again, complete with the new rows, at the next flush.
+Steps are buffered and flushed every ``max_buffer_steps`` steps or
+``max_buffer_episodes`` episodes, in whole write units, each flush ending with the
+``flushed`` attribute (:data:`~atari_zarr.layout.FLUSHED_KEY`): a process killed at any
+point leaves that prefix readable (``AtariZarrDataset(path, partial=True)``), as
+``docs/format.md``'s "What complete means while recording" defines.
 """
 
 from __future__ import annotations

@@ -5,10 +5,6 @@ how many transitions and episodes; a subset of the episodes
 (:mod:`atari_zarr.subsets`). Each kind's planner applies it
 (:func:`atari_zarr.sources.dqn_replay.selection.build_plan`, the RL Unplugged
 planner), and a store records it in its ``selection`` attribute.
-
-The presets are d4rl-atari's: ``mixed`` is checkpoint 1 (early training), ``medium``
-checkpoint 10, ``expert`` checkpoint 50 (the end of training), each one checkpoint of
-1M transitions.
 """
 
 from __future__ import annotations
@@ -29,7 +25,8 @@ __all__ = [
     "parse_checkpoints",
 ]
 
-#: d4rl-atari's dataset names -> checkpoint suffixes (its ``start_epoch..last_epoch``).
+#: d4rl-atari's dataset names -> checkpoint suffixes (its ``start_epoch..last_epoch``): early
+#: training, the middle, the end of training, each one checkpoint of 1M transitions.
 CHECKPOINT_PRESETS: dict[str, list[int]] = {"mixed": [1], "medium": [10], "expert": [50]}
 
 

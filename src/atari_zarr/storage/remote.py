@@ -3,15 +3,11 @@
 Remote Zarr stores are opened as a :class:`RemoteStore`, which adds three things
 to zarr's ``FsspecStore``:
 
-* **a deadline per request.** Every request zarr makes (reads, writes, deletes,
-  existence checks, listings, sizes), the file system's retries included, gets
-  ``timeout`` seconds (default 60), then raises
-  :class:`~atari_zarr.errors.RemoteTimeoutError`; see
-  :mod:`atari_zarr.storage.deadline`, the mechanism shared with the package's own
-  file system calls (:mod:`atari_zarr.storage.filesystem`).
-* **clear errors.** Failures name the URL and the object; credentials
-  (``user:password@``, tokens in query strings or storage options) are
-  redacted from every message.
+* **a deadline and clear errors per request.** Every request zarr makes (reads,
+  writes, deletes, existence checks, listings, sizes) goes through
+  :mod:`atari_zarr.storage.deadline`, as the package's own file system calls do:
+  ``timeout`` seconds, retries included, and failures naming the URL and the object,
+  credentials redacted.
 * **fork safety.** A file system instance holds an event loop's HTTP session
   and open sockets. After ``os.fork`` (a torch DataLoader worker) the store
   builds a fresh file system in the child instead of sharing the parent's.

@@ -1,10 +1,8 @@
 """DQN Replay as a source kind: the hooks conversion and verification call.
 
-The files (:mod:`~atari_zarr.sources.dqn_replay.files`), the undoing of the circular
-buffer (:mod:`~atari_zarr.sources.dqn_replay.planner`) and the choice of checkpoints
-(:mod:`~atari_zarr.sources.dqn_replay.selection`) are this kind's own; this module is
-what it shows the rest of the package, :data:`KIND`, which
-:mod:`atari_zarr.sources.registry` lists.
+The kind's other modules are its own; this one is what it shows the rest of the package,
+:data:`KIND`, which :mod:`atari_zarr.sources.registry` lists (``docs/architecture.md``
+says what each module of the kind does).
 """
 
 from __future__ import annotations

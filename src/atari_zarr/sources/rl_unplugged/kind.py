@@ -1,14 +1,8 @@
 """RL Unplugged as a source kind: the hooks conversion and verification call.
 
-The files (:mod:`~atari_zarr.sources.rl_unplugged.files`), the records
-(:mod:`~atari_zarr.sources.rl_unplugged.tfrecord`,
-:mod:`~atari_zarr.sources.rl_unplugged.example`,
-:mod:`~atari_zarr.sources.rl_unplugged.png`), the scan
-(:mod:`~atari_zarr.sources.rl_unplugged.scan`), the plan
-(:mod:`~atari_zarr.sources.rl_unplugged.planner`) and the rows
-(:mod:`~atari_zarr.sources.rl_unplugged.rows`) are this kind's own; this module is what
-it shows the rest of the package, :data:`KIND`, which :mod:`atari_zarr.sources.registry`
-lists.
+The kind's other modules are its own; this one is what it shows the rest of the package,
+:data:`KIND`, which :mod:`atari_zarr.sources.registry` lists (``docs/architecture.md``
+says what each module of the kind does).
 """
 
 from __future__ import annotations
