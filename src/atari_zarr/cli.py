@@ -704,7 +704,8 @@ def build_parser() -> argparse.ArgumentParser:
         if name in ("convert", "verify", "collect", "demo", "pull"):
             verb.add_argument("--no-progress", action="store_true", help="no progress bars")
         if "-q" not in verb._option_string_actions:  # -q after the verb too
-            verb.add_argument("--quiet", "-q", action="store_true", help="print nothing but errors")
+            quiet = "print nothing but errors and what was asked for"
+            verb.add_argument("--quiet", "-q", action="store_true", help=quiet)
         if name != "demo":  # the demo writes and reads local files only
             _add_storage_option(verb)
     return parser
