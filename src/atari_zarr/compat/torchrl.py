@@ -263,10 +263,27 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         raise refuse(self.data_path, "empty")
 
     def dumps(self, path: Any) -> None:
-        raise refuse(self.data_path, "dumps")
+        """Save the replay buffer's state to the directory ``path``, as TorchRL's does.
+
+        The sampler's state (a prioritized sampler's priorities, a sampler without
+        replacement's epoch), the writer's, the generator's, the transforms' and the
+        batch size are written by TorchRL; the storage writes which store they belong
+        to, never its frames, and batches drawn ahead (``prefetch``) are not saved.
+        :meth:`loads` reads them back into a dataset over the same store.
+        """
+        super().dumps(path)
 
     def loads(self, path: Any) -> None:
-        raise refuse(self.data_path, "loads")
+        """Load what :meth:`dumps` saved; a dump of another store is refused in one line."""
+        super().loads(path)
+
+    # batches drawn ahead hold frames: TorchRL pickles them into the dump, which a
+    # store-backed dataset neither writes nor unpickles
+    def _dump_prefetch_state(self, path: Path, prefetch_state: Any) -> None:
+        return None
+
+    def _load_prefetch_state(self, path: Path) -> None:
+        return None
 
     def preprocess(
         self,

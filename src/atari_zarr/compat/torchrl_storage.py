@@ -2,8 +2,12 @@
 
 Both are TorchRL ``TensorStorage`` objects, so any TorchRL replay buffer takes them
 as it takes its own (``ReplayBuffer(storage=...)`` picks its collate function from
-the storage's class), but nothing is held in memory: ``storage[index]`` reads the
-rows asked for from the store.
+the storage's class), but nothing is held in memory: ``storage.get(index)``, what a
+replay buffer reads its batches with, reads the rows asked for from the store, and
+``storage[index]``, what TorchRL's samplers index, gives those rows as a
+:class:`~atari_zarr.compat.lazy_rows.LazyRows`, whose entries are read when asked. So
+``storage[:][("next", "done")]``, how a slice sampler finds a run's trajectories,
+reads that column and no frame, whatever the size of the run.
 
 * :class:`AtariZarrStorage`: a converted store, as TED transitions
   (:class:`~atari_zarr.AtariZarrDataset`), each batch with TorchRL's ``metadata``
@@ -13,28 +17,36 @@ rows asked for from the store.
 
 Both are read-only: writing, emptying or extending raises
 :class:`~atari_zarr.errors.ReadOnlyDatasetError` naming the store and what to do.
+``dumps(path)`` writes which store a replay buffer's state belongs to, not its frames,
+and ``loads(path)`` refuses a state saved from another store.
 
 This module needs the ``torchrl`` extra.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import zarr
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NonTensorData, TensorDict, TensorDictBase
 
+from atari_zarr.compat.lazy_rows import LazyRows, Reader
 from atari_zarr.errors import (
+    InvalidArgumentError,
     ReadOnlyDatasetError,
     StoreFormatError,
     StoreIncompleteError,
     import_optional,
 )
 from atari_zarr.read.arrays import GroupRows
+from atari_zarr.read.batch import STEP_ENTRIES, step_entry
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.storage.paths import redact
@@ -61,6 +73,8 @@ METADATA = "metadata"
 PREPROCESS_KEY = "atari_zarr_preprocess"
 # the key the replay buffer writes the sampled storage indices to
 _INDEX = "index"
+#: The file of a dump (``dumps``) that says which store the state belongs to.
+DUMP_FILE = "atari_zarr_storage.json"
 
 
 #: What a store-backed dataset says when asked to change: why, and what to do instead.
@@ -72,10 +86,6 @@ _REFUSALS = {
     "extend": "is a read-only dataset: it cannot be extended; copy samples into a regular "
     "TorchRL ReplayBuffer (e.g. with LazyTensorStorage) to extend them",
     "empty": "is a read-only dataset: it cannot be emptied; make a new ReplayBuffer for new data",
-    "dumps": "lives in its store: dumping a copy of it is not supported; make the dataset "
-    "again from the store (and save your sampler's state_dict())",
-    "loads": "is read from its store: loading a dump into it is not supported; make the "
-    "dataset again from the store",
     "delete": "is a store that other readers may share: the replay buffer does not delete "
     "it; remove it with your file system's or bucket's tools",
 }
@@ -93,9 +103,11 @@ def refuse(where: str, operation: str) -> ReadOnlyDatasetError:
 
 
 class ReadOnlyTensorStorage(TensorStorage):
-    """A TorchRL ``TensorStorage`` of ``n`` rows read on demand by :meth:`read`.
+    """A TorchRL ``TensorStorage`` of ``n`` rows read on demand.
 
-    Subclasses give :meth:`read` (rows -> TensorDict) and :attr:`where` (for messages).
+    Subclasses give :meth:`read` (rows -> TensorDict, every entry), :meth:`readers`
+    (rows -> what reads each entry, for :class:`LazyRows`), :meth:`identity` (what a
+    dump checks) and :attr:`where` (for messages).
     """
 
     where: str = "the dataset"
@@ -129,16 +141,37 @@ class ReadOnlyTensorStorage(TensorStorage):
     def __len__(self) -> int:
         return self.max_size
 
-    def read(self, rows: np.ndarray) -> TensorDictBase:  # pragma: no cover - abstract
+    def read(self, rows: np.ndarray | range) -> TensorDictBase:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def readers(
+        self, rows: np.ndarray | range
+    ) -> tuple[dict[Any, Reader], dict[str, Any]]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def identity(self) -> dict[str, Any]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _select(self, index: Any) -> tuple[np.ndarray | range, bool]:
+        # a slice stays a range: storage[:] of 50 M rows needs no array of row numbers
+        if isinstance(index, tuple) and len(index) == 1:
+            index = index[0]
+        if isinstance(index, slice):
+            return range(*index.indices(len(self))), False
+        return normalize_index(index, len(self), self.where)
+
     def get(self, index: Any) -> TensorDictBase:
-        rows, scalar = normalize_index(index, len(self), self.where)
+        """The rows ``index`` selects, every entry read: what a replay buffer's batch is."""
+        rows, scalar = self._select(index)
         td = self.read(rows)
         return td[0] if scalar else td
 
     def __getitem__(self, index: Any) -> TensorDictBase:
-        return self.get(index)
+        """The rows ``index`` selects, each entry read when asked (:class:`LazyRows`)."""
+        rows, scalar = self._select(index)
+        readers, held = self.readers(rows)
+        lazy = LazyRows.of(len(rows), readers, held)
+        return lazy[0] if scalar else lazy
 
     # -- read-only ---------------------------------------------------------------------
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
@@ -147,18 +180,46 @@ class ReadOnlyTensorStorage(TensorStorage):
     def _empty(self) -> None:
         raise refuse(self.where, "empty")
 
-    def dumps(self, path: Any) -> None:
-        raise refuse(self.where, "dumps")
-
-    def loads(self, path: Any) -> None:
-        raise refuse(self.where, "loads")
-
+    # -- a replay buffer's saved state: which store, never the frames --------------------
     def state_dict(self) -> dict[str, Any]:
-        # the data live in the store; nothing mutable to save
-        return {}
+        return {"atari_zarr": self.identity()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return None
+        if state_dict:  # TorchRL's own storages save {} where nothing is held
+            self._check_identity(state_dict.get("atari_zarr"), "the state_dict")
+
+    def dumps(self, path: Any) -> None:
+        """Write which store this is (:data:`DUMP_FILE` under ``path``), not its rows."""
+        folder = Path(path)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / DUMP_FILE).write_text(json.dumps(self.identity(), indent=1) + "\n")
+
+    def loads(self, path: Any) -> None:
+        """Check that the dump at ``path`` was written by this store's storage."""
+        file = Path(path) / DUMP_FILE
+        try:
+            saved = json.loads(file.read_text())
+        except FileNotFoundError:
+            raise InvalidArgumentError(
+                f"{file} is missing: expected the dump of a replay buffer over an atari_zarr "
+                f"store, as its dumps(path) writes it; pass the path given to dumps()"
+            ) from None
+        except (OSError, ValueError) as err:
+            raise InvalidArgumentError(
+                f"{file} cannot be read as the JSON dumps() writes ({err}); dump the replay "
+                f"buffer again"
+            ) from None
+        self._check_identity(saved, str(file))
+
+    def _check_identity(self, saved: Any, source: str) -> None:
+        mine = self.identity()
+        if saved != mine:
+            raise InvalidArgumentError(
+                f"{source} was saved from {_identity_text(saved)}, not from {self.where} "
+                f"({_identity_text(mine)}): a sampler's state (its priorities, its epoch) "
+                f"only means something for the rows it was saved from; load it into a "
+                f"replay buffer over that store"
+            )
 
     def contains(self, item: Any) -> Any:
         rows = torch.as_tensor(item)
@@ -166,6 +227,12 @@ class ReadOnlyTensorStorage(TensorStorage):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where!r}, len={len(self)})"
+
+
+def _identity_text(identity: Any) -> str:
+    if not isinstance(identity, dict):
+        return f"something else ({identity!r:.60})"
+    return ", ".join(f"{key} {value}" for key, value in identity.items())
 
 
 def _store_name(dataset: AtariZarrDataset) -> str:
@@ -218,9 +285,9 @@ class AtariZarrStorage(ReadOnlyTensorStorage):
         self.dataset = dataset
         self.where = dataset.where
         self.dataset_id = dataset_id or _store_name(dataset)
-        # one-entry cache: SliceSampler reads storage[index] for the done flags, then the
-        # buffer reads the very same index; the second read reuses the first.
-        self._last: tuple[np.ndarray, TensorDictBase] | None = None
+        # whole-storage per-step entries, read once: TorchRL's slice samplers ask for
+        # storage[:][key] at every sample
+        self._whole: dict[Any, torch.Tensor] = {}
         super().__init__(len(dataset))
 
     @property
@@ -232,16 +299,50 @@ class AtariZarrStorage(ReadOnlyTensorStorage):
         """What a sample's ``metadata`` entry holds."""
         return {"dataset_id": self.dataset_id}
 
-    def read(self, rows: np.ndarray) -> TensorDictBase:
-        last = self._last
-        if last is not None and np.array_equal(last[0], rows):
-            self._last = None
-            return last[1]
+    def identity(self) -> dict[str, Any]:
+        """The store a dump or a state_dict belongs to: its id, transitions and episodes."""
+        return {
+            "dataset_id": self.dataset_id,
+            "transitions": len(self),
+            "episodes": self.dataset.num_episodes,
+        }
+
+    def read(self, rows: np.ndarray | range) -> TensorDictBase:
         td = self.dataset[rows].exclude(_INDEX)
         td.set_non_tensor(METADATA, self.metadata())
-        self._last = (rows, td)
-        # the first reader gets a shallow copy: keys it adds do not leak to the second
-        return td.copy()
+        return td
+
+    def readers(self, rows: np.ndarray | range) -> tuple[dict[Any, Reader], dict[str, Any]]:
+        """What reads each entry of ``rows``: a per-step entry reads its step values only
+        (a whole storage's once), the two observations one read of the rows (``read``)."""
+        shape = (len(rows),)
+        whole = isinstance(rows, range) and rows == range(len(self))
+        batch: list[TensorDictBase] = []
+
+        def frames(key: Any) -> Reader:
+            def read() -> torch.Tensor:
+                if not batch:
+                    batch.append(self.read(rows))
+                return batch[0].get(key)
+
+            return read
+
+        def steps(key: Any) -> Reader:
+            def read() -> torch.Tensor:
+                if whole and key in self._whole:
+                    return self._whole[key]
+                value = step_entry(key, self.dataset.read_steps(rows, STEP_ENTRIES[key]), shape)
+                if whole:
+                    self._whole[key] = value
+                return value
+
+            return read
+
+        readers: dict[Any, Reader] = {key: steps(key) for key in STEP_ENTRIES if key != _INDEX}
+        readers["observation"] = frames("observation")
+        readers["next", "observation"] = frames(("next", "observation"))
+        held = {METADATA: NonTensorData(self.metadata(), batch_size=torch.Size(shape))}
+        return readers, held
 
     def __getstate__(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "dataset_id": self.dataset_id}
@@ -300,13 +401,28 @@ class PreprocessedStorage(ReadOnlyTensorStorage):
         self._rows = GroupRows(group, list(self._keys), where=self.where)
         super().__init__(int(info["num_frames"]))
 
-    def read(self, rows: np.ndarray) -> TensorDictBase:
+    def read(self, rows: np.ndarray | range) -> TensorDictBase:
         td = TensorDict({}, batch_size=[len(rows)])
         for path, values in self._rows.read(rows).items():
             td.set(self._keys[path], torch.from_numpy(values))
         if self._metadata is not None:
             td.set_non_tensor(METADATA, self._metadata)
         return td
+
+    def readers(self, rows: np.ndarray | range) -> tuple[dict[Any, Reader], dict[str, Any]]:
+        """What reads each key's array at ``rows``, that array only."""
+
+        def array(path: str) -> Callable[[], torch.Tensor]:
+            return lambda: torch.from_numpy(self._rows.read(rows, [path])[path])
+
+        held = {}
+        if self._metadata is not None:
+            held[METADATA] = NonTensorData(self._metadata, batch_size=torch.Size([len(rows)]))
+        return {key: array(path) for path, key in self._keys.items()}, held
+
+    def identity(self) -> dict[str, Any]:
+        """The dataset a dump or a state_dict belongs to: where, and its rows."""
+        return {"preprocessed": self.where, "transitions": len(self)}
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "storage_options": self.storage_options}

@@ -66,13 +66,15 @@ class GroupRows:
         """The arrays read, in the order given."""
         return list(self._readers)
 
-    def read(self, rows: Any) -> dict[str, np.ndarray]:
-        """Rows ``rows`` (any order, repeats allowed) of every array, by path.
+    def read(self, rows: Any, paths: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Rows ``rows`` (any order, repeats allowed) of every array (or of ``paths``), by path.
 
         Parameters
         ----------
         rows : array-like of int
             Row numbers, each in every array's range.
+        paths : sequence of str, optional
+            The arrays to read, of :attr:`paths` (default: every one).
 
         Returns
         -------
@@ -80,7 +82,7 @@ class GroupRows:
             ``(len(rows), *row_shape)`` of each array's dtype.
         """
         rows = np.asarray(rows, dtype=np.int64).ravel()
-        return {path: reader.read(rows) for path, reader in self._readers.items()}
+        return {path: self._readers[path].read(rows) for path in paths or self._readers}
 
 
 def _array(group: zarr.Group, path: str, where: str) -> zarr.Array:

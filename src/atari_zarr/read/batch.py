@@ -42,12 +42,14 @@ from tensordict import TensorDict
 from atari_zarr.read.pool import BufferPool
 
 __all__ = [
+    "STEP_ENTRIES",
     "STEP_FIELDS",
     "FrameBuffer",
     "FramePlan",
     "assemble_batch",
     "collate_batch",
     "item_fields",
+    "step_entry",
     "step_fields",
     "steps_before_by_store",
     "ted_batch",
@@ -216,6 +218,54 @@ class FrameBuffer:
         return obs, nxt
 
 
+#: The per-step entries of a TED item, each with the step values it is made of
+#: (:func:`step_entry`): ``ted_batch`` builds them all, a lazy reader one at a time.
+STEP_ENTRIES: dict[str | tuple[str, str], tuple[str, ...]] = {
+    "action": ("action",),
+    "episode": ("episode",),
+    "index": ("index",),
+    "done": (),
+    "terminated": (),
+    "truncated": (),
+    ("next", "reward"): ("reward",),
+    ("next", "terminated"): ("terminated",),
+    ("next", "truncated"): ("truncated",),
+    ("next", "done"): ("terminated", "truncated"),
+}
+
+
+def step_entry(
+    key: str | tuple[str, str], steps: Mapping[str, np.ndarray], shape: tuple[int, ...]
+) -> torch.Tensor:
+    """The entry ``key`` of :data:`STEP_ENTRIES` of a batch of ``shape``, from its step values.
+
+    Ids are int64; rewards and flags get a trailing dimension of 1, as TorchRL's losses
+    expect; ``done``, ``terminated`` and ``truncated`` at the top are False (a stored
+    state is never final).
+
+    Examples
+    --------
+    >>> steps = {"terminated": np.array([False, True]), "truncated": np.array([True, False])}
+    >>> step_entry(("next", "done"), steps, (2,)).flatten().tolist()
+    [True, True]
+    >>> step_entry("done", {}, (2,)).shape
+    torch.Size([2, 1])
+    """
+    col = (*shape, 1)
+    if not isinstance(key, tuple):
+        if key in ("done", "terminated", "truncated"):
+            return torch.zeros(col, dtype=torch.bool)
+        return torch.from_numpy(np.asarray(steps[key], dtype=np.int64).reshape(shape))
+    name = key[1]
+    if name == "reward":
+        return torch.from_numpy(np.array(steps[name], dtype=np.float32, copy=True).reshape(col))
+    if name == "done":
+        return step_entry(("next", "terminated"), steps, shape) | step_entry(
+            ("next", "truncated"), steps, shape
+        )
+    return torch.from_numpy(np.ascontiguousarray(steps[name], dtype=bool).reshape(col))
+
+
 def ted_batch(
     observation: torch.Tensor,
     next_observation: torch.Tensor,
@@ -247,31 +297,22 @@ def ted_batch(
     """
     shape = tuple(np.shape(action))
     size = torch.Size(shape)
-    col = (*shape, 1)
-    false = torch.zeros((3, *col), dtype=torch.bool)  # one allocation, three tensors
-    term = torch.from_numpy(np.ascontiguousarray(terminated, dtype=bool).reshape(col))
-    trunc = torch.from_numpy(np.ascontiguousarray(truncated, dtype=bool).reshape(col))
-    entries: dict[str, Any] = {
-        "observation": observation,
-        "action": torch.from_numpy(np.asarray(action, dtype=np.int64)),
-        "episode": torch.from_numpy(np.asarray(episode, dtype=np.int64)),
-        "index": torch.from_numpy(np.asarray(index, dtype=np.int64)),
-        "done": false[0],
-        "terminated": false[1],
-        "truncated": false[2],
-        "next": _tensordict(
-            {
-                "observation": next_observation,
-                "reward": torch.from_numpy(
-                    np.array(reward, dtype=np.float32, copy=True).reshape(col)
-                ),
-                "terminated": term,
-                "truncated": trunc,
-                "done": term | trunc,
-            },
-            size,
-        ),
+    steps = {
+        "action": action,
+        "reward": reward,
+        "terminated": terminated,
+        "truncated": truncated,
+        "episode": episode,
+        "index": index,
     }
+    entries: dict[str, Any] = {"observation": observation}
+    nxt: dict[str, Any] = {"observation": next_observation}
+    for key in STEP_ENTRIES:
+        if isinstance(key, tuple):
+            nxt[key[1]] = step_entry(key, steps, shape)
+        else:
+            entries[key] = step_entry(key, steps, shape)
+    entries["next"] = _tensordict(nxt, size)
     for key, value in (extra or {}).items():
         entries[key] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
     return _tensordict(entries, size)

@@ -100,7 +100,15 @@ class StepColumn:
 
     def to_numpy(self) -> np.ndarray:
         """Every value, in the array's dtype."""
-        return self[np.arange(self._n)]
+        return self.span(0, self._n)
+
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        """The values of rows ``lo`` to ``hi - 1``, with no array of row numbers."""
+        first, last = lo // self._chunk_rows, -(-hi // self._chunk_rows)
+        need = np.flatnonzero(~self._loaded[first:last]) + first
+        if need.size:
+            self._load(need.tolist())
+        return self._values[lo:hi].astype(self.dtype, copy=False)
 
     def _load(self, cids: list[int]) -> None:
         with self._lock:
@@ -123,11 +131,22 @@ class StepColumn:
 
 
 class _Derived:
-    """A read-only per-row column computed from the per-episode table."""
+    """A read-only per-row column computed from the per-episode table.
 
-    def __init__(self, n: int, fn: Callable[[np.ndarray], np.ndarray]) -> None:
+    ``fn(rows)`` gives the values of any rows; ``span_fn(lo, hi)``, where given, those
+    of a range of rows without an array of row numbers (a whole 50 M-row column costs
+    its values only).
+    """
+
+    def __init__(
+        self,
+        n: int,
+        fn: Callable[[np.ndarray], np.ndarray],
+        span_fn: Callable[[int, int], np.ndarray] | None = None,
+    ) -> None:
         self._n = n
         self._fn = fn
+        self._span_fn = span_fn
 
     def __len__(self) -> int:
         return self._n
@@ -135,17 +154,32 @@ class _Derived:
     def __getitem__(self, rows: Any) -> np.ndarray:
         return self._fn(np.asarray(rows, dtype=np.int64))
 
+    def span(self, lo: int, hi: int) -> np.ndarray:
+        """The values of rows ``lo`` to ``hi - 1``."""
+        if self._span_fn is None:
+            return self._fn(np.arange(lo, hi, dtype=np.int64))
+        return self._span_fn(lo, hi)
+
     def to_numpy(self) -> np.ndarray:
-        return self[np.arange(self._n)]
+        return self.span(0, self._n)
 
 
 def _episode_columns(table: EpisodeTable, n: int) -> dict[str, _Derived]:
     """Episode id, terminated, truncated and done of every row, from the table."""
     ends = table.ends
     term = table.terminated
+    every = np.ones(len(ends), dtype=bool)
 
     def episode(rows: np.ndarray) -> np.ndarray:
         return np.searchsorted(ends, rows, side="left").astype(np.int64)
+
+    def episode_span(lo: int, hi: int) -> np.ndarray:
+        if hi <= lo:
+            return np.zeros(0, dtype=np.int64)
+        first, last = np.searchsorted(ends, [lo, hi - 1], side="left")
+        stop = np.minimum(ends[first : last + 1], hi - 1)
+        begin = np.maximum(np.r_[lo, ends[first:last] + 1], lo)
+        return np.repeat(np.arange(first, last + 1, dtype=np.int64), stop - begin + 1)
 
     def end_flag(flag: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
         def fn(rows: np.ndarray) -> np.ndarray:
@@ -154,11 +188,20 @@ def _episode_columns(table: EpisodeTable, n: int) -> dict[str, _Derived]:
 
         return fn
 
+    def end_span(flag: np.ndarray) -> Callable[[int, int], np.ndarray]:
+        def fn(lo: int, hi: int) -> np.ndarray:
+            out = np.zeros(max(hi - lo, 0), dtype=bool)
+            at = ends[flag & (ends >= lo) & (ends < hi)]
+            out[at - lo] = True
+            return out
+
+        return fn
+
     return {
-        EPISODE: _Derived(n, episode),
-        TERMINATED: _Derived(n, end_flag(term)),
-        TRUNCATED: _Derived(n, end_flag(~term)),
-        "done": _Derived(n, lambda rows: ends[np.searchsorted(ends, rows, side="left")] == rows),
+        EPISODE: _Derived(n, episode, episode_span),
+        TERMINATED: _Derived(n, end_flag(term), end_span(term)),
+        TRUNCATED: _Derived(n, end_flag(~term), end_span(~term)),
+        "done": _Derived(n, end_flag(every), end_span(every)),
     }
 
 
@@ -175,7 +218,8 @@ def open_step_columns(
 
     Episode id, terminated, truncated and done come from the per-episode table in
     the attributes when its lengths add up to the number of rows; otherwise from
-    the arrays. Every column supports ``column[rows] -> numpy.ndarray`` and ``len``.
+    the arrays. Every column supports ``column[rows] -> numpy.ndarray``,
+    ``column.span(lo, hi)`` (a range of rows, with no array of row numbers) and ``len``.
 
     Parameters
     ----------
@@ -223,5 +267,9 @@ def open_step_columns(
         cols[EPISODE] = column(EPISODE)
         cols[TERMINATED] = term
         cols[TRUNCATED] = trunc
-        cols["done"] = _Derived(n, lambda rows: term[rows] | trunc[rows])
+        cols["done"] = _Derived(
+            n,
+            lambda rows: term[rows] | trunc[rows],
+            lambda lo, hi: term.span(lo, hi) | trunc.span(lo, hi),
+        )
     return cols

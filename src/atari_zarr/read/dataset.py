@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 __all__ = ["AtariZarrDataset", "collate_batch"]
 
 log = logging.getLogger("atari_zarr")
+
+#: The per-step values :meth:`AtariZarrDataset.read_steps` gives.
+STEP_NAMES = ("action", "reward", "terminated", "truncated", "episode")
 
 
 def _of_store(name: str, doc: str) -> Any:
@@ -226,25 +229,38 @@ class AtariZarrDataset(ItemDataset):
         table = self._store.episodes
         return range(int(table.starts[e]), int(table.ends[e]) + 1)
 
-    def read_steps(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+    def read_steps(
+        self, rows: np.ndarray | range, names: Sequence[str] = STEP_NAMES
+    ) -> dict[str, np.ndarray]:
         """Per-step values at ``rows``, no frame read: ``action``, ``reward``,
-        ``terminated``, ``truncated`` and ``episode``, each ``(len(rows),)``.
+        ``terminated``, ``truncated`` and ``episode`` (or those of ``names``), each
+        ``(len(rows),)``.
+
+        ``rows`` is an array of row numbers, or a ``range``: a range of step 1 is read
+        without an array of row numbers, so a whole 50 M-row column costs its values only.
 
         Examples
         --------
-        >>> steps = AtariZarrDataset(store_url).read_steps(np.arange(3))
+        >>> ds = AtariZarrDataset(store_url)
+        >>> steps = ds.read_steps(np.arange(3))
         >>> sorted(steps), steps["action"].shape
         (['action', 'episode', 'reward', 'terminated', 'truncated'], (3,))
+        >>> every = ds.read_steps(range(len(ds)), ["episode"])["episode"]
+        >>> bool((every == ds.read_steps(np.arange(len(ds)))["episode"]).all())
+        True
         """
-        rows, _ = normalize_index(np.asarray(rows, dtype=np.int64), len(self), self.where)
         store = self._store
-        return {
-            "action": store.action[rows],
-            "reward": store.reward[rows],
-            "terminated": store.terminated[rows],
-            "truncated": store.truncated[rows],
-            "episode": store.episode[rows],
+        columns = {
+            "action": store.action,
+            "reward": store.reward,
+            "terminated": store.terminated,
+            "truncated": store.truncated,
+            "episode": store.episode,
         }
+        if isinstance(rows, range) and rows.step == 1 and 0 <= rows.start <= rows.stop <= len(self):
+            return {name: columns[name].span(rows.start, rows.stop) for name in names}
+        rows, _ = normalize_index(np.asarray(rows, dtype=np.int64), len(self), self.where)
+        return {name: columns[name][rows] for name in names}
 
     def return_to_go(self, rows: np.ndarray) -> np.ndarray:
         """``(len(rows),)`` float32: the sum of ``next/reward`` from each row to the end of
