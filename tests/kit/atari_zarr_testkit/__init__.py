@@ -9,6 +9,7 @@ from atari_zarr_testkit.dqn_replay import (
     Truth,
     fixture_frame,
     store_files,
+    write_episodes_store,
     write_fixture_run,
 )
 from atari_zarr_testkit.rl_unplugged import RluFixture, RluTruth, write_fixture_rlu
@@ -23,6 +24,7 @@ __all__ = [
     "Truth",
     "fixture_frame",
     "store_files",
+    "write_episodes_store",
     "write_fixture_rlu",
     "write_fixture_run",
 ]

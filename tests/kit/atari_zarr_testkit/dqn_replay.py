@@ -25,6 +25,7 @@ __all__ = [
     "Truth",
     "fixture_frame",
     "store_files",
+    "write_episodes_store",
     "write_fixture_run",
 ]
 
@@ -238,3 +239,20 @@ def store_files(path: str | Path, dest: str | Path) -> dict[str, bytes]:
         for f in sorted(root.rglob("*"))
         if f.is_file()
     }
+
+
+def write_episodes_store(root: str | Path, lengths: Sequence[int], *, game: str = "Pong") -> str:
+    """A store of one episode after another of ``lengths`` steps, each whole: its URL.
+
+    The run is played under ``root/source`` (one pass over ``lengths``, in a buffer that
+    never wraps) and converted under ``root/stores``; row ``i`` of the store is step ``i``.
+    """
+    from atari_zarr import convert
+
+    steps = int(sum(lengths))
+    source, dest = Path(root) / "source", Path(root) / "stores"
+    write_fixture_run(
+        str(source), game, "1", capacity=2 * steps + 8, steps=steps, episode_lengths=lengths
+    )
+    [store] = convert(str(source), str(dest), progress=False)
+    return str(store.url)
