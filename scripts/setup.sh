@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create a venv (once; default .venv) and install atari-zarr with the extras named in $1
 # (default: all). torch is pinned to the CPU build first, so that no multi-GB CUDA wheel is
-# pulled in. $2 names another venv: the d3rlpy drop-in is tested in .venv-d3rlpy, since
-# d3rlpy pins an older gymnasium than the rest of the project uses.
+# pulled in ($TORCH names another release). $2 names another venv: the d3rlpy drop-in is
+# tested in .venv-d3rlpy, since d3rlpy pins an older gymnasium than the rest of the project
+# uses, and TorchRL's prioritized samplers in .venv-torchrl, with the torch release their
+# C++ extension is built for (TORCH=torch==2.14.1; the 2.13.0 CPU build cannot load it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-all}"
@@ -16,7 +18,7 @@ fi
 VPY="$venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 if ! "$VPY" -c 'import torch' 2>/dev/null; then
-    "$VPY" -m pip install --quiet "torch==2.13.0"
+    "$VPY" -m pip install --quiet "${TORCH:-torch==2.13.0}"
 fi
 "$VPY" -m pip install --quiet -e ".[${extras}]"
 # the test kit (tests/kit: fixture runs, loopback servers), for the tests, benchmarks and
