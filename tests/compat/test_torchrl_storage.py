@@ -203,12 +203,21 @@ samplers = [
 ]
 rb = TensorDictReplayBuffer(storage=storage, sampler=samplers[0], batch_size=120)
 rb.sample()  # the read path warmed once
+episode = storage.episodes
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 rows = 0
 for sampler in samplers:
     rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=120)
     for _ in range(10):
-        rows += len(rb.sample())
+        sample = rb.sample()
+        rows += len(sample)
+        index = sample["index"].view(-1)
+        assert torch.equal(sample["episode"], episode[index])
+        if isinstance(sampler, SliceSampler):  # exact slices: 30 rows of one episode
+            ends = torch.nonzero(sample["next", "truncated"].view(-1)).view(-1) + 1
+            for piece in torch.tensor_split(torch.arange(len(index)), ends[:-1].tolist()):
+                assert torch.equal(index[piece], index[piece[0]] + torch.arange(len(piece)))
+                assert (episode[index[piece]] == episode[index[piece[0]]]).all()
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print(json.dumps({"growth_kb": after - before, "rows": rows, "n": len(storage)}))
 """
