@@ -484,6 +484,31 @@ def test_resume_yields_exactly_what_was_not_seen(small_store: str, stop_after: i
     assert_same(ds, rest[:3])
 
 
+def test_set_epoch_of_the_loaded_state_keeps_its_progress(small_store: str) -> None:
+    """The DistributedSampler loop: load a state, then set_epoch(epoch) as every epoch does."""
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(200, seed=6, unit_rows=1024)
+    stream.set_epoch(3)
+    first = []
+    for i, batch in enumerate(stream):
+        first.append(batch)
+        if i == 4:
+            break
+    state = stream.state_dict()
+    again = ds.stream(200, seed=6, unit_rows=1024)
+    again.load_state_dict(state)
+    again.set_epoch(3)  # the loaded state's own epoch: its progress stays
+    rest = rows_of(list(again))
+    assert len(rest) == len(ds) - 1000
+    assert sorted(np.concatenate([rows_of(first), rest]).tolist()) == list(range(len(ds)))
+    again.set_epoch(3)  # after reading: a new pass over epoch 3, as before
+    assert len(rows_of(list(again))) == len(ds)
+    other = ds.stream(200, seed=6, unit_rows=1024)
+    other.load_state_dict(state)
+    other.set_epoch(4)  # another epoch: a fresh permutation, progress reset
+    assert len(rows_of(list(other))) == len(ds)
+
+
 def test_resume_through_a_dataloader_with_workers(small_store: str) -> None:
     ds = AtariZarrDataset(small_store)
     stream = ds.stream(256, seed=1, unit_rows=512)

@@ -321,8 +321,14 @@ class EpochStream(torch.utils.data.IterableDataset):
             reader.close()
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch ``epoch`` (a new permutation); progress is reset."""
-        self.epoch = whole_number(epoch, "epoch", self.where, low=0)
+        """Start epoch ``epoch`` (a new permutation); progress is reset, except that the
+        epoch of a state just loaded (:meth:`load_state_dict`, nothing read since) keeps
+        that state's progress, as a training loop that calls ``set_epoch`` every epoch
+        expects after a resume."""
+        epoch = whole_number(epoch, "epoch", self.where, low=0)
+        if self._loaded is not None and epoch == self.epoch:
+            return
+        self.epoch = epoch
         self.positions = {}
         self._base = None
         self._loaded = None
