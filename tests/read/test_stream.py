@@ -12,6 +12,7 @@ from tensordict import TensorDict
 
 from atari_zarr import AtariZarrDataset
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.resources import process_memory
 from atari_zarr.layout import (
     ACTION,
     EPISODE,
@@ -482,6 +483,20 @@ def test_resume_yields_exactly_what_was_not_seen(small_store: str, stop_after: i
     whole = rows_of(list(ds.stream(200, seed=6, unit_rows=1024, shuffle_buffer=3072)))
     assert rows.tolist() == whole.tolist()
     assert_same(ds, rest[:3])
+
+
+def test_a_batch_larger_than_memory_is_refused_by_the_stream_as_by_sample(
+    small_store: str,
+) -> None:
+    ds = AtariZarrDataset(small_store, frame_stack=4)
+    windows = ds.windows(1000, pad=True)  # a window's stacks: 56 MB of frames
+    too_many = process_memory() // (1000 * 2 * 4 * 84 * 84) + 1
+    for make in (lambda: ds.stream(10**9), lambda: windows.stream(too_many)):
+        with pytest.raises(InvalidArgumentError, match="GiB of frames in one batch") as err:
+            make()
+        assert "\n" not in str(err.value) and "pass a smaller batch_size" in str(err.value)
+    with pytest.raises(InvalidArgumentError, match="GiB of frames in one batch"):
+        windows.sample(too_many)  # the same check as sample()'s
 
 
 def test_set_epoch_of_the_loaded_state_keeps_its_progress(small_store: str) -> None:

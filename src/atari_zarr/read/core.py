@@ -218,8 +218,8 @@ class ItemDataset(torch.utils.data.Dataset):
             return IndexError(f"{self.where} holds no transitions; there is nothing to sample")
         return IndexError(f"{self.where} has no window of {first.length} steps to sample")
 
-    def _drawer(self, batch_size: int, generator: torch.Generator | None) -> Any:
-        """What draws the item numbers of one batch (checked once)."""
+    def _batch_size(self, batch_size: int) -> int:
+        """``batch_size``, checked: a whole number whose batch fits this process's memory."""
         size = whole_number(batch_size, "batch_size", self.where, low=0, unit="items")
         # frames of an item: a stack per step, and the next observation's
         need = size * max(i.length for i in self._items) * 2 * self.frame_stack * FRAME_BYTES
@@ -229,6 +229,11 @@ class ItemDataset(torch.utils.data.Dataset):
                 f"of {self.where}, more than the {process_memory() / 2**30:,.0f} GiB this "
                 f"process may use; pass a smaller batch_size"
             )
+        return size
+
+    def _drawer(self, batch_size: int, generator: torch.Generator | None) -> Any:
+        """What draws the item numbers of one batch (checked once)."""
+        size = self._batch_size(batch_size)
         if len(self) == 0:
             raise self._nothing()
         offsets, weights = self.offsets, self.weights
@@ -398,12 +403,13 @@ class ItemDataset(torch.utils.data.Dataset):
 
         # the plan cuts each store along its shards: read from the zarr.json of those not
         # opened yet, together (a bucket's 32 at a time); each opens when first read
+        size = self._batch_size(batch_size)
         pending = [s for s in self._stores if isinstance(s, PendingStore)]
         open_all(pending, PendingStore.frame_rows, remote=any(p.remote for p in pending))
         return EpochStream(
             self._stores,
             self._items,
-            batch_size,
+            size,
             frame_stack=self.frame_stack,
             seed=seed,
             epoch=epoch,
