@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import zarr
+from atari_zarr_testkit import write_episodes_store
 from tensordict import TensorDict
 
 from atari_zarr import AtariZarrDataset
@@ -186,23 +187,45 @@ def test_consumed_names_what_was_emitted_and_a_plan_of_the_rest_deals_the_rest(
     done = Consumed(bounds)
     emitted: set[int] = set()
     for c in range(consumers):
-        plan = EpochPlan(bounds, seed=3, epoch=1, shuffle=True, window=window, consumer=c,
-                         consumers=consumers, pad=pad if c == 0 else 0)
+        plan = EpochPlan(
+            bounds,
+            seed=3,
+            epoch=1,
+            shuffle=True,
+            window=window,
+            consumer=c,
+            consumers=consumers,
+            pad=pad if c == 0 else 0,
+        )
         position = int(rng.integers(0, plan.rows + 1))
         emitted |= set(_emitted(plan, bounds, position))
         for unit, items in plan.consumed(position).items():
             done.add(unit, items)
-    named = {int(bounds[u, 0]) + int(i) for u in range(len(bounds))
-             for i in (range(int(np.diff(bounds[u])[0])) if done.done[u] else
-                       np.flatnonzero(done.partial.get(u, np.zeros(0, bool))))}
+    named = {
+        int(bounds[u, 0]) + int(i)
+        for u in range(len(bounds))
+        for i in (
+            range(int(np.diff(bounds[u])[0]))
+            if done.done[u]
+            else np.flatnonzero(done.partial.get(u, np.zeros(0, bool)))
+        )
+    }
     assert named == emitted and done.count == len(emitted)
     again = Consumed.decode(done.encode(), done.sizes)
     assert again.count == done.count
     for later in (1, 3, 7):
         rest = []
         for c in range(later):
-            plan = EpochPlan(bounds, seed=3, epoch=1, shuffle=True, window=window, consumer=c,
-                             consumers=later, left=again)
+            plan = EpochPlan(
+                bounds,
+                seed=3,
+                epoch=1,
+                shuffle=True,
+                window=window,
+                consumer=c,
+                consumers=later,
+                left=again,
+            )
             rest += _emitted(plan, bounds, plan.rows)
             assert plan.consumer_of(rest[-1]) == c if rest else True
         assert sorted(rest) == sorted(set(range(5000)) - emitted)
@@ -635,8 +658,9 @@ def test_interleave_draws_each_next_unit_by_weight() -> None:
     from atari_zarr.read.epoch import interleave
 
     stores = np.repeat([0, 1, 2], 2000)
-    order = interleave(np.full(6000, 4096), stores, np.array([0.6, 0.3, 0.1]),
-                       np.random.default_rng(1))
+    order = interleave(
+        np.full(6000, 4096), stores, np.array([0.6, 0.3, 0.1]), np.random.default_rng(1)
+    )
     assert sorted(order.tolist()) == list(range(6000))
     share = np.bincount(stores[order[:1500]], minlength=3) / 1500
     np.testing.assert_allclose(share, [0.6, 0.3, 0.1], atol=0.04)
@@ -724,6 +748,7 @@ def test_a_state_resumes_with_another_number_of_dataloader_workers(
     ds = AtariZarrDataset(small_store)
     stream = ds.stream(128, seed=2, unit_rows=512)
     first = []
+
     def loader(stream, n):
         return stream.loader(num_workers=n, **({"multiprocessing_context": "fork"} if n else {}))
 
@@ -763,6 +788,49 @@ def test_windows_and_several_stores_resume_elastically(small_store: str, odd_sto
         assert len(starts) - len(mixed) < 2 * (4 + 3)  # padding: a store and a consumer at most
 
 
+def test_a_state_loads_only_into_its_stores_in_their_order_with_its_weights(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Two runs of equal length (as whole DQN Replay runs often are): the lengths alone
+    cannot tell them apart, so a state names its stores and records their weights."""
+    lengths = [40, 25, 60, 35] * 5
+    pong = write_episodes_store(tmp_path_factory.mktemp("pong"), lengths, game="Pong")
+    breakout = write_episodes_store(tmp_path_factory.mktemp("breakout"), lengths, game="Breakout")
+    mix = MultiGameDataset([pong, breakout], weights=[0.7, 0.3])
+    stream = mix.stream(50, seed=2, unit_rows=256)
+    first = []
+    for i, batch in enumerate(stream):
+        first.append(batch)
+        if i == 3:
+            break
+    state = stream.state_dict()
+    assert state["names"] == ["Pong/1", "Breakout/1"] and len(state["weights"]) == 2
+    swapped = MultiGameDataset([breakout, pong], weights=[0.3, 0.7])
+    with pytest.raises(
+        InvalidArgumentError, match=r"saved over the stores \['Pong/1', 'Breakout/1'\]"
+    ) as err:
+        swapped.stream(50, seed=2, unit_rows=256).load_state_dict(state)
+    assert "\n" not in str(err.value) and "same order" in str(err.value)
+    reweighted = MultiGameDataset([pong, breakout], weights=[0.5, 0.5])
+    with pytest.raises(InvalidArgumentError, match="saved with the store weights") as err:
+        reweighted.stream(50, seed=2, unit_rows=256).load_state_dict(state)
+    assert "\n" not in str(err.value)
+    unweighted = MultiGameDataset([pong, breakout])
+    with pytest.raises(InvalidArgumentError, match="saved with the store weights"):
+        unweighted.stream(50, seed=2, unit_rows=256).load_state_dict(state)
+    # the same stores, order and weights: exactly the rest of the epoch
+    again = MultiGameDataset([pong, breakout], weights=[0.7, 0.3]).stream(50, seed=2, unit_rows=256)
+    again.load_state_dict(state)
+    rest = list(again)
+    seen = np.concatenate([rows_of(first), rows_of(rest)])
+    assert sorted(seen.tolist()) == list(range(len(mix)))
+    # a state saved before names and weights were recorded is taken as before
+    old = {k: v for k, v in state.items() if k not in ("names", "weights")}
+    MultiGameDataset([breakout, pong], weights=[0.3, 0.7]).stream(
+        50, seed=2, unit_rows=256
+    ).load_state_dict(old)
+
+
 def test_a_state_whose_emitted_items_are_damaged_is_one_line(small_store: str) -> None:
     ds = AtariZarrDataset(small_store)
     stream = ds.stream(64, seed=0, unit_rows=512)
@@ -770,7 +838,9 @@ def test_a_state_whose_emitted_items_are_damaged_is_one_line(small_store: str) -
     state = stream.state_dict()
     for spoiled in ({"units": 3}, {**state["consumed"], "done": "%%%"}, None):
         again = ds.stream(64, seed=0, unit_rows=512)
-        with pytest.raises(InvalidArgumentError, match="does not say which items were emitted") as err:
+        with pytest.raises(
+            InvalidArgumentError, match="does not say which items were emitted"
+        ) as err:
             again.load_state_dict({**state, "consumed": spoiled})
         assert "\n" not in str(err.value) and "Pass the state as saved" in str(err.value)
 

@@ -396,6 +396,14 @@ class EpochStream(torch.utils.data.IterableDataset):
     def _lengths(self) -> list[int]:
         return [len(s) for s in self.stores]
 
+    def _names(self) -> list[str]:
+        """Which store each is, as a state records it: ``"Game/run"`` (its catalog's or
+        attributes' names; ``"?"`` for what a store does not say)."""
+        return [f"{s.game or '?'}/{s.run or '?'}" for s in self.stores]
+
+    def _weights(self) -> list[float] | None:
+        return None if self.weights is None else [float(w) for w in self.weights]
+
     def state_dict(self) -> dict[str, Any]:
         """What resumes this epoch, on any number of ranks and DataLoader workers.
 
@@ -425,6 +433,8 @@ class EpochStream(torch.utils.data.IterableDataset):
             "items": self.items[0].token,
             "transitions": int(sum(self._lengths())),
             "lengths": self._lengths(),
+            "names": self._names(),
+            "weights": self._weights(),
             "consumers": self._consumers,
             "positions": {int(c): int(p) for c, p in positions.items() if p},
             "base": None if self._base is None else self._base.encode(),
@@ -450,6 +460,25 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"{expected} over stores of {lengths} rows (state version {_STATE_VERSION}), "
                 f"found {found} over {saved} (version {state.get('version')}); open the "
                 f"stream with the stores and options it was saved with"
+            )
+        # states saved before these were recorded say nothing of them, and are taken
+        names, weights = state.get("names"), state.get("weights", self._weights())
+        if names is not None and names != self._names():
+            raise InvalidArgumentError(
+                f"this state does not belong to this stream of {self.where}: it was saved "
+                f"over the stores {names}, in that order, and this stream reads "
+                f"{self._names()}; open the stream with the stores it was saved with, in "
+                f"the same order"
+            )
+        mine = self._weights()
+        if (weights is None) != (mine is None) or (
+            mine is not None and not np.allclose(weights, mine, rtol=1e-9, atol=0)
+        ):
+            raise InvalidArgumentError(
+                f"this state does not belong to this stream of {self.where}: it was saved "
+                f"with the store weights {weights}, and this stream has {mine} (the order "
+                f"of an epoch's units follows them); open the stream with the weights it "
+                f"was saved with"
             )
 
     def _decode(self, state: dict[str, Any], sizes: np.ndarray) -> tuple[Any, Consumed]:
