@@ -181,7 +181,7 @@ def test_slices_are_the_windows_of_the_same_rows(root, key):
 
 
 _MEMORY_CHECK = """
-import json, resource, sys
+import json, sys
 import torch
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers import (
@@ -191,6 +191,14 @@ from atari_zarr import AtariZarrDataset, ReadOptions
 from atari_zarr.torchrl import AtariZarrStorage
 
 torch.set_num_threads(1)
+
+
+def peak_kb():
+    # this process's own peak (ru_maxrss carries the parent's over fork and exec)
+    with open("/proc/self/status") as status:
+        return int(next(line.split()[1] for line in status if line.startswith("VmHWM")))
+
+
 url = sys.argv[1]
 options = ReadOptions(frame_cache_bytes=1 << 20)
 storage = AtariZarrStorage(AtariZarrDataset(url, frame_stack=4, options=options))
@@ -204,7 +212,7 @@ samplers = [
 rb = TensorDictReplayBuffer(storage=storage, sampler=samplers[0], batch_size=120)
 rb.sample()  # the read path warmed once
 episode = storage.episodes
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+before = peak_kb()
 rows = 0
 for sampler in samplers:
     rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=120)
@@ -218,7 +226,7 @@ for sampler in samplers:
             for piece in torch.tensor_split(torch.arange(len(index)), ends[:-1].tolist()):
                 assert torch.equal(index[piece], index[piece[0]] + torch.arange(len(piece)))
                 assert (episode[index[piece]] == episode[index[piece[0]]]).all()
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+after = peak_kb()
 print(json.dumps({"growth_kb": after - before, "rows": rows, "n": len(storage)}))
 """
 
