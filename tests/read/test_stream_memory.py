@@ -226,7 +226,7 @@ def test_units_are_kept_as_asked_and_within_the_budget(three_shards: str) -> Non
 
     stream = ds.stream(100, unit_rows=1024, keep_units=True)
     need = kept_units_bytes(stream.units, 4)
-    assert need == 10 * (3 + 1024 + 1) * 84 * 84  # each unit with its halo
+    assert need == (10_000 + 10 * (3 + 1)) * 84 * 84  # each unit's rows, with its halo
 
     def asked(budget: int | str, workers: int = 1) -> bool:
         options = ReadOptions(frame_cache_bytes=budget)
@@ -243,6 +243,25 @@ def test_units_are_kept_as_asked_and_within_the_budget(three_shards: str) -> Non
     for bad in (None, 1, "yes"):
         with pytest.raises(InvalidArgumentError, match="keep_units must be True or False"):
             ds.stream(100, keep_units=bad)
+
+
+def test_kept_units_of_small_stores_are_counted_at_their_size(tmp_path: Path) -> None:
+    """A small store's one unit is counted at its rows, not as a whole 4,096-row shard:
+    60 stores of 200 rows fit a budget their frames fit (before, 16 times too much)."""
+    from atari_zarr import MultiGameDataset
+
+    stores = [
+        write_store(str(tmp_path / f"s{i}.zarr"), 200, seed=i, name=i, max_len=50)
+        for i in range(60)
+    ]
+    frames = 60 * (200 + 3 + 1) * 84 * 84  # each unit with its halo, at frame stack 4
+    options = ReadOptions(frame_cache_bytes=frames + 60)  # the mixture's, divided among them
+    mix = MultiGameDataset(stores, frame_stack=4, options=options)
+    stream = mix.stream(100, keep_units=True)
+    assert kept_units_bytes(stream.units, 4) == frames
+    assert stream.keeps_units()
+    rows = np.concatenate([b["index"].numpy() for b in stream])
+    assert sorted(rows.tolist()) == list(range(len(mix)))  # and the epoch reads right
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")

@@ -191,17 +191,21 @@ class Units:
 def kept_units_bytes(units: Units, frame_stack: int = 1, length: int = 1) -> int:
     """Bytes of frames every unit of ``units`` takes decoded, each with the frames just
     outside it: what a stream that keeps its units holds (:class:`KeptUnits`; with
-    ``keep_units=True``, at most the decoded-frame budget).
+    ``keep_units=True``, at most the decoded-frame budget). Each unit counts its own
+    rows: a slot's pages past them are never touched, so a short unit (a small store's
+    only one) holds its frames, not a whole shard's.
 
     Examples
     --------
     >>> from atari_zarr import AtariZarrDataset
-    >>> units = AtariZarrDataset(store_url).stream(8).units
-    >>> kept_units_bytes(units) == len(units.bounds) * (units.span + 1) * 84 * 84
+    >>> ds = AtariZarrDataset(store_url)
+    >>> kept_units_bytes(ds.stream(8).units) == (len(ds) + 1) * 84 * 84  # one unit
     True
     """
     frame_bytes = int(np.prod(FRAME_SHAPE))
-    return len(units.bounds) * slot_frames(units.span, frame_stack, length) * frame_bytes
+    rows = sum(int(np.diff(layout.rows, axis=1).sum()) for layout in units.layouts)
+    halo = slot_frames(0, frame_stack, length)  # the frames just outside each unit
+    return (rows + len(units.bounds) * halo) * frame_bytes
 
 
 class KeptUnits:
