@@ -6,6 +6,7 @@ The stores here are tiny and each holds frames that name the store and the row
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -25,14 +26,18 @@ NAME = 10_000  # store g's rows are named g * NAME + row
 
 
 @pytest.fixture(scope="module")
-def many(tmp_path_factory: pytest.TempPathFactory) -> MultiGameDataset:
+def many_urls(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     """240 stores of 23 to 61 rows, each with frames of its own."""
     root = tmp_path_factory.mktemp("many")
-    urls = [
+    return [
         write_store(str(root / f"s{g}.zarr"), 23 + g % 39, seed=g, max_len=9, name=g * NAME)
         for g in range(STORES)
     ]
-    return MultiGameDataset(urls)
+
+
+@pytest.fixture(scope="module")
+def many(many_urls: list[str]) -> MultiGameDataset:
+    return MultiGameDataset(many_urls)
 
 
 def check_batches(mix: MultiGameDataset, batches: list, ranks: int) -> None:
@@ -278,3 +283,52 @@ def test_a_remote_mixture_keeps_encoded_bytes_in_one_cache(tmp_path: Path) -> No
     np.testing.assert_array_equal(
         b["observation"].numpy(), frame_of(store * NAME + idx - mix.offsets[store])
     )
+
+
+_LOW_NOFILE = """
+import json, os, resource, sys
+import numpy as np, torch
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+torch.set_num_threads(1)
+from atari_zarr import MultiGameDataset
+from tests.read.test_mixture import check_batches
+
+urls = json.loads(sys.argv[1])
+mix = MultiGameDataset(urls)
+peak = 0
+generator = torch.Generator().manual_seed(0)
+for _ in range(20):  # random batches over every store: each touches about 200 of them
+    batch = mix.sample(256, generator=generator)
+    assert len(np.unique(batch["game_id"].numpy())) >= 1 and len(batch) == 256
+    peak = max(peak, len(os.listdir("/proc/self/fd")))
+batches = []
+for batch in mix.stream(128, seed=0):
+    batches.append(batch)
+    peak = max(peak, len(os.listdir("/proc/self/fd")))
+check_batches(mix, batches, 1)
+print(json.dumps({"peak_fds": peak, "files": sum(len(fs) for u in urls for _, _, fs in os.walk(u))}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux /proc")
+def test_240_stores_read_under_a_low_limit_of_open_files(many_urls: list[str]) -> None:
+    """``ulimit -n 256`` and some 2,000 shard files: random batches and an epoch of the
+    stream read every store (memory maps hold a descriptor each on Python 3.11: they
+    died of "Too many open files" after a few batches)."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _LOW_NOFILE, json.dumps(many_urls)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["files"] > 256 * 4 and got["peak_fds"] < 256

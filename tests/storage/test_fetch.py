@@ -19,10 +19,10 @@ def _files(root: Path, names: list[str]) -> None:
 
 
 def test_the_maps_of_every_store_share_one_bound(tmp_path: Path, monkeypatch) -> None:
-    """A mixture of many stores keeps at most MAX_MAPS maps in all, not per store (the
+    """A mixture of many stores keeps at most map_limit() maps in all, not per store (the
     kernel allows 65,530 maps per process)."""
     monkeypatch.setattr(fetch, "_MAPS", type(fetch._MAPS)())
-    monkeypatch.setattr(fetch, "MAX_MAPS", 3)
+    monkeypatch.setattr(fetch, "map_limit", lambda: 3)
     stores = [tmp_path / "a", tmp_path / "b"]
     for root in stores:
         _files(root, ["c/0/0/0", "c/1/0/0"])
@@ -30,6 +30,7 @@ def test_the_maps_of_every_store_share_one_bound(tmp_path: Path, monkeypatch) ->
     for reader in readers:
         got = reader.get([("c/0/0/0", 0, 7), ("c/1/0/0", 0, 7)])
         assert [bytes(g) for g in got] == [b"c/0/0/0", b"c/1/0/0"]
+
     def kept() -> set[str]:
         return {name for _, name in fetch._MAPS}
 
@@ -68,3 +69,38 @@ def test_a_missing_file_is_none_and_a_link_is_refused(tmp_path: Path) -> None:
     assert reader.get([("c/9/0/0", 0, 4)]) == [None]
     with pytest.raises(StoreFormatError, match="symbolic link"):
         reader.get([("c/0/0/1", 0, 4)])
+
+
+_FEW_FILES = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from atari_zarr.storage import fetch
+
+reader = fetch.LocalBytes(sys.argv[1])
+names = sorted(os.listdir(sys.argv[1]))
+for name in names:  # every file read through its map, the slice dropped
+    assert bytes(reader.get([(name, 0, 4)])[0]) == name.encode()
+open_fds = len(os.listdir("/proc/self/fd"))
+print(len(names), fetch.map_limit(), len(fetch._MAPS), open_fds)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux /proc")
+def test_maps_never_exhaust_a_low_limit_of_open_files(tmp_path: Path) -> None:
+    """Under ``ulimit -n 256``, 600 files read through maps: a quarter of the limit stays
+    mapped (each map holds a descriptor on Python 3.11), and nothing runs out."""
+    import subprocess
+    import sys
+
+    _files(tmp_path, [f"{i:04d}" for i in range(600)])
+    out = subprocess.run(
+        [sys.executable, "-c", _FEW_FILES, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    files, limit, maps, open_fds = (int(x) for x in out.stdout.split())
+    assert (files, limit) == (600, 64) and maps <= limit
+    assert open_fds < 256 // 2  # the maps' descriptors and the interpreter's own

@@ -43,8 +43,34 @@ class ByteSource(Protocol):
         """The bytes of each range (None where the object is absent), in order."""
 
 
-#: Memory maps kept open by the process, whatever the number of stores it reads.
+#: Memory maps kept open by the process at most, whatever the number of stores it reads.
 MAX_MAPS = 16384
+#: At most one map per ``FD_SHARE`` open files the process may have: CPython before 3.13
+#: keeps a duplicate of a mapped file's descriptor for as long as the map lives.
+FD_SHARE = 4
+
+
+def map_limit() -> int:
+    """Maps the process keeps: :data:`MAX_MAPS`, or a quarter of its soft limit of open
+    files (``RLIMIT_NOFILE``) where that is lower, so the maps of a 50M-transition store
+    (12,207 frame shards) or of hundreds of stores never exhaust the descriptors of a
+    process under ``ulimit -n 1024`` (256 maps; fewer maps reopen more files).
+
+    Examples
+    --------
+    >>> 16 <= map_limit() <= MAX_MAPS
+    True
+    """
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return MAX_MAPS
+    if soft == resource.RLIM_INFINITY:
+        return MAX_MAPS
+    return max(16, min(MAX_MAPS, int(soft) // FD_SHARE))
+
 #: Every reader's maps, least recently used first, by (reader, key in its store): a
 #: reader opened after a store was written again never sees the maps of the files it
 #: replaced.
@@ -74,11 +100,12 @@ class LocalBytes:
     """Byte ranges of files under a LocalStore, through memory maps kept open.
 
     The maps of every store this process reads are kept in one place, up to
-    :data:`MAX_MAPS` in all (least recently used dropped first): every frame shard of
-    a 50M-transition store (12,207) stays mapped, so random reads never reopen a file
-    (about 20 µs each), and a mixture of hundreds of stores stays well under the
-    kernel's 65,530 maps per process. A map holds no file descriptor, only address
-    space.
+    :func:`map_limit` in all (least recently used dropped first): where the limit of
+    open files allows, every frame shard of a 50M-transition store (12,207) stays
+    mapped, so random reads never reopen a file (about 20 µs each), and a mixture of
+    hundreds of stores stays well under the kernel's 65,530 maps per process. On
+    CPython before 3.13 a map also holds a duplicate of its file's descriptor, so the
+    maps take at most a quarter of the process's open files.
     """
 
     remote = False
@@ -139,10 +166,11 @@ class LocalBytes:
                 )
             finally:
                 os.close(fd)
+        limit = map_limit()
         with _MAPS_LOCK:
             self._maps[name] = mm
             self._names.add(key)
-            while len(self._maps) > MAX_MAPS:
+            while len(self._maps) > limit:
                 # Dropping the reference is enough: slices handed out keep their map alive.
                 self._maps.popitem(last=False)
         return mm
