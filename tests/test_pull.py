@@ -96,6 +96,11 @@ def test_ids_as_the_loaders_spell_them():
     assert r.command() == (
         "atari-zarr pull Pong/1 --fraction 0.1 --fraction-order random --subset-seed 2"
     )
+    # two fractions that print alike under :g never share a cache path
+    near = [Request.parse("Pong/1", fraction=f) for f in (0.0001, 0.00009999999)]
+    assert [n.label for n in near] == ["fraction-0.0001-played", "fraction-9.999999e-05-played"]
+    assert near[0].root("/h") != near[1].root("/h")
+    assert near[1].command().endswith("--fraction 9.999999e-05")
     r = Request.parse("Pong/1", checkpoints="0-2,9")
     assert r.checkpoints == (0, 1, 2, 9) and r.label == "checkpoints-0-2,9"
     dt = Request.parse("Pong", subset=Subset.decision_transformer(4, 1000, 2, seed=123))

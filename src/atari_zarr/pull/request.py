@@ -235,7 +235,8 @@ class Request:
         subset = self.subset
         if subset is not None:
             if subset.rule == "fraction":
-                parts.append(f"fraction-{subset.fraction:g}")
+                # the float exactly (its shortest repr): two fractions never share a path
+                parts.append(f"fraction-{float(subset.fraction)!r}")
                 if subset.order == PLAYED:
                     parts.append("played")
             else:
