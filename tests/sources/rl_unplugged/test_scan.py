@@ -55,5 +55,28 @@ def test_checkpoint_idx_must_be_the_shard_index(rlu, tmp_path):
         scan_shard(stream, str(path), 2)
 
 
+@pytest.mark.parametrize("how", ["same member", "second gzip member"])
+def test_a_repeated_record_is_refused_naming_both(rlu, tmp_path, how):
+    """The last record written again, with valid CRCs: 43 more rows that verify passed."""
+    from atari_zarr.record.rl_unplugged import frame_records
+    from atari_zarr.sources.rl_unplugged.tfrecord import iter_records
+
+    path = tmp_path / "run_1-00002-of-00003"
+    with gzip.open(rlu.paths[2]) as stream:
+        records = [data for _, data in iter_records(stream, "fixture")]
+    last = len(records) - 1
+    if how == "same member":
+        path.write_bytes(gzip.compress(frame_records([*records, records[-1]])))
+    else:
+        path.write_bytes(
+            Path(rlu.paths[2]).read_bytes() + gzip.compress(frame_records(records[-1:]))
+        )
+    with gzip.open(path) as stream, pytest.raises(SourceFormatError) as err:
+        scan_shard(stream, str(path), 2)
+    message = str(err.value)
+    assert f"run_1-00002-of-00003: record {last + 1}: episode_idx" in message
+    assert f"is record {last}'s too" in message and "\n" not in message
+
+
 def test_clip_reward():
     assert clip_reward(np.array([-5, -0.5, 0, 2], np.float32)).tolist() == [-1, -0.5, 0, 1]

@@ -151,7 +151,8 @@ def scan_shard(
     ------
     SourceFormatError
         Naming the shard and the record: damaged framing or CRC, a malformed
-        Example, or a ``checkpoint_idx`` other than ``index``.
+        Example, a ``checkpoint_idx`` other than ``index``, or an ``episode_idx`` that
+        an earlier record of the shard holds.
 
     Examples
     --------
@@ -175,6 +176,7 @@ def scan_shard(
     real_read = 0
     buffer = np.empty((_KEEP_BLOCK, *FRAME_SHAPE), dtype=np.uint8) if keep is not None else None
     records = iter_records(stream, where)
+    seen: dict[int, int] = {}  # episode_idx -> the record that holds it
     for record, data in records if limit is None or limit > 0 else ():
         ep = parse_episode(data, where, record, observations=keep is not None)
         if ep.checkpoint_idx != index:
@@ -183,6 +185,14 @@ def scan_shard(
                 f"{index}, the shard index in the file name (shard i holds checkpoint i). The "
                 f"file was renamed or mixes shards: download it again under its own name."
             )
+        if ep.episode_idx in seen:
+            raise SourceFormatError(
+                f"{where}: record {record}: episode_idx {ep.episode_idx} is record "
+                f"{seen[ep.episode_idx]}'s too; expected each episode once in a shard. The "
+                f"file holds a record twice (appended again, or two copies joined): download "
+                f"it again."
+            )
+        seen[ep.episode_idx] = record
         n = ep.real_steps
         raw = ep.unclipped_rewards[:n].astype(np.float32)
         clipped = (
