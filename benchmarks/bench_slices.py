@@ -13,10 +13,11 @@ run ``benchmarks/bench_random.py`` builds and caches at ``--torchrl-size`` trans
 Each measure runs in a fresh process, torch at one intra-op thread, and reports the time
 from opening the store to the first batch, then batches per second over ``--seconds``
 (after one second of warm-up), the process's peak RSS growth over its RSS once the store
-is open, and the read budget (the decoded-frame cache):
+is open, the read budget (the decoded-frame cache), and the time TorchRL's sampler takes
+alone per batch (its indices and priority updates, no row read):
 
 * ``slice``: ``SliceSampler(slice_len=30)`` as the drop-in builds it (``trajectories`` =
-  the episode ids, ``cache_values=True``), batches of 32 × 30 at frame stack 4;
+  the episode ids, ``cache_values=True``), batches of 32 x 30 at frame stack 4;
 * ``slice-traj-key`` and ``slice-end-key``: ``SliceSampler(slice_len=30,
   traj_key="episode")`` and ``(end_key=("next", "done"))``, with ``cache_values=True``:
   the trajectories found through ``storage[:][key]``, what a user's own sampler does;
@@ -53,16 +54,21 @@ K, SLICES, STACK = 30, 32, 4
 FRAME_BYTES = 84 * 84
 
 
-def _rss_mb() -> float:
+def _status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
 
+def _rss_mb() -> float:
+    return _status_mb("VmRSS")
+
+
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    # this process's own peak: ru_maxrss carries the parent's over fork and exec
+    return _status_mb("VmHWM")
 
 
 def child(kind: str, url: str, cache: str, seconds: float, stack: int) -> dict:
@@ -136,7 +142,7 @@ def child(kind: str, url: str, cache: str, seconds: float, stack: int) -> dict:
             sample = rb.sample()
             if update:
                 rb.update_priority(sample["index"], torch.rand(len(sample), generator=rng))
-            return int(len(sample))
+            return len(sample)
 
     opened = time.perf_counter() - t0
     rss_open = _rss_mb()
@@ -151,6 +157,16 @@ def child(kind: str, url: str, cache: str, seconds: float, stack: int) -> dict:
         count += 1
     wall = time.perf_counter() - t1
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    sampler_ms = None
+    if kind != "windows":  # TorchRL's sampler alone: its indices, no row read
+        t2, calls = time.perf_counter(), 0
+        while time.perf_counter() - t2 < min(seconds, 5.0):
+            index, _ = rb.sampler.sample(storage, SLICES * K)
+            if update:
+                rows = index[0] if isinstance(index, tuple) else index
+                rb.update_priority(rows, torch.rand(len(rows), generator=rng))
+            calls += 1
+        sampler_ms = round((time.perf_counter() - t2) / calls * 1e3, 2)
     return {
         "kind": kind,
         "rows": n,
@@ -164,6 +180,7 @@ def child(kind: str, url: str, cache: str, seconds: float, stack: int) -> dict:
         "cpu_s": round(usage.ru_utime + usage.ru_stime, 1),
         "rss_at_open_MB": round(rss_open - rss0),
         "peak_growth_MB": round(_peak_mb() - rss_open),
+        "sampler_ms": sampler_ms,
     }
 
 
@@ -231,8 +248,10 @@ def main() -> None:
     out = HERE / "results" / f"slices-{time.strftime('%Y%m%dT%H%M', time.gmtime())}.json"
     out.write_text(json.dumps(results, indent=1))
     print(f"results: {out}")
-    print("| rows | kind | stack | cache | first batch s | batches/s | peak growth MB |")
-    print("|--:|---|--:|---|--:|--:|--:|")
+    print(
+        "| rows | kind | stack | cache | first batch s | batches/s | sampler ms | peak growth MB |"
+    )
+    print("|--:|---|--:|---|--:|--:|--:|--:|")
     groups: dict[tuple, list[dict]] = {}
     for r in results["runs"]:
         groups.setdefault((r["rows"], r["kind"], r["stack"], r["cache"]), []).append(r)
@@ -240,7 +259,10 @@ def main() -> None:
         rate = statistics.median(r["batches_per_s"] for r in rs)
         first = statistics.median(r["first_batch_s"] for r in rs)
         growth = max(r["peak_growth_MB"] for r in rs)
-        print(f"| {rows:,} | {kind} | {stack} | {cache} | {first} | {rate} | {growth} |")
+        sampler = rs[0]["sampler_ms"]
+        print(
+            f"| {rows:,} | {kind} | {stack} | {cache} | {first} | {rate} | {sampler} | {growth} |"
+        )
 
 
 if __name__ == "__main__":
