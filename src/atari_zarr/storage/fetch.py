@@ -71,6 +71,7 @@ def map_limit() -> int:
         return MAX_MAPS
     return max(16, min(MAX_MAPS, int(soft) // FD_SHARE))
 
+
 #: Every reader's maps, least recently used first, by (reader, key in its store): a
 #: reader opened after a store was written again never sees the maps of the files it
 #: replaced.
