@@ -236,6 +236,7 @@ class Request:
         if subset is not None:
             if subset.rule == "fraction":
                 # the float exactly (its shortest repr): two fractions never share a path
+                assert subset.fraction is not None
                 parts.append(f"fraction-{float(subset.fraction)!r}")
                 if subset.order == PLAYED:
                     parts.append("played")

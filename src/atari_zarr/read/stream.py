@@ -471,9 +471,12 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"the same order"
             )
         mine = self._weights()
-        if (weights is None) != (mine is None) or (
-            mine is not None and not np.allclose(weights, mine, rtol=1e-9, atol=0)
-        ):
+        same = (
+            weights is None and mine is None
+            if weights is None or mine is None
+            else len(weights) == len(mine) and np.allclose(weights, mine, rtol=1e-9, atol=0)
+        )
+        if not same:
             raise InvalidArgumentError(
                 f"this state does not belong to this stream of {self.where}: it was saved "
                 f"with the store weights {weights}, and this stream has {mine} (the order "
