@@ -296,3 +296,47 @@ def test_a_whole_file_write_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch)
         fs.write_whole(f"{path}/learning_curves.png", b"\x89PNG" * 1000)
     assert "\n" not in str(info.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["catalog.json"]
+
+
+def test_a_web_servers_listing_is_decoded_and_converts(pong_source, tmp_path: Path) -> None:
+    """``python -m http.server`` lists ``$store$_action_ckpt.0.gz`` as
+    ``%24store%24_action_ckpt.0.gz``: names are decoded, so a DQN Replay run served by a
+    plain web server converts (it reported every file of checkpoint 0 as missing)."""
+    import shutil
+    import sys
+
+    from atari_zarr_testkit.process import LoopbackServer
+
+    from atari_zarr import AtariZarrDataset, convert
+
+    served = tmp_path / "served"
+    shutil.copytree(Path(pong_source.url).parents[1], served)
+
+    class Directory(LoopbackServer):
+        label = "http.server"
+
+        def _command(self) -> list[str]:
+            return [
+                sys.executable,
+                "-m",
+                "http.server",
+                "-b",
+                self.host,
+                str(self.port),
+                "--directory",
+                str(served),
+            ]
+
+    with Directory() as server:
+        url = f"http://{server.host}:{server.port}/Pong/1/replay_logs/"
+        names = FileSystem(url).ls(url)
+        assert any(name.endswith("/$store$_action_ckpt.0.gz") for name in names)
+        assert not any("%24" in name for name in names)
+        [store] = convert(
+            f"http://{server.host}:{server.port}/", str(tmp_path / "out"), progress=False
+        )
+    local = convert(str(served), str(tmp_path / "local"), progress=False)[0]
+    got, want = AtariZarrDataset(store.url), AtariZarrDataset(local.url)
+    assert len(got) == len(want) == len(pong_source.truth().action)
+    rows = np.arange(len(got))
+    assert (got[rows]["observation"] == want[rows]["observation"]).all()

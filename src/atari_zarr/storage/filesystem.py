@@ -49,6 +49,7 @@ import stat
 import uuid
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar, cast
+from urllib.parse import unquote
 
 import fsspec
 import fsspec.asyn
@@ -374,21 +375,32 @@ class FileSystem:
         except FileNotFoundError:
             return False
 
+    def _listed(self, name: str) -> str:
+        """A listed name as the file is called: a web server's directory listing gives
+        links, percent-encoded (``%24store%24_action_ckpt.0.gz``), which are decoded."""
+        return unquote(name) if self.read_only else name
+
     def ls(self, path: str, detail: bool = False) -> list[Any]:
         """Entries directly under ``path`` (names, or dicts with ``detail=True``)."""
-        return cast(list[Any], self._call("listing", "ls", self.url(path), path, detail=detail))
+        found = self._call("listing", "ls", self.url(path), path, detail=detail)
+        if not self.read_only:
+            return cast(list[Any], found)
+        if detail:
+            return [{**entry, "name": self._listed(entry["name"])} for entry in found]
+        return [self._listed(name) for name in found]
 
     def find(self, path: str, maxdepth: int | None = None, withdirs: bool = False) -> list[str]:
         """Every file below ``path`` (and directories with ``withdirs``), sorted."""
         found = self._call(
             "listing", "find", self.url(path), path, maxdepth=maxdepth, withdirs=withdirs
         )
-        return sorted(found)
+        return sorted(self._listed(name) for name in found)
 
     def glob(self, pattern: str, maxdepth: int | None = None) -> list[str]:
         """Paths matching ``pattern`` (``*``, ``**``, ``?``, ``[..]``)."""
         kwargs = {} if maxdepth is None else {"maxdepth": maxdepth}
-        return sorted(self._call("listing", "glob", self.url(pattern), pattern, **kwargs))
+        found = self._call("listing", "glob", self.url(pattern), pattern, **kwargs)
+        return sorted(self._listed(name) for name in found)
 
     def du(self, path: str) -> int:
         """Total bytes of the files below ``path`` (one listing)."""
