@@ -82,3 +82,16 @@ def test_a_huge_range_is_refused_before_it_is_spelled_out():
         parse_checkpoints("0-100000000000", range(51))
     with pytest.raises(InvalidArgumentError, match="not a suffix"):
         parse_checkpoints("5-2", range(51))  # nothing chosen is no selection
+
+
+def test_only_ascii_digits_make_a_checkpoint_list_or_a_run():
+    from atari_zarr.pull import Request
+
+    for bad in ("\u0663", "1-\u0663", "+3", "1_0", "\u00b2"):
+        with pytest.raises(InvalidArgumentError, match="is not a suffix or a range"):
+            parse_indices(bad, "--checkpoints")
+    for bad in ("Pong/\u0663", "Pong/\u00b2", "Pong/+3"):
+        with pytest.raises(InvalidArgumentError, match="is not a positive integer"):
+            Request.parse(bad)
+    assert parse_indices(" 3 , 0-1", "--checkpoints") == [0, 1, 3]
+    assert Request.parse("Pong/3").run == "3"

@@ -66,6 +66,14 @@ def whole_number(value: Any, name: str, where: str, *, low: int = 1, unit: str =
     return int(found)
 
 
+def _digits(text: str) -> int:
+    """The number ``text`` spells in ASCII digits only (``int`` also takes ``"٣"``, ``"+3"``
+    and ``"1_0"``)."""
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(text)
+    return int(text)
+
+
 def parse_indices(spec: str | Iterable[int], where: str, limit: int | None = None) -> list[int]:
     """Checkpoint numbers from ``"0-9,50"`` or a list, sorted, each below ``limit``
     (default :data:`MAX_PARTS`), checked before a range is spelled out.
@@ -88,7 +96,7 @@ def parse_indices(spec: str | Iterable[int], where: str, limit: int | None = Non
         if isinstance(spec, str):
             for piece in spec.split(","):
                 a, dash, b = piece.strip().partition("-")
-                pairs.append((int(a), int(b) if dash else int(a)))
+                pairs.append((_digits(a), _digits(b) if dash else _digits(a)))
         else:
             pairs = [(operator.index(v), operator.index(v)) for v in spec]
     except (TypeError, ValueError):

@@ -190,7 +190,7 @@ class Request:
                 f"(e.g. 'pong'); expected one of those"
             )
         run_s = str(1 if run is None else run).strip()
-        if not run_s.isdigit() or int(run_s) < 1:
+        if not (run_s.isascii() and run_s.isdigit()) or int(run_s) < 1:
             raise InvalidArgumentError(
                 f"run {run!r} of {text!r} is not a positive integer; RL Unplugged's runs are "
                 f"1 to 5 (d3rlpy's index 0 to 4)"
