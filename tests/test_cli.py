@@ -56,6 +56,12 @@ def test_existing_store_and_bad_options(pong_run, source_root, dest_root, capsys
     assert "is not KEY=VALUE" in capsys.readouterr().err
     assert main(["convert", str(source_root), str(dest_root), "--games", "../x"]) == 1
     assert "is not a plain name" in capsys.readouterr().err
+    # an order for a fraction nobody asked for is not ignored silently
+    for verb in (["convert", str(source_root), str(dest_root / "f")], ["pull", "Pong/1"]):
+        assert main([*verb, "-q", "--fraction-order", "random"]) == 1
+        err = capsys.readouterr().err
+        assert "--fraction-order random orders the episodes --fraction takes" in err
+        assert len(err.strip().splitlines()) == 1
 
 
 def test_usage_errors_exit_2():

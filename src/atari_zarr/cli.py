@@ -61,10 +61,10 @@ def _add_subset_options(p: argparse.ArgumentParser, order: str = "random") -> No
         help="d3rlpy's subset: from every checkpoint (shard), episodes until F x 1,000,000 "
         "transitions (a DQN Replay run: F x its capacity), the last one trimmed",
     )
+    p.set_defaults(fraction_order_default=order)
     p.add_argument(
         "--fraction-order",
         choices=("random", "played"),
-        default=order,
         help="the order --fraction takes each checkpoint's episodes in: random (d3rlpy's "
         "shuffle) or played (a prefix of every checkpoint: a remote shard is read only that "
         f"far) (default {order})",
@@ -176,9 +176,15 @@ def _subset(args: argparse.Namespace) -> Any:
             "--fraction and --dt-buffers/--dt-steps/--dt-trajectories choose two different "
             "subsets; pass one rule"
         )
+    if args.fraction is None and args.fraction_order is not None:
+        raise InvalidArgumentError(
+            f"--fraction-order {args.fraction_order} orders the episodes --fraction takes, and "
+            f"no --fraction was given; pass --fraction F with it, or leave it out"
+        )
     if args.fraction is not None:
+        order = args.fraction_order or args.fraction_order_default
         return Subset.fraction_of(
-            args.fraction, seed=args.subset_seed, order=args.fraction_order, where="--fraction"
+            args.fraction, seed=args.subset_seed, order=order, where="--fraction"
         )
     if any(v is not None for v in dt):
         defaults = (50, 500_000, 10)  # kzl/decision-transformer's run_dt_atari.py
