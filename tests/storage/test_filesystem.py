@@ -274,6 +274,15 @@ def test_an_unknown_protocol_or_missing_backend_names_the_fix(monkeypatch) -> No
     monkeypatch.setitem(__import__("sys").modules, "adlfs", None)
     with pytest.raises(MissingDependencyError, match=r"back end adlfs.*pip install adlfs"):
         get_fs("abfs://container/x")
+    # gcsfs is in the base install: a damaged install is told the package, not an extra
+    import importlib
+
+    loaded = importlib.import_module("fsspec.registry")._registry  # back ends imported so far
+    for protocol in ("gs", "gcs"):
+        monkeypatch.delitem(loaded, protocol, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "gcsfs", None)
+    with pytest.raises(MissingDependencyError, match=r"back end gcsfs.*pip install gcsfs$"):
+        get_fs("gs://bucket/x")
 
 
 def test_a_whole_file_write_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch):

@@ -96,14 +96,9 @@ _RM_BATCH = 1000
 #: cannot be written.
 _LOCAL_WRITES = frozenset({"makedirs", "pipe_file", "rm"})
 #: Protocols whose fsspec back end comes with one of our extras.
-_EXTRA_OF_PROTOCOL = {
-    "gs": "cloud",
-    "gcs": "cloud",
-    "s3": "s3",
-    "s3a": "s3",
-    "http": "cloud",
-    "https": "cloud",
-}
+_EXTRA_OF_PROTOCOL = {"s3": "s3", "s3a": "s3"}
+#: Protocols whose back end the base install has (a damaged install lacks it): the package.
+_BASE_PACKAGE_OF_PROTOCOL = {"gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp", "https": "aiohttp"}
 
 
 @contextlib.contextmanager
@@ -128,7 +123,9 @@ def backend_errors(location: str, storage_options: dict[str, Any] | None = None)
     except ImportError as exc:
         extra = _EXTRA_OF_PROTOCOL.get(protocol)
         known = known_implementations.get(protocol, {})
-        package = str(known.get("class", protocol)).split(".", 1)[0]
+        package = _BASE_PACKAGE_OF_PROTOCOL.get(
+            protocol, str(known.get("class", protocol)).split(".", 1)[0]
+        )
         hint = install_hint(extra) if extra else f"pip install {package}"
         raise MissingDependencyError(
             f"{where}: reading {protocol}:// needs the fsspec back end {package}, which is not "
