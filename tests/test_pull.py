@@ -321,6 +321,7 @@ found = resolve(Request.parse(sys.argv[1]), scheduler="synchronous")
 print(found.origin, found.url, flush=True)
 """
 
+
 def _spawn(script: str, *args: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", script, *args],
@@ -424,8 +425,14 @@ def test_dataloader_workers_never_pull():
 def _pull_killed_midway(tmp_path, *args: str, env: dict | None = None) -> None:
     """``atari-zarr pull ARGS``, killed with ``kill -9`` once its first shard is written."""
     proc = subprocess.Popen(
-        [*pause_command(tmp_path, "-shard-", 1), "pull", *args, "--scheduler", "synchronous",
-         "--no-progress"],
+        [
+            *pause_command(tmp_path, "-shard-", 1),
+            "pull",
+            *args,
+            "--scheduler",
+            "synchronous",
+            "--no-progress",
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -559,6 +566,11 @@ def test_a_tilde_is_the_home_directory(public_copy, tmp_path, monkeypatch):
     monkeypatch.setenv("ATARI_ZARR_HOME", "~/az")
     assert cache_home() == str(tmp_path / "user" / "az")
     assert cache_home("~/other") == str(tmp_path / "user" / "other")
+    # a blank home is not given, as a blank $ATARI_ZARR_HOME is: never the working directory
+    assert cache_home("") == cache_home("  ") == cache_home(None) == str(tmp_path / "user" / "az")
+    monkeypatch.setenv("ATARI_ZARR_HOME", " ")
+    assert cache_home("") == str(tmp_path / "user" / ".cache" / "atari_zarr")
+    monkeypatch.setenv("ATARI_ZARR_HOME", "~/az")
     found = resolve(Request.parse("Asterix/1", checkpoints=[1]), scheduler="synchronous")
     assert found.url.startswith(str(tmp_path / "user" / "az"))
     assert not (tmp_path / "~").exists()
@@ -654,10 +666,21 @@ def test_a_shard_republished_with_the_same_size_is_not_mixed_into_a_resumed_pull
     assert [(n, s) for n, s, _ in before] == [(n, s) for n, s, _ in after]  # names, sizes
     assert before[1][2] != after[1][2]  # the generation tells them apart
     request = Request.parse("Asterix/1", checkpoints="0-1")
-    done = pull(request, source="gs://repub/rlu", source_options=options, progress=False,
-                scheduler="synchronous")
-    clean = pull(request, home=tmp_path / "clean", source="gs://repub/rlu",
-                 source_options=options, progress=False, scheduler="synchronous")
+    done = pull(
+        request,
+        source="gs://repub/rlu",
+        source_options=options,
+        progress=False,
+        scheduler="synchronous",
+    )
+    clean = pull(
+        request,
+        home=tmp_path / "clean",
+        source="gs://repub/rlu",
+        source_options=options,
+        progress=False,
+        scheduler="synchronous",
+    )
     assert store_files(done.url, home) == store_files(clean.url, tmp_path / "clean")
 
 
@@ -668,8 +691,13 @@ def test_an_unreachable_http_source_is_unreachable_not_absent(tmp_path):
 
     url = f"http://127.0.0.1:{fresh_port()}/rlu"
     with pytest.raises(RemoteAccessError) as info:
-        pull(Request.parse("Pong/1", checkpoints=[0]), source=url, home=tmp_path, timeout=5,
-             progress=False)
+        pull(
+            Request.parse("Pong/1", checkpoints=[0]),
+            source=url,
+            home=tmp_path,
+            timeout=5,
+            progress=False,
+        )
     text = str(info.value)
     assert "\n" not in text and f"{url}/Pong" in text
     assert "Cannot connect" in text and "does not exist" not in text and "token" not in text

@@ -119,7 +119,8 @@ def game_name(name: str) -> str:
 def cache_home(home: str | os.PathLike[str] | None = None) -> str:
     """The cache's root: ``home``, else ``$ATARI_ZARR_HOME``, else ``~/.cache/atari_zarr``.
 
-    A leading ``~`` of a local path is the user's home directory.
+    A leading ``~`` of a local path is the user's home directory. A blank ``home`` is
+    not given, as a blank ``$ATARI_ZARR_HOME`` is (never the working directory).
 
     Examples
     --------
@@ -127,11 +128,12 @@ def cache_home(home: str | os.PathLike[str] | None = None) -> str:
     True
     >>> cache_home("gs://bucket/~x")
     'gs://bucket/~x'
+    >>> cache_home("") == cache_home(None)
+    True
     """
-    if home is not None:
-        found = os.fspath(home)
-    else:
-        found = os.environ.get(HOME_ENV, "").strip() or os.path.join("~", ".cache", "atari_zarr")
+    given = "" if home is None else os.fspath(home)
+    found = given if given.strip() else os.environ.get(HOME_ENV, "").strip()
+    found = found or os.path.join("~", ".cache", "atari_zarr")
     # "~/x" is the user's home, never a directory named "~" in the working directory
     return found if is_url(found) else os.path.expanduser(found)
 
