@@ -56,6 +56,9 @@ def test_existing_store_and_bad_options(pong_run, source_root, dest_root, capsys
     assert "is not KEY=VALUE" in capsys.readouterr().err
     assert main(["convert", str(source_root), str(dest_root), "--games", "../x"]) == 1
     assert "is not a plain name" in capsys.readouterr().err
+    # -v after the verb, as -q: the same as before it
+    assert main(["ls", str(dest_root), "-v"]) == 0 and main(["-v", "ls", str(dest_root)]) == 0
+    assert "Pong/1" in capsys.readouterr().out
     # an order for a fraction nobody asked for is not ignored silently
     for verb in (["convert", str(source_root), str(dest_root / "f")], ["pull", "Pong/1"]):
         assert main([*verb, "-q", "--fraction-order", "random"]) == 1

@@ -420,7 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert the Atari DQN Replay Dataset into Zarr v3 stores and inspect them.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--verbose", "-v", action="store_true", help="log progress details")
+    parser.add_argument(
+        "--verbose", "-v", dest="verbose_all", action="store_true", help="log progress details"
+    )
     parser.add_argument(
         "--quiet",
         "-q",
@@ -712,6 +714,7 @@ def build_parser() -> argparse.ArgumentParser:
         if "-q" not in verb._option_string_actions:  # -q after the verb too
             quiet = "print nothing but errors and what was asked for"
             verb.add_argument("--quiet", "-q", action="store_true", help=quiet)
+        verb.add_argument("--verbose", "-v", action="store_true", help="log progress details")
         if name != "demo":  # the demo writes and reads local files only
             _add_storage_option(verb)
     return parser
@@ -798,10 +801,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    # `atari-zarr -q VERB` and `atari-zarr VERB -q` mean the same.
+    # `atari-zarr -q VERB` and `atari-zarr VERB -q` mean the same; so do -v's.
     if args.quiet_all or getattr(args, "quiet", False):
         args.quiet = True
         args.no_progress = True
+    args.verbose = args.verbose_all or getattr(args, "verbose", False)
     quiet = bool(args.quiet)
     # our own records at WARNING (ERROR with -q); other libraries' (fsspec's, gcsfs's,
     # aiohttp's retries) only when asked, with -v
