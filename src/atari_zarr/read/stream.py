@@ -441,7 +441,16 @@ class EpochStream(torch.utils.data.IterableDataset):
             "consumed": consumed.encode(),
         }
 
-    def _check_belongs(self, state: dict[str, Any], lengths: list[int], items: str) -> None:
+    def _check_belongs(
+        self,
+        state: dict[str, Any],
+        lengths: list[int],
+        items: str,
+        names: list[str],
+        weights: list[float] | None,
+    ) -> None:
+        """Refuse ``state`` unless it was saved over stores of ``lengths`` rows and
+        ``names``, with ``weights``, items and options as this stream's."""
         expected = {
             "transitions": int(sum(lengths)),
             "unit_rows": self.unit_rows,
@@ -462,26 +471,26 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"stream with the stores and options it was saved with"
             )
         # states saved before these were recorded say nothing of them, and are taken
-        names, weights = state.get("names"), state.get("weights", self._weights())
-        if names is not None and names != self._names():
+        saved_names, saved_weights = state.get("names"), state.get("weights", weights)
+        if saved_names is not None and saved_names != names:
             raise InvalidArgumentError(
                 f"this state does not belong to this stream of {self.where}: it was saved "
-                f"over the stores {names}, in that order, and this stream reads "
-                f"{self._names()}; open the stream with the stores it was saved with, in "
-                f"the same order"
+                f"over the stores {saved_names}, in that order, and this stream reads "
+                f"{names}; open the stream with the stores it was saved with, in the same "
+                f"order"
             )
-        mine = self._weights()
         same = (
-            weights is None and mine is None
-            if weights is None or mine is None
-            else len(weights) == len(mine) and np.allclose(weights, mine, rtol=1e-9, atol=0)
+            saved_weights is None and weights is None
+            if saved_weights is None or weights is None
+            else len(saved_weights) == len(weights)
+            and np.allclose(saved_weights, weights, rtol=1e-9, atol=0)
         )
         if not same:
             raise InvalidArgumentError(
                 f"this state does not belong to this stream of {self.where}: it was saved "
-                f"with the store weights {weights}, and this stream has {mine} (the order "
-                f"of an epoch's units follows them); open the stream with the weights it "
-                f"was saved with"
+                f"with the store weights {saved_weights}, and this stream has {weights} (the "
+                f"order of an epoch's units follows them); open the stream with the weights "
+                f"it was saved with"
             )
 
     def _decode(self, state: dict[str, Any], sizes: np.ndarray) -> tuple[Any, Consumed]:
@@ -502,7 +511,9 @@ class EpochStream(torch.utils.data.IterableDataset):
         if isinstance(state.get("stores"), list):
             self._merge_store_states(state)
             return
-        self._check_belongs(state, self._lengths(), self.items[0].token)
+        self._check_belongs(
+            state, self._lengths(), self.items[0].token, self._names(), self._weights()
+        )
         sizes = np.diff(self.units.bounds, axis=1).reshape(-1)
         where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
         epoch = whole_number(state.get("epoch"), "epoch", where, low=0)
@@ -542,7 +553,10 @@ class EpochStream(torch.utils.data.IterableDataset):
         parts = []
         for g, sub in enumerate(stores):
             _check_state(sub, self.where)
-            self._check_belongs(sub, [len(self.stores[g])], self.items[g].token)
+            # each store's own state: its one store, unweighted
+            self._check_belongs(
+                sub, [len(self.stores[g])], self.items[g].token, [self._names()[g]], None
+            )
             sizes = np.diff(self.units.layouts[g].bounds, axis=1).reshape(-1)
             parts.append(self._decode(sub, sizes)[1])
         where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
