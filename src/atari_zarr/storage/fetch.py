@@ -45,16 +45,17 @@ class ByteSource(Protocol):
 
 #: Memory maps kept open by the process at most, whatever the number of stores it reads.
 MAX_MAPS = 16384
-#: At most one map per ``FD_SHARE`` open files the process may have: CPython before 3.13
-#: keeps a duplicate of a mapped file's descriptor for as long as the map lives.
-FD_SHARE = 4
+#: Open files left to the rest of the process (at least 64): CPython before 3.13 keeps a
+#: duplicate of a mapped file's descriptor for as long as the map lives.
+FD_RESERVE_SHARE = 4
 
 
 def map_limit() -> int:
-    """Maps the process keeps: :data:`MAX_MAPS`, or a quarter of its soft limit of open
-    files (``RLIMIT_NOFILE``) where that is lower, so the maps of a 50M-transition store
-    (12,207 frame shards) or of hundreds of stores never exhaust the descriptors of a
-    process under ``ulimit -n 1024`` (256 maps; fewer maps reopen more files).
+    """Maps the process keeps: :data:`MAX_MAPS`, or the soft limit of open files
+    (``RLIMIT_NOFILE``) less a quarter of it (at least 64) where that is lower, so the
+    maps of a 50M-transition store (12,207 frame shards) or of hundreds of stores never
+    exhaust the descriptors of a process under ``ulimit -n 1024`` (768 maps; fewer maps
+    open more files again, which costs: keep the limit above the shards read).
 
     Examples
     --------
@@ -69,7 +70,8 @@ def map_limit() -> int:
         return MAX_MAPS
     if soft == resource.RLIM_INFINITY:
         return MAX_MAPS
-    return max(16, min(MAX_MAPS, int(soft) // FD_SHARE))
+    reserve = max(64, int(soft) // FD_RESERVE_SHARE)
+    return max(16, min(MAX_MAPS, int(soft) - reserve))
 
 
 #: Every reader's maps, least recently used first, by (reader, key in its store): a
@@ -106,7 +108,7 @@ class LocalBytes:
     mapped, so random reads never reopen a file (about 20 µs each), and a mixture of
     hundreds of stores stays well under the kernel's 65,530 maps per process. On
     CPython before 3.13 a map also holds a duplicate of its file's descriptor, so the
-    maps take at most a quarter of the process's open files.
+    maps leave a quarter of the process's open files (at least 64) to the rest of it.
     """
 
     remote = False
