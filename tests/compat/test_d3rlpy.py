@@ -9,29 +9,19 @@ makes it too when it is missing, then runs the checks there and fails with their
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv-d3rlpy"
+from tests.compat.own_venv import run_checks, venv_python
+
 CHECKS = Path(__file__).resolve().parent / "d3rlpy_env"
 
 
 @pytest.fixture(scope="module")
 def d3rlpy_python() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run(
-            ["bash", str(REPO / "scripts" / "setup.sh"), "d3rlpy-test", str(VENV)],
-            check=True,
-            stdin=subprocess.DEVNULL,
-            timeout=540,
-        )
-    return python
+    return venv_python(".venv-d3rlpy", "d3rlpy-test", timeout=540)
 
 
 def test_d3rlpy_environment_is_d3rlpys(d3rlpy_python):
@@ -54,31 +44,4 @@ def test_d3rlpy_environment_is_d3rlpys(d3rlpy_python):
 
 @pytest.mark.slow
 def test_d3rlpy_checks_pass_in_its_venv(d3rlpy_python, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    proc = subprocess.run(
-        [
-            str(d3rlpy_python),
-            "-m",
-            "pytest",
-            "-c",
-            str(CHECKS / "pytest.ini"),
-            "--rootdir",
-            str(CHECKS),
-            "--noconftest",
-            "--basetemp",
-            str(tmp_path / "t"),
-            "-q",
-            str(CHECKS),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=540,
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-    )
-    report = proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, report
-    last = proc.stdout.strip().splitlines()[-1]
-    assert " passed" in last and "failed" not in last and "skipped" not in last, report
-    sys.stdout.write(last + "\n")
+    run_checks(d3rlpy_python, CHECKS, tmp_path, timeout=540)

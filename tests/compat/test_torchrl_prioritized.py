@@ -11,15 +11,13 @@ with their report.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-VENV = REPO / ".venv-torchrl"
+from tests.compat.own_venv import run_checks, venv_python
+
 CHECKS = Path(__file__).resolve().parent / "torchrl_env"
 
 pytestmark = pytest.mark.slow
@@ -27,16 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def torchrl_python() -> Path:
-    python = VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run(
-            ["bash", str(REPO / "scripts" / "setup.sh"), "torchrl-test", str(VENV)],
-            check=True,
-            stdin=subprocess.DEVNULL,
-            timeout=900,
-            env={**os.environ, "TORCH": "torch==2.14.1"},
-        )
-    return python
+    return venv_python(".venv-torchrl", "torchrl-test", torch="torch==2.14.1")
 
 
 def test_the_venv_loads_torchrls_extension(torchrl_python):
@@ -59,31 +48,4 @@ def test_the_venv_loads_torchrls_extension(torchrl_python):
 
 
 def test_prioritized_checks_pass_in_their_venv(torchrl_python, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
-    proc = subprocess.run(
-        [
-            str(torchrl_python),
-            "-m",
-            "pytest",
-            "-c",
-            str(CHECKS / "pytest.ini"),
-            "--rootdir",
-            str(CHECKS),
-            "--noconftest",
-            "--basetemp",
-            str(tmp_path / "t"),
-            "-q",
-            str(CHECKS),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env=env,
-        cwd=REPO,
-        stdin=subprocess.DEVNULL,
-    )
-    report = proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert proc.returncode == 0, report
-    last = proc.stdout.strip().splitlines()[-1]
-    assert " passed" in last and "failed" not in last and "skipped" not in last, report
-    sys.stdout.write(last + "\n")
+    run_checks(torchrl_python, CHECKS, tmp_path)

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
-from atari_zarr_testkit import write_fixture_run
+from atari_zarr_testkit import write_fixture_run, write_two_runs
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.errors import InvalidArgumentError
@@ -36,15 +36,8 @@ DONE = ("next", "done")
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """Pong/1: 2,000 rows in episodes of 1 to 60 steps, converted; Breakout/2 beside it."""
-    source = tmp_path_factory.mktemp("samplers-source")
-    write_fixture_run(
-        str(source), "Pong", "1", capacity=1000, steps=2000, seed=5, max_episode_length=60
-    )
-    write_fixture_run(str(source), "Breakout", "2", capacity=300, steps=300, seed=6)
-    dest = tmp_path_factory.mktemp("samplers-stores")
-    convert(str(source), str(dest), progress=False)
-    return str(dest)
+    """Pong/1 (2,000 rows, episodes of 1 to 60 steps) and Breakout/2, converted."""
+    return write_two_runs(tmp_path_factory.mktemp("two-runs"))
 
 
 def _spy_frames(storage: AtariZarrStorage, monkeypatch) -> list[int]:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import pickle
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,7 +15,6 @@ from tensordict import TensorDict
 
 from atari_zarr import AtariZarrDataset
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.resources import process_memory
 from atari_zarr.layout import (
     ACTION,
     EPISODE,
@@ -31,6 +32,7 @@ from atari_zarr.read.dataset import collate_batch
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.mixing import MultiGameDataset
 from atari_zarr.read.stream import AtariZarrStream, EpochStream, stream_memory_bound
+from atari_zarr.resources import process_memory
 
 
 @pytest.fixture(autouse=True, params=["kept", "window"])
@@ -114,6 +116,11 @@ def assert_same(ds, batches) -> None:
         want = ds[batch["index"].numpy()]
         for key in want.keys(include_nested=True, leaves_only=True):
             np.testing.assert_array_equal(batch[key].numpy(), want[key].numpy(), err_msg=str(key))
+
+
+def first_batches(stream: Any, n: int) -> list[TensorDict]:
+    """The first ``n`` batches of an epoch, the stream left there (as a job stopped)."""
+    return list(itertools.islice(stream, n))
 
 
 def rows_of(batches: list[TensorDict]) -> np.ndarray:
@@ -490,11 +497,7 @@ def test_rank_from_torch_distributed(small_store: str, monkeypatch) -> None:
 def test_resume_yields_exactly_what_was_not_seen(small_store: str, stop_after: int) -> None:
     ds = AtariZarrDataset(small_store, frame_stack=2)
     stream = ds.stream(200, seed=6, unit_rows=1024, shuffle_buffer=3072)
-    first = []
-    for i, batch in enumerate(stream):
-        first.append(batch)
-        if i + 1 == stop_after:
-            break
+    first = first_batches(stream, stop_after)
     state = stream.state_dict()
     assert state["positions"] == {0: 200 * stop_after}
     again = ds.stream(200, seed=0, unit_rows=1024, shuffle_buffer=3072)
@@ -527,11 +530,7 @@ def test_set_epoch_of_the_loaded_state_keeps_its_progress(small_store: str) -> N
     ds = AtariZarrDataset(small_store)
     stream = ds.stream(200, seed=6, unit_rows=1024)
     stream.set_epoch(3)
-    first = []
-    for i, batch in enumerate(stream):
-        first.append(batch)
-        if i == 4:
-            break
+    first = first_batches(stream, 5)
     state = stream.state_dict()
     again = ds.stream(200, seed=6, unit_rows=1024)
     again.load_state_dict(state)
@@ -798,11 +797,7 @@ def test_a_state_loads_only_into_its_stores_in_their_order_with_its_weights(
     breakout = write_episodes_store(tmp_path_factory.mktemp("breakout"), lengths, game="Breakout")
     mix = MultiGameDataset([pong, breakout], weights=[0.7, 0.3])
     stream = mix.stream(50, seed=2, unit_rows=256)
-    first = []
-    for i, batch in enumerate(stream):
-        first.append(batch)
-        if i == 3:
-            break
+    first = first_batches(stream, 4)
     state = stream.state_dict()
     assert state["names"] == ["Pong/1", "Breakout/1"] and len(state["weights"]) == 2
     swapped = MultiGameDataset([breakout, pong], weights=[0.3, 0.7])

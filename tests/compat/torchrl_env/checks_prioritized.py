@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 import torch
-from atari_zarr_testkit import write_episodes_store, write_fixture_run
+from atari_zarr_testkit import write_episodes_store, write_fixture_run, write_two_runs
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers import PrioritizedSampler, PrioritizedSliceSampler
 
@@ -37,14 +37,7 @@ def ported(tmp_path_factory):
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     """Pong/1 (2,000 rows, episodes of 1 to 60 steps) and Breakout/2, converted."""
-    source = tmp_path_factory.mktemp("source")
-    write_fixture_run(
-        str(source), "Pong", "1", capacity=1000, steps=2000, seed=5, max_episode_length=60
-    )
-    write_fixture_run(str(source), "Breakout", "2", capacity=300, steps=300, seed=6)
-    dest = tmp_path_factory.mktemp("stores")
-    convert(str(source), str(dest), progress=False)
-    return str(dest)
+    return write_two_runs(tmp_path_factory.mktemp("two-runs"))
 
 
 def _frame_reads(dataset, monkeypatch) -> list[int]:

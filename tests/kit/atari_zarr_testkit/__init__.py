@@ -11,6 +11,7 @@ from atari_zarr_testkit.dqn_replay import (
     store_files,
     write_episodes_store,
     write_fixture_run,
+    write_two_runs,
 )
 from atari_zarr_testkit.rl_unplugged import RluFixture, RluTruth, write_fixture_rlu
 from atari_zarr_testkit.s3 import MotoS3Server
@@ -27,4 +28,5 @@ __all__ = [
     "write_episodes_store",
     "write_fixture_rlu",
     "write_fixture_run",
+    "write_two_runs",
 ]

@@ -27,6 +27,7 @@ __all__ = [
     "store_files",
     "write_episodes_store",
     "write_fixture_run",
+    "write_two_runs",
 ]
 
 
@@ -256,3 +257,18 @@ def write_episodes_store(root: str | Path, lengths: Sequence[int], *, game: str 
     )
     [store] = convert(str(source), str(dest), progress=False)
     return str(store.url)
+
+
+def write_two_runs(root: str | Path) -> str:
+    """Pong/1 (2,000 rows in episodes of 1 to 60 steps, logged in wrapping checkpoints)
+    and Breakout/2 (300 rows), played under ``root/source`` and converted under
+    ``root/stores``: that root."""
+    from atari_zarr import convert
+
+    source, dest = Path(root) / "source", Path(root) / "stores"
+    write_fixture_run(
+        str(source), "Pong", "1", capacity=1000, steps=2000, seed=5, max_episode_length=60
+    )
+    write_fixture_run(str(source), "Breakout", "2", capacity=300, steps=300, seed=6)
+    convert(str(source), str(dest), progress=False)
+    return str(dest)
