@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-import numpy as np
-
 from atari_zarr.episodes import EpisodeTable, SourcePart, episode_table, source_parts
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.dataset import AtariZarrDataset
@@ -33,7 +31,7 @@ def store_episodes(ds: AtariZarrDataset) -> EpisodeTable:
     """
     table = episode_table(ds.metadata, len(ds))
     if table is None:
-        steps = ds.read_steps(np.arange(len(ds), dtype=np.int64))
+        steps = ds.read_steps(range(len(ds)), ["episode", "terminated", "reward"])
         table = EpisodeTable.from_steps(steps["episode"], steps["terminated"], steps["reward"])
     return table
 

@@ -25,6 +25,7 @@ This module needs the ``torchrl`` extra.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -317,15 +318,10 @@ class AtariZarrStorage(ReadOnlyTensorStorage):
         (a whole storage's once), the two observations one read of the rows (``read``)."""
         shape = (len(rows),)
         whole = isinstance(rows, range) and rows == range(len(self))
-        batch: list[TensorDictBase] = []
+        batch = functools.cache(lambda: self.read(rows))  # both observations: one read
 
         def frames(key: Any) -> Reader:
-            def read() -> torch.Tensor:
-                if not batch:
-                    batch.append(self.read(rows))
-                return batch[0].get(key)
-
-            return read
+            return lambda: batch().get(key)
 
         def steps(key: Any) -> Reader:
             def read() -> torch.Tensor:

@@ -30,9 +30,6 @@ __all__ = ["AtariZarrDataset", "collate_batch"]
 
 log = logging.getLogger("atari_zarr")
 
-#: The per-step values :meth:`AtariZarrDataset.read_steps` gives.
-STEP_NAMES = ("action", "reward", "terminated", "truncated", "episode")
-
 
 def _of_store(name: str, doc: str) -> Any:
     """A read-only attribute of the dataset that is its store's."""
@@ -230,7 +227,7 @@ class AtariZarrDataset(ItemDataset):
         return range(int(table.starts[e]), int(table.ends[e]) + 1)
 
     def read_steps(
-        self, rows: np.ndarray | range, names: Sequence[str] = STEP_NAMES
+        self, rows: np.ndarray | range, names: Sequence[str] | None = None
     ) -> dict[str, np.ndarray]:
         """Per-step values at ``rows``, no frame read: ``action``, ``reward``,
         ``terminated``, ``truncated`` and ``episode`` (or those of ``names``), each
@@ -257,10 +254,11 @@ class AtariZarrDataset(ItemDataset):
             "truncated": store.truncated,
             "episode": store.episode,
         }
+        asked = columns if names is None else names
         if isinstance(rows, range) and rows.step == 1 and 0 <= rows.start <= rows.stop <= len(self):
-            return {name: columns[name].span(rows.start, rows.stop) for name in names}
+            return {name: columns[name].span(rows.start, rows.stop) for name in asked}
         rows, _ = normalize_index(np.asarray(rows, dtype=np.int64), len(self), self.where)
-        return {name: columns[name][rows] for name in names}
+        return {name: columns[name][rows] for name in asked}
 
     def return_to_go(self, rows: np.ndarray) -> np.ndarray:
         """``(len(rows),)`` float32: the sum of ``next/reward`` from each row to the end of
