@@ -28,6 +28,7 @@ from atari_zarr.errors import (
     InvalidArgumentError,
     RemoteAccessError,
     SourceFormatError,
+    SourceNotFoundError,
     StoreNotFoundError,
     StoreWriteError,
 )
@@ -734,3 +735,53 @@ def test_a_rank_of_torch_distributed_waits_for_rank_0_and_no_longer(public_copy,
     line = outs[1][0].strip()
     assert "rank 1 (torch.distributed) waited 2 s for rank 0" in line, outs
     assert public_copy.proxy.requests == 0
+
+
+def test_a_home_bucket_that_does_not_exist_is_one_line_without_its_password(public_copy, capsys):
+    """``--home gs://user:PW@missing-bucket/x`` ended in gcsfs's traceback (120 lines, the
+    password percent-encoded in the upload URL): it is one line naming the home."""
+    from atari_zarr.cli import main
+
+    home = "gs://user:pw-Home81secret@missing-bucket/x"
+    code = main(["pull", "Asterix/1", "--checkpoints", "0", "--no-progress", "--home", home])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "gs://***@missing-bucket/x/" in err and "bucket does not exist" in err
+    assert "pw-Home81secret" not in err
+
+
+def test_a_shard_deleted_after_the_listing_is_one_line_naming_it(public_copy, tmp_path):
+    """A shard that answers 404 when it is fetched, after it was listed, ended in 120 lines
+    of traceback with the raw download URL: it is one line naming the shard's URL."""
+    import gcsfs
+    from dask.callbacks import Callback
+
+    server = public_copy.server
+    server.create_bucket("gone")
+    fs = gcsfs.GCSFileSystem(**server.storage_options())
+    fixture = public_copy.runs["Asterix/1"]
+    names = [Path(fixture.paths[i]).name for i in (0, 1)]
+    for i, name in enumerate(names):
+        fs.put_file(fixture.paths[i], f"gone/rlu/Asterix/{name}")
+
+    gone: list[str] = []
+
+    class DeleteTheOtherShard(Callback):  # once one shard is scanned, the other goes
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if "-scan-" in str(key) and not gone:
+                gone.append(names[1 - int(str(key).rsplit("-", 1)[1])])
+                fs.rm(f"gone/rlu/Asterix/{gone[0]}")
+
+    with DeleteTheOtherShard(), pytest.raises(SourceNotFoundError) as info:
+        pull(
+            Request.parse("Asterix/1", checkpoints="0-1"),
+            home=tmp_path / "home",
+            source="gs://gone/rlu",
+            source_options=server.storage_options(),
+            progress=False,
+            scheduler="synchronous",
+        )
+    text = str(info.value)
+    assert "\n" not in text and f"gs://gone/rlu/Asterix/{gone[0]}" in text, text
+    assert "storage/v1" not in text and "download" not in text  # not the raw request URL

@@ -52,6 +52,7 @@ from typing import Any, Literal, TypedDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import ACTION, ATTRS_KEY, is_complete, store_path
+from atari_zarr.redaction import redact_tree
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import FileSystem, get_fs
 from atari_zarr.storage.paths import is_url, redact
@@ -531,7 +532,8 @@ def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None
 
 def _write_json(fs: FileSystem, target: str, doc: dict[str, Any]) -> None:
     # readers see the old catalog or the new one, never half of it (one PUT on a bucket)
-    fs.write_whole(target, (json.dumps(doc, indent=1) + "\n").encode())
+    # what users publish: no credential in it, whatever the attributes held
+    fs.write_whole(target, (json.dumps(redact_tree(doc), indent=1) + "\n").encode())
 
 
 def _up(shown: str, levels: int) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from atari_zarr._version import __version__
 from atari_zarr.commands import command_line
 from atari_zarr.errors import AtariZarrError, InvalidArgumentError
+from atari_zarr.redaction import RedactRecords
 from atari_zarr.storage.paths import parse_storage_options, redact
 
 #: dopamine's episode limit (108,000 frames), the default of ``collect --max-episode-steps``.
@@ -746,29 +747,13 @@ class _Redacted(io.TextIOBase):
         return str(getattr(self._stream, "encoding", "utf-8"))
 
 
-class _RedactRecords(logging.Filter):
-    def __init__(self, options: dict[str, Any]) -> None:
-        super().__init__()
-        self._options = options
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg = redact(record.getMessage(), self._options)
-        record.args = None
-        if record.exc_info:
-            record.exc_text = redact(
-                "".join(traceback.format_exception(*record.exc_info)), self._options
-            )
-            record.exc_info = None
-        return True
-
-
 @contextlib.contextmanager
 def _redacting(options: dict[str, Any]) -> Iterator[None]:
     """stdout, stderr and log records of this command, credentials removed."""
     out, err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _Redacted(out, options), _Redacted(err, options)
     # log records are redacted by a filter on every handler, whatever stream it writes to
-    records = _RedactRecords(options)
+    records = RedactRecords(options)
     handlers = list(logging.getLogger().handlers)
     for handler in handlers:
         handler.addFilter(records)

@@ -47,6 +47,7 @@ from atari_zarr.errors import (
     StoreFormatError,
     StoreIncompleteError,
 )
+from atari_zarr.redaction import redact_tree
 
 __all__ = [
     "ACTION",
@@ -301,7 +302,8 @@ def create_store(store: Store, n_rows: int, attrs: dict[str, Any]) -> zarr.Group
     -------
     zarr.Group
     """
-    meta = {**attrs, "format_version": FORMAT_VERSION, "complete": False}
+    # what users mirror and publish: no credential of the command or source is written
+    meta = redact_tree({**attrs, "format_version": FORMAT_VERSION, "complete": False})
     group = zarr.open_group(store, mode="w", attributes={ATTRS_KEY: meta})
     for name in ARRAYS:
         create_array(group, name, n_rows)
@@ -440,7 +442,7 @@ def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
 
     record(group)
     meta = dict(cast("dict[str, Any]", group.attrs[ATTRS_KEY]))
-    meta.update(extra_attrs)
+    meta.update(redact_tree(extra_attrs))
     meta["complete"] = False
     group.attrs[ATTRS_KEY] = meta
     with warnings.catch_warnings():

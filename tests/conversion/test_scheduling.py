@@ -9,6 +9,7 @@ import pytest
 from atari_zarr_testkit import store_files, write_fixture_run
 
 from atari_zarr import convert
+from atari_zarr.conversion.scheduling import run_graph
 from atari_zarr.conversion.workdir import work_url
 from atari_zarr.layout import OBSERVATION
 from atari_zarr.verify import verify_store
@@ -158,3 +159,20 @@ def test_pool_workers_ignore_ctrl_c_from_their_first_instruction():
         assert queue.get(timeout=60) is False  # what the quiet context changes
     finally:
         worker.join(timeout=60)
+
+
+def test_an_unreachable_scheduler_is_one_line_within_the_timeout() -> None:
+    """``--scheduler tcp://HOST:PORT`` with nothing listening ended in distributed's
+    traceback after its own 30 s: one line, within the caller's timeout."""
+    from operator import add
+
+    from atari_zarr_testkit.ports import fresh_port
+
+    from atari_zarr.errors import RemoteAccessError
+
+    address = f"tcp://127.0.0.1:{fresh_port()}"
+    with pytest.raises(RemoteAccessError) as info:
+        run_graph({"a": (add, 1, 2)}, ["a"], scheduler=address, timeout=2)
+    text = str(info.value)
+    assert "\n" not in text and address in text and "within 2 s" in text
+    assert "leave out --scheduler" in text

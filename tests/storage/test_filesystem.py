@@ -312,31 +312,15 @@ def test_a_web_servers_listing_is_decoded_and_converts(pong_source, tmp_path: Pa
     ``%24store%24_action_ckpt.0.gz``: names are decoded, so a DQN Replay run served by a
     plain web server converts (it reported every file of checkpoint 0 as missing)."""
     import shutil
-    import sys
 
-    from atari_zarr_testkit.process import LoopbackServer
+    from atari_zarr_testkit.web import DirectoryServer
 
     from atari_zarr import AtariZarrDataset, convert
 
     served = tmp_path / "served"
     shutil.copytree(Path(pong_source.url).parents[1], served)
 
-    class Directory(LoopbackServer):
-        label = "http.server"
-
-        def _command(self) -> list[str]:
-            return [
-                sys.executable,
-                "-m",
-                "http.server",
-                "-b",
-                self.host,
-                str(self.port),
-                "--directory",
-                str(served),
-            ]
-
-    with Directory() as server:
+    with DirectoryServer(served) as server:
         url = f"http://{server.host}:{server.port}/Pong/1/replay_logs/"
         names = FileSystem(url).ls(url)
         assert any(name.endswith("/$store$_action_ckpt.0.gz") for name in names)

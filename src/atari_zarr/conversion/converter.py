@@ -395,6 +395,7 @@ class _WorkScans:
             scheduler=self.options.scheduler,
             workers=self.options.workers,
             on_done=on_done,
+            timeout=self.options.timeout,
         )
 
     def close(self) -> None:
@@ -531,6 +532,7 @@ def _convert_locked(
             scheduler=options.scheduler,
             workers=options.workers,
             on_done=on_done,
+            timeout=options.timeout,
         )
     finally:
         bar.close()

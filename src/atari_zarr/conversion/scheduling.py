@@ -24,7 +24,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from atari_zarr.errors import InvalidArgumentError, import_optional
+from atari_zarr.errors import InvalidArgumentError, RemoteAccessError, import_optional
+from atari_zarr.redaction import redact
 from atari_zarr.resources import cpu_count
 
 __all__ = [
@@ -223,6 +224,7 @@ def run_graph(
     scheduler: Any = None,
     workers: int | None = None,
     on_done: Callable[[Any], None] | None = None,
+    timeout: float | None = None,
 ) -> None:
     """Compute ``keys`` of ``graph``; call ``on_done(key)`` as each task finishes.
 
@@ -242,6 +244,10 @@ def run_graph(
         cluster, whose size is the cluster's.
     on_done : callable, optional
         Called with each finished task's key, in the calling process.
+    timeout : float, optional
+        Seconds to wait for a scheduler address to answer (at most dask's own
+        ``distributed.comm.timeouts.connect``); an address that does not is
+        :class:`~atari_zarr.errors.RemoteAccessError`.
 
     Examples
     --------
@@ -257,7 +263,7 @@ def run_graph(
     if isinstance(scheduler, str) and scheduler in LOCAL_SCHEDULERS:
         _run_local(graph, keys, scheduler, workers, done)
     else:
-        _run_distributed(graph, keys, scheduler, workers, done)
+        _run_distributed(graph, keys, scheduler, workers, done, timeout)
 
 
 def check_scheduler(scheduler: Any, workers: int | None = None) -> Any:
@@ -321,12 +327,13 @@ def _run_distributed(
     scheduler: Any,
     workers: int | None,
     done: Callable[[Any], None],
+    timeout: float | None,
 ) -> None:
     distributed = import_optional(
         "distributed", extra="distributed", purpose=f"the scheduler {scheduler!r}"
     )
     own = isinstance(scheduler, str)
-    client = distributed.Client(scheduler) if own else scheduler
+    client = _connect(distributed, scheduler, timeout) if own else scheduler
     if workers is not None:
         log.info("--workers %d ignored: the cluster decides how many workers run", workers)
     futures = client.get(dict(graph), list(keys), sync=False)
@@ -340,3 +347,24 @@ def _run_distributed(
     finally:
         if own:
             client.close()
+
+
+def _connect(distributed: Any, address: str, timeout: float | None) -> Any:
+    """A ``Client`` of the scheduler at ``address``, or one line when it does not answer."""
+    import dask.config
+    import dask.utils
+
+    configured = dask.config.get("distributed.comm.timeouts.connect")
+    seconds = float(dask.utils.parse_timedelta(configured, default="seconds") or 30)
+    if timeout is not None:
+        seconds = min(seconds, float(timeout))
+    try:
+        return distributed.Client(address, timeout=seconds)
+    except (OSError, TimeoutError) as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise RemoteAccessError(
+            f"the dask.distributed scheduler {redact(address)} did not answer within "
+            f"{seconds:g} s ({reason}); expected a running scheduler at that address. "
+            f"Start it (`dask scheduler`), check the address and port, or leave out "
+            f"--scheduler to convert on this machine."
+        ) from None

@@ -64,7 +64,7 @@ except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs, local_write_error
-from atari_zarr.storage.paths import is_url, join
+from atari_zarr.storage.paths import is_url, join, redact
 
 __all__ = ["HEARTBEAT_S", "LEASE_S", "WorkDir", "work_url"]
 
@@ -386,7 +386,7 @@ class WorkDir:
             "token": uuid.uuid4().hex,
             "started": now,
             "heartbeat": now,
-            "command": command,
+            "command": redact(command),  # the lock sits in the store users mirror
         }
         for _ in range(2):
             if self._create_lock(info):

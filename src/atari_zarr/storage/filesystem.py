@@ -65,6 +65,7 @@ from atari_zarr.errors import (
     StoreWriteError,
     install_hint,
 )
+from atari_zarr.redaction import redact_library_logs
 from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
@@ -95,6 +96,8 @@ _RM_BATCH = 1000
 #: Calls that change a file system: refused on http(s); locally, an OSError there means DEST
 #: cannot be written.
 _LOCAL_WRITES = frozenset({"makedirs", "pipe_file", "rm"})
+#: Calls that write an object: "not found" answers them only when the bucket is missing.
+_REMOTE_WRITES = frozenset({"pipe_file"})
 #: Protocols whose fsspec back end comes with one of our extras.
 _EXTRA_OF_PROTOCOL = {"s3": "s3", "s3a": "s3"}
 #: Protocols whose back end the base install has (a damaged install lacks it): the package.
@@ -236,6 +239,7 @@ class FileSystem:
     def _connect(self) -> None:
         self._pid = os.getpid()
         if self.remote:
+            redact_library_logs()  # fsspec's DEBUG lines name the URL, user info included
             check_resolves(self.location, self.storage_options, timeout=self.timeout)
             with backend_errors(self.location, self.storage_options):
                 fs, path = fsspec.core.url_to_fs(self.location, **self.storage_options)
@@ -321,9 +325,15 @@ class FileSystem:
             )
             if ok:
                 return value
+            if isinstance(value, FileNotFoundError) and name in _REMOTE_WRITES:
+                raise missing_bucket_error(what, where) from None
             raise value
         try:
             return getattr(fs, name)(*args, **kwargs)
+        except FileNotFoundError:
+            if name in _REMOTE_WRITES:
+                raise missing_bucket_error(what, where) from None
+            raise
         except Exception as exc:
             error = remote_error(exc, what, where, self.timeout, self.storage_options)
             if error is None:
@@ -551,6 +561,22 @@ class FileSystem:
             if error is None:
                 raise
             raise error from None
+
+
+def missing_bucket_error(what: str, where: str) -> StoreWriteError:
+    """The error for a write to an object store answered "not found": no such bucket.
+
+    Examples
+    --------
+    >>> str(missing_bucket_error("creating", "gs://nope/x/lock.json")).split(" failed")[0]
+    'creating gs://nope/x/lock.json'
+    """
+    return StoreWriteError(
+        f"{what} {where} failed: the server answered 404 Not Found to a write, so its "
+        f"bucket does not exist (or is not visible with these credentials); expected an "
+        f"existing bucket you may write to. Create the bucket, or choose another "
+        f"destination (--home, $ATARI_ZARR_HOME, or the store's URL)."
+    )
 
 
 def local_write_error(what: str, where: str, exc: BaseException | None) -> StoreWriteError:
