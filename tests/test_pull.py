@@ -51,8 +51,13 @@ FRACTION = 0.0004
 
 
 def shard_bytes(proxy, run: str = "run_1-") -> int:
-    """Response bytes of the shard objects fetched through the proxy."""
-    return sum(n for method, path, _, n in proxy.log if method == "GET" and run in path)
+    """Response bytes of the shard objects' content fetched through the proxy (not of
+    their metadata, which each read asks to check the object is the one listed)."""
+    return sum(
+        n
+        for method, path, _, n in proxy.log
+        if method == "GET" and run in path and "alt=media" in path
+    )
 
 
 def compressed_prefix(path: str, records: int) -> int:
@@ -785,3 +790,161 @@ def test_a_shard_deleted_after_the_listing_is_one_line_naming_it(public_copy, tm
     text = str(info.value)
     assert "\n" not in text and f"gs://gone/rlu/Asterix/{gone[0]}" in text, text
     assert "storage/v1" not in text and "download" not in text  # not the raw request URL
+
+
+def _two_publications(tmp_path, present=(0, 1)):
+    """Asterix/1's shards ``present`` as published twice (other episodes, same names)."""
+    from atari_zarr_testkit.rl_unplugged import write_fixture_rlu
+
+    return [
+        write_fixture_rlu(
+            str(tmp_path / name),
+            "Asterix",
+            1,
+            num_shards=50,
+            present=present,
+            episodes_per_shard={i: 4 for i in present},
+            seed=seed,
+            cut_length=40,
+        )
+        for name, seed in (("old", 0), ("new", 9))
+    ]
+
+
+@pytest.mark.slow
+def test_a_resumed_pull_from_a_web_server_never_mixes_two_publications(tmp_path):
+    """A web server lists shards with neither size nor version: a pull killed midway,
+    whose every shard is then replaced, resumed with the old scans and completed a store
+    of both publications that `verify` passed. Each shard's Content-Length and
+    Last-Modified are asked for, and the resume starts over."""
+    import shutil
+
+    from atari_zarr_testkit.web import DirectoryServer
+
+    old, new = _two_publications(tmp_path)
+    served = tmp_path / "served" / "Asterix"
+    served.mkdir(parents=True)
+    for path in old.paths.values():
+        shutil.copy(path, served)
+    home = tmp_path / "home"
+    with DirectoryServer(served.parent) as server:
+        source = server.endpoint_url
+        _pull_killed_midway(
+            tmp_path,
+            "Asterix/1",
+            "--checkpoints",
+            "0-1",
+            "--source",
+            source,
+            env={"ATARI_ZARR_HOME": str(home)},
+        )
+        later = time.time() + 100  # Last-Modified has whole seconds
+        for path in new.paths.values():
+            shutil.copy(path, served)
+            os.utime(served / Path(path).name, (later, later))
+        request = Request.parse("Asterix/1", checkpoints="0-1")
+        done = pull(request, home=home, source=source, progress=False, scheduler="synchronous")
+        clean = pull(
+            request, home=tmp_path / "clean", source=source, progress=False, scheduler="synchronous"
+        )
+    got, want = arrays_of(done.url), arrays_of(clean.url)
+    assert all(np.array_equal(got[name], want[name]) for name in ARRAYS)
+
+
+def test_a_shard_deleted_between_the_check_and_the_conversion_is_never_served(
+    public_copy, tmp_path, monkeypatch
+):
+    """The conversion listed the run again after the pull's check: a shard deleted in
+    between gave a "complete" whole run with ``shards_missing: [7]``. The run checked is
+    the run converted, and a shard gone is one line; nothing is complete."""
+    import gcsfs
+
+    from atari_zarr.catalog import store_state
+    from atari_zarr.pull import fetch
+
+    server = public_copy.server
+    server.create_bucket("late")
+    fs = gcsfs.GCSFileSystem(**server.storage_options())
+    fixture = public_copy.runs["Asterix/1"]
+    for path in fixture.paths.values():
+        fs.put_file(path, f"late/rlu/Asterix/{Path(path).name}")
+    seventh = f"late/rlu/Asterix/{Path(fixture.paths[7]).name}"
+    checked = fetch._check_source
+
+    def check_then_delete(*args, **kwargs):
+        run = checked(*args, **kwargs)
+        fs.rm(seventh)
+        return run
+
+    monkeypatch.setattr(fetch, "_check_source", check_then_delete)
+    home = tmp_path / "home"
+    with pytest.raises(SourceNotFoundError) as info:
+        pull(
+            Request.parse("Asterix/1"),
+            home=home,
+            source="gs://late/rlu",
+            source_options=server.storage_options(),
+            progress=False,
+            scheduler="synchronous",
+        )
+    text = str(info.value)
+    assert "\n" not in text and f"gs://{seventh}" in text, text
+    assert store_state(str(home / "Asterix" / "1.zarr")) != "complete"
+
+
+def test_a_shard_replaced_after_the_listing_is_one_line_and_never_mixed(public_copy, tmp_path):
+    """A shard replaced after the listing (the same name, other bytes) was read without
+    a check, so one pull could mix publications: each read checks the object listed
+    (its generation), and a changed one is one line; nothing is complete."""
+    import gcsfs
+    from dask.callbacks import Callback
+
+    from atari_zarr.catalog import store_state
+    from atari_zarr.errors import SourceChangedError
+
+    old, new = _two_publications(tmp_path)
+    server = public_copy.server
+    server.create_bucket("repl")
+    fs = gcsfs.GCSFileSystem(**server.storage_options())
+    names = [Path(old.paths[i]).name for i in (0, 1)]
+    for i, name in enumerate(names):
+        fs.put_file(old.paths[i], f"repl/rlu/Asterix/{name}")
+    replaced: list[str] = []
+
+    class ReplaceTheOtherShard(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if "-scan-" in str(key) and not replaced:
+                other = 1 - int(str(key).rsplit("-", 1)[1])
+                replaced.append(names[other])
+                fs.put_file(new.paths[other], f"repl/rlu/Asterix/{names[other]}")
+
+    home = tmp_path / "home"
+    with ReplaceTheOtherShard(), pytest.raises(SourceChangedError) as info:
+        pull(
+            Request.parse("Asterix/1", checkpoints="0-1"),
+            home=home,
+            source="gs://repl/rlu",
+            source_options=server.storage_options(),
+            progress=False,
+            scheduler="synchronous",
+        )
+    text = str(info.value)
+    assert "\n" not in text and f"gs://repl/rlu/Asterix/{replaced[0]}" in text, text
+    assert "changed since the run was listed" in text and "generation" in text
+    url = home / "subsets" / "checkpoints-0-1" / "Asterix" / "1.zarr"
+    assert store_state(str(url)) != "complete"
+
+
+def test_a_byte_flipped_in_transit_is_read_again_not_called_damage(public_copy, tmp_path):
+    """One byte changed in transit ended with "fetching it again gives the same bytes",
+    yet running again succeeded: a shard that fails its checks is read once more (the
+    object listed) before it is called damaged."""
+    proxy = public_copy.proxy
+    request = Request.parse("Asterix/1", checkpoints=[1])
+    proxy.corrupt_next(1, path_contains="alt=media")
+    done = pull(request, home=tmp_path / "a", progress=False, scheduler="synchronous")
+    media = [p for m, p, _, _ in proxy.log if m == "GET" and "alt=media" in p]
+    assert len(media) >= 2  # the flipped read, then the read again
+    clean = pull(request, home=tmp_path / "b", progress=False, scheduler="synchronous")
+    got, want = arrays_of(done.url), arrays_of(clean.url)
+    assert all(np.array_equal(got[name], want[name]) for name in ARRAYS)

@@ -34,6 +34,7 @@ __all__ = [
     "ReadOnlyDatasetError",
     "RemoteAccessError",
     "RemoteTimeoutError",
+    "SourceChangedError",
     "SourceFormatError",
     "SourceNotFoundError",
     "StoreChangedError",
@@ -88,6 +89,10 @@ class AtariZarrError(Exception):
 
 class SourceNotFoundError(AtariZarrError, FileNotFoundError):
     """A source directory, checkpoint, shard or file does not exist."""
+
+
+class SourceChangedError(AtariZarrError, RuntimeError):
+    """A source object was replaced or removed between its listing and its read."""
 
 
 class SourceFormatError(AtariZarrError, ValueError):

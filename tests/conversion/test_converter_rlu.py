@@ -390,3 +390,25 @@ def test_convert_from_a_bucket(rlu, rlu_store, tmp_path):
     assert {k: v for k, v in got.items() if k != "zarr.json"} == {
         k: v for k, v in expected.items() if k != "zarr.json"
     }
+
+
+def test_scans_of_a_source_that_tells_no_version_are_never_resumed() -> None:
+    """A source whose objects have no size or version (a web server without ETag or
+    Last-Modified) cannot tell whether it changed since a scan: its scan fingerprint is
+    new on each conversion, so scans begun earlier are done again, never reused."""
+    from types import SimpleNamespace
+
+    from atari_zarr.conversion.converter import _scan_digest
+    from atari_zarr.sources.registry import Selection
+
+    def source(version):
+        shards = [("run_1-00000-of-00050", 10, version), ("run_1-00001-of-00050", 12, version)]
+        return SimpleNamespace(
+            url="http://h/rlu/Asterix", game="Asterix", run="1", names=lambda: shards
+        )
+
+    selection = Selection(None, None, None, None)
+    versioned = source("Last-Modified:Sun, 29 Nov 2026 01:00:00 GMT")
+    assert _scan_digest(versioned, selection) == _scan_digest(versioned, selection)
+    unversioned = source(None)
+    assert _scan_digest(unversioned, selection) != _scan_digest(unversioned, selection)

@@ -232,6 +232,10 @@ def _scan_digest(source: Any, selection: Selection) -> str:
     prefix = None if subset is None else subset.prefix_rows(CHECKPOINT_ROWS)
     if prefix is not None:  # whole scans keep the fingerprint they always had
         doc["prefix_rows"] = prefix
+    if any(size is None or version is None for _, size, version in doc["shards"]):
+        # a source that tells neither size nor version (a web server with no ETag or
+        # Last-Modified) cannot tell whether it changed: its scans are never resumed
+        doc["unversioned"] = uuid.uuid4().hex
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -330,6 +334,7 @@ def _job(kind: SourceKind, source: Any, url: str, options: ConvertOptions, plan:
         tuple(sizes),
         options.timeout,
         keep_frames=options.keeps_frames(source.url),
+        listed=source,
     )
 
 
@@ -589,6 +594,7 @@ def convert(
     subset: Subset | None = None,
     timeout: Timeout = "default",
     keep_frames: bool | None = None,
+    listed: Sequence[SourceRun] | None = None,
 ) -> list[ConvertedStore]:
     """Convert the runs under ``source`` (DQN Replay or RL Unplugged) into stores under ``dest``.
 
@@ -654,6 +660,10 @@ def convert(
         once: the scan decodes the frames and keeps them, compressed, in the work
         area until the write pass (:mod:`atari_zarr.conversion.kept_frames`). None
         (default): when ``source`` is read over a network.
+    listed : sequence, optional
+        The runs of ``source`` as a caller already listed and checked them (what
+        ``find_runs`` of the source kind gives): those objects are converted, and
+        nothing is listed again (``games`` and ``runs`` are then not used).
 
     Raises
     ------
@@ -708,12 +718,16 @@ def convert(
         if source_kind
         else detect_kind(source, src_options, names, timeout=options.timeout)
     )
-    sources = kind.find_runs(
-        source,
-        list(games or []) or None,
-        list(runs or []) or None,
-        src_options,
-        timeout=options.timeout,
+    sources = (
+        list(listed)
+        if listed is not None
+        else kind.find_runs(
+            source,
+            list(games or []) or None,
+            list(runs or []) or None,
+            src_options,
+            timeout=options.timeout,
+        )
     )
     with process_pool(scheduler, workers):  # one pool of workers for every run and pass
         return [convert_run(src, dest, options, kind=kind) for src in sources]

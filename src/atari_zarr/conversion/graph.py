@@ -32,6 +32,7 @@ covers a range of each; units are cut the same way in both.
 from __future__ import annotations
 
 import json
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ import zarr
 from atari_zarr.conversion.kept_frames import FrameBlocks, KeptFrameBlocks, drop_kept, has_kept
 from atari_zarr.conversion.shards import shard_encoder, write_shard
 from atari_zarr.conversion.workdir import WorkDir
-from atari_zarr.errors import StoreFormatError
+from atari_zarr.errors import SourceFormatError, StoreFormatError
 from atari_zarr.layout import (
     OBSERVATION,
     for_writing,
@@ -52,7 +53,10 @@ from atari_zarr.layout import (
 )
 from atari_zarr.sources.registry import Part, Selection, get_kind, part_rows
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT
+from atari_zarr.storage.paths import is_url
 from atari_zarr.storage.remote import open_zarr_store
+
+log = logging.getLogger("atari_zarr")
 
 __all__ = [
     "LAP_PREFIX",
@@ -211,8 +215,13 @@ class Job:
     conversion: str = ""
     #: Scans keep the frames they read for the write tasks (the source is read once).
     keep_frames: bool = False
+    #: The source run as the conversion listed it: every task reads those objects (each
+    #: read checks that its object is still the one listed), never a listing of its own.
+    listed: Any = None
 
     def source(self) -> Any:
+        if self.listed is not None:
+            return self.listed
         options = json.dumps(self.source_options, sort_keys=True, default=str)
         key = (self.kind, self.source_url, self.game, self.run, options, self.timeout)
         if key not in _SOURCES:  # one directory listing per worker process, not per task
@@ -245,8 +254,19 @@ def _scan_task(job: Job, unit: int, selection: Selection) -> None:
     if scan is None:  # pragma: no cover - scan graphs are built for kinds that scan
         raise ValueError(f"source kind {job.kind} has no scan pass")
     work = job.work()
-    keep = FrameBlocks(work, unit) if job.keep_frames else None
-    arrays = scan(job.source(), unit, selection, keep)
+    source = job.source()
+    for attempt in (1, 2):
+        keep = FrameBlocks(work, unit) if job.keep_frames else None  # (drops a first try's)
+        try:
+            arrays = scan(source, unit, selection, keep)
+            break
+        except SourceFormatError as exc:
+            # a byte flipped in transit, or an object republished between two ranged
+            # reads, reads well the second time (the read checks the object listed):
+            # only bytes that fail twice are damage where they are stored
+            if attempt == 2 or not is_url(job.source_url):
+                raise
+            log.info("%s: reading it once more before calling it damaged", str(exc)[:200])
     work.save_scan(unit, arrays)
     work.mark_scan(unit)
 

@@ -21,6 +21,7 @@ from atari_zarr.arguments import spans
 from atari_zarr.catalog import refresh_catalog, store_state
 from atari_zarr.errors import (
     RemoteAccessError,
+    SourceChangedError,
     SourceNotFoundError,
     StoreExistsError,
     StoreIncompleteError,
@@ -181,7 +182,8 @@ def pull(
     source_options = dict(source_options)
     while True:
         try:
-            _check_source(request, game, game_url, source_options, checkpoints, timeout)
+            # the run as checked is the run converted: nothing is listed again
+            run = _check_source(request, game, game_url, source_options, checkpoints, timeout)
             [store] = convert(
                 game_url,
                 root,
@@ -196,7 +198,9 @@ def pull(
                 workers=workers,
                 progress=progress,
                 timeout=timeout,
+                listed=[run],
             )
+            _check_converted(store.url, options, request, game, checkpoints, timeout)
         except StoreExistsError:  # finished by another process meanwhile
             return Resolved(url, root, options)
         except StoreIncompleteError:
@@ -235,9 +239,10 @@ def _check_source(
     options: dict[str, Any],
     checkpoints: tuple[int, ...] | None,
     timeout: Timeout,
-) -> None:
+) -> Any:
     """Refuse a pull whose source lacks a shard it needs (one listing, before any fetch):
-    a run pulled whole is whole, and a part has every checkpoint it names."""
+    a run pulled whole is whole, and a part has every checkpoint it names. The run as
+    listed, which the conversion then reads."""
     from atari_zarr.sources.registry import get_kind
 
     kind = get_kind("rl-unplugged")
@@ -251,7 +256,7 @@ def _check_source(
     present = set() if run is None or run.num_shards != game.shards else set(run.suffixes)
     missing = [i for i in needed if i not in present]
     if not missing:
-        return
+        return run
     assert kind.part_file is not None
     name = join(redact(game_url), kind.part_file(request.run, missing[0], game.shards))
     more = f" (and {len(missing) - 1} more of its {len(needed)})" if len(missing) > 1 else ""
@@ -265,6 +270,31 @@ def _check_source(
         f"shards {spans(needed)} of {game.shards}. Nothing was fetched (a partial run is "
         f"never stored as the run): {advice}."
     )
+
+
+def _check_converted(
+    url: str,
+    options: dict[str, Any],
+    request: Request,
+    game: Game,
+    checkpoints: tuple[int, ...] | None,
+    timeout: Timeout,
+) -> None:
+    """What was converted is what the request needs, before it is served: every shard
+    asked for (a whole run: every shard, none missing)."""
+    from atari_zarr.opening import open_store
+
+    source = open_store(url, options, timeout=timeout).metadata.get("source") or {}
+    needed = list(range(game.shards) if checkpoints is None else checkpoints)
+    selected = sorted(int(i) for i in source.get("shards_selected") or [])
+    missing = list(source.get("shards_missing") or []) if checkpoints is None else []
+    if selected != needed or missing:
+        raise SourceChangedError(
+            f"{redact(url)} holds shards {spans(selected)} of {request.describe()}, with "
+            f"{spans(missing) if missing else 'none'} missing from its source; expected "
+            f"shards {spans(needed)}. The source changed during the pull: run "
+            f"`{request.command()} --force` to pull it again."
+        )
 
 
 def source_sizes(

@@ -262,7 +262,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
         if delay > 0:
             # One round trip per request, held before anything is answered.
             time.sleep(delay)
-        injected = proxy._take_failure(has_body=self.command not in ("HEAD", "DELETE"))
+        injected = proxy._take_failure(
+            has_body=self.command not in ("HEAD", "DELETE"), path=self.path
+        )
         if injected is not None and injected not in (_DROP, _FLIP):
             # A transient server error, answered without asking the target.
             self._answer_locally(injected, b"injected failure", close=False)
@@ -467,6 +469,7 @@ class CountingProxy(StartStop):
         self._log: list[tuple[str, str, int, int]] = []
         self._durations: list[float] = []
         self._failures: list[int] = []
+        self._failure_paths: str | None = None
         self._server: _ProxyHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -531,6 +534,7 @@ class CountingProxy(StartStop):
             self._log = []
             self._durations = []
             self._failures = []
+            self._failure_paths = None
 
     def fail_next(self, count: int, status: int = 503) -> None:
         """Answer the next ``count`` requests with ``status`` instead of forwarding them.
@@ -539,6 +543,7 @@ class CountingProxy(StartStop):
         """
         with self._lock:
             self._failures = [int(status)] * int(count)
+            self._failure_paths = None
 
     def drop_next(self, count: int) -> None:
         """Cut the next ``count`` responses with a body halfway through it.
@@ -548,20 +553,26 @@ class CountingProxy(StartStop):
         """
         with self._lock:
             self._failures = [_DROP] * int(count)
+            self._failure_paths = None
 
-    def corrupt_next(self, count: int) -> None:
-        """Change one byte in the middle of the next ``count`` response bodies.
+    def corrupt_next(self, count: int, *, path_contains: str | None = None) -> None:
+        """Change one byte in the middle of the next ``count`` response bodies (of
+        requests whose path holds ``path_contains``, e.g. ``"alt=media"`` for object
+        content and not its metadata).
 
         Emulates bytes changed in transit (a wrong or stale range from a cache), to
         test that a reader fetches a chunk again before calling the store damaged.
         """
         with self._lock:
             self._failures = [_FLIP] * int(count)
+            self._failure_paths = path_contains
 
-    def _take_failure(self, *, has_body: bool = True) -> int | None:
+    def _take_failure(self, *, has_body: bool = True, path: str = "") -> int | None:
         with self._lock:
             if not self._failures or (self._failures[-1] in (_DROP, _FLIP) and not has_body):
                 return None  # a drop waits for a response with a body
+            if self._failure_paths is not None and self._failure_paths not in path:
+                return None
             return self._failures.pop()
 
     def _count_request(self) -> None:

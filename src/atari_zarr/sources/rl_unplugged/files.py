@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from atari_zarr.errors import SourceFormatError, SourceNotFoundError
+from atari_zarr.errors import SourceChangedError, SourceFormatError, SourceNotFoundError
 from atari_zarr.layout import validate_name
 from atari_zarr.sources.rl_unplugged.tfrecord import PREFIX_BLOCK, READ_BLOCK, open_shard
 from atari_zarr.sources.roots import open_root, select_games
@@ -208,8 +208,57 @@ class RluRun:
             raise SourceNotFoundError(
                 f"{self.where(index)} is not in the run; shards present: {self.suffixes}."
             )
+        self.check_unchanged(index)
         with open_shard(self.fs, shard.path, PREFIX_BLOCK if prefix else READ_BLOCK) as stream:
             yield stream
+        # what was read is the object listed: not another publication's bytes
+        self.check_unchanged(index)
+
+    def check_unchanged(self, index: int) -> None:
+        """Raise :class:`~atari_zarr.errors.SourceChangedError` when shard ``index`` is
+        no longer the object listed (its size or version differs), and
+        :class:`~atari_zarr.errors.SourceNotFoundError` when it is gone: one conversion
+        never mixes the objects of two publications.
+
+        Examples
+        --------
+        >>> import os, tempfile
+        >>> from atari_zarr.record.rl_unplugged import write_rlu_run
+        >>> written = write_rlu_run(tempfile.mkdtemp(), "Asterix", num_shards=1, present=(0,))
+        >>> run = RluRun(written.game_dir, written.game, "1")
+        >>> run.check_unchanged(0)
+        >>> with open(run.shards[0].path, "ab") as f:
+        ...     _ = f.write(b"more")
+        >>> run.check_unchanged(0)
+        Traceback (most recent call last):
+            ...
+        atari_zarr.errors.SourceChangedError: ...: changed since the run was listed (size ...
+        """
+        shard = self.shards[index]
+        if shard.size is None and shard.version is None:
+            return  # nothing listed to compare with
+        self.fs.invalidate_cache(shard.path)  # the object as it is, not as listed
+        try:
+            now = self.fs.info(shard.path)
+        except FileNotFoundError:
+            raise SourceNotFoundError(
+                f"{self.where(index)}: the shard does not exist (anymore); expected the object "
+                f"listed at the start of the conversion. The source was changed meanwhile: run "
+                f"the same command again (it lists the run again)."
+            ) from None
+        size, version = now.get("size"), _version(now)
+        changed = []
+        if shard.size is not None and size is not None and int(size) != shard.size:
+            changed.append(f"size {shard.size:,} bytes, now {int(size):,}")
+        if shard.version is not None and version is not None and version != shard.version:
+            changed.append(f"{shard.version}, now {version}")
+        if changed:
+            raise SourceChangedError(
+                f"{self.where(index)}: changed since the run was listed ({'; '.join(changed)}); "
+                f"expected the object listed, so that one conversion never mixes two "
+                f"publications. The source was republished meanwhile: run the same command "
+                f"again (it lists the run again and starts over)."
+            )
 
 
 def _check_totals(shards: list[Shard], where: str) -> None:
@@ -248,6 +297,10 @@ def _list_shards(fs: Any, path: str, url: str) -> dict[str, list[Shard]]:
         match = _SHARD_RE.match(name)
         if not match:
             continue
+        if entry.get("size") is None or _version(entry) is None:
+            # a web server's listing has neither: ask the object (Content-Length, ETag,
+            # Last-Modified), so that a resume can tell whether the source changed
+            entry = {**entry, **_details(fs, f"{path}/{name}")}
         size = entry.get("size")
         shard = Shard(
             int(match["index"]),
@@ -262,7 +315,24 @@ def _list_shards(fs: Any, path: str, url: str) -> dict[str, list[Shard]]:
 
 
 #: Listing fields that change when an object is written again, best first.
-_VERSION_FIELDS = ("generation", "crc32c", "md5Hash", "ETag", "etag", "mtime", "LastModified")
+_VERSION_FIELDS = (
+    "generation",
+    "crc32c",
+    "md5Hash",
+    "ETag",
+    "etag",
+    "mtime",
+    "LastModified",
+    "Last-Modified",
+)
+
+
+def _details(fs: Any, path: str) -> dict[str, Any]:
+    """What the object at ``path`` says of itself (a HEAD request); nothing if it is gone."""
+    try:
+        return dict(fs.info(path))
+    except FileNotFoundError:
+        return {}
 
 
 def _version(entry: dict[str, Any]) -> str | None:
