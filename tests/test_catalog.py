@@ -621,3 +621,23 @@ def test_a_relative_root_is_advised_relative(pong_store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path / "gdir")
     with pytest.raises(InvalidArgumentError, match=r"Pass \.$"):
         check_root("Pong")
+
+
+def test_ls_of_a_cache_shows_its_subsets_and_the_stores_as_they_are(pong_store, tmp_path) -> None:
+    """`ls CACHE` left out ``subsets/…`` stores, and with a ``catalog.json`` called a store
+    complete that was since started over: a local root is listed, subsets included, and
+    each store's own zarr.json gives its state; work areas are not stores."""
+    import json
+    import shutil
+
+    home = tmp_path / "home"
+    shutil.copytree(pong_store.url, home / "Pong" / "1.zarr")
+    shutil.copytree(pong_store.url, home / "subsets" / "checkpoints-0" / "Pong" / "1.zarr")
+    (home / "Pong" / "2.zarr.converting" / "done").mkdir(parents=True)
+    write_catalog(str(home))
+    meta = home / "Pong" / "1.zarr" / "zarr.json"  # started over since the catalog
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["atari_zarr"]["complete"] = False
+    meta.write_text(json.dumps(doc))
+    rows = {r["url"][len(str(home)) + 1 :]: r["status"] for r in list_stores(str(home))}
+    assert rows == {"Pong/1.zarr": "incomplete", "subsets/checkpoints-0/Pong/1.zarr": "complete"}

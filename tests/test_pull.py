@@ -948,3 +948,53 @@ def test_a_byte_flipped_in_transit_is_read_again_not_called_damage(public_copy, 
     clean = pull(request, home=tmp_path / "b", progress=False, scheduler="synchronous")
     got, want = arrays_of(done.url), arrays_of(clean.url)
     assert all(np.array_equal(got[name], want[name]) for name in ARRAYS)
+
+
+@pytest.mark.slow
+def test_a_stale_catalog_in_the_cache_is_never_trusted_over_the_stores(public_copy, tmp_path):
+    """The drop-ins trusted the cache's ``catalog.json``: after its store was deleted they
+    said it did not exist instead of pulling it again, and after a killed ``pull --force``
+    they advised `atari-zarr convert` instead of resuming, while `ls` called the unfinished
+    store complete. Each store's own zarr.json says whether it is there."""
+    import shutil
+
+    from atari_zarr.catalog import list_stores, write_catalog
+
+    home = tmp_path / "home"
+    first = resolve(Request.parse("Asterix/1"), scheduler="synchronous")
+    write_catalog(str(home))
+    shutil.rmtree(first.url)  # the cache cleaned by hand; the catalog still lists it
+    again = resolve(Request.parse("Asterix/1"), scheduler="synchronous")
+    assert (again.origin, again.url) == ("pulled", first.url)
+    write_catalog(str(home))
+    _pull_killed_midway(tmp_path, "Asterix/1", "--force")
+    [row] = [r for r in list_stores(str(home)) if r["game"] == "Asterix"]
+    assert row["status"] == "incomplete"
+    resumed = resolve(Request.parse("Asterix/1"), scheduler="synchronous")
+    assert (resumed.origin, resumed.url) == ("pulled", first.url)
+    assert [r["status"] for r in list_stores(str(home))] == ["complete"]
+
+
+@pytest.mark.slow
+def test_pulling_a_part_of_a_cached_whole_run_fetches_nothing(public_copy, tmp_path, capsys):
+    """`pull --checkpoints 3` downloaded shard 3 again while the whole run was cached:
+    the whole run serves it, as it serves the drop-ins."""
+    from atari_zarr.cli import main
+
+    whole = pull(Request.parse("Pong/4"), progress=False, scheduler="synchronous")
+    public_copy.proxy.reset()
+    assert main(["pull", "Pong/4", "--checkpoints", "3", "-q"]) == 0
+    assert capsys.readouterr().out.strip() == whole.url
+    assert public_copy.proxy.requests == 0
+    part = pull(Request.parse("Pong/4", checkpoints=[3]), progress=False)
+    assert (part.url, part.exact) == (whole.url, False)
+
+
+def test_a_home_that_is_a_file_is_one_line(public_copy, tmp_path):
+    """A ``--home`` that is a file was reported as a failed directory creation deep in
+    the store: it is one line naming the home, before any request."""
+    home = tmp_path / "home-file"
+    home.write_text("not a directory")
+    with pytest.raises(InvalidArgumentError, match="home-file is a file, not a directory"):
+        pull(Request.parse("Pong/4", checkpoints=[0]), home=home, progress=False)
+    assert public_copy.proxy.requests == 0

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, TypedDict
 
 from atari_zarr.errors import InvalidArgumentError, StoreFormatError, StoreNotFoundError
-from atari_zarr.layout import ACTION, ATTRS_KEY, is_complete, store_path
+from atari_zarr.layout import ACTION, ATTRS_KEY, WORK_SUFFIX, is_complete, store_path
 from atari_zarr.redaction import redact_tree
 from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import FileSystem, get_fs
@@ -222,6 +222,8 @@ def _find_stores(fs: FileSystem, path: str, depth: int) -> list[str]:
                 if entry.get("type") != "directory":
                     continue
                 name = str(entry["name"]).rstrip("/")
+                if name.endswith(_SUFFIX + WORK_SUFFIX):
+                    continue  # a conversion's work area: never a store, never descended
                 (found if name.endswith(_SUFFIX) else below).append(name)
         level = below
     return sorted(found)
@@ -235,11 +237,14 @@ def list_stores(
     timeout: Timeout = "default",
     use_catalog: bool = True,
 ) -> list[StoreRow]:
-    """The stores under ``root`` (``{root}/{Game}/{run}.zarr``, at most 3 levels deep).
+    """The stores under ``root`` (``{root}/{Game}/{run}.zarr``, and the subsets a pull
+    keeps, ``{root}/subsets/{label}/{Game}/{run}.zarr``).
 
-    With a ``catalog.json`` at ``root`` (and ``use_catalog``), its complete stores, read
-    with one request. Otherwise the root is listed: one ``zarr.json`` per store (two for
-    an unfinished one) and, with ``sizes``, a listing of its objects to add up their size.
+    With a ``catalog.json`` at a bucket's ``root`` (and ``use_catalog``), its complete
+    stores, read with one request: what was indexed. Otherwise (and always for a local
+    root, where listing is cheap and the stores are the truth) the root is listed: one
+    ``zarr.json`` per store (two for an unfinished one) and, with ``sizes``, a listing of
+    its objects to add up their size.
 
     Parameters
     ----------
@@ -277,7 +282,7 @@ def list_stores(
     fs, path = get_fs(root, storage_options, timeout=timeout)
     path = path.rstrip("/")
     doc = _read_catalog(fs, path, str(root)) if use_catalog else None
-    if doc is not None:
+    if doc is not None and fs.remote:
         base = str(root).rstrip("/")
         return [
             {
@@ -312,7 +317,7 @@ def list_stores(
         # spelled the way the user spelled ROOT (relative path, URL with protocol)
         return str(root).rstrip("/") + p[len(path) :]
 
-    return [_row(fs, p, url_of(p), sizes=sizes) for p in _find_stores(fs, path, depth=3)]
+    return [_row(fs, p, url_of(p), sizes=sizes) for p in _find_stores(fs, path, depth=4)]
 
 
 def _row(fs: FileSystem, p: str, url: str, *, sizes: bool) -> StoreRow:
@@ -493,11 +498,16 @@ def _valid_entry(entry: Any) -> bool:
     path = entry["path"]
     if not _ENTRY_PATH_RE.match(path) or ".." in path.split("/"):
         return False
-    return all(
+    typed = all(
         name in entry
         and isinstance(entry[name], types)
         and not (isinstance(entry[name], bool) and bool not in types)
         for name, types in _ENTRY_TYPES.items()
+    )
+    # counts a store can hold: none negative, none beyond what an int64 row number holds
+    return typed and all(
+        entry[name] is None or 0 <= entry[name] < 2**62
+        for name in ("transitions", "episodes", "stored_bytes")
     )
 
 
@@ -515,6 +525,7 @@ def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None
             doc.get("format") == CATALOG_FORMAT
             and isinstance(stores, list)
             and all(_valid_entry(e) for e in stores)
+            and len({e["path"] for e in stores}) == len(stores)  # one entry per store
         )
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         usable = False  # not JSON, JSON nested beyond reason, or not a catalog
@@ -562,12 +573,17 @@ def check_root(
     Raises
     ------
     InvalidArgumentError
-        ``root`` holds a ``zarr.json`` (a store) or ``{run}.zarr`` directories (a game
-        directory); the message names the root to pass instead.
+        ``root`` is a file, or holds a ``zarr.json`` (a store) or ``{run}.zarr``
+        directories (a game directory); the message names the root to pass instead.
     """
     fs, path = get_fs(root, storage_options, timeout=timeout)
     path = path.rstrip("/")
     shown = redact(str(root), storage_options)
+    if not fs.remote and os.path.isfile(path):
+        raise InvalidArgumentError(
+            f"{shown} is a file, not a root of stores: expected the directory holding "
+            f"{{Game}}/{{run}}.zarr (DEST of `atari-zarr convert`). Pass that directory."
+        )
     if fs.exists(f"{path}/zarr.json"):
         raise InvalidArgumentError(
             f"{shown} is a store, not a root of stores: expected the directory holding "
@@ -691,16 +707,47 @@ def _entry_name(entry: CatalogEntry) -> str | None:
 
 
 def complete_store_entries(
-    root: str, storage_options: dict[str, Any] | None = None, *, timeout: Timeout = "default"
+    root: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: Timeout = "default",
+    names: Sequence[str] | None = None,
 ) -> tuple[list[str], dict[str, CatalogEntry] | None]:
     """The ``"Game/run"`` names of the complete stores under ``root``, and their catalog
-    entries when they came from ``catalog.json`` (None when the root was listed)."""
+    entries when there is a ``catalog.json`` (None when there is none).
+
+    The stores are the truth, the catalog their index: a local root is listed as well
+    (it is cheap), and of a bucket's root the ``names`` asked that the catalog lacks
+    are looked up; a complete store the catalog does not list is available (read from
+    its own ``zarr.json``), and a listed one that is not there complete is not, with one
+    warning that says to run ``atari-zarr index ROOT``.
+    """
     fs, path = get_fs(root, storage_options, timeout=timeout)
     doc = _read_catalog(fs, path.rstrip("/"), str(root))
     if doc is None:
         return complete_stores(root, storage_options, timeout=timeout, use_catalog=False), None
     entries = {n: e for e in doc["stores"] if (n := _entry_name(e)) is not None}
-    return sorted(entries, key=_natural), entries
+    if not fs.remote:
+        found = complete_stores(root, storage_options, timeout=timeout, use_catalog=False)
+    else:
+        found = list(entries) + [
+            n
+            for n in dict.fromkeys(names or [])
+            if n not in entries
+            and store_state(name_to_url(root, n), storage_options, timeout=timeout) == "complete"
+        ]
+    stale = [n for n in entries if n not in found]
+    unlisted = [n for n in found if n not in entries]
+    if stale or unlisted:
+        said = [f"does not list {unlisted}, complete stores read from their own zarr.json"]
+        if stale:
+            said.append(f"lists {stale}, which are not there complete and are left out")
+        warnings.warn(
+            f"{redact(str(root)).rstrip('/')}/{CATALOG} {'; it '.join(said)}. Run "
+            f"`atari-zarr index {redact(str(root))}` to write it again.",
+            stacklevel=3,
+        )
+    return sorted(found, key=_natural), {n: e for n, e in entries.items() if n in found}
 
 
 def find_store(
@@ -712,10 +759,9 @@ def find_store(
 ) -> tuple[str, CatalogEntry | None] | None:
     """Where the complete store ``"Game/run"`` lies under ``root``, without listing it.
 
-    The root's ``catalog.json`` first (one request; the store's entry comes back, for
-    :func:`check_entry`), then, when there is none or it does not list the store (a
-    store finished since it was written), the store's own ``zarr.json``. None when the
-    store is not there complete.
+    The store's own ``zarr.json`` says whether it is there complete (a catalog may be
+    older than the store); the root's ``catalog.json``, when there is one, gives the
+    store's entry, for :func:`check_entry`. None when the store is not there complete.
 
     Examples
     --------
@@ -729,12 +775,11 @@ def find_store(
     fs, path = get_fs(root, storage_options, timeout=timeout)
     url = name_to_url(root, name)
     doc = _read_catalog(fs, path.rstrip("/"), str(root))
-    if doc is not None:
-        entries = {n: e for e in doc["stores"] if (n := _entry_name(e)) is not None}
-        if name in entries:
-            return url, entries[name]
+    entries = {} if doc is None else {n: e for e in doc["stores"] if (n := _entry_name(e))}
+    # the store's own zarr.json says whether it is there complete, never the catalog: a
+    # store deleted, or started over by `pull --force`, since the catalog was written
     if store_state(url, storage_options, timeout=timeout) == "complete":
-        return url, None
+        return url, entries.get(name)
     return None
 
 

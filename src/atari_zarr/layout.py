@@ -67,6 +67,7 @@ __all__ = [
     "TERMINATED",
     "TRUNCATED",
     "UNCLIPPED_REWARD",
+    "WORK_SUFFIX",
     "ArraySpec",
     "codecs_for",
     "create_array",
@@ -85,6 +86,8 @@ __all__ = [
 FORMAT_VERSION = 1
 #: The key under which all our group attributes live.
 ATTRS_KEY = "atari_zarr"
+#: What a conversion's work area adds to its store's name: ``1.zarr.converting``.
+WORK_SUFFIX = ".converting"
 #: Attribute of a recording in progress: ``{"transitions": n, "episodes": e}``, the
 #: prefix of whole episodes that has been flushed and will not change.
 FLUSHED_KEY = "flushed"

@@ -218,3 +218,95 @@ def test_dataset_sampler_and_sample_are_the_same_draw(two_games):
     batch = mix.sample(500, generator=torch.Generator().manual_seed(7))
     assert list(sampler) == batch["index"].tolist()
     assert mix.sample(0)["index"].shape == (0,)
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        ({"transitions": 100}, "holds 300 transitions of Pong, but the 100 of Pong"),
+        ({"transitions": 4000}, "holds 300 transitions of Pong, but the 4,000 of Pong"),
+        ({"transitions": 10**15}, "holds 300 transitions of Pong, but the 1,000,000,000,000,000"),
+        ({"game": "Breakout"}, "holds 300 transitions of Pong, but the 300 of Breakout"),
+    ],
+)
+def test_what_a_catalog_claims_is_checked_when_its_store_opens(two_games, edit, said):
+    """A catalog's ``transitions`` or ``game`` edited by hand was trusted: 100 for a
+    300-row store dropped 200 rows silently, 4000 blamed a healthy store or raised a raw
+    IndexError, 10**15 a MemoryError, and Breakout labelled Pong's frames. The store's
+    own attributes are compared with its entry when it opens, before any row is read."""
+    import json
+    from pathlib import Path
+
+    from atari_zarr.catalog import write_catalog
+
+    root, _ = two_games
+    write_catalog(root)
+    catalog = Path(root) / "catalog.json"
+    doc = json.loads(catalog.read_text())
+    [pong] = [e for e in doc["stores"] if e["path"] == "Pong/1.zarr"]
+    pong.update(edit)
+    catalog.write_text(json.dumps(doc))
+    mix = MultiGameDataset.from_root(root)
+    with pytest.raises(StoreFormatError) as info:
+        for i in range(len(mix)):  # every item, until the Pong store opens
+            mix[i]
+    text = str(info.value)
+    assert "\n" not in text and said in text and "atari-zarr index" in text, text
+
+
+@pytest.mark.parametrize("spoil", ["negative", "duplicate"])
+def test_a_catalog_with_impossible_entries_is_not_read(two_games, spoil):
+    """A negative count raised a ValueError from ``__len__``, and a duplicated entry won
+    silently: such a catalog is not what `index` writes, so the root is listed."""
+    import json
+    from pathlib import Path
+
+    from atari_zarr.catalog import write_catalog
+
+    root, _ = two_games
+    write_catalog(root)
+    catalog = Path(root) / "catalog.json"
+    doc = json.loads(catalog.read_text())
+    if spoil == "negative":
+        doc["stores"][0]["transitions"] = -5
+    else:
+        doc["stores"].append(dict(doc["stores"][0]))
+    catalog.write_text(json.dumps(doc))
+    with pytest.warns(UserWarning, match="not a catalog this version reads"):
+        mix = MultiGameDataset.from_root(root)
+    assert len(mix) == 450 and sorted(mix.games) == ["Breakout/2", "Pong/1"]
+
+
+def test_a_store_added_after_index_is_read_and_named(two_games, source_root):
+    """A store converted after `atari-zarr index` was left out of ``from_root`` silently,
+    and naming it advised `atari-zarr convert`: it is read from its own zarr.json, with a
+    warning that says to run `atari-zarr index`."""
+    from atari_zarr.catalog import write_catalog
+
+    root, _ = two_games
+    write_catalog(root)
+    write_fixture_run(str(source_root), "Pong", "3", capacity=64, steps=120, seed=3)
+    convert(str(source_root), root, games=["Pong"], runs=["3"], progress=False)
+    for names in (None, ["Pong/3"]):
+        with pytest.warns(UserWarning, match=r"does not list \['Pong/3'\].*atari-zarr index"):
+            mix = MultiGameDataset.from_root(root, names)
+        assert "Pong/3" in [f"{s.game}/{s.run}" for s in mix._stores]
+
+
+def test_from_root_refuses_what_is_not_a_root_and_names_that_are_not_a_list(two_games):
+    """A game directory, a store or a file as the root said "needs at least one store",
+    and ``names="Pong/1"`` spoke of run names: each is one line saying what to pass."""
+    from pathlib import Path
+
+    root, _ = two_games
+    (Path(root) / "notes.txt").write_text("not a root")
+    for where, said in (
+        (f"{root}/Pong", "a game directory"),
+        (f"{root}/Pong/1.zarr", "is a store, not a root"),
+        (f"{root}/notes.txt", "is a file, not a root"),
+    ):
+        with pytest.raises(InvalidArgumentError, match=said) as info:
+            MultiGameDataset.from_root(where)
+        assert "\n" not in str(info.value) and "Pass" in str(info.value)
+    with pytest.raises(InvalidArgumentError, match=r"Pass names=\['Pong/1'\] for one store"):
+        MultiGameDataset.from_root(root, "Pong/1")

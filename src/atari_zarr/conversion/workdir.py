@@ -57,6 +57,7 @@ from numcodecs import Blosc
 
 from atari_zarr import npy_format
 from atari_zarr.errors import StoreLockedError
+from atari_zarr.layout import WORK_SUFFIX
 
 try:  # POSIX: the guard of stale-lock takeovers
     import fcntl
@@ -75,8 +76,6 @@ HEARTBEAT_S = 60.0
 #: A lock whose heartbeat is older than this is stale (owner on another host died).
 LEASE_S = 600.0
 
-_SUFFIX = ".converting"
-
 
 def work_url(store_url: str) -> str:
     """Where the work area of the store at ``store_url`` lives.
@@ -86,7 +85,7 @@ def work_url(store_url: str) -> str:
     >>> work_url("gs://b/atari/Pong/1.zarr")
     'gs://b/atari/Pong/1.zarr.converting'
     """
-    return str(store_url).rstrip("/") + _SUFFIX
+    return str(store_url).rstrip("/") + WORK_SUFFIX
 
 
 def _array_id(name: str) -> str:

@@ -38,6 +38,7 @@ from atari_zarr.pull.request import (
     Request,
     Resolved,
     cache_home,
+    check_home,
     pullable,
 )
 from atari_zarr.storage.deadline import TIMEOUT_ENV, Timeout, resolve_timeout
@@ -146,7 +147,9 @@ def pull(
     Only the shards the request needs are read (:meth:`Request.source_checkpoints`),
     and of each only the prefix a prefix rule needs; each byte is fetched once (the
     scans keep the frames for the write pass). The store is ``{home}/{Game}/{run}.zarr``
-    for a whole run, ``{home}/subsets/{label}/{Game}/{run}.zarr`` otherwise.
+    for a whole run, ``{home}/subsets/{label}/{Game}/{run}.zarr`` otherwise; a part of a
+    run whose whole run is in the cache is that store (``exact=False``: the reader takes
+    the part), and nothing is fetched.
 
     A pull that finds another process pulling the same store waits for it; one that
     finds an unfinished store resumes it. DataLoader workers and DDP ranks other than
@@ -166,11 +169,20 @@ def pull(
     from atari_zarr.conversion.converter import convert  # dask: only for a pull
 
     game = pullable(request)
+    check_home(cache_home(home))
     root = request.root(cache_home(home))
     options = dict(home_options or {})
     url = store_path(root, request.game, request.run)
     if not overwrite and store_state(url, options, timeout=timeout) == "complete":
         return Resolved(url, root, options)
+    whole = store_path(cache_home(home), request.game, request.run)
+    if (
+        not overwrite
+        and whole != url
+        and store_state(whole, options, timeout=timeout) == "complete"
+    ):
+        # the whole run in the cache serves every part of it: nothing is fetched
+        return Resolved(whole, cache_home(home), options, exact=False)
     who = _follower()
     if who is not None:
         _wait(url, options, request, who, timeout)

@@ -39,6 +39,7 @@ __all__ = [
     "Request",
     "Resolved",
     "cache_home",
+    "check_home",
     "game_name",
     "pullable",
 ]
@@ -136,6 +137,27 @@ def cache_home(home: str | os.PathLike[str] | None = None) -> str:
     found = found or os.path.join("~", ".cache", "atari_zarr")
     # "~/x" is the user's home, never a directory named "~" in the working directory
     return found if is_url(found) else os.path.expanduser(found)
+
+
+def check_home(home: str) -> None:
+    """Refuse a local cache root that exists and is not a directory, in one line (a
+    write under it would fail as "creating a directory" deep inside).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> check_home(tempfile.mkdtemp())
+    >>> check_home(tempfile.mkstemp()[1])
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: ... is a file, not a directory: ...
+    """
+    if not is_url(home) and os.path.exists(home) and not os.path.isdir(home):
+        raise InvalidArgumentError(
+            f"the cache {home} is a file, not a directory: expected the directory the "
+            f"stores are pulled into (--home, ${HOME_ENV}). Pass another one, or move the "
+            f"file away."
+        )
 
 
 @dataclass(frozen=True)

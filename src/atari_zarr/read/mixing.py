@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from atari_zarr.catalog import check_names, complete_store_entries, name_to_url
+from atari_zarr.catalog import check_names, check_root, complete_store_entries, name_to_url
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.dataset import AtariZarrDataset
@@ -34,7 +34,7 @@ from atari_zarr.read.mixture import (
 )
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pending import PendingStore, open_all
-from atari_zarr.storage.paths import is_url
+from atari_zarr.storage.paths import is_url, redact
 
 __all__ = [
     "MixtureSampler",
@@ -187,7 +187,14 @@ class MultiGameDataset(ItemDataset):
         gone, or whose length changed, stops that read with an error. Either way
         the message says to run ``atari-zarr index ROOT`` again.
         """
-        available, entries = complete_store_entries(root, storage_options)
+        if names is not None and (isinstance(names, str) or not isinstance(names, Sequence)):
+            fix = f"names=[{names!r}] for one store" if isinstance(names, str) else "a list"
+            raise InvalidArgumentError(
+                f"names={names!r}: expected a list of 'Game/run' names of stores under "
+                f"{redact(str(root))}, or None for every complete store. Pass {fix}."
+            )
+        check_root(root, storage_options)  # a store, a game directory: the root to pass
+        available, entries = complete_store_entries(root, storage_options, names=names)
         names = list(available if names is None else names)
         check_names(root, names, available, storage_options)
         shared = ReadOptions.of(options, "MultiGameDataset").divided(len(names))

@@ -139,10 +139,13 @@ class PendingStore:
             raise type(exc)(
                 f"{self.where}, {listed}, is no longer a complete store ({exc}); {again}."
             ) from exc
-        if not check_entry(self.entry, store.metadata, self.url) and len(store) != self.n:
+        check_entry(self.entry, store.metadata, self.url)
+        # what the catalog claims is checked, whatever its content id says (an entry
+        # edited by hand keeps it): the mixture numbered its items by these
+        if len(store) != self.n or store.game not in (None, self.game):
             raise StoreFormatError(
-                f"{self.where} holds {len(store):,} transitions, but the {self.n:,} {listed} "
-                f"numbered this dataset's items; {again}."
+                f"{self.where} holds {len(store):,} transitions of {store.game}, but the "
+                f"{self.n:,} of {self.game} {listed} numbered this dataset's items; {again}."
             )
         if self._rows is not None and store.frame_rows() != self._rows:
             (chunk, shard, _), (was_chunk, was_shard, _) = store.frame_rows(), self._rows
