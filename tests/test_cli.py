@@ -401,3 +401,20 @@ def test_other_libraries_log_only_with_v(pong_store):
     assert quiet.returncode == 0, quiet.stderr
     assert "our own warning" in quiet.stderr and "a retry round" not in quiet.stderr
     assert "a retry round" in loud.stderr
+
+
+def test_ls_available_passes_s_to_the_cache_and_source_options_to_the_source(
+    pong_store, capsys
+) -> None:
+    """`ls --available --home URL -s …` sent ``-s`` to the source, so a cache in a bucket
+    was never found: ``-s`` is the cache's, ``--source-storage-option`` the source's."""
+    import fsspec
+
+    with FakeGCSServer() as gcs:
+        gcs.create_bucket("cache")
+        fs = fsspec.filesystem("gs", skip_instance_cache=True, **gcs.storage_options())
+        fs.put(pong_store.url, "cache/home/Pong/1.zarr", recursive=True)
+        options = [f"-s{k}={v}" for k, v in gcs.storage_options().items()]
+        assert main(["ls", "--available", "--home", "gs://cache/home", *options, "--json"]) == 0
+    rows = {r["id"]: r["cached"] for r in json.loads(capsys.readouterr().out)}
+    assert rows["Pong/1"] is True and rows["Pong/2"] is False

@@ -998,3 +998,14 @@ def test_a_home_that_is_a_file_is_one_line(public_copy, tmp_path):
     with pytest.raises(InvalidArgumentError, match="home-file is a file, not a directory"):
         pull(Request.parse("Pong/4", checkpoints=[0]), home=home, progress=False)
     assert public_copy.proxy.requests == 0
+
+
+def test_the_rank_wait_advises_the_timeout_that_was_given(public_copy, monkeypatch):
+    """A rank given ``timeout=`` (the CLI's ``--timeout``) was told to allow more time with
+    ``$ATARI_ZARR_TIMEOUT``, which it did not use: it is told to raise its timeout."""
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(StoreNotFoundError) as info:
+        pull(Request.parse("Asterix/1"), progress=False, timeout=1)
+    text = str(info.value)
+    assert "waited 1 s for rank 0" in text and "a larger timeout (--timeout" in text, text
+    assert "ATARI_ZARR_TIMEOUT" not in text

@@ -34,6 +34,24 @@ from atari_zarr.storage.paths import parse_storage_options, redact
 _MAX_EPISODE_STEPS = 27_000
 
 
+def _add_source_options(p: argparse.ArgumentParser) -> None:
+    """``--source`` and ``--source-storage-option``: where RL Unplugged's episodes are
+    (``-s`` is the cache's, or ROOT's)."""
+    p.add_argument(
+        "--source",
+        default=None,
+        metavar="URL",
+        help="where RL Unplugged's episodes are (default gs://rl_unplugged/atari_episodes_ordered)",
+    )
+    p.add_argument(
+        "--source-storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        default=[],
+        help="fsspec option for the source (default token=anon)",
+    )
+
+
 def _add_storage_option(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--storage-option",
@@ -390,12 +408,14 @@ def _cmd_ls(args: argparse.Namespace) -> int:
 
 def _ls_available(args: argparse.Namespace) -> int:
     from atari_zarr.listing import format_available
-    from atari_zarr.pull import available
+    from atari_zarr.pull import RLU_URL, available
 
     rows = available(
         home=args.home,
+        home_options=parse_storage_options(args.storage_option),
         source_sizes=args.source_sizes,
-        source_options=parse_storage_options(args.storage_option) or None,
+        source=args.source or RLU_URL,
+        source_options=parse_storage_options(args.source_storage_option) or None,
         timeout=_timeout(args),
     )
     return _print_rows(args, rows, "id", format_available)
@@ -625,6 +645,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --available: list the source's shards for every run's size (one request "
         "per game)",
     )
+    _add_source_options(p)
 
     p = sub.add_parser(
         "pull",
@@ -652,19 +673,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_subset_options(p, order="played")
     p.add_argument("--home", metavar="DIR", help="the cache (default $ATARI_ZARR_HOME)")
     p.add_argument("--force", action="store_true", help="fetch again, even when the cache holds it")
-    p.add_argument(
-        "--source",
-        default=None,
-        metavar="URL",
-        help="where RL Unplugged's episodes are (default gs://rl_unplugged/atari_episodes_ordered)",
-    )
-    p.add_argument(
-        "--source-storage-option",
-        action="append",
-        metavar="KEY=VALUE",
-        default=[],
-        help="fsspec option for the source (default token=anon)",
-    )
+    _add_source_options(p)
     _add_scheduler_options(p)
     p.add_argument(
         "--quiet", "-q", action="store_true", help="print only the store's path, no progress"

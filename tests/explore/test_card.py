@@ -120,3 +120,19 @@ def test_what_is_published_holds_no_planted_secret(pong_store_copy, capsys):
             assert secret.encode() not in blob
     card = (root / "README.md").read_text()
     assert "https://***@host.example/b/Pong/1.zarr" in card and "'token': '***'" in card
+
+
+def test_card_q_of_a_root_without_a_finished_episode_prints_nothing(tmp_path, capsys):
+    """`card -q` printed matplotlib's "No artists with labels found to put in legend"
+    for a root whose stores hold no finished episode: it prints nothing."""
+    from atari_zarr_testkit import write_fixture_run
+
+    from atari_zarr import convert
+
+    write_fixture_run(
+        str(tmp_path / "src"), "Pong", "1", capacity=1000, steps=50, seed=1, max_episode_length=900
+    )
+    convert(str(tmp_path / "src"), str(tmp_path / "out"), progress=False)
+    assert main(["card", str(tmp_path / "out"), "-q"]) == 0
+    assert capsys.readouterr() == ("", "")
+    assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 0

@@ -68,6 +68,7 @@ def plot_learning_curves(
         _, ax = plt.subplots(figsize=(7, 4))
     games = set()
     noun = "checkpoint"
+    drawn = 0
     for store in stores:
         label, rows = learning_curve(store, storage_options, timeout=timeout)
         games.add(label.split("/")[0])
@@ -79,6 +80,7 @@ def plot_learning_curves(
         else:
             xs = [int(r["checkpoint"]) for r in rows]
         (line,) = ax.plot(xs, [r["return_mean"] for r in rows], marker="o", ms=3, label=label)
+        drawn += 1
         ax.fill_between(
             xs,
             [r["return_q25"] for r in rows],
@@ -91,5 +93,8 @@ def plot_learning_curves(
     ax.set_xlabel(f"source {noun} (RL Unplugged: shard)")
     ax.set_ylabel("episode return (mean; band: middle half)")
     ax.set_title(f"Learning curve: {', '.join(sorted(games))}")
-    ax.legend(loc="best", fontsize="small")
+    if drawn:
+        ax.legend(loc="best", fontsize="small")
+    else:  # no finished episode: an empty frame that says so, not a legend of nothing
+        ax.text(0.5, 0.5, "no finished episode", ha="center", va="center", transform=ax.transAxes)
     return ax

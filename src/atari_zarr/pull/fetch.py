@@ -97,12 +97,18 @@ def _wait(
         if holder is not None:
             idle_since = now
         elif limit is not None and now - idle_since > limit:
+            # the knob the caller turned: the environment's only when none was given
+            more = (
+                f"${TIMEOUT_ENV}"
+                if timeout == "default"
+                else "a larger timeout (--timeout, or the loader's timeout=)"
+            )
             raise StoreNotFoundError(
                 f"{request.describe()}: {who} waited {limit:g} s for rank 0 (or the main "
                 f"process) to pull it into {redact(url)}, but no process is pulling it: rank 0 "
                 f"did not start the pull, or its pull failed (its error says why). Pull it "
                 f"before starting the job with `{request.command()}`, or allow more time with "
-                f"${TIMEOUT_ENV}."
+                f"{more}."
             )
         if now - told >= TELL_S:
             if who is not None:
@@ -343,6 +349,7 @@ def source_sizes(
 def available(
     *,
     home: str | os.PathLike[str] | None = None,
+    home_options: dict[str, Any] | None = None,
     source_sizes: bool = False,
     source: str = RLU_URL,
     source_options: dict[str, Any] | None = None,
@@ -378,7 +385,7 @@ def available(
                     "shards": game.shards,
                     "gib": game.sizes[run - 1],
                     "source_bytes": listed.get((game.name, str(run))),
-                    "cached": store_state(url, timeout=timeout) == "complete",
+                    "cached": store_state(url, home_options, timeout=timeout) == "complete",
                 }
             )
     return rows

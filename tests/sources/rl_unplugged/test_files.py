@@ -60,3 +60,18 @@ def test_shards_with_different_counts_name_both(rlu, tmp_path):
 
 def test_presets():
     assert presets(49) == {"mixed": [1], "medium": [10], "expert": [48]}
+
+
+def test_two_spellings_of_one_run_are_refused_naming_both(rlu, tmp_path):
+    """A source holding both ``run_04-…`` and ``run_4-…`` read whichever was listed last:
+    two files for one shard are one line naming both."""
+    game = tmp_path / rlu.game
+    shutil.copytree(rlu.game_dir, game)
+    for path in sorted(game.iterdir()):
+        shutil.copy(path, game / path.name.replace("run_1-", "run_4-"))
+    shutil.copy(game / shard_name(4, 2, 3), game / shard_name(4, 2, 3).replace("run_4-", "run_04-"))
+    with pytest.raises(SourceFormatError) as info:
+        RluRun(str(game), rlu.game, "4")
+    text = str(info.value)
+    assert "\n" not in text and "run_04-00002-of-00003" in text and "run_4-00002-of-00003" in text
+    assert "one file per shard" in text

@@ -177,6 +177,7 @@ class RluRun:
             )
         shards = sorted(shards, key=lambda s: (s.index, s.total))
         _check_totals(shards, self.url)
+        _check_one_file_per_shard(shards, self.url, self.run)
         self.shards = {s.index: s for s in shards}
         self.num_shards = shards[0].total
         #: Shard indices present, in order (the checkpoints a selection chooses from).
@@ -258,6 +259,18 @@ class RluRun:
                 f"expected the object listed, so that one conversion never mixes two "
                 f"publications. The source was republished meanwhile: run the same command "
                 f"again (it lists the run again and starts over)."
+            )
+
+
+def _check_one_file_per_shard(shards: list[Shard], where: str, run: str) -> None:
+    """Refuse two files for one shard (``run_04-…`` and ``run_4-…``): whichever was
+    listed last would be read."""
+    for a, b in zip(shards, shards[1:], strict=False):
+        if a.index == b.index:
+            raise SourceFormatError(
+                f"{where}: holds both {a.name} and {b.name} for shard {a.index} of run {run}; "
+                f"expected one file per shard. The directory mixes two spellings of the run "
+                f"number: keep one file and remove the other."
             )
 
 
