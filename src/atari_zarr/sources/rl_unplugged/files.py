@@ -17,6 +17,7 @@ run; every shard of a run must agree on ``N``. The store of ``run_1`` is
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from collections.abc import Iterator
@@ -265,7 +266,7 @@ class RluRun:
 def _check_one_file_per_shard(shards: list[Shard], where: str, run: str) -> None:
     """Refuse two files for one shard (``run_04-…`` and ``run_4-…``): whichever was
     listed last would be read."""
-    for a, b in zip(shards, shards[1:], strict=False):
+    for a, b in itertools.pairwise(shards):
         if a.index == b.index:
             raise SourceFormatError(
                 f"{where}: holds both {a.name} and {b.name} for shard {a.index} of run {run}; "
