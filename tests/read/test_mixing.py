@@ -310,3 +310,50 @@ def test_from_root_refuses_what_is_not_a_root_and_names_that_are_not_a_list(two_
         assert "\n" not in str(info.value) and "Pass" in str(info.value)
     with pytest.raises(InvalidArgumentError, match=r"Pass names=\['Pong/1'\] for one store"):
         MultiGameDataset.from_root(root, "Pong/1")
+
+
+def _generator():
+    yield 1.0
+    yield 2.0
+
+
+@pytest.mark.parametrize(
+    ("weights", "said"),
+    [
+        (
+            {"Pong/1": 1, "Breakout/9": 1},
+            r"\['Breakout/9'\] are not among them and missing \['Breakout/2'\]",
+        ),
+        (
+            {"Pong": -1, "Breakout": 1},
+            r"the weight of 'Pong' .* must be a number 0 or more; got -1",
+        ),
+        (["a", 1], r"the weight of store 0 \(Breakout/2\) .* got 'a'"),
+        ([1, 2, 3], "must be one per store, 2 for"),
+        (5, "weights=5 is not a way of weighting"),
+        ({1.0, 2.0}, "a set has no order"),
+        (_generator(), "a generator is read once"),
+    ],
+)
+def test_weights_that_cannot_be_used_are_one_line_naming_them(two_games, weights, said):
+    """Each failed raw or half-worked: a dict with one unknown store reported the
+    missing games, negative game weights were reported as derived numbers, a string, a
+    number, a set and a generator failed raw or were taken in an arbitrary order."""
+    root, _ = two_games
+    with pytest.raises(InvalidArgumentError, match=said) as info:
+        MultiGameDataset.from_root(root, weights=weights)
+    assert "\n" not in str(info.value)
+
+
+def test_a_zero_weight_leaves_a_store_out_of_batches_not_out_of_a_stream(two_games):
+    """The message said "0 leaves one out", which is false for stream(): an epoch reads
+    every item once, the units of stores of weight 0 last."""
+    root, _ = two_games
+    mix = MultiGameDataset.from_root(root, weights={"Pong/1": 1, "Breakout/2": 0})
+    batch = mix.sample(64, generator=torch.Generator().manual_seed(0))
+    assert set(batch["game_id"].tolist()) == {mix.games.index("Pong/1")}
+    seen = [int(g) for b in mix.stream(batch_size=50, seed=0) for g in b["game_id"]]
+    breakout = mix.games.index("Breakout/2")
+    assert seen.count(breakout) == 150 and len(seen) == 450
+    with pytest.raises(InvalidArgumentError, match="a stream still reads every item of it"):
+        MultiGameDataset.from_root(root, weights={"Pong/1": 1})

@@ -144,3 +144,32 @@ def test_a_store_rechunked_since_the_plan_stops_its_first_read(root) -> None:
     with pytest.raises(StoreFormatError, match=r"Breakout/1.zarr .*shards .*atari-zarr index") as err:
         next(iter(stream))
     assert "\n" not in str(err.value)
+
+
+def test_a_stalled_server_fails_a_pending_store_once(pong_store) -> None:
+    """A server that stalls before ``stream()`` of a catalogued mixture failed after twice
+    the timeout: the look at a pending store's frame shards swallowed the first, and the
+    open that followed waited a second. The first timeout is the error, after one request."""
+    import fsspec
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
+
+    from atari_zarr.catalog import content_id
+    from atari_zarr.errors import RemoteAccessError
+    from atari_zarr.read.options import ReadOptions
+    from atari_zarr.read.store import StoreReader
+
+    content = content_id(StoreReader(pong_store.url).metadata)
+    entry = {"game": "Pong", "run": "1", "transitions": pong_store.transitions, "content": content}
+    with FakeGCSServer() as server, CountingProxy(server.endpoint_url) as proxy:
+        server.create_bucket("stalls")
+        fs = fsspec.filesystem("gs", skip_instance_cache=True, **server.storage_options())
+        fs.put(pong_store.url, "stalls/Pong/1.zarr", recursive=True)
+        url = f"{proxy.endpoint_url}/stalls/Pong/1.zarr"
+        pending = PendingStore(url, entry, options=ReadOptions(timeout=1))
+        proxy.reset()
+        proxy.delay = 30  # the server stalls
+        with pytest.raises(RemoteAccessError, match="did not finish within 1 s"):
+            pending.frame_rows()
+        asked = proxy.requests
+        proxy.delay = 0
+    assert asked == 1

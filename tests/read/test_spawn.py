@@ -95,3 +95,31 @@ def test_spawned_workers_read_every_object_and_end_quietly(pong_store, tmp_path)
     # feeder thread stopped inside C++), about one run in four
     assert "terminate called" not in done.stderr, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_store_replaced_before_a_worker_opens_it_is_refused_there(tmp_path) -> None:
+    """A store written again after the parent opened it: spawned workers unpickled the
+    dataset and read the new store while the parent read the old one, with no word in
+    either process. The pickled dataset carries which store it is; a worker that finds
+    another refuses in one line."""
+    import pickle
+    import shutil
+
+    from atari_zarr_testkit import write_fixture_run
+
+    from atari_zarr import AtariZarrDataset, convert
+    from atari_zarr.errors import StoreChangedError
+
+    for name, seed in (("a", 1), ("b", 2)):
+        write_fixture_run(str(tmp_path / name), "Pong", "1", capacity=64, steps=300, seed=seed)
+    [store] = convert(str(tmp_path / "a"), str(tmp_path / "out"), progress=False)
+    ds = AtariZarrDataset(store.url)
+    handed = pickle.dumps(ds)
+    assert len(pickle.loads(handed)) == len(ds)  # the same store: opened again, silently
+    shutil.rmtree(store.url)
+    convert(str(tmp_path / "b"), str(tmp_path / "out"), progress=False)
+    with pytest.raises(StoreChangedError) as info:
+        pickle.loads(handed)
+    text = str(info.value)
+    assert "\n" not in text and "was replaced since this dataset was opened" in text
+    assert "Open the dataset again" in text

@@ -213,3 +213,24 @@ def test_bytes_changed_in_transit_are_fetched_again_before_damage(public) -> Non
     with pytest.raises(StoreCorruptError, match="crc32c"):
         ds[np.array([300])]
     proxy.reset()
+
+
+def test_a_server_that_ignores_range_is_named_not_the_store(tmp_path) -> None:
+    """``python -m http.server`` answers a ranged GET with 200 and the whole object: the
+    store was called damaged ("write it again"). The server is named as not serving
+    byte ranges, and the store as not damaged."""
+    import torch
+    from atari_zarr_testkit import write_two_runs
+    from atari_zarr_testkit.web import DirectoryServer
+
+    from atari_zarr.errors import RemoteAccessError, StoreCorruptError
+
+    root = write_two_runs(tmp_path)
+    with DirectoryServer(root) as server:
+        ds = AtariZarrDataset(f"{server.endpoint_url}/Pong/1.zarr")
+        with pytest.raises(RemoteAccessError) as info:
+            ds.sample(8, generator=torch.Generator().manual_seed(0))
+    text = str(info.value)
+    assert not isinstance(info.value, StoreCorruptError)
+    assert "\n" not in text and "does not serve byte ranges" in text, text
+    assert "not damaged" in text and "Pong/1.zarr/" in text

@@ -193,8 +193,9 @@ class MultiGameDataset(ItemDataset):
                 f"names={names!r}: expected a list of 'Game/run' names of stores under "
                 f"{redact(str(root))}, or None for every complete store. Pass {fix}."
             )
-        check_root(root, storage_options)  # a store, a game directory: the root to pass
         available, entries = complete_store_entries(root, storage_options, names=names)
+        if not available:  # a store, a game directory, a file: the root to pass instead
+            check_root(root, storage_options)
         names = list(available if names is None else names)
         check_names(root, names, available, storage_options)
         shared = ReadOptions.of(options, "MultiGameDataset").divided(len(names))

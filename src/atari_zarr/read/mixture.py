@@ -124,11 +124,27 @@ def store_weights(
             f"weights={weights!r} is not a way of weighting {where}: expected 'transitions', "
             f"'games', a dict of game (or Game/run) weights, or one weight per store"
         )
-    if not isinstance(weights, (str, dict)):
-        return [float(w) for w in weights]  # one per store, checked with the lengths
+    if isinstance(weights, list | tuple | np.ndarray):  # one per store, in their order
+        values = [
+            _weight(w, f"store {i} ({s})", where)
+            for i, (s, w) in enumerate(zip(stores, weights, strict=False))
+        ]
+        if len(weights) != len(stores):
+            raise InvalidArgumentError(
+                f"weights for {where} must be one per store, {len(stores)} for "
+                f"{list(stores)}; got {len(weights)}. Pass a list of {len(stores)} weights, "
+                f"or a dict of game (or Game/run) weights"
+            )
+        return values
+    if not isinstance(weights, str | dict):
+        raise InvalidArgumentError(
+            f"weights={weights!r} is not a way of weighting {where}: expected 'transitions', "
+            f"'games', a dict of game (or Game/run) weights, or a list of one weight per "
+            f"store. Pass a list (a set has no order, a generator is read once)"
+        )
     if isinstance(weights, dict):
         named = _named(weights, where)
-        if set(named) <= set(stores) and not set(named) & set(games):  # per store
+        if any("/" in key for key in named):  # "Game/run" keys: a weight per store
             _name_each(named, stores, "store", where)
             return [named[s] for s in stores]
     else:
@@ -141,16 +157,22 @@ def store_weights(
 
 
 def _named(weights: dict[Any, Any], where: str) -> dict[str, float]:
-    """A dict of weights, its values numbers (a bad one is one line)."""
-    out = {}
-    for key, value in weights.items():
-        try:
-            out[str(key)] = float(value)
-        except (TypeError, ValueError):
-            raise InvalidArgumentError(
-                f"the weight of {key!r} for {where} must be a number; got {value!r}"
-            ) from None
-    return out
+    """A dict of weights, its values numbers 0 or more (a bad one is one line)."""
+    return {str(key): _weight(value, repr(key), where) for key, value in weights.items()}
+
+
+def _weight(value: Any, of: str, where: str) -> float:
+    """One weight as given: a finite number 0 or more, or one line naming it."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = float("nan")
+    if isinstance(value, bool | str) or not np.isfinite(number) or number < 0:
+        raise InvalidArgumentError(
+            f"the weight of {of} for {where} must be a number 0 or more; got {value!r}. "
+            f"Pass a non-negative number"
+        )
+    return number
 
 
 def _name_each(named: dict[str, float], wanted: Sequence[str], kind: str, where: str) -> None:
@@ -158,10 +180,12 @@ def _name_each(named: dict[str, float], wanted: Sequence[str], kind: str, where:
     missing = sorted(set(wanted) - set(named))
     unknown = sorted(set(named) - set(wanted))
     if missing or unknown:
-        found = f"missing {missing}" if missing else f"{unknown} are not among them"
+        found = [f"{unknown} are not among them"] if unknown else []
+        found += [f"missing {missing}"] if missing else []
         raise InvalidArgumentError(
             f"weights for {where} must name each of its {kind}s {sorted(set(wanted))}; "
-            f"{found}. Give every {kind} a weight (0 leaves one out)"
+            f"{' and '.join(found)}. Give every {kind} a weight (0 leaves one out of random "
+            f"batches; a stream still reads every item of it once, its units last)"
         )
 
 

@@ -49,10 +49,10 @@ class ReadOptions:
     Parameters
     ----------
     frame_cache_bytes : int or str
-        Bound on the decoded frame chunks kept between batches: bytes per store and
-        per process, or a share of this machine's memory for the whole dataset
-        (default ``"25%"``), which its DataLoader workers and, in a
-        ``MultiGameDataset``, its stores divide among themselves. 0 keeps none. A
+        Bound on the decoded frame chunks kept between batches, per process, for the
+        whole dataset: bytes, or a share of this machine's memory (default ``"25%"``),
+        which its DataLoader workers divide among themselves (a share of memory) and,
+        in a ``MultiGameDataset``, its stores (bytes and shares alike). 0 keeps none. A
         random batch of a store that fits decodes nothing. Memory is taken as chunks
         are decoded, never beyond the bound: 128 MB first, then one more chunk's room
         per 8 chunks decoded (a fresh page costs more than a decode).

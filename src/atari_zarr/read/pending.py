@@ -33,6 +33,7 @@ from atari_zarr.catalog import CATALOG, CatalogEntry, check_entry
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import (
     AtariZarrError,
+    RemoteAccessError,
     StoreFormatError,
     StoreIncompleteError,
     StoreNotFoundError,
@@ -176,6 +177,8 @@ class PendingStore:
             doc = json.loads(fs.cat_metadata(f"{path.rstrip('/')}/zarr.json"))
             frames = doc["consolidated_metadata"]["metadata"][OBSERVATION]
             chain = row_chunks(ArrayV3Metadata.from_dict(frames))
+        except RemoteAccessError:
+            raise  # a server that fails (or stalls) fails once, within its timeout
         except (OSError, ValueError, KeyError, TypeError, UnsupportedChunks, AtariZarrError):
             return None  # opening the store tells, or says what is wrong
         if chain.shard_rows is None:

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 from tensordict import TensorDict
 
+from atari_zarr.catalog import content_id
 from atari_zarr.episodes import EpisodeTable, episode_table, return_to_go
-from atari_zarr.errors import InvalidArgumentError, StoreCorruptError
+from atari_zarr.errors import InvalidArgumentError, StoreChangedError, StoreCorruptError
 from atari_zarr.layout import (
     ACTION,
     ACTION_FULL,
@@ -275,11 +276,21 @@ class StoreReader:
         # file-system handles, locks and memory maps never cross processes: the store is
         # opened again by its URL (a DataLoader worker, spawned or forked)
         keep = ("storage_options", "cache", "partial", "full_action_space", "options")
-        return {"path_or_url": self.url, **{k: getattr(self, k) for k in keep}}
+        state = {"path_or_url": self.url, **{k: getattr(self, k) for k in keep}}
+        # which store this is: a process that opens it again must find the same one
+        return {**state, "content": content_id(self.metadata)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
+        content = state.pop("content", None)
         self.__init__(state.pop("path_or_url"), **state)  # type: ignore[misc]
+        if content is not None and content_id(self.metadata) != content:
+            raise StoreChangedError(
+                f"{self.where} was replaced since this dataset was opened in the process that "
+                f"handed it here (content {content}, now {content_id(self.metadata)}): that "
+                f"process reads the store as it was, this one would read another. Open the "
+                f"dataset again (and make its DataLoader again) once the store is written."
+            )
 
     # -- episodes ---------------------------------------------------------------------
     @property

@@ -33,10 +33,16 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
-from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    Store,
+    SuffixByteRequest,
+)
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.errors import InvalidArgumentError, RemoteAccessError
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.filesystem import backend_errors, check_local_metadata
@@ -139,6 +145,15 @@ def open_zarr_store(
 
         store = RangeCacheStore(store, cache, redact(location))
     return store
+
+
+def _range_length(byte_range: ByteRequest | None) -> int | None:
+    """The most bytes ``byte_range`` can give (None: no bound)."""
+    if isinstance(byte_range, RangeByteRequest):
+        return max(0, byte_range.end - byte_range.start)
+    if isinstance(byte_range, SuffixByteRequest):
+        return byte_range.suffix
+    return None
 
 
 def _describe(key: str, byte_range: ByteRequest | None) -> str:
@@ -342,12 +357,23 @@ class RemoteStore(WrapperStore[Store]):
     async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
         if self._http:
             call = lambda: self._store.get(key, prototype, byte_range)  # noqa: E731
-            return await self._guard(
+            found = await self._guard(
                 "reading", _describe(key, byte_range), _with_retries(call, HTTP_ATTEMPTS)
             )
-        return await self._guard(
-            "reading", _describe(key, byte_range), self._store.get(key, prototype, byte_range)
-        )
+        else:
+            found = await self._guard(
+                "reading", _describe(key, byte_range), self._store.get(key, prototype, byte_range)
+            )
+        asked = _range_length(byte_range)
+        if found is not None and asked is not None and len(found) > asked:
+            raise RemoteAccessError(
+                f"{self.url}/{key}: the server answered a request for {asked:,} bytes "
+                f"({_describe(key, byte_range)}) with {len(found):,}: it does not serve byte "
+                f"ranges (HTTP Range; `python -m http.server` does not), which reading a store "
+                f"needs; the store is not damaged. Serve it from a server that does (a bucket, "
+                f"nginx, Caddy), or copy the store and read it locally."
+            )
+        return found
 
     async def get_partial_values(
         self, prototype: Any, key_ranges: Iterable[tuple[str, ByteRequest | None]]
