@@ -17,8 +17,14 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 VPY="$venv/bin/python"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+TORCH="${TORCH:-torch==2.13.0}"
+CPU_INDEX=https://download.pytorch.org/whl/cpu
 if ! "$VPY" -c 'import torch' 2>/dev/null; then
-    "$VPY" -m pip install --quiet "${TORCH:-torch==2.13.0}"
+    # the wheel this machine holds (no index asked), else PyTorch's CPU index, never
+    # PyPI's torch (a CUDA build, some 5.8 GB with its libraries); then its dependencies
+    "$VPY" -m pip install --quiet --no-index --no-deps "$TORCH" 2>/dev/null \
+        || "$VPY" -m pip install --quiet --no-deps --index-url "$CPU_INDEX" "$TORCH"
+    "$VPY" -m pip install --quiet "$TORCH"
 fi
 "$VPY" -m pip install --quiet -e ".[${extras}]"
 # the test kit (tests/kit: fixture runs, loopback servers), for the tests, benchmarks and
@@ -30,7 +36,11 @@ fi
 if [ "$extras" = "test" ]; then
     bash scripts/chromium.sh
     if [ ! -f .wheelhouse/complete ]; then
-        "$VPY" -m pip download --quiet --dest .wheelhouse "torch==2.13.0" ".[torchrl]"
+        "$VPY" -m pip download --quiet --no-index --no-deps --dest .wheelhouse "torch==2.13.0" \
+            2>/dev/null || "$VPY" -m pip download --quiet --no-deps --index-url "$CPU_INDEX" \
+            --dest .wheelhouse "torch==2.13.0"
+        "$VPY" -m pip download --quiet --find-links .wheelhouse --dest .wheelhouse \
+            "torch==2.13.0" ".[torchrl]"
         rm -f .wheelhouse/atari_zarr-* && touch .wheelhouse/complete
     fi
 fi
