@@ -93,4 +93,6 @@ html_css_files = ["atari_zarr.css"]
 # search ranks the guides first (a migration guide for the name of the class it replaces)
 html_search_scorer = str(HERE / "_static" / "scorer.js")
 templates_path = ["_templates"]
+# pages outside every section's toctree have no navigation of their own: no empty column
+html_sidebars = {"getting-started": []}
 html_show_sourcelink = False

@@ -357,3 +357,68 @@ def test_search_lists_the_migration_guide_first(
     page.wait_for(f"{status} && {status}.textContent.length > 0", 60)
     found = page.evaluate(f"{links}.map(a => a.getAttribute('href'))")
     assert found and found[0].split("#")[0] == f"{guide}.html", found[:5]
+
+
+#: elements whose content is cut off: wider inside than the box they are drawn in
+CLIPPED = (
+    "Array.from(document.querySelectorAll(SELECTOR)).filter(e => e.offsetWidth > 0 && "
+    "e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim().slice(0, 60))"
+)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_getting_started_has_no_empty_navigation_column(served: str, browser: HeadlessChromium):
+    """Getting started is outside every section's toctree: it showed an empty navigation
+    column at 1280 px. It has no column, or one with links."""
+    page = browser.open(f"{served}/getting-started.html")
+    column = page.evaluate(
+        "(() => { const s = document.querySelector('.bd-sidebar-primary');"
+        " if (!s || s.offsetWidth === 0) return null;"
+        " return s.querySelectorAll('nav.bd-docs-nav a').length; })()",
+        width=1280,
+    )
+    assert column is None or column > 0
+
+
+@pytest.mark.slow
+@needs_chromium
+@pytest.mark.parametrize("width", [1280, 390])
+def test_code_blocks_scroll_and_never_wrap_mid_token(
+    served: str, browser: HeadlessChromium, width: int
+):
+    """Code wrapped mid-token (`--dt-` / `buffers`): every block keeps its lines whole
+    and scrolls inside itself; the page itself never scrolls sideways (above)."""
+    for name in ("getting-started", "guides/pull", "guides/migrate-decision-transformer"):
+        page = browser.open(f"{served}/{name}.html")
+        styles = page.evaluate(
+            "Array.from(document.querySelectorAll('div.highlight pre')).map(p => "
+            "[getComputedStyle(p).whiteSpace, getComputedStyle(p).overflowX])",
+            width=width,
+        )
+        assert styles and all(s == ["pre", "auto"] for s in styles), (name, styles)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_api_pages_titles_signatures_and_contents_are_never_clipped(
+    served: str, browser: HeadlessChromium
+):
+    """At 390 px the API page's title and signatures were clipped, and at 1280 px its
+    right-hand contents were truncated: long names break instead."""
+    page = browser.open(f"{served}/api/dataset.html")
+    for selector, width in (
+        (".bd-article h1", 390),
+        (".bd-article dl.py > dt", 390),
+        (".bd-sidebar-secondary .bd-toc-nav a", 1280),
+    ):
+        clipped = page.evaluate(CLIPPED.replace("SELECTOR", repr(selector)), width=width)
+        assert not clipped, (selector, width, clipped)
+
+
+@pytest.mark.slow
+def test_the_benchmarks_index_carries_the_headline_table(site: Path):
+    """The benchmarks index was only a list of links: it opens with the headline table."""
+    html = (site / "benchmarks" / "index.html").read_text()
+    table = html.split("<table", 1)[1].split("</table>", 1)[0] if "<table" in html else ""
+    assert "random TED-256" in table and "Lance" in table and "TorchRL" in table

@@ -6,6 +6,7 @@ Remote cases talk to fake-gcs-server on 127.0.0.1 only.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import pickle
 from collections.abc import Callable, Iterator
@@ -333,3 +334,22 @@ def test_a_web_servers_listing_is_decoded_and_converts(pong_source, tmp_path: Pa
     assert len(got) == len(want) == len(pong_source.truth().action)
     rows = np.arange(len(got))
     assert (got[rows]["observation"] == want[rows]["observation"]).all()
+
+
+def test_huggingface_hubs_retries_reach_only_the_applications_logging(capsys, caplog) -> None:
+    """huggingface_hub prints its 429 retries on stderr by a handler of its own, during a
+    read: once an hf:// location is opened, they reach the application's logging only."""
+    import logging
+
+    pytest.importorskip("huggingface_hub")
+    from huggingface_hub.utils import logging as hub_logging
+
+    from atari_zarr.errors import AtariZarrError
+
+    retries = hub_logging.get_logger("huggingface_hub.utils._http")
+    with contextlib.suppress(AtariZarrError):  # offline here: only the opening matters
+        FileSystem("hf://datasets/org/name", timeout=5)
+    with caplog.at_level(logging.WARNING):
+        retries.warning("Rate limited. Waiting 2s before retry [Retry 1/5].")
+    assert capsys.readouterr().err == ""
+    assert any("Rate limited" in r.getMessage() for r in caplog.records)

@@ -76,6 +76,22 @@ from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redac
 for _library in ("gcsfs", "s3fs", "fsspec", "aiohttp", "aiobotocore", "botocore", "google"):
     logging.getLogger(_library).addHandler(logging.NullHandler())
 
+
+def quiet_hub_logs() -> None:
+    """huggingface_hub's records (a 429's "Rate limited. Waiting ..." among them) reach
+    the application's logging only, as other libraries' do: the handler it adds on
+    stderr by itself is replaced by a NullHandler. A handler the application added stays.
+    """
+    import sys
+
+    hub = logging.getLogger("huggingface_hub")
+    for handler in list(hub.handlers):
+        stream = getattr(handler, "stream", None)
+        if type(handler) is logging.StreamHandler and stream in (sys.stderr, sys.__stderr__):
+            hub.removeHandler(handler)
+    if not hub.handlers:
+        hub.addHandler(logging.NullHandler())
+
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "FileSystem",
@@ -240,6 +256,8 @@ class FileSystem:
         self._pid = os.getpid()
         if self.remote:
             redact_library_logs()  # fsspec's DEBUG lines name the URL, user info included
+            if self.location.startswith("hf://"):
+                quiet_hub_logs()
             check_resolves(self.location, self.storage_options, timeout=self.timeout)
             with backend_errors(self.location, self.storage_options):
                 fs, path = fsspec.core.url_to_fs(self.location, **self.storage_options)
