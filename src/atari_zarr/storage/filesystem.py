@@ -92,6 +92,7 @@ def quiet_hub_logs() -> None:
     if not hub.handlers:
         hub.addHandler(logging.NullHandler())
 
+
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "FileSystem",
