@@ -154,7 +154,13 @@ def test_pool_workers_ignore_ctrl_c_from_their_first_instruction():
     plain = multiprocessing.get_context("spawn")
     queue = plain.Queue()
     worker = plain.Process(target=_sigint_handler, args=(queue,))
-    worker.start()
+    # a process started in the background (`cmd &`) has SIGINT ignored, and children
+    # inherit that: the plain worker is started from a parent that handles Ctrl-C
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        worker.start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         assert queue.get(timeout=60) is False  # what the quiet context changes
     finally:
