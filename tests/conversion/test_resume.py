@@ -308,6 +308,9 @@ def test_ctrl_c_is_one_line(run5, tmp_path):
         [*pause_command(dest.parent, "-lap-", 1), "convert", str(run5), str(dest),
          "--no-progress", "--scheduler", "processes", "--workers", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        # as from a terminal: a suite started in the background (`cmd &`) has SIGINT
+        # ignored, which its children would inherit
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     wait_for_pause(proc)
     os.killpg(proc.pid, signal.SIGINT)
@@ -316,6 +319,7 @@ def test_ctrl_c_is_one_line(run5, tmp_path):
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()  # reaped, its pipes closed, whatever happened
     text = err.decode()
     assert proc.returncode == 130, text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text
