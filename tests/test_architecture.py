@@ -36,7 +36,7 @@ FLOORS = [
     {"conversion", "read", "record"},
     {"pull"},
     {"compat", "explore"},
-    {"verify", "info", "demo", "torchrl", "listing"},
+    {"verify", "info", "demo", "torchrl", "grain", "listing"},
     {"cli", "__main__"},
 ]
 #: The floor of the paths through a store: its packages do not import each other.

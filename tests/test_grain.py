@@ -1,0 +1,101 @@
+"""The Grain source: Grain's own MapDataset and DataLoader read it, record for record as
+the dataset reads it, in threads and in worker processes."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atari_zarr import AtariZarrDataset, MultiGameDataset
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.grain import AtariZarrSource
+
+grain = pytest.importorskip("grain")
+
+
+def _same(record: dict, item) -> None:
+    """A record equals the TensorDict item of the dataset, key by key."""
+    for key, value in record.items():
+        if isinstance(value, dict):
+            _same(value, item[key])
+        else:
+            np.testing.assert_array_equal(value, item[key].numpy(), err_msg=key)
+
+
+def test_grain_reads_the_records_the_dataset_reads(pong_store) -> None:
+    source = AtariZarrSource(pong_store.url, frame_stack=4)
+    ds = AtariZarrDataset(pong_store.url, frame_stack=4)
+    assert isinstance(source, grain.sources.RandomAccessDataSource)
+    assert len(source) == len(ds)
+    batches = list(grain.MapDataset.source(source).shuffle(seed=0).batch(16))
+    seen = np.concatenate([b["index"] for b in batches])
+    assert sorted(seen.tolist()) == list(range(len(ds)))  # each record once
+    first = batches[0]
+    assert first["observation"].shape == (16, 4, 84, 84)
+    assert set(first["next"]) == {"observation", "reward", "terminated", "truncated", "done"}
+    for k in range(16):
+        _same({key: _pick(v, k) for key, v in first.items()}, ds[int(first["index"][k])])
+
+
+def _pick(tree, k):
+    return {key: _pick(v, k) for key, v in tree.items()} if isinstance(tree, dict) else tree[k]
+
+
+def test_batched_reads_threads_and_pickling(pong_store) -> None:
+    source = AtariZarrSource(pong_store.url, frame_stack=2)
+    ds = AtariZarrDataset(pong_store.url, frame_stack=2)
+    rows = [7, 3, 250, 3]
+    for row, record in zip(rows, source._getitems(rows), strict=True):
+        _same(record, ds[row])
+    # Grain's threads call __getitem__ at once: every record is still its own
+    read = grain.MapDataset.source(source).to_iter_dataset(grain.ReadOptions(num_threads=4))
+    indices = [int(r["index"]) for r in read]
+    assert indices == list(range(len(ds)))
+    again = pickle.loads(pickle.dumps(source))
+    _same(again[11], ds[11])
+    assert repr(again) == repr(source) and "frame_stack=2" in repr(source)
+
+
+def test_windows_and_mixtures(pong_store, tmp_path: Path) -> None:
+    windows = AtariZarrSource(pong_store.url, frame_stack=4, window=8)
+    w = AtariZarrDataset(pong_store.url, frame_stack=4).windows(8)
+    assert len(windows) == len(w)
+    record = windows[5]
+    assert record["observation"].shape == (8, 4, 84, 84)
+    _same(record, w[5])
+    mix = AtariZarrSource([pong_store.url, pong_store.url], frame_stack=1)
+    both = MultiGameDataset([pong_store.url, pong_store.url], frame_stack=1)
+    assert len(mix) == len(both)
+    last = mix[len(mix) - 1]
+    assert "game_id" in last  # a mixture's records say their game
+    _same(last, both[len(both) - 1])
+
+
+def test_a_grain_dataloader_reads_it_in_worker_processes(pong_store) -> None:
+    """Grain's DataLoader pickles the source into its worker processes."""
+    source = AtariZarrSource(pong_store.url, frame_stack=4)
+    sampler = grain.samplers.IndexSampler(
+        num_records=len(source),
+        shuffle=True,
+        seed=0,
+        num_epochs=1,
+        shard_options=grain.sharding.NoSharding(),
+    )
+    loader = grain.DataLoader(
+        data_source=source,
+        sampler=sampler,
+        operations=[grain.transforms.Batch(batch_size=32, drop_remainder=False)],
+        worker_count=2,
+    )
+    seen = np.concatenate([batch["index"] for batch in loader])
+    assert sorted(seen.tolist()) == list(range(len(source)))
+
+
+def test_bad_input_is_one_line() -> None:
+    for bad in ([], 5, None):
+        with pytest.raises(InvalidArgumentError) as info:
+            AtariZarrSource(bad)
+        assert "\n" not in str(info.value)
