@@ -14,6 +14,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -756,37 +757,61 @@ def test_a_home_bucket_that_does_not_exist_is_one_line_without_its_password(publ
     assert "pw-Home81secret" not in err
 
 
+def _asterix_in_bucket(server, bucket: str, paths) -> Any:
+    """Asterix/1's shards at ``paths`` uploaded under ``gs://{bucket}/rlu/Asterix`` with
+    their own names: gcsfs on the emulator."""
+    import gcsfs
+
+    server.create_bucket(bucket)
+    fs = gcsfs.GCSFileSystem(**server.storage_options())
+    for path in paths:
+        fs.put_file(path, f"{bucket}/rlu/Asterix/{Path(path).name}")
+    return fs
+
+
+def _pull_from_bucket(server, bucket: str, request: Request, home: Path):
+    """``pull`` of ``request`` from ``gs://{bucket}/rlu`` into ``home``, on one thread."""
+    return pull(
+        request,
+        home=home,
+        source=f"gs://{bucket}/rlu",
+        source_options=server.storage_options(),
+        progress=False,
+        scheduler="synchronous",
+    )
+
+
+def _once_a_shard_is_scanned(act) -> Any:
+    """A dask callback calling ``act(other)`` once, when the first of shards 0 and 1 is
+    scanned, with the index of the other one (not scanned yet)."""
+    from dask.callbacks import Callback
+
+    done: list[int] = []
+
+    class Once(Callback):
+        def _posttask(self, key, result, dsk, state, worker_id):
+            if "-scan-" in str(key) and not done:
+                done.append(1 - int(str(key).rsplit("-", 1)[1]))
+                act(done[0])
+
+    return Once()
+
+
 def test_a_shard_deleted_after_the_listing_is_one_line_naming_it(public_copy, tmp_path):
     """A shard that answers 404 when it is fetched, after it was listed, ended in 120 lines
     of traceback with the raw download URL: it is one line naming the shard's URL."""
-    import gcsfs
-    from dask.callbacks import Callback
-
     server = public_copy.server
-    server.create_bucket("gone")
-    fs = gcsfs.GCSFileSystem(**server.storage_options())
-    fixture = public_copy.runs["Asterix/1"]
-    names = [Path(fixture.paths[i]).name for i in (0, 1)]
-    for i, name in enumerate(names):
-        fs.put_file(fixture.paths[i], f"gone/rlu/Asterix/{name}")
-
+    paths = [public_copy.runs["Asterix/1"].paths[i] for i in (0, 1)]
+    fs = _asterix_in_bucket(server, "gone", paths)
     gone: list[str] = []
 
-    class DeleteTheOtherShard(Callback):  # once one shard is scanned, the other goes
-        def _posttask(self, key, result, dsk, state, worker_id):
-            if "-scan-" in str(key) and not gone:
-                gone.append(names[1 - int(str(key).rsplit("-", 1)[1])])
-                fs.rm(f"gone/rlu/Asterix/{gone[0]}")
+    def delete(other: int) -> None:  # once one shard is scanned, the other goes
+        gone.append(Path(paths[other]).name)
+        fs.rm(f"gone/rlu/Asterix/{gone[0]}")
 
-    with DeleteTheOtherShard(), pytest.raises(SourceNotFoundError) as info:
-        pull(
-            Request.parse("Asterix/1", checkpoints="0-1"),
-            home=tmp_path / "home",
-            source="gs://gone/rlu",
-            source_options=server.storage_options(),
-            progress=False,
-            scheduler="synchronous",
-        )
+    request = Request.parse("Asterix/1", checkpoints="0-1")
+    with _once_a_shard_is_scanned(delete), pytest.raises(SourceNotFoundError) as info:
+        _pull_from_bucket(server, "gone", request, tmp_path / "home")
     text = str(info.value)
     assert "\n" not in text and f"gs://gone/rlu/Asterix/{gone[0]}" in text, text
     assert "storage/v1" not in text and "download" not in text  # not the raw request URL
@@ -857,17 +882,12 @@ def test_a_shard_deleted_between_the_check_and_the_conversion_is_never_served(
     """The conversion listed the run again after the pull's check: a shard deleted in
     between gave a "complete" whole run with ``shards_missing: [7]``. The run checked is
     the run converted, and a shard gone is one line; nothing is complete."""
-    import gcsfs
-
     from atari_zarr.catalog import store_state
     from atari_zarr.pull import fetch
 
     server = public_copy.server
-    server.create_bucket("late")
-    fs = gcsfs.GCSFileSystem(**server.storage_options())
     fixture = public_copy.runs["Asterix/1"]
-    for path in fixture.paths.values():
-        fs.put_file(path, f"late/rlu/Asterix/{Path(path).name}")
+    fs = _asterix_in_bucket(server, "late", fixture.paths.values())
     seventh = f"late/rlu/Asterix/{Path(fixture.paths[7]).name}"
     checked = fetch._check_source
 
@@ -879,14 +899,7 @@ def test_a_shard_deleted_between_the_check_and_the_conversion_is_never_served(
     monkeypatch.setattr(fetch, "_check_source", check_then_delete)
     home = tmp_path / "home"
     with pytest.raises(SourceNotFoundError) as info:
-        pull(
-            Request.parse("Asterix/1"),
-            home=home,
-            source="gs://late/rlu",
-            source_options=server.storage_options(),
-            progress=False,
-            scheduler="synchronous",
-        )
+        _pull_from_bucket(server, "late", Request.parse("Asterix/1"), home)
     text = str(info.value)
     assert "\n" not in text and f"gs://{seventh}" in text, text
     assert store_state(str(home / "Asterix" / "1.zarr")) != "complete"
@@ -896,38 +909,22 @@ def test_a_shard_replaced_after_the_listing_is_one_line_and_never_mixed(public_c
     """A shard replaced after the listing (the same name, other bytes) was read without
     a check, so one pull could mix publications: each read checks the object listed
     (its generation), and a changed one is one line; nothing is complete."""
-    import gcsfs
-    from dask.callbacks import Callback
-
     from atari_zarr.catalog import store_state
     from atari_zarr.errors import SourceChangedError
 
     old, new = _two_publications(tmp_path)
     server = public_copy.server
-    server.create_bucket("repl")
-    fs = gcsfs.GCSFileSystem(**server.storage_options())
-    names = [Path(old.paths[i]).name for i in (0, 1)]
-    for i, name in enumerate(names):
-        fs.put_file(old.paths[i], f"repl/rlu/Asterix/{name}")
+    fs = _asterix_in_bucket(server, "repl", [old.paths[i] for i in (0, 1)])
     replaced: list[str] = []
 
-    class ReplaceTheOtherShard(Callback):
-        def _posttask(self, key, result, dsk, state, worker_id):
-            if "-scan-" in str(key) and not replaced:
-                other = 1 - int(str(key).rsplit("-", 1)[1])
-                replaced.append(names[other])
-                fs.put_file(new.paths[other], f"repl/rlu/Asterix/{names[other]}")
+    def replace(other: int) -> None:  # the same name, the other publication's bytes
+        replaced.append(Path(new.paths[other]).name)
+        fs.put_file(new.paths[other], f"repl/rlu/Asterix/{replaced[0]}")
 
     home = tmp_path / "home"
-    with ReplaceTheOtherShard(), pytest.raises(SourceChangedError) as info:
-        pull(
-            Request.parse("Asterix/1", checkpoints="0-1"),
-            home=home,
-            source="gs://repl/rlu",
-            source_options=server.storage_options(),
-            progress=False,
-            scheduler="synchronous",
-        )
+    request = Request.parse("Asterix/1", checkpoints="0-1")
+    with _once_a_shard_is_scanned(replace), pytest.raises(SourceChangedError) as info:
+        _pull_from_bucket(server, "repl", request, home)
     text = str(info.value)
     assert "\n" not in text and f"gs://repl/rlu/Asterix/{replaced[0]}" in text, text
     assert "changed since the run was listed" in text and "generation" in text

@@ -175,20 +175,21 @@ def pull(
     from atari_zarr.conversion.converter import convert  # dask: only for a pull
 
     game = pullable(request)
-    check_home(cache_home(home))
-    root = request.root(cache_home(home))
+    cache = cache_home(home)
+    check_home(cache)
+    root = request.root(cache)
     options = dict(home_options or {})
     url = store_path(root, request.game, request.run)
     if not overwrite and store_state(url, options, timeout=timeout) == "complete":
         return Resolved(url, root, options)
-    whole = store_path(cache_home(home), request.game, request.run)
+    whole = store_path(cache, request.game, request.run)
     if (
         not overwrite
         and whole != url
         and store_state(whole, options, timeout=timeout) == "complete"
     ):
         # the whole run in the cache serves every part of it: nothing is fetched
-        return Resolved(whole, cache_home(home), options, exact=False)
+        return Resolved(whole, cache, options, exact=False)
     who = _follower()
     if who is not None:
         _wait(url, options, request, who, timeout)

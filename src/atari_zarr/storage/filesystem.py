@@ -46,6 +46,7 @@ import logging
 import os
 import shutil
 import stat
+import sys
 import uuid
 from collections.abc import Awaitable, Iterator
 from typing import Any, TypeVar, cast
@@ -82,8 +83,6 @@ def quiet_hub_logs() -> None:
     the application's logging only, as other libraries' do: the handler it adds on
     stderr by itself is replaced by a NullHandler. A handler the application added stays.
     """
-    import sys
-
     hub = logging.getLogger("huggingface_hub")
     for handler in list(hub.handlers):
         stream = getattr(handler, "stream", None)
