@@ -129,7 +129,8 @@ def test_a_bugs_traceback_carries_no_credentials(monkeypatch, capsys) -> None:
     def boom(args):
         raise RuntimeError(f"unexpected, with {TOKEN} and http://u:{PASSWORD}@h/x")
 
-    monkeypatch.setattr(cli, "_cmd_info", boom)
+    verbs = tuple((b, boom if c is cli._cmd_info else c) for b, c in cli._VERBS)
+    monkeypatch.setattr(cli, "_VERBS", verbs)
     code = cli.main(["info", "gs://b/x.zarr", "-s", f"token={TOKEN}"])
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" in err and "RuntimeError" in err, err

@@ -138,7 +138,7 @@ def any_store(request, pong_source, tmp_path):
 
     from atari_zarr import convert
     from atari_zarr.record.collector import collect
-    from atari_zarr.record.envs import make_dqn_env
+    from atari_zarr.ale import make_dqn_env
 
     if request.param == "dqn-replay":
         [store] = convert(

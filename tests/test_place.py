@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atari_zarr.place import Place, current_place
+from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.place import Place, check_rank, current_place
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +84,25 @@ def test_the_stream_splits_by_a_launchers_ranks(monkeypatch, tmp_path):
     monkeypatch.setenv("WORLD_SIZE", "2")
     mine = rows_of(list(ds.stream(256, seed=0, unit_rows=512)))
     assert mine.tolist() == explicit.tolist() and 0 < len(mine) < len(ds)
+
+
+def test_rank_and_workers_make_one_consumer_number():
+    place = Place(rank=2, world_size=3, local_rank=2, worker=1, workers=4)
+    assert (place.consumer, place.consumers) == (9, 12)
+
+
+def test_a_streams_own_rank_and_a_loaders_workers_stand_for_the_jobs(monkeypatch):
+    assert (current_place().consumer, current_place().consumers) == (0, 1)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
+    assert (current_place().consumer, current_place().consumers) == (1, 4)
+    assert current_place(rank=3).consumer == 3
+    main = current_place(workers=2)  # a DataLoader's main process counts its workers'
+    assert (main.consumers, main.worker, main.pulls) == (8, None, False)
+
+
+def test_a_rank_outside_the_world_is_refused():
+    check_rank(1, 2, "s.zarr")
+    with pytest.raises(InvalidArgumentError, match=r"rank must be in \[0, world_size\).*s.zarr"):
+        check_rank(2, 2, "s.zarr")

@@ -21,7 +21,7 @@ import os
 import sys
 import traceback
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from atari_zarr._version import __version__
@@ -256,7 +256,7 @@ def _cmd_video(args: argparse.Namespace) -> int:
     check_fps(args.fps, args.out, gif=gif)
     check_scale(args.scale, args.out)
     if args.quiet:
-        from atari_zarr.record.envs import quiet_ale
+        from atari_zarr.ale import quiet_ale
 
         quiet_ale()  # the action names come from ale-py, which prints a banner
     ds = AtariZarrDataset(
@@ -276,8 +276,8 @@ def _cmd_video(args: argparse.Namespace) -> int:
 
 
 def _cmd_collect(args: argparse.Namespace) -> int:
+    from atari_zarr.ale import make_dqn_env, quiet_ale
     from atari_zarr.record.collector import collect
-    from atari_zarr.record.envs import make_dqn_env, quiet_ale
 
     if args.quiet:
         quiet_ale()
@@ -435,24 +435,7 @@ def _print_rows(args: argparse.Namespace, rows: list[Any], key: str, table: Any)
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="atari-zarr",
-        description="Convert the Atari DQN Replay Dataset into Zarr v3 stores and inspect them.",
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument(
-        "--verbose", "-v", dest="verbose_all", action="store_true", help="log progress details"
-    )
-    parser.add_argument(
-        "--quiet",
-        "-q",
-        dest="quiet_all",
-        action="store_true",
-        help="print nothing but errors and what was asked for; no progress bars",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
+def _convert_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "convert",
         help="convert DQN Replay or RL Unplugged runs into stores",
@@ -506,7 +489,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="then write DEST/catalog.json, the index of DEST's complete stores (see `index`)",
     )
     _add_scheduler_options(p)
+    return p
 
+
+def _verify_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "verify",
         help="check a store: completeness, counts, checksums, optionally against the source",
@@ -526,8 +512,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="processes that decode the frames (default: one per core; 1: this process)",
     )
-    p.add_argument("--quiet", "-q", action="store_true", help="print only problems")
+    return p
 
+
+def _info_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="summarise a store", description="Summarise a store.")
     p.add_argument("store", metavar="STORE", help="store path or URL (.../Pong/1.zarr)")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -538,7 +526,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="episode statistics per source checkpoint (RL Unplugged: per shard): the "
         "learning curve of the agent that logged the data",
     )
+    return p
 
+
+def _video_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "video",
         help="write an episode as an MP4 or a GIF",
@@ -551,7 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=int, default=4, help="upscale factor (default 4)")
     p.add_argument("--fps", type=float, default=15.0, help="frames per second (default 15)")
     p.add_argument("--no-caption", action="store_true", help="frames only")
+    return p
 
+
+def _collect_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "collect",
         help="record play in an Atari env into a store",
@@ -578,7 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--buffer-steps", type=int, default=4096, help="flush every N steps (default 4096)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace DEST")
+    return p
 
+
+def _demo_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "demo",
         help="play Atari into a small DQN Replay (or RL Unplugged) run, convert, read back, plot",
@@ -612,7 +609,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="shards of the run, the middle one left out as a gap (rl-unplugged; default 5)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the play and the samples")
+    return p
 
+
+def _ls_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "ls",
         help="list the stores under a directory or URL",
@@ -624,7 +624,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--no-size", action="store_true", help="skip adding up sizes (faster remotely)")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--quiet", "-q", action="store_true", help="print only the store URLs")
     p.add_argument(
         "--no-index", action="store_true", help="list ROOT even if it has a catalog.json"
     )
@@ -646,7 +645,10 @@ def build_parser() -> argparse.ArgumentParser:
         "per game)",
     )
     _add_source_options(p)
+    return p
 
+
+def _pull_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "pull",
         help="fetch a run (or a part of one) from RL Unplugged's public copy into the cache",
@@ -675,10 +677,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="fetch again, even when the cache holds it")
     _add_source_options(p)
     _add_scheduler_options(p)
-    p.add_argument(
-        "--quiet", "-q", action="store_true", help="print only the store's path, no progress"
-    )
+    return p
 
+
+def _index_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "index",
         help="write ROOT/catalog.json, the index of its complete stores",
@@ -689,7 +691,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("root", metavar="ROOT", help="destination root of convert (path or URL)")
     p.add_argument("--no-size", action="store_true", help="do not record sizes (faster remotely)")
+    return p
 
+
+def _card_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "card",
         help="write ROOT/README.md, a dataset card (Hugging Face convention)",
@@ -717,17 +722,65 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="replace ROOT/README.md even when `card` did not write it",
     )
-    for name, verb in sub.choices.items():  # what verbs share, after their own options
-        verb.set_defaults(func=globals()[f"_cmd_{name}"])
-        if name in ("convert", "verify", "collect", "demo", "pull"):
-            verb.add_argument("--no-progress", action="store_true", help="no progress bars")
-        if "-q" not in verb._option_string_actions:  # -q after the verb too
-            quiet = "print nothing but errors and what was asked for"
-            verb.add_argument("--quiet", "-q", action="store_true", help=quiet)
-        verb.add_argument("--verbose", "-v", action="store_true", help="log progress details")
-        if name != "demo":  # the demo writes and reads local files only
-            _add_storage_option(verb)
+    return p
+
+
+#: Each verb: what builds its parser and what runs it, in the order ``--help`` lists them.
+_VERBS: tuple[tuple[Callable[[Any], argparse.ArgumentParser], Callable[..., int]], ...] = (
+    (_convert_parser, _cmd_convert),
+    (_verify_parser, _cmd_verify),
+    (_info_parser, _cmd_info),
+    (_video_parser, _cmd_video),
+    (_collect_parser, _cmd_collect),
+    (_demo_parser, _cmd_demo),
+    (_ls_parser, _cmd_ls),
+    (_pull_parser, _cmd_pull),
+    (_index_parser, _cmd_index),
+    (_card_parser, _cmd_card),
+)
+#: Verbs that show progress bars.
+_PROGRESS = {"convert", "verify", "collect", "demo", "pull"}
+#: What ``-q`` leaves of a verb's output, where it is not the same for every verb.
+_QUIET = {
+    "verify": "print only problems",
+    "ls": "print only the store URLs",
+    "pull": "print only the store's path, no progress",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="atari-zarr",
+        description="Convert the Atari DQN Replay Dataset into Zarr v3 stores and inspect them.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--verbose", "-v", dest="verbose_all", action="store_true", help="log progress details"
+    )
+    parser.add_argument(
+        "--quiet",
+        "-q",
+        dest="quiet_all",
+        action="store_true",
+        help="print nothing but errors and what was asked for; no progress bars",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for build, command in _VERBS:
+        verb = build(sub)
+        verb.set_defaults(func=command)
+        _add_shared_options(verb, verb.prog.split()[-1])
     return parser
+
+
+def _add_shared_options(verb: argparse.ArgumentParser, name: str) -> None:
+    """What verbs share, after each verb's own options."""
+    if name in _PROGRESS:
+        verb.add_argument("--no-progress", action="store_true", help="no progress bars")
+    quiet = _QUIET.get(name, "print nothing but errors and what was asked for")
+    verb.add_argument("--quiet", "-q", action="store_true", help=quiet)  # after the verb too
+    verb.add_argument("--verbose", "-v", action="store_true", help="log progress details")
+    if name != "demo":  # the demo writes and reads local files only
+        _add_storage_option(verb)
 
 
 def _one_line(exc: BaseException) -> str:

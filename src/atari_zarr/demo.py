@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import zarr
 
+from atari_zarr.ale import game_action_names, quiet_ale
 from atari_zarr.conversion.converter import convert
 from atari_zarr.episodes import episode_table
 from atari_zarr.errors import import_optional
@@ -36,7 +37,6 @@ from atari_zarr.info import format_info, store_info
 from atari_zarr.layout import REWARD, TERMINATED, get_array
 from atari_zarr.progress import progress_bar
 from atari_zarr.read.dataset import AtariZarrDataset
-from atari_zarr.record.envs import game_action_names, quiet_ale
 from atari_zarr.record.rl_unplugged import write_rlu_run
 from atari_zarr.sources.dqn_replay.emulator import LOGS_DIR, DopamineLoggedBuffer
 from atari_zarr.sources.registry import DQN_REPLAY, RL_UNPLUGGED, get_kind
@@ -123,7 +123,7 @@ def record_run(
     >>> rec.steps, rec.checkpoints, rec.action_names[:2]
     (120, 3, ['NOOP', 'FIRE'])
     """
-    from atari_zarr.record.envs import make_dqn_env
+    from atari_zarr.ale import make_dqn_env
 
     env = make_dqn_env(game)  # first: fails fast, before writing anything, without ale-py
     rng = np.random.default_rng(seed)

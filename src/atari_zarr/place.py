@@ -1,8 +1,9 @@
 """Where this process stands in a job: its rank among ranks, and its DataLoader worker.
 
 One answer for every part that asks: the epoch stream splits an epoch among consumers
-(ranks times workers), the decoded-frame cache divides its memory among the workers of
-a process, and a pull is started by one process per machine while the others wait.
+(every DataLoader worker of every rank: consumer ``rank * workers + worker`` of
+``world_size * workers``), the decoded-frame cache divides its memory among the workers
+of a process, and a pull is started by one process per machine while the others wait.
 
 * Rank and world size: ``torch.distributed``'s when it is initialised, else what a
   launcher sets in the environment (``RANK`` and ``WORLD_SIZE`` both: torchrun,
@@ -22,15 +23,28 @@ Examples
 (0, 1, None, 1)
 >>> place.pulls, place.describe()
 (True, 'rank 0 of 1')
+>>> place = current_place(rank=1, world_size=2, workers=2)  # a DataLoader's main process
+>>> place.consumer, place.consumers
+(2, 4)
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 
-__all__ = ["Place", "current_place"]
+from atari_zarr.arguments import whole_number
+from atari_zarr.errors import InvalidArgumentError
+
+__all__ = ["Place", "check_rank", "current_place", "quiet_worker_exit"]
+
+# Seconds a spawned worker gives its queue's feeder thread to finish the batch it is
+# handing over, as it exits.
+_FEEDER_GRACE_S = 2.0
+_exit_hook = False
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,16 @@ class Place:
     told_by: str = ""
     #: Where the rank on this machine came from: ``"$LOCAL_RANK"``, else as :attr:`told_by`.
     local_told_by: str = ""
+
+    @property
+    def consumer(self) -> int:
+        """This reader's number among an epoch's consumers, ``rank * workers + worker``."""
+        return self.rank * self.workers + (self.worker or 0)
+
+    @property
+    def consumers(self) -> int:
+        """How many consumers read an epoch, ``world_size * workers``."""
+        return self.world_size * self.workers
 
     @property
     def pulls(self) -> bool:
@@ -67,8 +91,15 @@ def _env_int(name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def current_place() -> Place:
-    """This process's :class:`Place`, asked anew (a forked worker is another place)."""
+def current_place(
+    rank: int | None = None, world_size: int | None = None, *, workers: int | None = None
+) -> Place:
+    """This process's :class:`Place`, asked anew (a forked worker is another place).
+
+    ``rank`` and ``world_size`` given (a stream's own) stand for the job's; ``workers``
+    given makes this the main process of a DataLoader with that many workers (which
+    counts its workers' batches).
+    """
     rank, world, told = 0, 1, ""
     worker, workers = None, 1
     torch = sys.modules.get("torch")
@@ -91,4 +122,67 @@ def current_place() -> Place:
         info = torch.utils.data.get_worker_info()
         if info is not None:
             worker, workers = int(info.id), int(info.num_workers)
-    return Place(rank, world, local_rank, worker, workers, told, local_told)
+    place = Place(rank, world, local_rank, worker, workers, told, local_told)
+    if rank is not None or world_size is not None or workers is not None:
+        place = replace(
+            place,
+            rank=place.rank if rank is None else int(rank),
+            world_size=place.world_size if world_size is None else int(world_size),
+        )
+        if workers is not None:
+            place = replace(place, worker=None, workers=max(1, int(workers)))
+    return place
+
+
+def check_rank(
+    rank: int | None, world_size: int | None, where: str
+) -> tuple[int | None, int | None]:
+    """``(rank, world_size)`` as ints, or one line naming ``where``: whole numbers, the
+    rank in ``[0, world_size)``, and both given unless the job says the other.
+
+    Examples
+    --------
+    >>> check_rank(1, 2, "s.zarr")
+    (1, 2)
+    >>> check_rank(None, 2, "s.zarr")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: rank=None and world_size=2 for s.zarr: ...
+    """
+    r = None if rank is None else whole_number(rank, "rank", where, low=0)
+    w = None if world_size is None else whole_number(world_size, "world_size", where)
+    if (r is None) != (w is None) and not current_place().told_by:
+        raise InvalidArgumentError(
+            f"rank={rank!r} and world_size={world_size!r} for {where}: expected both (this "
+            f"process's rank among world_size processes) or neither (one process, "
+            f"torch.distributed initialised, or RANK and WORLD_SIZE set). Pass both"
+        )
+    if r is not None and w is not None and not r < w:
+        raise InvalidArgumentError(
+            f"rank must be in [0, world_size); got rank={rank}, world_size={world_size} for {where}"
+        )
+    return r, w
+
+
+def quiet_worker_exit() -> None:
+    """In a DataLoader worker, let the batch being handed over finish before the exit.
+
+    A worker broken out of (``break`` in the training loop) exits while its queue's
+    feeder thread may still be handing over a prefetched batch: pickling a tensor into
+    shared memory is C++ code, and a spawned worker's interpreter, ending, stops the
+    thread inside it, which aborts the worker ("terminate called without an active
+    exception") and makes the DataLoader print a traceback. This registers, once per
+    worker process, an exit hook that waits up to 2 s for the feeder: it finishes the
+    batch and then blocks in a plain write, where stopping it is harmless.
+    """
+    global _exit_hook
+    if _exit_hook or current_place().worker is None:
+        return
+
+    def wait_for_feeder() -> None:
+        for thread in threading.enumerate():
+            if thread.name == "QueueFeederThread" and thread is not threading.current_thread():
+                thread.join(timeout=_FEEDER_GRACE_S)
+
+    atexit.register(wait_for_feeder)
+    _exit_hook = True

@@ -37,7 +37,7 @@ def rlu_url(tmp_path_factory) -> str:
 def collected_url(tmp_path_factory) -> str:
     """Real ALE play recorded by the collector (final frames kept, episodes truncated)."""
     from atari_zarr import collect
-    from atari_zarr.record.envs import make_dqn_env
+    from atari_zarr.ale import make_dqn_env
 
     path = str(tmp_path_factory.mktemp("collected") / "breakout.zarr")
     collect(make_dqn_env("Breakout", max_episode_steps=90), path, steps=400, seed=3).close()

@@ -233,7 +233,7 @@ def test_full_action_space(pong_store, tmp_path) -> None:
     [store] = convert(src, str(tmp_path / "out"), progress=False, full_action_space=True)
     minimal = AtariZarrDataset(store.url).windows(4)[np.arange(5)]["action"]
     full = AtariZarrDataset(store.url, full_action_space=True).windows(4)[np.arange(5)]["action"]
-    from atari_zarr.record.envs import minimal_action_set
+    from atari_zarr.ale import minimal_action_set
 
     table = torch.tensor(minimal_action_set("Pong"))
     assert torch.equal(full, table[minimal])

@@ -16,7 +16,7 @@ import zarr
 from atari_zarr import AtariZarrDataset, StoreIncompleteError, ZarrCollector
 from atari_zarr.errors import InvalidArgumentError, StoreExistsError
 from atari_zarr.layout import ATTRS_KEY, FINAL_OBSERVATION, FLUSHED_KEY
-from atari_zarr.record.envs import make_dqn_env
+from atari_zarr.ale import make_dqn_env
 from atari_zarr.verify import verify_store
 
 
@@ -135,7 +135,7 @@ _CHILD = textwrap.dedent(
     import sys
     import numpy as np
     from atari_zarr import ZarrCollector
-    from atari_zarr.record.envs import make_dqn_env
+    from atari_zarr.ale import make_dqn_env
 
     env = ZarrCollector(make_dqn_env("Pong", max_episode_steps=40), sys.argv[1],
                         max_buffer_steps=25, max_buffer_episodes=1)

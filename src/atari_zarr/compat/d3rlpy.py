@@ -130,7 +130,7 @@ def make_env(
     """
     import gymnasium
 
-    from atari_zarr.record.envs import make_dqn_env
+    from atari_zarr.ale import make_dqn_env
 
     env = make_dqn_env(
         game, repeat_action_probability=0.25 if sticky_action else 0.0, render_mode=render_mode

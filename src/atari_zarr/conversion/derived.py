@@ -129,7 +129,7 @@ def write_derived(
     """
     out: dict[str, Any] = {}
     if action_full:
-        from atari_zarr.record.envs import minimal_action_set
+        from atari_zarr.ale import minimal_action_set
 
         if not game:
             raise SourceFormatError(

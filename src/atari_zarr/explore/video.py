@@ -347,7 +347,7 @@ def episode_frames(
 
 def action_names(ds: Any) -> list[str] | None:
     """The names of ``ds``'s actions as its ``action`` column indexes them, if known."""
-    from atari_zarr.record.envs import ALE_ACTIONS, game_action_names
+    from atari_zarr.ale import ALE_ACTIONS, game_action_names
 
     if getattr(ds, "full_action_space", False):
         return list(ALE_ACTIONS)

@@ -42,11 +42,10 @@ from atari_zarr.layout import (
     read_metadata,
 )
 from atari_zarr.opening import changed_or_damaged, open_store
-from atari_zarr.place import current_place
+from atari_zarr.place import current_place, quiet_worker_exit
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.columns import StepColumn, open_step_columns
-from atari_zarr.read.consumer import quiet_worker_exit
 from atari_zarr.read.engine import DEFAULT_REMEDY
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool

@@ -3,7 +3,7 @@
 :class:`EpochStream` yields every item of its stores once per epoch, across all
 ranks and DataLoader workers together. One store is a mixture of one: the read
 units of every store form one list (:class:`~atari_zarr.read.units.Units`), whose
-order, split among consumers (:class:`~atari_zarr.read.consumer.Consumer`) and
+order, split among consumers (:func:`~atari_zarr.place.current_place`) and
 order of leaving are arithmetic (:mod:`atari_zarr.read.epoch`); each consumer
 reads its units with one :class:`~atari_zarr.read.units.UnitReader`, whose shuffle
 buffer mixes the units of whichever stores they come from. With weights, each
@@ -24,8 +24,8 @@ from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.place import check_rank, current_place, quiet_worker_exit
 from atari_zarr.read.batch import collate_batch
-from atari_zarr.read.consumer import Consumer, check_rank, quiet_worker_exit
 from atari_zarr.read.epoch import Consumed, EpochPlan
 from atari_zarr.read.items import Items
 from atari_zarr.read.mixture import store_probabilities, tag_items
@@ -246,9 +246,9 @@ class EpochStream(torch.utils.data.IterableDataset):
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TensorDict]:
         quiet_worker_exit()
-        me = Consumer.current(self.rank, self.world_size)
-        self._check_consumers(me.count)
-        yield from self._consume(me.index, me.count, self.keeps_units(me.workers))
+        me = current_place(self.rank, self.world_size)
+        self._check_consumers(me.consumers)
+        yield from self._consume(me.consumer, me.consumers, self.keeps_units(me.workers))
 
     def keeps_units(self, workers: int = 1) -> bool:
         """Whether every unit is kept decoded from one epoch to the next
@@ -342,7 +342,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         """
         if not len(batch):
             return
-        consumers = Consumer.current(self.rank, self.world_size, workers=num_workers).count
+        consumers = current_place(self.rank, self.world_size, workers=num_workers).consumers
         self._check_consumers(consumers)
         index = batch["index"]
         row = int(index[0, 0] if index.ndim > 1 else index[0])  # a window: its first row
@@ -366,7 +366,7 @@ class EpochStream(torch.utils.data.IterableDataset):
     # -- the state: progress, and what it means whatever the consumers ------------------
     def _own(self, consumers: int) -> tuple[range, int]:
         """This rank's consumers, and the workers of each rank."""
-        me = Consumer.current(self.rank, self.world_size)
+        me = current_place(self.rank, self.world_size)
         workers = max(1, consumers // me.world_size)
         return range(me.rank * workers, (me.rank + 1) * workers), workers
 
@@ -610,7 +610,7 @@ class StreamLoader:
         loader = torch.utils.data.DataLoader(self.stream, **self.kwargs)
         workers = loader.num_workers
         stream = self.stream
-        consumers = Consumer.current(stream.rank, stream.world_size, workers=workers).count
+        consumers = current_place(stream.rank, stream.world_size, workers=workers).consumers
         # the workers start from what is left for this many consumers (pickled after this)
         stream._check_consumers(consumers)
         # an epoch too small for its consumers is one line here, not a worker's traceback

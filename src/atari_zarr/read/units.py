@@ -1,6 +1,6 @@
 """Units of one store or several read ahead into one slab, and items taken out as batches.
 
-One :class:`UnitReader` serves one consumer (:class:`~atari_zarr.read.consumer.Consumer`)
+One :class:`UnitReader` serves one consumer (:func:`~atari_zarr.place.current_place`)
 of an epoch of :class:`~atari_zarr.read.stream.EpochStream`, whatever the number of
 stores: one slab, one shuffle buffer, one set of units ahead, so its memory does not
 grow with the stores; a store no unit in flight comes from costs nothing here.

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from atari_zarr.ale import game_of_env_id, make_dqn_env
 from atari_zarr.commands import command_line
 from atari_zarr.errors import InvalidArgumentError, import_optional
 from atari_zarr.progress import progress_bar
-from atari_zarr.record.envs import game_of_env_id, make_dqn_env
 from atari_zarr.record.writer import StoreWriter
 from atari_zarr.storage.deadline import Timeout
 
@@ -54,7 +54,7 @@ def env_settings(env: Any) -> dict[str, Any]:
     Parameters
     ----------
     env : gymnasium.Env
-        Usually :func:`atari_zarr.record.envs.make_dqn_env`'s result.
+        Usually :func:`atari_zarr.ale.make_dqn_env`'s result.
 
     Returns
     -------
@@ -124,7 +124,7 @@ class ZarrCollector(gymnasium.Wrapper):
     ----------
     env : gymnasium.Env
         Env with 84x84 uint8 frames and discrete actions, e.g.
-        :func:`atari_zarr.record.envs.make_dqn_env`.
+        :func:`atari_zarr.ale.make_dqn_env`.
     game, run : str, optional
         Recorded as attributes (default: from the env id, and ``"collected"``).
     path, max_buffer_steps, max_buffer_episodes, overwrite, command, storage_options, timeout
@@ -173,7 +173,7 @@ class ZarrCollector(gymnasium.Wrapper):
             raise InvalidArgumentError(
                 f"{path}: the env's action space is {env.action_space}; expected a Discrete "
                 f"space (Atari actions). Record Atari envs, e.g. from "
-                f"atari_zarr.record.envs.make_dqn_env."
+                f"atari_zarr.ale.make_dqn_env."
             )
         self.writer = StoreWriter(
             path,
@@ -272,7 +272,7 @@ def collect(
     ----------
     env : gymnasium.Env or str
         An env, or a game (``"Pong"``) or env id (``"ALE/Pong-v5"``,
-        ``"PongNoFrameskip-v4"``) for :func:`atari_zarr.record.envs.make_dqn_env`
+        ``"PongNoFrameskip-v4"``) for :func:`atari_zarr.ale.make_dqn_env`
         (DQN Replay's preprocessing, whatever the id's own settings).
     path : str
         Store to create.

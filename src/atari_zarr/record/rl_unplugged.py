@@ -101,9 +101,9 @@ def played_episodes(
 
     ``None`` plays until the game ends (or ``cap`` steps); a number plays that many
     steps (fewer if the game ends first). DQN's preprocessing applies
-    (:func:`~atari_zarr.record.envs.make_dqn_env`).
+    (:func:`~atari_zarr.ale.make_dqn_env`).
     """
-    from atari_zarr.record.envs import make_dqn_env, quiet_ale
+    from atari_zarr.ale import make_dqn_env, quiet_ale
 
     quiet_ale()
     env = make_dqn_env(game, max_episode_steps=None)

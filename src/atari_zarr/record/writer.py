@@ -220,7 +220,7 @@ class StoreWriter:
             raise InvalidArgumentError(
                 f"{self.path}: observations of shape {frame.shape} and dtype {frame.dtype}; "
                 f"the store holds {FRAME_SHAPE} uint8 frames. Make them like "
-                f"atari_zarr.record.envs.make_dqn_env does (84x84 grayscale, no frame stack)."
+                f"atari_zarr.ale.make_dqn_env does (84x84 grayscale, no frame stack)."
             )
         return frame
 

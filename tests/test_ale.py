@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from atari_zarr.errors import InvalidArgumentError
-from atari_zarr.record.envs import GAMES_URL, game_of_env_id, make_dqn_env, minimal_action_set
+from atari_zarr.ale import GAMES_URL, game_of_env_id, make_dqn_env, minimal_action_set
 
 
 @pytest.mark.parametrize(
@@ -86,8 +86,8 @@ _BLOCKED = (
 @pytest.mark.parametrize(
     ("module", "code"),
     [
-        ("ale_py", "from atari_zarr.record.envs import make_dqn_env; make_dqn_env('Pong')"),
-        ("gymnasium", "from atari_zarr.record.envs import game_of_env_id; game_of_env_id('Pong')"),
+        ("ale_py", "from atari_zarr.ale import make_dqn_env; make_dqn_env('Pong')"),
+        ("gymnasium", "from atari_zarr.ale import game_of_env_id; game_of_env_id('Pong')"),
         ("gymnasium", "from atari_zarr import ZarrCollector"),
     ],
 )
