@@ -97,8 +97,8 @@ def test_a_streams_own_rank_and_a_loaders_workers_stand_for_the_jobs(monkeypatch
     monkeypatch.setattr(torch.distributed, "get_rank", lambda: 1)
     monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 4)
     assert (current_place().consumer, current_place().consumers) == (1, 4)
-    assert current_place(rank=3).consumer == 3
-    main = current_place(workers=2)  # a DataLoader's main process counts its workers'
+    assert current_place(3).consumer == 3
+    main = current_place(loader_workers=2)  # a DataLoader's main process counts its workers'
     assert (main.consumers, main.worker, main.pulls) == (8, None, False)
 
 

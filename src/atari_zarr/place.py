@@ -23,7 +23,7 @@ Examples
 (0, 1, None, 1)
 >>> place.pulls, place.describe()
 (True, 'rank 0 of 1')
->>> place = current_place(rank=1, world_size=2, workers=2)  # a DataLoader's main process
+>>> place = current_place(1, 2, loader_workers=2)  # a DataLoader's main process
 >>> place.consumer, place.consumers
 (2, 4)
 """
@@ -92,13 +92,16 @@ def _env_int(name: str) -> int | None:
 
 
 def current_place(
-    rank: int | None = None, world_size: int | None = None, *, workers: int | None = None
+    given_rank: int | None = None,
+    given_world: int | None = None,
+    *,
+    loader_workers: int | None = None,
 ) -> Place:
     """This process's :class:`Place`, asked anew (a forked worker is another place).
 
-    ``rank`` and ``world_size`` given (a stream's own) stand for the job's; ``workers``
-    given makes this the main process of a DataLoader with that many workers (which
-    counts its workers' batches).
+    ``given_rank`` and ``given_world`` (a stream's own ``rank`` and ``world_size``)
+    stand for the job's; ``loader_workers`` given makes this the main process of a
+    DataLoader with that many workers (which counts its workers' batches).
     """
     rank, world, told = 0, 1, ""
     worker, workers = None, 1
@@ -123,14 +126,14 @@ def current_place(
         if info is not None:
             worker, workers = int(info.id), int(info.num_workers)
     place = Place(rank, world, local_rank, worker, workers, told, local_told)
-    if rank is not None or world_size is not None or workers is not None:
+    if given_rank is not None or given_world is not None:
         place = replace(
             place,
-            rank=place.rank if rank is None else int(rank),
-            world_size=place.world_size if world_size is None else int(world_size),
+            rank=place.rank if given_rank is None else int(given_rank),
+            world_size=place.world_size if given_world is None else int(given_world),
         )
-        if workers is not None:
-            place = replace(place, worker=None, workers=max(1, int(workers)))
+    if loader_workers is not None:
+        place = replace(place, worker=None, workers=max(1, int(loader_workers)))
     return place
 
 

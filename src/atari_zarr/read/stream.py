@@ -342,7 +342,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         """
         if not len(batch):
             return
-        consumers = current_place(self.rank, self.world_size, workers=num_workers).consumers
+        consumers = current_place(self.rank, self.world_size, loader_workers=num_workers).consumers
         self._check_consumers(consumers)
         index = batch["index"]
         row = int(index[0, 0] if index.ndim > 1 else index[0])  # a window: its first row
@@ -610,7 +610,7 @@ class StreamLoader:
         loader = torch.utils.data.DataLoader(self.stream, **self.kwargs)
         workers = loader.num_workers
         stream = self.stream
-        consumers = current_place(stream.rank, stream.world_size, workers=workers).consumers
+        consumers = current_place(stream.rank, stream.world_size, loader_workers=workers).consumers
         # the workers start from what is left for this many consumers (pickled after this)
         stream._check_consumers(consumers)
         # an epoch too small for its consumers is one line here, not a worker's traceback
