@@ -290,7 +290,7 @@ def test_a_store_added_after_index_is_read_and_named(two_games, source_root):
     for names in (None, ["Pong/3"]):
         with pytest.warns(UserWarning, match=r"does not list \['Pong/3'\].*atari-zarr index"):
             mix = MultiGameDataset.from_root(root, names)
-        assert "Pong/3" in [f"{s.game}/{s.run}" for s in mix._stores]
+        assert "Pong/3" in [f"{s.game}/{s.run}" for s in [m.store for m in mix.members]]
 
 
 def test_from_root_refuses_what_is_not_a_root_and_names_that_are_not_a_list(two_games):

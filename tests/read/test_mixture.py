@@ -97,34 +97,30 @@ def test_240_stores_resume_on_another_world_size(many: MultiGameDataset) -> None
     check_batches(many, first + rest, 3 + 2)
 
 
-def test_a_state_saved_with_one_state_per_store_still_loads(tmp_path: Path) -> None:
-    """States of several stores saved before the stores shared one list of units held a
-    state per store: they load as the items they say were emitted."""
+def test_a_state_of_an_earlier_release_loads_into_its_stores_only(tmp_path: Path) -> None:
+    """A state saved before members' identities were recorded (version 3: names and
+    lengths) resumes where its names and lengths are the stream's; a state of one
+    state per store (older still) is refused in one line."""
     a = write_store(str(tmp_path / "a.zarr"), 3000, seed=1, name=0)
     b = write_store(str(tmp_path / "b.zarr"), 2000, seed=2, name=NAME)
     opts = {"seed": 1, "unit_rows": 512}
-    alone = AtariZarrDataset(a).stream(100, **opts)
-    it = iter(alone)
-    seen = torch.cat([next(it)["index"] for _ in range(7)])
-    old = {
-        "version": 3,
-        "batches": {"0": 7},
-        "stores": [alone.state_dict(), AtariZarrDataset(b).stream(100, **opts).state_dict()],
-    }
-    for sub in old["stores"]:
-        del sub["lengths"]  # what earlier releases saved
     mix = MultiGameDataset([a, b])
+    stream = mix.stream(100, **opts)
+    it = iter(stream)
+    seen = torch.cat([next(it)["index"] for _ in range(7)])
+    state = stream.state_dict()
+    ids = state.pop("members")
+    old = {**state, "version": 3, "lengths": [i["rows"] for i in ids]}
+    old["names"] = [i["name"] for i in ids]
     again = mix.stream(100, **opts)
     again.load_state_dict(old)
     rest = torch.cat([x["index"] for x in again]).numpy()
     assert sorted(np.r_[seen.numpy(), rest].tolist()) == list(range(len(mix)))
-    # a state of other stores is refused in one line
     other = MultiGameDataset([b, a]).stream(100, **opts)
-    with pytest.raises(InvalidArgumentError, match="does not belong") as err:
-        other.load_state_dict(old)
-    assert "\n" not in str(err.value)
-    with pytest.raises(InvalidArgumentError, match="does not belong"):
-        other.load_state_dict(mix.stream(100, **opts).state_dict())
+    for wrong in (old, {"version": 3, "stores": [state, state]}):
+        with pytest.raises(InvalidArgumentError, match="does not belong") as err:
+            other.load_state_dict(wrong)
+        assert "\n" not in str(err.value)
 
 
 @pytest.fixture(scope="module")
@@ -206,7 +202,7 @@ def test_the_stores_of_a_mixture_share_one_memory_budget(tmp_path: Path, budget)
     options = ReadOptions(frame_cache_bytes=budget, kept_bytes=64 << 20)
     mix = MultiGameDataset(urls, options=options)
     one = AtariZarrDataset(urls[0], options=options)
-    for store in mix._stores:
+    for store in [m.store for m in mix.members]:
         assert store.options.kept_bytes * 4 == options.kept_bytes
         assert store.options.frame_cache_limit() * 4 == pytest.approx(
             one._store.options.frame_cache_limit(), rel=1e-6
@@ -216,7 +212,7 @@ def test_the_stores_of_a_mixture_share_one_memory_budget(tmp_path: Path, budget)
 def test_random_batches_of_240_stores_go_through_one_cache(many: MultiGameDataset) -> None:
     """One decoded-frame cache for the whole mixture, bounded by the dataset's budget:
     a batch read twice decodes once, and the frames are each store's own."""
-    readers = [s.frames for s in many._stores]
+    readers = [s.frames for s in [m.store for m in many.members]]
     cache = readers[0]._cache
     assert cache is not None and all(r._cache is cache for r in readers)
     assert cache.n_slots * cache.chunk_nbytes == pytest.approx(
@@ -248,7 +244,7 @@ def test_a_mixture_caches_frames_where_each_stores_share_is_under_a_chunk(
     chunk = 16 * 84 * 84
     share = f"{100 * 40.5 * chunk / process_memory()!r}%"  # of memory: divided among stores
     mix = MultiGameDataset(urls, options=ReadOptions(frame_cache_bytes=share))
-    readers = [s.frames for s in mix._stores]
+    readers = [s.frames for s in [m.store for m in mix.members]]
     assert all(r.cache_bytes < 2 * chunk for r in readers)
     idx = np.arange(0, len(mix), 41)[:15]
     mix[idx]
@@ -273,7 +269,7 @@ def test_a_remote_mixture_keeps_encoded_bytes_in_one_cache(tmp_path: Path) -> No
     ]
     urls = [_memory_copy(u, f"kept-mix-{g}") for g, u in enumerate(local)]
     mix = MultiGameDataset(urls, options=ReadOptions(kept_bytes=3 << 20))
-    kept = [s.engine.kept for s in mix._stores]
+    kept = [s.engine.kept for s in [m.store for m in mix.members]]
     shared = kept[0].kept
     assert all(k.kept is shared for k in kept) and shared.max_bytes == 3 << 20
     idx = np.arange(len(mix))

@@ -799,19 +799,19 @@ def test_a_state_loads_only_into_its_stores_in_their_order_with_its_weights(
     stream = mix.stream(50, seed=2, unit_rows=256)
     first = first_batches(stream, 4)
     state = stream.state_dict()
-    assert state["names"] == ["Pong/1", "Breakout/1"] and len(state["weights"]) == 2
+    names = [i["name"] for i in state["members"]]
+    assert names == ["Pong/1", "Breakout/1"] and len(state["weights"]) == 2
+    assert all(i["content"] and i["rows"] == len(mix) // 2 for i in state["members"])
     swapped = MultiGameDataset([breakout, pong], weights=[0.3, 0.7])
-    with pytest.raises(
-        InvalidArgumentError, match=r"saved over the stores \['Pong/1', 'Breakout/1'\]"
-    ) as err:
+    with pytest.raises(InvalidArgumentError, match=r"store 0's name 'Pong/1', here 'Breakout/1'") as err:
         swapped.stream(50, seed=2, unit_rows=256).load_state_dict(state)
     assert "\n" not in str(err.value) and "same order" in str(err.value)
     reweighted = MultiGameDataset([pong, breakout], weights=[0.5, 0.5])
-    with pytest.raises(InvalidArgumentError, match="saved with the store weights") as err:
+    with pytest.raises(InvalidArgumentError, match=r"weights \[0.7, 0.3") as err:
         reweighted.stream(50, seed=2, unit_rows=256).load_state_dict(state)
     assert "\n" not in str(err.value)
     unweighted = MultiGameDataset([pong, breakout])
-    with pytest.raises(InvalidArgumentError, match="saved with the store weights"):
+    with pytest.raises(InvalidArgumentError, match=r"here None"):
         unweighted.stream(50, seed=2, unit_rows=256).load_state_dict(state)
     # the same stores, order and weights: exactly the rest of the epoch
     again = MultiGameDataset([pong, breakout], weights=[0.7, 0.3]).stream(50, seed=2, unit_rows=256)
@@ -819,11 +819,25 @@ def test_a_state_loads_only_into_its_stores_in_their_order_with_its_weights(
     rest = list(again)
     seen = np.concatenate([rows_of(first), rows_of(rest)])
     assert sorted(seen.tolist()) == list(range(len(mix)))
-    # a state saved before names and weights were recorded is taken as before
-    old = {k: v for k, v in state.items() if k not in ("names", "weights")}
-    MultiGameDataset([breakout, pong], weights=[0.3, 0.7]).stream(
-        50, seed=2, unit_rows=256
-    ).load_state_dict(old)
+
+
+def test_a_state_loads_only_into_the_same_content_and_shards(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Two stores of one name and length: a state of one does not load into the other
+    (another content), nor into a stream cut along other shards."""
+    a = write_episodes_store(tmp_path_factory.mktemp("a"), [40, 25, 60, 35] * 5)
+    b = write_episodes_store(tmp_path_factory.mktemp("b"), [25, 40, 35, 60] * 5)
+    stream = AtariZarrDataset(a).stream(50, seed=1, unit_rows=256)
+    next(iter(stream))
+    state = stream.state_dict()
+    assert AtariZarrDataset(a)[0]["index"] == AtariZarrDataset(b)[0]["index"]
+    with pytest.raises(InvalidArgumentError, match="store 0's content") as err:
+        AtariZarrDataset(b).stream(50, seed=1, unit_rows=256).load_state_dict(state)
+    assert "\n" not in str(err.value)
+    state["members"][0]["shard_rows"] = 512
+    with pytest.raises(InvalidArgumentError, match="store 0's shard_rows 512"):
+        AtariZarrDataset(a).stream(50, seed=1, unit_rows=256).load_state_dict(state)
 
 
 def test_a_state_whose_emitted_items_are_damaged_is_one_line(small_store: str) -> None:

@@ -43,9 +43,9 @@ from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import ARRAYS, OBSERVATION
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
-from atari_zarr.read.mixture import draw_mixture, store_probabilities, tag_items
+from atari_zarr.read.member import Member, open_all, open_stores
+from atari_zarr.read.mixture import draw_mixture, tag_items
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.pending import PendingStore, open_all
 from atari_zarr.read.store import StoreReader, read_items
 from atari_zarr.resources import process_memory
 
@@ -67,96 +67,83 @@ class ItemDataset(torch.utils.data.Dataset):
 
     Parameters
     ----------
-    stores : sequence of StoreReader or PendingStore
-        The stores (a pending one is opened when a batch or a stream first needs it).
-    items : sequence of Items
-        What an item of each store is (one per store).
+    members : sequence of Member
+        The stores, each with its items, weight and ``game_id``
+        (:func:`~atari_zarr.read.member.members`); a store known by its catalog entry
+        is opened when a batch or a stream first needs it.
     frame_stack : int
         Frames per observation.
-    game_ids : sequence of int, optional
-        Items carry ``game_id`` (``game_ids[g]`` for store ``g``), ``row`` and a
-        global ``index`` (default: items as their store gives them, for one store).
-    weights : sequence of float, optional
-        Relative probability of drawing each store (default: proportional to its
-        items, so every item alike).
-    names : sequence of str, optional
-        The stores, for messages.
+    weighted : bool
+        True when the weights were asked for (a stream then orders each consumer's
+        units by them); False: by items, every item alike.
     where : str, optional
         This dataset in messages (default: the one store's URL).
 
     Examples
     --------
     >>> store = StoreReader(store_url)
-    >>> both = ItemDataset([store, store], [Items.transitions(len(store))] * 2, game_ids=[0, 1])
+    >>> both = ItemDataset(members([store, store], [Items.transitions(len(store))] * 2,
+    ...                            game_ids=[0, 1]))
     >>> len(both) == 2 * len(store), both[len(store)]["game_id"].item()
     (True, 1)
     """
 
     def __init__(
         self,
-        stores: Sequence[StoreReader | PendingStore],
-        items: Sequence[Items],
+        members: Sequence[Member],
         *,
         frame_stack: int = 1,
-        game_ids: Sequence[int] | np.ndarray | None = None,
-        weights: Sequence[float] | None = None,
-        names: Sequence[str] | None = None,
+        weighted: bool = False,
         where: str | None = None,
     ) -> None:
-        self._stores: list[Any] = list(stores)
         #: This dataset in messages.
-        self.where = where or self._stores[0].where
+        self.where = where or members[0].store.where
         # the item spec is checked here once: its length and padding by Items
         self.frame_stack = whole_number(frame_stack, "frame_stack", self.where, unit="frames")
-        #: Game of each store, the ``game_id`` of its items (None: items untagged).
-        self.game_ids = None if game_ids is None else np.asarray(game_ids, dtype=np.int64)
-        self._names = None if names is None else list(names)
-        self._weights_given = None if weights is None else list(weights)
-        self._set_items(list(items))
+        self.weighted = weighted
+        self._set_members(list(members))
 
-    def _set_items(self, items: list[Items]) -> None:
-        """Items come from ``items``, one :class:`Items` per store."""
-        self._items = items
-        counts = np.array([len(i) for i in items], dtype=np.int64)
+    def _set_members(self, members: list[Member]) -> None:
+        #: The stores, each with its items, weight and game_id.
+        self.members = members
+        counts = np.array([len(m.items) for m in members], dtype=np.int64)
         #: Global item number of each store's first item.
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         #: Global index of each store's first row (the ``index`` of several stores' items).
-        self.row_offsets = np.concatenate([[0], np.cumsum([len(s) for s in self._stores])]).astype(
+        self.row_offsets = np.concatenate([[0], np.cumsum([len(m.store) for m in members])]).astype(
             np.int64
         )
         #: Probability of drawing each store (sums to 1; 0 for stores without items).
-        self.weights = (
-            store_probabilities(counts, self._weights_given, self._names)
-            if counts.sum() or self._weights_given is not None
-            else np.zeros(len(counts))  # nothing to draw: sample() says so
-        )
+        self.weights = np.array([m.weight for m in members], dtype=np.float64)
+        tagged = members[0].game_id is not None
+        #: Game of each store, the ``game_id`` of its items (None: items untagged).
+        self.game_ids = np.array([m.game_id for m in members], np.int64) if tagged else None
 
     @property
     def options(self) -> ReadOptions:
         """How the (first) store is read."""
-        return self._stores[0].options
+        return self.members[0].store.options
+
+    @property
+    def _items(self) -> Items:
+        return self.members[0].items
 
     @property
     def _unit(self) -> str:
-        return "transitions" if self._items[0].identity else "windows"
+        return "transitions" if self._items.identity else "windows"
 
-    #: Attributes rebuilt from the stores after unpickling (not pickled).
+    #: Attributes made again from the members after unpickling (not pickled).
     _rebuilt: tuple[str, ...] = ()
 
-    # -- pickling: DataLoader workers (fork or spawn) open the stores again by URL -----
     def __getstate__(self) -> dict[str, Any]:
-        # each store pickles as what opens it again (a pending one as pending)
+        # each store pickles as what opens it again (one known by its entry, unopened)
         return {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
 
     def _opened(self, which: Any) -> list[StoreReader]:
-        """The stores ``which`` (store numbers), the pending ones opened together."""
-        todo = [g for g in which if isinstance(self._stores[g], PendingStore)]
-        if todo:
-            pending = [self._stores[g] for g in todo]
-            got = open_all(pending, PendingStore.open, remote=any(p.remote for p in pending))
-            for g, (store, _) in zip(todo, got, strict=True):
-                self._stores[g] = store
-        return self._stores
+        """Every store, those numbered ``which`` opened (together)."""
+        stores = [m.store for m in self.members]
+        open_stores([stores[g] for g in which])
+        return stores
 
     # -- indexing ---------------------------------------------------------------------
     def __len__(self) -> int:
@@ -173,13 +160,13 @@ class ItemDataset(torch.utils.data.Dataset):
         items = np.asarray(items, dtype=np.int64)
         store, local = self._split(items)
         starts = np.empty(len(items), dtype=np.int64)
-        first = self._items[0]
+        first = self._items
         real = None if not first.pad else np.empty(len(items), dtype=np.int64)
         for g in np.unique(store).tolist():
             sel = store == g
-            starts[sel] = self._items[g].starts(local[sel])
+            starts[sel] = self.members[g].items.starts(local[sel])
             if real is not None:
-                real[sel] = self._items[g].real(local[sel])
+                real[sel] = self.members[g].items.real(local[sel])
         td = read_items(
             self._opened(np.unique(store).tolist()),
             store,
@@ -213,7 +200,7 @@ class ItemDataset(torch.utils.data.Dataset):
 
     # -- sampling ---------------------------------------------------------------------
     def _nothing(self) -> IndexError:
-        first = self._items[0]
+        first = self._items
         if first.identity:
             return IndexError(f"{self.where} holds no transitions; there is nothing to sample")
         return IndexError(f"{self.where} has no window of {first.length} steps to sample")
@@ -222,7 +209,7 @@ class ItemDataset(torch.utils.data.Dataset):
         """``batch_size``, checked: a whole number whose batch fits this process's memory."""
         size = whole_number(batch_size, "batch_size", self.where, low=0, unit="items")
         # frames of an item: a stack per step, and the next observation's
-        need = size * max(i.length for i in self._items) * 2 * self.frame_stack * FRAME_BYTES
+        need = size * self._items.length * 2 * self.frame_stack * FRAME_BYTES
         if need > process_memory():
             raise InvalidArgumentError(
                 f"batch_size {size:,} asks for {need / 2**30:,.0f} GiB of frames in one batch "
@@ -263,7 +250,7 @@ class ItemDataset(torch.utils.data.Dataset):
         stores = self._opened(touched)
         for g in touched:
             sel = local[store == g]
-            its, reader = self._items[g], stores[g]
+            its, reader = self.members[g].items, stores[g]
             plan = reader.frame_plan(its.starts(sel), its.length, self.frame_stack, its.real(sel))
             reader.frames.fetch_ahead(plan.rows[plan.valid])
 
@@ -404,11 +391,10 @@ class ItemDataset(torch.utils.data.Dataset):
         # the plan cuts each store along its shards: read from the zarr.json of those not
         # opened yet, together (a bucket's 32 at a time); each opens when first read
         size = self._batch_size(batch_size)
-        pending = [s for s in self._stores if isinstance(s, PendingStore)]
-        open_all(pending, PendingStore.frame_rows, remote=any(p.remote for p in pending))
+        todo = [m.store for m in self.members if not m.store.opened]
+        open_all(todo, StoreReader.frame_rows, remote=any(s.remote for s in todo))
         return EpochStream(
-            self._stores,
-            self._items,
+            self.members,
             size,
             frame_stack=self.frame_stack,
             seed=seed,
@@ -421,8 +407,7 @@ class ItemDataset(torch.utils.data.Dataset):
             units_ahead=DEFAULT_UNITS_AHEAD if units_ahead is None else units_ahead,
             unit_rows=unit_rows,
             keep_units=keep_units,
-            weights=self._weights_given,
-            game_ids=self.game_ids,
+            weighted=self.weighted,
             where=self.where,
         )
 

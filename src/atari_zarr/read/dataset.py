@@ -17,6 +17,7 @@ from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
+from atari_zarr.read.member import members
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.store import StoreReader
 from atari_zarr.storage.paths import redact
@@ -33,7 +34,7 @@ log = logging.getLogger("atari_zarr")
 
 def _of_store(name: str, doc: str) -> Any:
     """A read-only attribute of the dataset that is its store's."""
-    return property(lambda self: getattr(self._stores[0], name), doc=doc)
+    return property(lambda self: getattr(self._store, name), doc=doc)
 
 
 class AtariZarrDataset(ItemDataset):
@@ -149,19 +150,21 @@ class AtariZarrDataset(ItemDataset):
             full_action_space=full_action_space,
             options=options,
         )
-        super().__init__([store], [Items.transitions(len(store))], frame_stack=frame_stack)
+        super().__init__(members([store], [Items.transitions(len(store))]), frame_stack=frame_stack)
 
     @classmethod
     def _over(cls, store: StoreReader, frame_stack: int) -> AtariZarrDataset:
-        """The dataset of a store already opened."""
+        """The dataset of a store made already (opened, or known by its catalog entry)."""
         ds = cls.__new__(cls)
-        ItemDataset.__init__(ds, [store], [Items.transitions(len(store))], frame_stack=frame_stack)
+        ItemDataset.__init__(
+            ds, members([store], [Items.transitions(len(store))]), frame_stack=frame_stack
+        )
         return ds
 
     # -- the store ------------------------------------------------------------------
     @property
     def _store(self) -> StoreReader:
-        return self._stores[0]
+        return self.members[0].store.open()
 
     # the store's own values, as it was opened
     url = _of_store("url", "The store's path or URL, as given.")

@@ -25,6 +25,7 @@ from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.dataset import AtariZarrDataset
 from atari_zarr.read.items import Items
+from atari_zarr.read.member import Member, members, open_all
 from atari_zarr.read.mixture import (
     MixtureSampler,
     draw_mixture,
@@ -33,7 +34,7 @@ from atari_zarr.read.mixture import (
     store_weights,
 )
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.pending import PendingStore, open_all
+from atari_zarr.read.store import StoreReader
 from atari_zarr.storage.paths import is_url, redact
 
 __all__ = [
@@ -60,7 +61,7 @@ class MultiGameDataset(ItemDataset):
 
     Parameters
     ----------
-    datasets : sequence of AtariZarrDataset, str or PendingStore
+    datasets : sequence of AtariZarrDataset, str or StoreReader
         The stores (datasets, store paths/URLs, or stores known by their catalog
         entries, opened when first read).
     weights : sequence of float, dict, "games" or "transitions", optional
@@ -99,7 +100,7 @@ class MultiGameDataset(ItemDataset):
 
     def __init__(
         self,
-        datasets: Sequence[AtariZarrDataset | str | PendingStore],
+        datasets: Sequence[AtariZarrDataset | str | StoreReader],
         *,
         weights: Any = None,
         storage_options: dict[str, Any] | None = None,
@@ -112,11 +113,11 @@ class MultiGameDataset(ItemDataset):
         # the stores share the dataset's memory share
         shared = ReadOptions.of(options, "MultiGameDataset").divided(len(datasets))
 
-        def open_one(d: AtariZarrDataset | str | PendingStore) -> AtariZarrDataset:
+        def open_one(d: AtariZarrDataset | str | StoreReader) -> AtariZarrDataset:
             if isinstance(d, AtariZarrDataset):
                 return d
-            if isinstance(d, PendingStore):
-                return AtariZarrDataset._over(d, frame_stack)  # type: ignore[arg-type]
+            if isinstance(d, StoreReader):
+                return AtariZarrDataset._over(d, frame_stack)
             return AtariZarrDataset(
                 d,
                 storage_options=storage_options,
@@ -133,33 +134,36 @@ class MultiGameDataset(ItemDataset):
                 f"the stores have different frame_stack values {sorted(stacks)}; "
                 f"batches need one observation shape: open them with the same frame_stack"
             )
+        stores = [d.members[0].store for d in self._datasets]
         #: Each store as ``Game/run`` (its URL where the store does not say).
-        self.games = [f"{d.game}/{d.run}" if d.game is not None else d.url for d in self._datasets]
-        game_of = [d.game if d.game is not None else d.url for d in self._datasets]
+        self.games = [f"{s.game}/{s.run}" if s.game is not None else s.url for s in stores]
+        game_of = [s.game if s.game is not None else s.url for s in stores]
         #: The games, sorted: ``game_id`` is a position in this list.
-        self.game_names, ids = game_numbers(game_of)
+        self.game_names, self._ids = game_numbers(game_of)
         self._game_of = game_of
         self._weights_asked = weights
-        where = f"MultiGameDataset of {len(self._datasets)} stores"
-        lengths = [len(d) for d in self._datasets]
-        super().__init__(
-            [d._store for d in self._datasets],
-            [Items.transitions(n) for n in lengths],
-            frame_stack=self._datasets[0].frame_stack,
-            game_ids=ids,
-            weights=store_weights(weights, self.games, game_of, lengths, where),
-            names=self.games,
-            where=where,
-        )
+        where = f"MultiGameDataset of {len(stores)} stores"
+        mixed, weighted = self._members(stores, [Items.transitions(len(s)) for s in stores], where)
+        super().__init__(mixed, frame_stack=stacks.pop(), weighted=weighted, where=where)
 
-    _rebuilt = ("_datasets",)
+    def _members(
+        self, stores: list[StoreReader], items: list[Items], where: str
+    ) -> tuple[list[Member], bool]:
+        """The stores with ``items``, weighted as asked (weights by game or ``"games"``
+        count each store's items), and whether weights were asked."""
+        lengths = [len(i) for i in items]
+        weights = store_weights(self._weights_asked, self.games, self._game_of, lengths, where)
+        mixed = members(stores, items, weights=weights, game_ids=self._ids, names=self.games)
+        return mixed, weights is not None
+
+    _rebuilt = ("_datasets",)  # the per-store views, made again from the stores
 
     @property
     def datasets(self) -> list[AtariZarrDataset]:
-        """Each store as an :class:`AtariZarrDataset` (the same opened stores)."""
+        """Each store as an :class:`AtariZarrDataset` (the same stores)."""
         views = self.__dict__.get("_datasets")
         if views is None:
-            views = [AtariZarrDataset._over(s, self.frame_stack) for s in self._stores]
+            views = [AtariZarrDataset._over(m.store, self.frame_stack) for m in self.members]
             self._datasets = views
         return views  # type: ignore[no-any-return]
 
@@ -182,8 +186,8 @@ class MultiGameDataset(ItemDataset):
         conversions are left out. With a ``catalog.json`` at ``root`` the dataset
         opens with that one request: the stores' games and lengths are their
         entries', and each store is opened when a batch or a stream first needs it
-        (:class:`~atari_zarr.read.pending.PendingStore`). A store that changed since
-        the catalog was written is read as it is now, with a warning; one that is
+        (:meth:`StoreReader.open <atari_zarr.read.store.StoreReader.open>`). A store
+        that changed since the catalog was written is read as it is now, with a warning; one that is
         gone, or whose length changed, stops that read with an error. Either way
         the message says to run ``atari-zarr index ROOT`` again.
         """
@@ -205,7 +209,7 @@ class MultiGameDataset(ItemDataset):
         }
         known = {n: e for n, e in (entries or {}).items() if isinstance(e["transitions"], int)}
         stores = [
-            PendingStore(name_to_url(root, n), known[n], options=shared, **args)
+            StoreReader(name_to_url(root, n), entry=known[n], options=shared, **args)
             if n in known
             else name_to_url(root, n)
             for n in names
@@ -242,14 +246,8 @@ class MultiGameDataset(ItemDataset):
         >>> batch.batch_size, batch["game_id"].shape
         (torch.Size([6, 4]), torch.Size([6, 4]))
         """
-        items = [
-            Items.windows(store.episodes, length, pad=pad, where=store.where)
-            for store in self._opened(range(len(self._stores)))
-        ]
+        stores = self._opened(range(len(self.members)))
+        items = [Items.windows(s.episodes, length, pad=pad, where=s.where) for s in stores]
         out = copy.copy(self)
-        # weights by game or "games" count each store's windows now
-        out._weights_given = store_weights(
-            self._weights_asked, self.games, self._game_of, [len(i) for i in items], self.where
-        )
-        out._set_items(items)
+        out._set_members(self._members(stores, items, self.where)[0])
         return out

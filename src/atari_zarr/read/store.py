@@ -13,6 +13,7 @@ It imports nothing above it: the dataset, the stream and windows build on it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -22,10 +23,21 @@ from typing import Any
 
 import numpy as np
 from tensordict import TensorDict
+from zarr.core.metadata.v3 import ArrayV3Metadata
 
-from atari_zarr.catalog import content_id
+from atari_zarr.catalog import CATALOG, CatalogEntry, check_entry, content_id
+from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.episodes import EpisodeTable, episode_table, return_to_go
-from atari_zarr.errors import InvalidArgumentError, StoreChangedError, StoreCorruptError
+from atari_zarr.errors import (
+    AtariZarrError,
+    InvalidArgumentError,
+    RemoteAccessError,
+    StoreChangedError,
+    StoreCorruptError,
+    StoreFormatError,
+    StoreIncompleteError,
+    StoreNotFoundError,
+)
 from atari_zarr.layout import (
     ACTION,
     ACTION_FULL,
@@ -49,7 +61,8 @@ from atari_zarr.read.columns import StepColumn, open_step_columns
 from atari_zarr.read.engine import DEFAULT_REMEDY
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
-from atari_zarr.storage.paths import redact
+from atari_zarr.storage.filesystem import get_fs
+from atari_zarr.storage.paths import is_url, redact
 
 __all__ = ["StoreReader", "store_remedy"]
 
@@ -115,6 +128,11 @@ class StoreReader:
         How the store is read (:class:`~atari_zarr.read.options.ReadOptions`: the
         request deadline, the decoded-chunk and encoded-byte bounds, coalescing);
         kept when the store is opened again in another process.
+    entry : CatalogEntry, optional
+        Its entry in its root's ``catalog.json``: the store is then known by it (game,
+        run, length) and opened on first need (:meth:`open`), so a mixture of a
+        catalogued root opens with the catalog's one request. A store that changed
+        since warns when it opens; one gone, or changed in length, stops with an error.
 
     Raises
     ------
@@ -141,6 +159,7 @@ class StoreReader:
         partial: bool = False,
         full_action_space: bool = False,
         options: ReadOptions | None = None,
+        entry: CatalogEntry | None = None,
     ) -> None:
         #: How this store is read (kept when it is opened again in another process).
         self.options = options or ReadOptions()
@@ -152,6 +171,54 @@ class StoreReader:
         self.full_action_space = bool(full_action_space)
         #: The store's URL for messages, credentials removed.
         self.where = redact(self.url)
+        #: Its root's catalog entry, when it was known by it (then opened on first need).
+        self.entry = entry
+        self._rows: tuple[int, int, bool] | None = None  # the frames' cut, from zarr.json
+        self._open_lock = threading.Lock()
+        #: True once the store is opened: at once, or, known by its entry, on first need.
+        self.opened = False
+        if entry is None:
+            self._open()
+        else:
+            self.n = int(entry["transitions"])  # type: ignore[arg-type]
+
+    def open(self) -> StoreReader:
+        """This store, opened: at the first call when it is known by its catalog entry
+        (then checked against the entry, and against the cut a stream made of it)."""
+        with self._open_lock:
+            if not self.opened:
+                self._open_entry()
+        return self
+
+    def _open_entry(self) -> None:
+        entry, n = self.entry, self.n
+        assert entry is not None
+        listed = f"listed in its root's {CATALOG}"
+        root = self.where.rstrip("/").rsplit("/", 2)[0]
+        again = f"run `atari-zarr index {root}` again and open the root again"
+        try:
+            self._open()
+        except (StoreNotFoundError, StoreIncompleteError) as exc:
+            raise type(exc)(
+                f"{self.where}, {listed}, is no longer a complete store ({exc}); {again}."
+            ) from exc
+        check_entry(entry, self.metadata, self.url)
+        # what the catalog claims is checked, whatever its content id says (an entry
+        # edited by hand keeps it): the mixture numbered its items by these
+        if self.n != n or self.game not in (None, entry["game"]):
+            raise StoreFormatError(
+                f"{self.where} holds {self.n:,} transitions of {self.game}, but the "
+                f"{n:,} of {entry['game']} {listed} numbered this dataset's items; {again}."
+            )
+        if self._rows is not None and self._frame_rows() != self._rows:
+            (chunk, shard, _), (was_chunk, was_shard, _) = self._frame_rows(), self._rows
+            raise StoreFormatError(
+                f"{self.where} now has frame shards of {shard} rows in chunks of {chunk}, "
+                f"but a stream cut its units along the {was_shard}-row shards of {was_chunk} "
+                f"it had; {again}, and make the stream again."
+            )
+
+    def _open(self) -> None:
         # A remote store rebuilds its file system after a fork (remote.RemoteStore), so
         # a forked DataLoader worker never shares the parent's sockets or event loop.
         group, meta = open_store(
@@ -243,23 +310,60 @@ class StoreReader:
         self._lock = threading.Lock()
         #: Memory for the frames of batches, reused once no batch refers to it.
         self.pool = BufferPool()
+        self.opened = True
 
     def __len__(self) -> int:
         return self.n
 
     @property
     def game(self) -> str | None:
-        """The store's game, or None where it does not say."""
-        return self.metadata.get("game")
+        """The store's game, or None where it does not say (its entry's, not opened)."""
+        return self.metadata.get("game") if self.opened else self.entry["game"]  # type: ignore[index]
 
     @property
     def run(self) -> str | None:
-        """The store's run, or None where it does not say."""
-        return self.metadata.get("run")
+        """The store's run, or None where it does not say (its entry's, not opened)."""
+        return self.metadata.get("run") if self.opened else self.entry["run"]  # type: ignore[index]
+
+    @property
+    def content(self) -> str | None:
+        """Which store this is: the content id of its attributes (its entry's, not opened)."""
+        return content_id(self.metadata) if self.opened else self.entry.get("content")  # type: ignore[union-attr]
+
+    @property
+    def remote(self) -> bool:
+        """True when the store is reached over a network."""
+        return is_url(self.url)
 
     def frame_rows(self) -> tuple[int, int, bool]:
         """How the frames' rows are cut: ``(chunk_rows, shard_rows, fast)``, ``fast``
-        when the engine reads them (else zarr's chunks, in shards of about 4096 rows)."""
+        when the engine reads them (else zarr's chunks, in shards of about 4096 rows).
+
+        A store not opened yet tells from its ``zarr.json`` alone (one request, no
+        array opened), and is checked against it when it opens."""
+        with self._open_lock:
+            if not self.opened and self._rows is None:
+                self._rows = self._peek()
+            if not self.opened and self._rows is not None:
+                return self._rows
+        return self.open()._frame_rows()
+
+    def _peek(self) -> tuple[int, int, bool] | None:
+        """The frames' chunking as the consolidated metadata says (None: not known so)."""
+        try:
+            fs, path = get_fs(self.url, self.storage_options, timeout=self.timeout)
+            doc = json.loads(fs.cat_metadata(f"{path.rstrip('/')}/zarr.json"))
+            frames = doc["consolidated_metadata"]["metadata"][OBSERVATION]
+            chain = row_chunks(ArrayV3Metadata.from_dict(frames))
+        except RemoteAccessError:
+            raise  # a server that fails (or stalls) fails once, within its timeout
+        except (OSError, ValueError, KeyError, TypeError, UnsupportedChunks, AtariZarrError):
+            return None  # opening the store tells, or says what is wrong
+        if chain.shard_rows is None:
+            return None
+        return chain.chunk_rows, chain.shard_rows, True
+
+    def _frame_rows(self) -> tuple[int, int, bool]:
         grid = self.engine.grid
         if grid is not None and grid.shard_rows is not None:
             return grid.chunk_rows, grid.shard_rows, True
@@ -274,15 +378,18 @@ class StoreReader:
     def __getstate__(self) -> dict[str, Any]:
         # file-system handles, locks and memory maps never cross processes: the store is
         # opened again by its URL (a DataLoader worker, spawned or forked)
-        keep = ("storage_options", "cache", "partial", "full_action_space", "options")
+        keep = ("storage_options", "cache", "partial", "full_action_space", "options", "entry")
         state = {"path_or_url": self.url, **{k: getattr(self, k) for k in keep}}
-        # which store this is: a process that opens it again must find the same one
-        return {**state, "content": content_id(self.metadata)}
+        # which store this is: a process that opens it again must find the same one (one
+        # known by its entry stays unopened, and is checked against its entry when opened)
+        content = content_id(self.metadata) if self.opened else None
+        return {**state, "content": content, "rows": self._rows}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        content = state.pop("content", None)
+        content, rows = state.pop("content", None), state.pop("rows", None)
         self.__init__(state.pop("path_or_url"), **state)  # type: ignore[misc]
+        self._rows = rows
         if content is not None and content_id(self.metadata) != content:
             raise StoreChangedError(
                 f"{self.where} was replaced since this dataset was opened in the process that "
@@ -483,8 +590,8 @@ def read_items(
         stores[g0].frames.read(buffer.flat(rows), out=buffer.frames)
     else:  # every frame in one gather where the stores share a cache
         each = np.broadcast_to(which[:, None], rows.shape)
-        frame_readers = [s.frames for s in stores]
-        read_rows_of(frame_readers, buffer.flat(each), buffer.flat(rows), buffer.frames)
+        readers = [s.frames if s.opened else None for s in stores]  # the touched are
+        read_rows_of(readers, buffer.flat(each), buffer.flat(rows), buffer.frames)  # type: ignore[arg-type]
     offsets = np.arange(length, dtype=np.int64)[None, :]
     safe = starts[:, None] + offsets
     if plan.padded:

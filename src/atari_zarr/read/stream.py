@@ -27,10 +27,8 @@ from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.place import check_rank, current_place, quiet_worker_exit
 from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.epoch import Consumed, EpochPlan
-from atari_zarr.read.items import Items
-from atari_zarr.read.mixture import store_probabilities, tag_items
-from atari_zarr.read.pending import PendingStore
-from atari_zarr.read.store import StoreReader
+from atari_zarr.read.member import Member
+from atari_zarr.read.mixture import tag_items
 from atari_zarr.read.units import (
     DEFAULT_SHUFFLE_BUFFER,
     DEFAULT_UNITS_AHEAD,
@@ -51,11 +49,10 @@ __all__ = [
     "stream_memory_bound",
 ]
 
-# 3: the items emitted, whatever the consumers (elastic resume); 2: consumers read
-# contiguous parts of the epoch's items; 1: units dealt round-robin. Version 3 states
-# of several stores saved before the stores shared one list of units hold a state
-# per store under "stores": they load as what is left to deal (_merge_store_states).
-_STATE_VERSION = 3
+# 4: each member's identity recorded; 3: the items emitted, whatever the consumers
+# (elastic resume; such a state loads where its stores' names and lengths match);
+# 2: consumers read contiguous parts of the epoch's items; 1: units dealt round-robin.
+_STATE_VERSION = 4
 
 
 class EpochStream(torch.utils.data.IterableDataset):
@@ -78,19 +75,15 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     Parameters
     ----------
-    stores : sequence of StoreReader or PendingStore
-        The stores, in order (one, or a mixture); one not opened yet is opened when a
-        unit of it is first read.
-    items : sequence of Items
-        What an item of each store is.
+    members : sequence of Member
+        The stores, in order (one, or a mixture), each with its items, weight and
+        ``game_id`` (tagged items carry ``game_id``, ``row`` and a global ``index``);
+        one not opened yet is opened when a unit of it is first read.
     batch_size : int
         Items per batch.
-    weights : sequence of float, optional
-        Several stores: the weight of each, which orders each consumer's units
-        (default: the permutation's order, stores drawn in proportion to their items).
-    game_ids : sequence of int, optional
-        Several stores: tag items with ``game_id`` (``game_ids`` of their store),
-        ``row`` and a global ``index`` (default: items as their one store gives them).
+    weighted : bool
+        The members' weights order each consumer's units (default: the permutation's
+        order, stores drawn in proportion to their items).
     **options
         As :meth:`~atari_zarr.read.core.ItemDataset.stream` documents.
 
@@ -109,8 +102,7 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     def __init__(
         self,
-        stores: Sequence[StoreReader | PendingStore],
-        items: Sequence[Items],
+        members: Sequence[Member],
         batch_size: int,
         *,
         frame_stack: int = 1,
@@ -124,17 +116,15 @@ class EpochStream(torch.utils.data.IterableDataset):
         units_ahead: int = DEFAULT_UNITS_AHEAD,
         unit_rows: int | None = None,
         keep_units: bool = False,
-        weights: Sequence[float] | np.ndarray | None = None,
-        game_ids: Sequence[int] | np.ndarray | None = None,
+        weighted: bool = False,
         where: str | None = None,
     ) -> None:
-        self.stores = list(stores)
-        self.items = list(items)
-        #: Game of each store, with which items are tagged (None: untagged, one store).
-        self.game_ids = None if game_ids is None else np.asarray(game_ids, dtype=np.int64)
-        where = where or (
-            f"a stream of {len(self.stores)} stores" if len(self.stores) > 1 else stores[0].where
-        )
+        #: The stores, each with its items, weight and game_id.
+        self.members = list(members)
+        self.stores = [m.store for m in self.members]
+        self.items = [m.items for m in self.members]
+        several = f"a stream of {len(self.stores)} stores"
+        where = where or (several if len(self.stores) > 1 else self.stores[0].where)
         self.where = where
         self.frame_stack = int(frame_stack)  # checked by the dataset that made the stream
         self.batch_size = whole_number(batch_size, "batch_size", where)
@@ -152,7 +142,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         #: Keep every unit decoded from one epoch to the next (within the budget).
         self.keep_units = keep_units
         self.rank, self.world_size = check_rank(rank, world_size, where)
-        self.units = Units(self.stores, self.items, unit_rows)
+        self.units = Units(self.members, unit_rows)
         self.unit_rows = self.units.unit_rows
         self.window = max(1, self.shuffle_buffer // self.unit_rows)
         lengths = np.array([len(i) for i in self.items], dtype=np.int64)
@@ -162,7 +152,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         )
         self._item_count = int(lengths.sum())
         #: Weight of each store, as the plan orders units by it (None: by the permutation).
-        self.weights = None if weights is None else store_probabilities(lengths, weights)
+        self.weights = np.array([m.weight for m in self.members]) if weighted else None
         #: Items emitted per consumer in the current epoch.
         self.positions: dict[int, int] = {}
         self._consumers: int | None = None
@@ -286,9 +276,9 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     def _tagger(self) -> Callable[[TensorDict, np.ndarray], TensorDict] | None:
         """What tags a batch with its items' stores (None: items untagged)."""
-        if self.game_ids is None:
+        if self.members[0].game_id is None:
             return None
-        offsets, games = self.offsets, self.game_ids
+        offsets, games = self.offsets, np.array([m.game_id for m in self.members], np.int64)
         return lambda td, stores: tag_items(td, stores, offsets, games)
 
     def _consume(self, consumer: int, consumers: int, keep: bool = False) -> Iterator[TensorDict]:
@@ -297,8 +287,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         plan = self._plan(consumer, consumers, int(pads[consumer]))
         start = self.positions.get(consumer, 0)
         reader = UnitReader(
-            self.stores,
-            self.items,
+            self.members,
             self.units,
             plan,
             stack=self.frame_stack,
@@ -393,13 +382,8 @@ class EpochStream(torch.utils.data.IterableDataset):
                         consumed.add(unit, items)
         return positions, consumed
 
-    def _lengths(self) -> list[int]:
-        return [len(s) for s in self.stores]
-
-    def _names(self) -> list[str]:
-        """Which store each is, as a state records it: ``"Game/run"`` (its catalog's or
-        attributes' names; ``"?"`` for what a store does not say)."""
-        return [f"{s.game or '?'}/{s.run or '?'}" for s in self.stores]
+    def _identities(self) -> list[dict[str, Any]]:
+        return [m.identity() for m in self.members]
 
     def _weights(self) -> list[float] | None:
         return None if self.weights is None else [float(w) for w in self.weights]
@@ -413,7 +397,9 @@ class EpochStream(torch.utils.data.IterableDataset):
         deals exactly the rest of the epoch among its consumers, each item once.
         ``consumers`` and ``positions`` (items emitted per consumer, ``rank *
         num_workers + worker``) let a resume with the same consumers continue in the
-        very order of the uninterrupted epoch. ``lengths`` are the stores' rows.
+        very order of the uninterrupted epoch. ``members`` says which stores it was
+        saved over (name, content id, rows, frame shards), in order, and ``weights``
+        their weights: it loads only into the same.
 
         In a distributed job, every rank's state describes the whole job: ranks step
         together, so the consumers of other ranks have emitted as many batches as this
@@ -431,9 +417,8 @@ class EpochStream(torch.utils.data.IterableDataset):
             "window": self.window,
             "unit_rows": self.unit_rows,
             "items": self.items[0].token,
-            "transitions": int(sum(self._lengths())),
-            "lengths": self._lengths(),
-            "names": self._names(),
+            "transitions": int(sum(len(s) for s in self.stores)),
+            "members": self._identities(),
             "weights": self._weights(),
             "consumers": self._consumers,
             "positions": {int(c): int(p) for c, p in positions.items() if p},
@@ -441,56 +426,53 @@ class EpochStream(torch.utils.data.IterableDataset):
             "consumed": consumed.encode(),
         }
 
-    def _check_belongs(
-        self,
-        state: dict[str, Any],
-        lengths: list[int],
-        items: str,
-        names: list[str],
-        weights: list[float] | None,
-    ) -> None:
-        """Refuse ``state`` unless it was saved over stores of ``lengths`` rows and
-        ``names``, with ``weights``, items and options as this stream's."""
+    def _check_belongs(self, state: dict[str, Any]) -> None:
+        """Refuse ``state`` unless it was saved over these members, in this order, with
+        their weights, items and options, naming what differs."""
+        ours, weights = self._identities(), self._weights()
         expected = {
-            "transitions": int(sum(lengths)),
+            "transitions": sum(i["rows"] for i in ours),
             "unit_rows": self.unit_rows,
             "window": self.window,
             "shuffle": self.shuffle,
-            # where each consumer stops depends on it
-            "drop_last": self.drop_last,
-            "items": items,
+            "drop_last": self.drop_last,  # where each consumer stops depends on it
+            "items": self.items[0].token,
         }
         found = {k: state.get(k) for k in expected}
-        found["items"] = state.get("items", "transitions")  # states saved before windows
-        saved = state.get("lengths", lengths if len(lengths) == 1 else None)
-        if state.get("version") != _STATE_VERSION or found != expected or saved != lengths:
-            raise InvalidArgumentError(
-                f"this state does not belong to this stream of {self.where}: expected "
-                f"{expected} over stores of {lengths} rows (state version {_STATE_VERSION}), "
-                f"found {found} over {saved} (version {state.get('version')}); open the "
-                f"stream with the stores and options it was saved with"
+        saved = state.get("members")
+        if state.get("version") == 3:  # saved before identities: names and rows
+            names, rows = state.get("names") or [], state.get("lengths") or []
+            saved = [{"name": n, "rows": r} for n, r in zip(names, rows, strict=False)]
+            saved = [{k: v for k, v in i.items() if "?" not in str(v)} for i in saved]
+            saved = saved if len(names) == len(rows) else None
+        elif state.get("version") != _STATE_VERSION:
+            saved = None
+        differs = [] if found == expected else [f"options {found}, here {expected}"]
+        if not isinstance(saved, list) or len(saved) != len(ours):
+            differs.append(f"stores {saved}, here {[i['name'] for i in ours]}")
+        else:
+            for g, (mine, here) in enumerate(zip(saved, ours, strict=True)):
+                if not isinstance(mine, dict):
+                    mine = {"store": mine}
+                differs += [
+                    f"store {g}'s {k} {mine[k]!r}, here {v!r}"
+                    for k, v in {"store": None, **here}.items()
+                    if k in mine and mine[k] != v
+                ]
+        theirs = state.get("weights")
+        if (theirs is None) != (weights is None) or (
+            theirs is not None
+            and weights is not None
+            and not (
+                len(theirs) == len(weights) and np.allclose(theirs, weights, rtol=1e-9, atol=0)
             )
-        # states saved before these were recorded say nothing of them, and are taken
-        saved_names, saved_weights = state.get("names"), state.get("weights", weights)
-        if saved_names is not None and saved_names != names:
+        ):
+            differs.append(f"weights {theirs} (they order an epoch's units), here {weights}")
+        if differs:
             raise InvalidArgumentError(
                 f"this state does not belong to this stream of {self.where}: it was saved "
-                f"over the stores {saved_names}, in that order, and this stream reads "
-                f"{names}; open the stream with the stores it was saved with, in the same "
-                f"order"
-            )
-        same = (
-            saved_weights is None and weights is None
-            if saved_weights is None or weights is None
-            else len(saved_weights) == len(weights)
-            and np.allclose(saved_weights, weights, rtol=1e-9, atol=0)
-        )
-        if not same:
-            raise InvalidArgumentError(
-                f"this state does not belong to this stream of {self.where}: it was saved "
-                f"with the store weights {saved_weights}, and this stream has {weights} (the "
-                f"order of an epoch's units follows them); open the stream with the weights "
-                f"it was saved with"
+                f"with {'; '.join(differs[:3])}; open the stream with the stores, in the "
+                f"same order, weights and options it was saved with"
             )
 
     def _decode(self, state: dict[str, Any], sizes: np.ndarray) -> tuple[Any, Consumed]:
@@ -508,12 +490,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen,
         whatever the number of ranks and DataLoader workers."""
         _check_state(state, self.where)
-        if isinstance(state.get("stores"), list):
-            self._merge_store_states(state)
-            return
-        self._check_belongs(
-            state, self._lengths(), self.items[0].token, self._names(), self._weights()
-        )
+        self._check_belongs(state)
         sizes = np.diff(self.units.bounds, axis=1).reshape(-1)
         where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
         epoch = whole_number(state.get("epoch"), "epoch", where, low=0)
@@ -538,34 +515,6 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.positions = positions
         self._base = base
         self._loaded = consumed
-
-    def _merge_store_states(self, state: dict[str, Any]) -> None:
-        """A state of several stores saved with one state per store (before the stores
-        shared one list of units): which items each store emitted, as one list, dealt
-        again among the consumers (the order of the rest is this version's)."""
-        stores = state["stores"]
-        if state.get("version") != _STATE_VERSION or len(stores) != len(self.stores):
-            raise InvalidArgumentError(
-                f"this state does not belong to this stream of {len(self.stores)} stores "
-                f"(found {len(stores)} stores, version {state.get('version')}); "
-                f"open the stream with the stores and options it was saved with"
-            )
-        parts = []
-        for g, sub in enumerate(stores):
-            _check_state(sub, self.where)
-            # each store's own state: its one store, unweighted
-            self._check_belongs(
-                sub, [len(self.stores[g])], self.items[g].token, [self._names()[g]], None
-            )
-            sizes = np.diff(self.units.layouts[g].bounds, axis=1).reshape(-1)
-            parts.append(self._decode(sub, sizes)[1])
-        where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
-        first = stores[0] if stores else {}
-        self.seed = whole_number(first.get("seed"), "seed", where, low=0)
-        self.epoch = whole_number(first.get("epoch"), "epoch", where, low=0)
-        merged = Consumed.concat(parts)
-        self._consumers, self.positions = None, {}
-        self._base, self._loaded = merged, merged
 
     def __repr__(self) -> str:
         return (

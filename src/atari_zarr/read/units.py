@@ -37,7 +37,7 @@ from atari_zarr.read.batch import (
 from atari_zarr.read.engine import background_decoder, blosc_decoder
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items
-from atari_zarr.read.pending import PendingStore
+from atari_zarr.read.member import Member
 from atari_zarr.read.pool import BufferPool
 from atari_zarr.read.store import StoreReader
 
@@ -107,9 +107,7 @@ def stream_memory_bound(
 class UnitLayout:
     """How one store is cut into units and which items each unit starts."""
 
-    def __init__(
-        self, store: StoreReader | PendingStore, items: Items, unit_rows: int | None
-    ) -> None:
+    def __init__(self, store: StoreReader, items: Items, unit_rows: int | None) -> None:
         # a store not opened yet tells from its zarr.json alone
         self.chunk_rows, self.shard_rows, self.fast = store.frame_rows()
         where = store.where
@@ -142,21 +140,18 @@ class Units:
 
     Parameters
     ----------
-    stores : sequence of StoreReader or PendingStore
-        The stores (one not opened yet is cut from its ``zarr.json`` alone).
-    items : sequence of Items
-        What an item of each store is (one kind and length for all).
+    members : sequence of Member
+        The stores (one not opened yet is cut from its ``zarr.json`` alone), and what
+        an item of each is (one kind and length for all).
     unit_rows : int, optional
         Rows per unit (default: each store's shard).
     """
 
-    def __init__(
-        self, stores: list[StoreReader | PendingStore], items: list[Items], unit_rows: int | None
-    ) -> None:
-        self.layouts = [UnitLayout(s, i, unit_rows) for s, i in zip(stores, items, strict=True)]
+    def __init__(self, members: list[Member], unit_rows: int | None) -> None:
+        self.layouts = [UnitLayout(m.store, m.items, unit_rows) for m in members]
         #: Rows per unit of the first store (the shuffle window is counted in these).
         self.unit_rows = self.layouts[0].unit_rows
-        counts = np.array([len(i) for i in items], dtype=np.int64)
+        counts = np.array([len(m.items) for m in members], dtype=np.int64)
         #: Global item number of each store's first item (``len(stores) + 1``).
         self.item_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         per = [len(layout.rows) for layout in self.layouts]
@@ -327,7 +322,7 @@ class UnitReader:
 
     Parameters
     ----------
-    stores, items : list
+    members : list of Member
         The stores and what an item of each is.
     units : Units
         Their read units, which ``plan`` deals.
@@ -354,8 +349,7 @@ class UnitReader:
 
     def __init__(
         self,
-        stores: list[StoreReader | PendingStore],
-        items: list[Items],
+        members: list[Member],
         units: Units,
         plan: EpochPlan,
         *,
@@ -368,12 +362,14 @@ class UnitReader:
         memory: StreamMemory | None = None,
         keep: bool = False,
     ) -> None:
-        self.stores, self.items, self.units, self.plan = stores, items, units, plan
+        self.stores = [m.store for m in members]
+        self.items = [m.items for m in members]
+        self.units, self.plan = units, plan
         self.memory = memory
         self.tag = tag
         self.k = stack
-        self.length = items[0].length
-        self.n_rows = np.array([len(s) for s in stores], dtype=np.int64)
+        self.length = self.items[0].length
+        self.n_rows = np.array([len(s) for s in self.stores], dtype=np.int64)
         self.remaining = max(0, stop - start)
         self.units_ahead = units_ahead
         self.decoders = decoders
@@ -387,8 +383,8 @@ class UnitReader:
         self.ext = slot_frames(units.span, self.k, self.length)
         #: Per-step values held per unit: its rows and the items' rows after it.
         self.cols = units.span + self.length - 1
-        self.windowed = not items[0].identity
-        self.padded = items[0].pad
+        self.windowed = not self.items[0].identity
+        self.padded = self.items[0].pad
         self.frame_shape = FRAME_SHAPE
         #: Memory of the batches handed out, reused once no tensor refers to it.
         self.pool = memory.pool if memory is not None else BufferPool()
@@ -502,10 +498,7 @@ class UnitReader:
     def _store(self, g: int) -> StoreReader:
         """Store ``g``, opened when a unit of it is first read (then checked against the
         shards its plan was cut along)."""
-        store = self.stores[g]
-        if isinstance(store, PendingStore):
-            store = self.stores[g] = store.open()
-        return store
+        return self.stores[g].open()
 
     def _read_frames(self, g: int, lo: int, hi: int, ext: np.ndarray) -> None:
         """Frames of rows ``[lo, hi)`` of store ``g`` and of the rows just outside into ``ext``."""

@@ -19,6 +19,7 @@ import numpy as np
 from atari_zarr.read.core import ItemDataset
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items
+from atari_zarr.read.member import members
 from atari_zarr.read.store import StoreReader
 
 __all__ = ["WindowDataset"]
@@ -67,7 +68,7 @@ class WindowDataset(ItemDataset):
     ) -> None:
         items = Items.windows(store.episodes, length, pad=pad, where=store.where)
         self.length, self.pad = items.length, items.pad
-        super().__init__([store], [items], frame_stack=frame_stack)
+        super().__init__(members([store], [items]), frame_stack=frame_stack)
 
     def __repr__(self) -> str:
         return (
@@ -78,12 +79,12 @@ class WindowDataset(ItemDataset):
     @property
     def store(self) -> StoreReader:
         """The opened store."""
-        return self._stores[0]
+        return self.members[0].store
 
     @property
     def items(self) -> Items:
         """The windows, numbered (:class:`~atari_zarr.read.items.Items`)."""
-        return self._items[0]
+        return self._items
 
     def starts(self, idx: Any) -> np.ndarray:
         """First row of each window ``idx``."""

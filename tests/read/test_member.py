@@ -1,4 +1,5 @@
-"""Stores of a catalogued root opened on first use (read/pending.py)."""
+"""The members of a dataset: stores of a catalogued root opened on first use, weights
+normalised once, identities (read/member.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from atari_zarr.catalog import write_catalog
 from atari_zarr.errors import StoreFormatError, StoreNotFoundError
 from atari_zarr.layout import ATTRS_KEY
 from atari_zarr.read.dataset import collate_batch
-from atari_zarr.read.pending import PendingStore
+from atari_zarr.read.store import StoreReader
 
 
 @pytest.fixture
@@ -31,7 +32,7 @@ def root(pong_store, tmp_path: Path) -> Path:
 
 
 def _pending(mix: MultiGameDataset) -> list[bool]:
-    return [isinstance(s, PendingStore) and not s.opened for s in mix._stores]
+    return [not m.store.opened for m in mix.members]
 
 
 def test_a_catalogued_root_opens_no_store_until_a_batch_needs_it(root, pong_store) -> None:
@@ -165,7 +166,7 @@ def test_a_stalled_server_fails_a_pending_store_once(pong_store) -> None:
         fs = fsspec.filesystem("gs", skip_instance_cache=True, **server.storage_options())
         fs.put(pong_store.url, "stalls/Pong/1.zarr", recursive=True)
         url = f"{proxy.endpoint_url}/stalls/Pong/1.zarr"
-        pending = PendingStore(url, entry, options=ReadOptions(timeout=1))
+        pending = StoreReader(url, entry=entry, options=ReadOptions(timeout=1))
         proxy.reset()
         proxy.delay = 30  # the server stalls
         with pytest.raises(RemoteAccessError, match="did not finish within 1 s"):
