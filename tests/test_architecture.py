@@ -26,6 +26,7 @@ FLOORS = [
         "resources",
         "place",
         "ale",
+        "forks",
         "progress",
         "commands",
         "_version",
@@ -187,9 +188,9 @@ def test_light_modules_import_no_converter_dask_or_torch(module: str) -> None:
 #: the modules of the lines below its own, and of its own line those to its right.
 READ_LINES = [
     ["mixing", "dataset", "windows", "core"],
-    ["stream", "units", "pending", "store", "arrays"],
+    ["stream", "units", "member", "store", "arrays"],
     ["columns", "chunks", "engine", "batch"],
-    ["options", "chunk_cache", "pool", "epoch", "items", "indexing", "mixture"],
+    ["options", "budget", "chunk_cache", "pool", "epoch", "items", "indexing", "mixture"],
 ]
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 
+from atari_zarr.forks import after_fork
+
 __all__ = ["cpu_count", "memory_bytes", "process_memory"]
 
 
@@ -54,7 +56,8 @@ def memory_bytes() -> int:
     return min(found)
 
 
-_MEMORY: dict[int, int] = {}
+_MEMORY: list[int] = []
+after_fork(_MEMORY.clear)  # a forked child may be given other limits: it reads them again
 
 
 def process_memory() -> int:
@@ -63,8 +66,6 @@ def process_memory() -> int:
     Readers ask on every store they open and every batch they size; the cgroup's files
     need not be read each time.
     """
-    pid = os.getpid()
-    if pid not in _MEMORY:
-        _MEMORY.clear()
-        _MEMORY[pid] = memory_bytes()
-    return _MEMORY[pid]
+    if not _MEMORY:
+        _MEMORY.append(memory_bytes())
+    return _MEMORY[0]

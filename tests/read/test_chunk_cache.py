@@ -9,7 +9,6 @@ from atari_zarr.read.chunk_cache import (
     FIRST_ACTIVE_BYTES,
     ChunkCache,
     chunk_keys,
-    shared_cache,
     split_keys,
 )
 
@@ -104,13 +103,6 @@ def test_slots_are_taken_into_use_for_the_whole_cache_not_per_reader() -> None:
             cache.slots(chunk_keys(t, [3]), lambda keys, dests: None)
     assert cache.active <= first + 240 // 8 + 2
     assert sum(cache.held(t) for t in tokens) == 240
-
-
-def test_shared_caches_are_per_group_and_shape() -> None:
-    a = shared_cache("g1", SHAPE, np.dtype("float64"))
-    assert shared_cache("g1", SHAPE, np.dtype("float64")) is a
-    assert shared_cache("g2", SHAPE, np.dtype("float64")) is not a
-    assert shared_cache("g1", (8, 3), np.dtype("float64")) is not a
 
 
 def test_readers_joining_one_by_one_reallocate_the_slab_a_few_times_and_keep_its_chunks() -> None:

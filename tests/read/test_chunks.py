@@ -22,6 +22,7 @@ from atari_zarr.layout import (
     create_store,
 )
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
+from atari_zarr.read.budget import Budget
 from atari_zarr.read.options import ReadOptions
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -399,7 +400,7 @@ def test_a_mixtures_shared_cache_far_smaller_than_its_stores_stops_admitting(tmp
     mixture's batches stop admitting their misses (one batch in 16 still does), the
     rows stay right, and reads that come back to a few rows fill the cache again."""
     # each store's share: 4 chunks of 8 rows (a group's bound is the sum of its shares)
-    opts = ReadOptions(frame_cache_bytes=4 * 8 * 6 * 5, cache_group="mixture-admission")
+    opts = ReadOptions(frame_cache_bytes=4 * 8 * 6 * 5, budget=Budget())
     data, readers = [], []
     for k in range(4):
         a = _array(zarr.storage.LocalStore(tmp_path / f"m{k}.zarr"), 1024)

@@ -94,5 +94,5 @@ def test_step_columns_are_read_with_the_stores_options(pong_store):
     for name in ("action", "next/reward"):
         reader = store.columns[name].reader
         assert reader.engine.coalesce_gap == 12_345
-        assert reader._cache is None and reader._cache_group is None
-    assert store.frames._cache_group == options.cache_group
+        assert reader._cache is None and reader._budget is None
+    assert store.frames._budget is options.budget

@@ -292,7 +292,7 @@ def test_units_decode_beside_the_loop_without_the_gil(small_store: str, monkeypa
     (numcodecs, which releases the GIL) while the loop gathers batches, and with the
     default (c-blosc2) while it waits for a unit; every frame goes through one of them,
     and the batches equal random access, which decodes with c-blosc2."""
-    from atari_zarr.read import engine, units
+    from atari_zarr.read import chunks, engine
 
     monkeypatch.setattr(engine, "cpu_count", lambda: 2)
     assert engine.background_decoder() is engine.blosc_decoder("numcodecs")
@@ -306,8 +306,8 @@ def test_units_decode_beside_the_loop_without_the_gil(small_store: str, monkeypa
         return decode
 
     beside, alone = engine.background_decoder(), engine.blosc_decoder()
-    monkeypatch.setattr(units, "background_decoder", lambda: counting("beside", beside))
-    monkeypatch.setattr(units, "blosc_decoder", lambda: counting("alone", alone))
+    monkeypatch.setattr(chunks, "background_decoder", lambda: counting("beside", beside))
+    monkeypatch.setattr(chunks, "blosc_decoder", lambda: counting("alone", alone))
     ds = AtariZarrDataset(small_store, frame_stack=4)
     batches = list(ds.stream(512, seed=3, unit_rows=1024))
     assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))

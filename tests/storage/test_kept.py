@@ -61,10 +61,7 @@ def test_nothing_is_kept_with_a_zero_bound():
 def test_readers_sharing_one_cache_use_its_room_and_give_it_back_when_they_go() -> None:
     import gc
 
-    from atari_zarr.storage.kept import shared_kept
-
-    shared = shared_kept("test-kept-group")
-    assert shared_kept("test-kept-group") is shared
+    shared = KeptBytes(0)
     a, b = shared.join(1000), shared.join(1000)
     assert shared.max_bytes == 2000
     a.add("frames/c/0", 0, DATA["a"][:1500])  # more than its own thousand

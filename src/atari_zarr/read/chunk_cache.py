@@ -3,9 +3,9 @@
 A :class:`~atari_zarr.read.chunks.ChunkReader` keeps the chunks it decoded here, so a
 random batch whose chunks are cached is one fancy index over one slab. The cache of a
 store read by itself is its own. The stores of one mixture share one cache per
-process, sized by the mixture's one budget (:func:`shared_cache`): whichever store a
-batch draws from uses the room it needs, a store no batch touches holds nothing, and
-the cache grows as misses pay for its pages whatever the number of stores.
+process, held by the mixture's one :class:`~atari_zarr.read.budget.Budget`: whichever
+store a batch draws from uses the room it needs, a store no batch touches holds
+nothing, and the cache grows as misses pay for its pages whatever the number of stores.
 
 * Readers **register** the bytes they bring (a mixture's stores their share of its
   budget): the cache's bound is their sum, and a reader that goes gives its share and
@@ -48,15 +48,13 @@ Examples
 
 from __future__ import annotations
 
-import os
 import threading
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["ChunkCache", "chunk_keys", "shared_cache", "split_keys"]
+__all__ = ["ChunkCache", "chunk_keys", "split_keys"]
 
 # The cache starts with this many bytes of slots in use, and takes one more slot per
 # _MISSES_PER_SLOT chunks decoded into it (see the module's docstring).
@@ -337,27 +335,3 @@ def _resized(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
     out = np.full(n, fill, dtype=a.dtype)
     out[: len(a)] = a
     return out
-
-
-# One cache per (group, chunk shape, dtype) in this process; a forked child starts
-# with none (its readers register again, see ChunkReader).
-_SHARED: weakref.WeakValueDictionary[tuple[Any, ...], ChunkCache] = weakref.WeakValueDictionary()
-_SHARED_LOCK = threading.Lock()
-_SHARED_PID = os.getpid()
-
-
-def shared_cache(group: str, chunk_shape: Sequence[int], dtype: np.dtype) -> ChunkCache:
-    """The cache this process's readers of ``group`` (one mixture) share for chunks of
-    ``chunk_shape`` and ``dtype``; it lives while a reader holds it."""
-    global _SHARED, _SHARED_LOCK, _SHARED_PID
-    if _SHARED_PID != os.getpid():  # forked: the parent's caches and lock are not ours
-        _SHARED = weakref.WeakValueDictionary()
-        _SHARED_LOCK = threading.Lock()
-        _SHARED_PID = os.getpid()
-    key = (group, tuple(int(x) for x in chunk_shape), np.dtype(dtype).str)
-    with _SHARED_LOCK:
-        cache = _SHARED.get(key)
-        if cache is None:
-            cache = ChunkCache(tuple(chunk_shape), np.dtype(dtype))
-            _SHARED[key] = cache
-        return cache

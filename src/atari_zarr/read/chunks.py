@@ -25,8 +25,8 @@ does not recognise through zarr-python.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import os
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -36,14 +36,19 @@ from typing import Any
 import numpy as np
 import zarr
 
+from atari_zarr.forks import after_fork
 from atari_zarr.read.chunk_cache import (
     TOKEN_SHIFT,
     ChunkCache,
     chunk_keys,
-    shared_cache,
     split_keys,
 )
-from atari_zarr.read.engine import ChunkEngine, EncodedChunk
+from atari_zarr.read.engine import (
+    ChunkEngine,
+    EncodedChunk,
+    background_decoder,
+    blosc_decoder,
+)
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.resources import cpu_count
 
@@ -181,7 +186,7 @@ class ChunkReader:
         if cache_bytes is None:
             cache_bytes = options.frame_cache_limit()
         self._cache_limit = cache_bytes if callable(cache_bytes) else (lambda: int(cache_bytes))
-        self._cache_group = options.cache_group
+        self._budget = options.budget
         self._cache: ChunkCache | None = None
         self.threads = max(1, threads or options.threads or cpu_count())
         self.decode_ahead = decode_ahead
@@ -189,7 +194,6 @@ class ChunkReader:
         self._lock = threading.RLock()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        self._pool_pid = -1
         self._next_chunk: int | None = None
         # Decode-ahead results live outside the cache until a range read takes them.
         self._ahead: dict[int, np.ndarray] = {}
@@ -200,8 +204,9 @@ class ChunkReader:
         # Chunks being fetched ahead; their bytes land in the engine's KeptBytes.
         self._fetching: dict[int, Future] = {}
         self._io_pool: ThreadPoolExecutor | None = None
-        self._io_pool_pid = -1
+        self._forked = False
         self._init_cache()
+        after_fork(self._after_fork)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -219,27 +224,41 @@ class ChunkReader:
         g = self.grid
         limit = self.cache_bytes if g is not None else 0
         # a group's readers pool their shares, however small; alone, two chunks at least
-        least = 1 if self._cache_group is not None else 2 * (g.chunk_nbytes if g else 0)
+        least = 1 if self._budget is not None else 2 * (g.chunk_nbytes if g else 0)
         if g is not None and limit >= least:
             cache = (
                 ChunkCache(g.chunk_shape, g.dtype)
-                if self._cache_group is None
-                else shared_cache(self._cache_group, g.chunk_shape, g.dtype)
+                if self._budget is None
+                else self._budget.frame_cache(g.chunk_shape, g.dtype)
             )
             self._token = cache.register(limit, g.n_chunks)
             self._cache = cache
             self._leave = weakref.finalize(self, cache.release, self._token)
-        self._cache_pid = os.getpid()
 
     def _leave_cache(self) -> None:
         cache, self._cache = self._cache, None
-        if cache is not None and getattr(self, "_cache_pid", None) == os.getpid():
+        if cache is not None:
             self._leave.detach()
             cache.unregister(self._token)
 
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's pools have no threads, its locks may be held,
+        and its cache is its share, not the child's (the child makes its own on use)."""
+        self._lock, self._pool_lock, self._ahead_lock = (
+            threading.RLock(),
+            threading.Lock(),
+            threading.Lock(),
+        )
+        self._pool = self._io_pool = None
+        self._ahead, self._pending, self._fetching = {}, {}, {}
+        if self._cache is not None:
+            self._leave.detach()
+        self._cache, self._forked = None, True
+
     def _own_cache(self) -> None:
         """A process forked from the one that made the cache sizes and fills its own."""
-        if self._cache_pid != os.getpid():
+        if self._forked:
+            self._forked = False
             self._init_cache()
 
     @property
@@ -424,6 +443,40 @@ class ChunkReader:
                 self._fetching[c] = fut
         return fut
 
+    def read_unit(
+        self,
+        lo: int,
+        hi: int,
+        out: np.ndarray,
+        halo: np.ndarray,
+        *,
+        decoding: Any = None,
+        background: Callable[[], bool] = lambda: False,
+    ) -> np.ndarray:
+        """Rows ``[lo, hi)`` (inside one shard) decoded into ``out``, and the rows
+        ``halo`` (just outside them) returned: what a stream's unit reads.
+
+        The span is one request (a whole shard: the shard object), the halo's chunks
+        fly in the same round where their shards' indexes are known, and nothing goes
+        through the cache. ``decoding`` is held while decoding (requests fly without
+        it); ``background()`` says whether a Python loop runs beside the decoding (then
+        :func:`~atari_zarr.read.engine.background_decoder` decodes, which releases the
+        GIL; else :func:`~atari_zarr.read.engine.blosc_decoder`'s default).
+        """
+        engine = self.engine
+        if not self.fast or not engine.grid.sharded:  # type: ignore[union-attr]
+            out[:] = np.asarray(self.array[lo:hi])
+            return engine.read_generic(halo)
+        beside, alone = background_decoder(), blosc_decoder()
+
+        def decode(src: Any, dest: np.ndarray) -> Any:
+            return (beside if background() else alone)(src, dest)
+
+        cr = self.grid.chunk_rows  # type: ignore[union-attr]
+        span, around = engine.fetch_span(lo, hi, sorted({int(r) // cr for r in halo.tolist()}))
+        with decoding or contextlib.nullcontext():
+            return engine.decode_span(lo, hi, out, span, halo, around, decode)
+
     def close(self) -> None:
         """Stop background work and drop cached chunks."""
         with self._lock:
@@ -443,16 +496,14 @@ class ChunkReader:
     def _executor(self) -> ThreadPoolExecutor:
         # A pool inherited through fork has no threads behind it: make a new one.
         with self._pool_lock:
-            if self._pool is None or self._pool_pid != os.getpid():
+            if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="atari_zarr-read")
-                self._pool_pid = os.getpid()
                 self._pending = {}
         return self._pool
 
     def _io_executor(self) -> ThreadPoolExecutor:
-        if self._io_pool is None or self._io_pool_pid != os.getpid():
+        if self._io_pool is None:
             self._io_pool = ThreadPoolExecutor(_IO_THREADS, thread_name_prefix="atari_zarr-fetch")
-            self._io_pool_pid = os.getpid()
             self._fetching = {}
         return self._io_pool
 

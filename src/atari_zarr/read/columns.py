@@ -60,7 +60,7 @@ class StepColumn:
 
     def __init__(self, array: zarr.Array, *, where: str, **reading: Any) -> None:
         # the store's options (coalescing, encoded bytes kept), with no decoded-chunk cache
-        options = (reading.pop("options", None) or ReadOptions()).replace(cache_group=None)
+        options = (reading.pop("options", None) or ReadOptions()).replace(budget=None)
         self._reader = ChunkReader(
             array,
             where=where,

@@ -46,7 +46,7 @@ from atari_zarr.read.items import Items
 from atari_zarr.read.member import Member, open_all, open_stores
 from atari_zarr.read.mixture import draw_mixture, tag_items
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.store import StoreReader, read_items
+from atari_zarr.read.store import StoreReader, plan_items, read_items
 from atari_zarr.resources import process_memory
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class ItemDataset(torch.utils.data.Dataset):
 
     Examples
     --------
+    >>> from atari_zarr.read.member import members
     >>> store = StoreReader(store_url)
     >>> both = ItemDataset(members([store, store], [Items.transitions(len(store))] * 2,
     ...                            game_ids=[0, 1]))
@@ -155,18 +156,22 @@ class ItemDataset(torch.utils.data.Dataset):
         store = np.searchsorted(self.offsets, items, side="right") - 1
         return store, items - self.offsets[store]
 
-    def read(self, items: np.ndarray) -> TensorDict:
-        """A batch of items (global numbers, in ``[0, len(self))``), assembled once."""
-        items = np.asarray(items, dtype=np.int64)
+    def _locate_rows(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Store, first row and real rows (None: all) of each of ``items``."""
         store, local = self._split(items)
         starts = np.empty(len(items), dtype=np.int64)
-        first = self._items
-        real = None if not first.pad else np.empty(len(items), dtype=np.int64)
+        real = None if not self._items.pad else np.empty(len(items), dtype=np.int64)
         for g in np.unique(store).tolist():
             sel = store == g
             starts[sel] = self.members[g].items.starts(local[sel])
             if real is not None:
                 real[sel] = self.members[g].items.real(local[sel])
+        return store, starts, real
+
+    def read(self, items: np.ndarray) -> TensorDict:
+        """A batch of items (global numbers, in ``[0, len(self))``), assembled once."""
+        store, starts, real = self._locate_rows(np.asarray(items, dtype=np.int64))
+        first = self._items
         td = read_items(
             self._opened(np.unique(store).tolist()),
             store,
@@ -244,15 +249,14 @@ class ItemDataset(torch.utils.data.Dataset):
 
         See :meth:`~atari_zarr.read.chunks.ChunkReader.fetch_ahead`.
         """
-        items = np.asarray(items, dtype=np.int64)
-        store, local = self._split(items)
-        touched = np.unique(store).tolist()
-        stores = self._opened(touched)
-        for g in touched:
-            sel = local[store == g]
-            its, reader = self.members[g].items, stores[g]
-            plan = reader.frame_plan(its.starts(sel), its.length, self.frame_stack, its.real(sel))
-            reader.frames.fetch_ahead(plan.rows[plan.valid])
+        store, starts, real = self._locate_rows(np.asarray(items, dtype=np.int64))
+        stores = self._opened(np.unique(store).tolist())
+        plan, sel_of = plan_items(
+            stores, store, starts, length=self._items.length, stack=self.frame_stack, real=real
+        )
+        for g, sel in sel_of.items():
+            rows, valid = plan.rows[sel], plan.valid[sel]
+            stores[g].frames.fetch_ahead(rows[valid])
 
     def sample_iter(
         self,

@@ -50,7 +50,7 @@ from atari_zarr.read.options import ReadOptions
 from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.fetch import byte_source
-from atari_zarr.storage.kept import KeptBytes, KeptView, shared_kept
+from atari_zarr.storage.kept import KeptBytes, KeptView
 from atari_zarr.storage.ranges import ByteRange, coalesce_ranges
 
 __all__ = [
@@ -332,8 +332,8 @@ class ChunkEngine:
         #: part of the one its mixture's stores share (their bound the sum of theirs).
         kept_bytes = options.kept_bytes if self.bytes.remote else 0
         self.kept: KeptBytes | KeptView = (
-            shared_kept(options.cache_group).join(kept_bytes)
-            if options.cache_group is not None and kept_bytes
+            options.budget.kept().join(kept_bytes)
+            if options.budget is not None and kept_bytes
             else KeptBytes(kept_bytes)
         )
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()

@@ -22,13 +22,13 @@ for ReadOptions. Pass an int 0 or more
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.read.budget import Budget
 from atari_zarr.resources import process_memory
 from atari_zarr.storage.deadline import resolve_timeout
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES
@@ -77,12 +77,12 @@ class ReadOptions:
         limit; a negative number or NaN is refused.
     threads : int, optional
         Threads that decode the chunks of one large batch (default: one per core).
-    cache_group : str, optional
-        Readers of one group share one decoded-frame cache and one encoded-byte cache
-        in each process, each bounded by the sum of their shares
-        (``frame_cache_bytes``, ``kept_bytes``). :meth:`divided` gives a
-        ``MultiGameDataset``'s stores one group; None (the default): caches of the
-        reader's own.
+    budget : Budget, optional
+        Readers given one budget share one decoded-frame cache and one encoded-byte
+        cache in each process (:class:`~atari_zarr.read.budget.Budget`), each bounded
+        by the sum of their shares (``frame_cache_bytes``, ``kept_bytes``).
+        :meth:`divided` gives a ``MultiGameDataset``'s stores one; None (the
+        default): caches of the reader's own.
 
     Raises
     ------
@@ -96,7 +96,7 @@ class ReadOptions:
     prefetch: int = 4
     timeout: float | str | None = "default"
     threads: int | None = None
-    cache_group: str | None = None
+    budget: Budget | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         self.frame_cache_limit()  # checks it
@@ -129,12 +129,12 @@ class ReadOptions:
         """These options for one of ``parts`` stores sharing a dataset's memory: a share
         of memory for decoded frames, and the encoded bytes kept, divided among them.
         The stores share one decoded-frame cache and one encoded-byte cache (one
-        ``cache_group``), whose bounds are the sums of their shares: the dataset's.
+        ``budget``), whose bounds are the sums of their shares: the dataset's.
 
         Examples
         --------
         >>> one = ReadOptions(kept_bytes=64 << 20).divided(4)
-        >>> one.frame_cache_bytes, one.kept_bytes == 16 << 20, one.cache_group is not None
+        >>> one.frame_cache_bytes, one.kept_bytes == 16 << 20, one.budget is not None
         ('6.25%', True, True)
         >>> ReadOptions(frame_cache_bytes=1 << 30).divided(4).frame_cache_bytes == 1 << 28
         True
@@ -143,7 +143,7 @@ class ReadOptions:
             return self
         changes: dict[str, Any] = {
             "kept_bytes": self.kept_bytes // parts,
-            "cache_group": self.cache_group or uuid.uuid4().hex,
+            "budget": self.budget or Budget(),
         }
         value = self.frame_cache_bytes
         if isinstance(value, str):

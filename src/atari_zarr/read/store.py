@@ -255,7 +255,7 @@ class StoreReader:
                 decode_ahead=False,
                 remedy=self.remedy,
                 # a cache of its own: a mixture's shared cache is its frames' budget
-                options=self.options.replace(cache_group=None),
+                options=self.options.replace(budget=None),
             )
         )
         self.frames = ChunkReader(
@@ -469,23 +469,6 @@ class StoreReader:
         )
 
     # -- items ----------------------------------------------------------------------
-    def frame_plan(
-        self, starts: np.ndarray, length: int, stack: int, real: np.ndarray | None = None
-    ) -> FramePlan:
-        """The distinct frames of items starting at ``starts`` (see :class:`FramePlan`)."""
-        starts = np.asarray(starts, dtype=np.int64)
-        n_real = np.full(len(starts), length, dtype=np.int64) if real is None else real
-        last = starts + n_real - 1
-        return FramePlan(
-            starts=starts,
-            length=length,
-            stack=stack,
-            first=self.first_row(starts),
-            last_done=self.done[last],
-            n_rows=self.n,
-            valid=real,
-        )
-
     def read_items(self, starts: np.ndarray, **how: Any) -> TensorDict:
         """A TED batch of items of this store starting at rows ``starts``: the module's
         :func:`read_items` (``length``, ``stack``, ``real``, ``windowed``) for one store."""
@@ -518,6 +501,46 @@ class StoreReader:
         items = np.flatnonzero(done)
         last = plan.starts[sel][items] + plan.real[sel][items] - 1
         return items, self.final_frames(self.episode[last])
+
+
+def plan_items(
+    stores: Sequence[StoreReader],
+    which: np.ndarray,
+    starts: np.ndarray,
+    *,
+    length: int = 1,
+    stack: int = 1,
+    real: np.ndarray | None = None,
+) -> tuple[FramePlan, dict[int, Any]]:
+    """The frames of items of any of ``stores`` (as :func:`read_items` takes them): the
+    one :class:`~atari_zarr.read.batch.FramePlan` of random access, each store's inputs
+    from its own episode table and columns, and the items of each store touched (a
+    slice of all of them where one store is)."""
+    which = np.asarray(which, dtype=np.int64)
+    starts = np.asarray(starts, dtype=np.int64)
+    b = len(starts)
+    n_real = np.full(b, length, dtype=np.int64) if real is None else np.asarray(real, np.int64)
+    groups = np.unique(which).tolist() if b else [0]
+    one = len(groups) == 1
+    first = np.empty(b, dtype=np.int64)
+    last_done = np.empty(b, dtype=bool)
+    # only the stores this batch touches: a mixture of hundreds pays for those alone
+    n_rows = np.empty(b, dtype=np.int64)
+    sel_of = {g: (slice(None) if one else np.flatnonzero(which == g)) for g in groups}
+    for g, sel in sel_of.items():
+        first[sel] = stores[g].first_row(starts[sel])
+        last_done[sel] = stores[g].done[starts[sel] + n_real[sel] - 1]
+        n_rows[sel] = len(stores[g])
+    plan = FramePlan(
+        starts=starts,
+        length=length,
+        stack=stack,
+        first=first,
+        last_done=last_done,
+        n_rows=len(stores[groups[0]]) if one else n_rows,
+        valid=real,
+    )
+    return plan, sel_of
 
 
 def read_items(
@@ -556,33 +579,10 @@ def read_items(
     """
     quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
     which = np.asarray(which, dtype=np.int64)
-    starts = np.asarray(starts, dtype=np.int64)
-    b = len(starts)
-    n_real = np.full(b, length, dtype=np.int64) if real is None else np.asarray(real, np.int64)
-    groups = np.unique(which).tolist() if b else [0]
-    one = len(groups) == 1
-    g0 = groups[0]
-    # the frame plan's inputs, each store's from its own table and columns
-    first = np.empty(b, dtype=np.int64)
-    last_done = np.empty(b, dtype=bool)
-    sel_of = {g: (slice(None) if one else np.flatnonzero(which == g)) for g in groups}
-    for g in groups:
-        sel = sel_of[g]
-        first[sel] = stores[g].first_row(starts[sel])
-        last_done[sel] = stores[g].done[starts[sel] + n_real[sel] - 1]
-    # only the stores this batch touches: a mixture of hundreds pays for those alone
-    n_rows = np.empty(b, dtype=np.int64)
-    for g in groups:
-        n_rows[sel_of[g]] = len(stores[g])
-    plan = FramePlan(
-        starts=starts,
-        length=length,
-        stack=stack,
-        first=first,
-        last_done=last_done,
-        n_rows=len(stores[g0]) if one else n_rows,
-        valid=real,
-    )
+    plan, sel_of = plan_items(stores, which, starts, length=length, stack=stack, real=real)
+    starts, b = plan.starts, len(plan.starts)
+    groups = list(sel_of)
+    one, g0 = len(groups) == 1, groups[0]
     buffer = FrameBuffer(stores[g0].pool, b, length, stack, tuple(stores[g0].observation.shape[1:]))
     # positions that are padding read a row that exists and are zeroed after
     rows = np.where(plan.valid, plan.rows, 0)

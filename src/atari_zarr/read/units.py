@@ -34,7 +34,6 @@ from atari_zarr.read.batch import (
     step_fields,
     steps_before_by_store,
 )
-from atari_zarr.read.engine import background_decoder, blosc_decoder
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items
 from atari_zarr.read.member import Member
@@ -376,7 +375,6 @@ class UnitReader:
         #: Whether the loop that gathers batches waits for a unit (then nothing runs
         #: beside the decoding, and the faster decoder, which holds the GIL, decodes).
         self.waiting = False
-        self._beside, self._alone = background_decoder(), blosc_decoder()
         m = len(plan.units)
         self.halo_front = self.k - 1
         #: Frames held per unit: the stacks before it, the unit, the items' rows after it.
@@ -503,24 +501,16 @@ class UnitReader:
     def _read_frames(self, g: int, lo: int, hi: int, ext: np.ndarray) -> None:
         """Frames of rows ``[lo, hi)`` of store ``g`` and of the rows just outside into ``ext``."""
         k, n = self.k, int(self.n_rows[g])
-        store, layout = self._store(g), self.units.layouts[g]
-        count = hi - lo
         halo = np.r_[
             np.arange(max(0, lo - k + 1), lo), np.arange(hi, min(hi + self.length, n))
         ].astype(np.int64)
-        out = ext[self.halo_front : self.halo_front + count]
-        engine = store.engine
-        if layout.fast:
-            cr = layout.chunk_rows
-            extra = sorted({int(r) // cr for r in halo.tolist()})
-            span, around = engine.fetch_span(lo, hi, extra)
-            # all units' requests fly at once; decoding takes the cores but one, which
-            # is left to the loop that gathers batches
-            with self.decoders:
-                got = engine.decode_span(lo, hi, out, span, halo, around, self._decode)
-        else:
-            out[:] = np.asarray(store.observation[lo:hi])
-            got = engine.read_generic(halo)
+        out = ext[self.halo_front : self.halo_front + hi - lo]
+        # all units' requests fly at once; decoding takes the cores but one, which is
+        # left to the loop that gathers batches, and while that loop waits for a unit
+        # the faster decoder (which holds the GIL) decodes
+        got = self._store(g).frames.read_unit(
+            lo, hi, out, halo, decoding=self.decoders, background=lambda: not self.waiting
+        )
         ext[halo - lo + self.halo_front] = got
 
     def _load(self, j: int, slot: int) -> None:
@@ -550,12 +540,6 @@ class UnitReader:
         self.segs[j] = self.plan.row_segments(j)
         if kept is not None:
             kept.loaded[slot] = True  # all of its slot is written
-
-    def _decode(self, src: Any, dest: np.ndarray) -> None:
-        """Decode one chunk: without the GIL while the loop gathers batches beside it
-        (:func:`~atari_zarr.read.engine.background_decoder`), with the faster decoder
-        while the loop waits for a unit."""
-        (self._alone if self.waiting else self._beside)(src, dest)
 
     def _wait(self, positions: range) -> None:
         self._submit()

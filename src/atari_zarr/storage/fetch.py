@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from atari_zarr.forks import after_fork
 from atari_zarr.storage.filesystem import not_regular_error, path_kind
 from atari_zarr.storage.ranges import ByteRange
 
@@ -95,8 +96,7 @@ def _new_lock_after_fork() -> None:
     _MAPS_LOCK = threading.Lock()
 
 
-if hasattr(os, "register_at_fork"):  # POSIX
-    os.register_at_fork(after_in_child=_new_lock_after_fork)
+after_fork(_new_lock_after_fork)
 
 
 class LocalBytes:

@@ -66,6 +66,7 @@ from atari_zarr.errors import (
     StoreWriteError,
     install_hint,
 )
+from atari_zarr.forks import after_fork
 from atari_zarr.redaction import redact_library_logs
 from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
 from atari_zarr.storage.endpoint import check_resolves
@@ -251,9 +252,13 @@ class FileSystem:
         #: True for http(s):// locations, which are never written.
         self.read_only = is_read_only_url(self.location)
         self._connect()
+        after_fork(self._after_fork)
+
+    def _after_fork(self) -> None:
+        self._forked = True
 
     def _connect(self) -> None:
-        self._pid = os.getpid()
+        self._forked = False
         if self.remote:
             redact_library_logs()  # fsspec's DEBUG lines name the URL, user info included
             if self.location.startswith("hf://"):
@@ -269,7 +274,7 @@ class FileSystem:
 
     @property
     def fs(self) -> fsspec.AbstractFileSystem:
-        if self._pid != os.getpid():
+        if self._forked:
             self._connect()  # the parent's session, sockets and event loop are not ours
         return self._fs
 

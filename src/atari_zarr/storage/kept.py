@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import os
 import threading
 import weakref
 from collections import OrderedDict
 from typing import Any
 
-__all__ = ["DEFAULT_KEPT_BYTES", "KeptBytes", "KeptView", "shared_kept"]
+__all__ = ["DEFAULT_KEPT_BYTES", "KeptBytes", "KeptView"]
 
 #: Default bound on the bytes kept per array: a 1 M-transition Pong store's frames
 #: are 48 MB, so its random reads fetch each byte once.
@@ -199,25 +198,3 @@ class KeptView:
 
     def forget(self, key: str) -> None:
         self.kept.forget(self.prefix + key)
-
-
-# One shared KeptBytes per group in this process; a forked child starts with none.
-_SHARED: weakref.WeakValueDictionary[str, KeptBytes] = weakref.WeakValueDictionary()
-_SHARED_LOCK = threading.Lock()
-_SHARED_PID = os.getpid()
-
-
-def shared_kept(group: str) -> KeptBytes:
-    """The encoded-byte cache this process's readers of ``group`` (one mixture) share;
-    each joins it with :meth:`KeptBytes.join`. It lives while a view holds it."""
-    global _SHARED, _SHARED_LOCK, _SHARED_PID
-    if _SHARED_PID != os.getpid():  # forked: the parent's caches and lock are not ours
-        _SHARED = weakref.WeakValueDictionary()
-        _SHARED_LOCK = threading.Lock()
-        _SHARED_PID = os.getpid()
-    with _SHARED_LOCK:
-        kept = _SHARED.get(group)
-        if kept is None:
-            kept = KeptBytes(0)
-            _SHARED[group] = kept
-        return kept

@@ -43,6 +43,7 @@ from zarr.abc.store import (
 from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from atari_zarr.errors import InvalidArgumentError, RemoteAccessError
+from atari_zarr.forks import after_fork
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.filesystem import backend_errors, check_local_metadata
@@ -171,7 +172,8 @@ def _describe(key: str, byte_range: ByteRequest | None) -> str:
 # loop; gcsfs's own finalizer closes it at exit from another loop, which prints
 # "Task pending ... attached to a different loop" after every gs:// command.
 # The file systems outlive the stores (fsspec caches them): they are what is watched.
-_LIVE: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_LIVE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+after_fork(_LIVE.clear)  # a parent's file systems are not a forked child's to close
 _CLOSER = threading.Lock()
 _closer_registered = False
 
@@ -185,7 +187,7 @@ def _watch(store: Store) -> None:
         return
     with _CLOSER:
         try:
-            _LIVE[fs] = os.getpid()
+            _LIVE[fs] = True
         except TypeError:  # pragma: no cover - a file system that takes no weak reference
             return
         if not _closer_registered:
@@ -201,9 +203,7 @@ def close_sessions() -> None:
     """Close the HTTP sessions of this process's remote stores, each on zarr's loop."""
     from zarr.core.sync import sync
 
-    for fs, pid in list(_LIVE.items()):
-        if pid != os.getpid():
-            continue  # a parent's file system in a forked child: not ours to close
+    for fs in list(_LIVE):  # a forked child's: its own (a parent's are forgotten)
         session = getattr(fs, "_session", None)
         if session is None or getattr(session, "closed", True):
             continue
@@ -257,8 +257,12 @@ class RemoteStore(WrapperStore[Store]):
         if self._http and not read_only:
             raise refuse_write("opening for writing", self.url, self.storage_options)
         self._read_only_flag = read_only
-        self._pid = os.getpid()
+        self._forked = False
+        after_fork(self._after_fork)
         super().__init__(self._connect())
+
+    def _after_fork(self) -> None:
+        self._forked = True
 
     def _connect(self) -> Store:
         check_resolves(self.url, self.storage_options, timeout=self.timeout)
@@ -273,11 +277,11 @@ class RemoteStore(WrapperStore[Store]):
     # otherwise keep the parent's HTTP session, sockets and (dead) event loop.
     @property  # type: ignore[override]
     def _store(self) -> Store:
-        if self._pid != os.getpid():
+        if self._forked:
             was_open = self._inner._is_open
             self._inner = self._connect()
             self._inner._is_open = was_open
-            self._pid = os.getpid()
+            self._forked = False
             log.debug("rebuilt the file system of %s after a fork", self.safe_url)
         return self._inner
 
