@@ -177,7 +177,7 @@ def lance_take(uri: Path) -> Callable[[np.ndarray], np.ndarray]:
 def ours(store: Path, cache_bytes: int, decoder: str) -> Callable[[np.ndarray], object]:
     """Random TED batches of our store, its chunks decoded by ``decoder``."""
     from atari_zarr import AtariZarrDataset, ReadOptions
-    from atari_zarr.read import engine
+    from atari_zarr.storage import engine
 
     ds = AtariZarrDataset(str(store), frame_stack=4, options=ReadOptions(frame_cache_bytes=cache_bytes))
 

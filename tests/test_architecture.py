@@ -189,7 +189,7 @@ def test_light_modules_import_no_converter_dask_or_torch(module: str) -> None:
 READ_LINES = [
     ["mixing", "dataset", "windows", "core"],
     ["stream", "units", "member", "store", "arrays"],
-    ["columns", "chunks", "engine", "batch"],
+    ["columns", "chunks", "batch"],
     ["options", "budget", "chunk_cache", "pool", "epoch", "items", "indexing", "mixture"],
 ]
 
@@ -255,5 +255,5 @@ def test_the_drop_ins_open_through_one_door_and_read_through_the_dataset():
         assert "open_request(" in text, f"{name} does not open through pull.open_request"
         assert "resolve(" not in text, f"{name} resolves on its own"
     for name in sorted(n for n in graph if n.startswith("compat.")):
-        inner = {"read.store", "read.chunks", "read.engine"} & graph[name]
+        inner = {"read.store", "read.chunks", "storage.engine"} & graph[name]
         assert not inner, f"{name} imports {sorted(inner)}, not a front door"

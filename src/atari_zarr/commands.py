@@ -1,7 +1,8 @@
 """Command lines that repeat an operation, as recorded in a store's ``command`` attribute.
 
 A store records the command that made it, so that an unfinished one names the
-command that finishes it. This is the one place that spells such a command.
+command that finishes it, and a damaged one the command that writes it again
+(:func:`store_remedy`). This is the one place that spells such a command.
 
 Examples
 --------
@@ -14,10 +15,11 @@ Examples
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
 
-__all__ = ["PROGRAM", "command_line"]
+__all__ = ["PROGRAM", "command_line", "store_remedy"]
 
 #: The name of the command-line program.
 PROGRAM = "atari-zarr"
@@ -42,3 +44,42 @@ def command_line(verb: str, *arguments: Any, **options: Any) -> str:
         else:
             parts += [flag, str(value)]
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def store_remedy(meta: dict[str, Any], url: str | None = None) -> str | None:
+    """What to do about a damaged chunk of the store at ``url``: run its command again,
+    from scratch, where that command wrote it; a copy elsewhere is copied again (its
+    command would rewrite the original, not the copy).
+
+    Examples
+    --------
+    >>> meta = {"command": "atari-zarr convert /src /stores"}
+    >>> store_remedy(meta, "/stores/Pong/1.zarr")
+    'write it again (atari-zarr convert /src /stores --overwrite), or copy the object again...'
+    >>> store_remedy(meta, "/elsewhere/Pong/1.zarr")
+    'copy the store again from where it was written (by `atari-zarr convert /src /stores`)...'
+    """
+    command = meta.get("command")
+    if not isinstance(command, str) or not command:
+        return None
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        tokens = command.split()
+    if url is not None and "/" in url.rstrip("/"):
+        root = url.rstrip("/").rsplit("/", 2)[0]
+        if not any(_same_place(t, root) for t in tokens):
+            return (
+                f"copy the store again from where it was written (by `{command}`), or write "
+                f"it again into {root} by that command with this root as its destination."
+            )
+    if "--overwrite" not in tokens:
+        command += " --overwrite"
+    return f"write it again ({command}), or copy the object again if it was transferred."
+
+
+def _same_place(a: str, b: str) -> bool:
+    """Two spellings of one directory or URL."""
+    if "://" in a or "://" in b:
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(a) == os.path.realpath(b)

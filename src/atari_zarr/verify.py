@@ -74,8 +74,6 @@ from atari_zarr.layout import spec as layout_spec
 from atari_zarr.npy_format import HEADER_PARSE
 from atari_zarr.opening import open_store
 from atari_zarr.progress import progress_bar
-from atari_zarr.read.engine import ChunkEngine, decode_chunk
-from atari_zarr.read.options import ReadOptions
 from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import index_problem, object_key
 from atari_zarr.sources.registry import (
@@ -91,6 +89,7 @@ from atari_zarr.sources.registry import (
     plan_run,
 )
 from atari_zarr.storage.deadline import Timeout, resolve_timeout
+from atari_zarr.storage.engine import ChunkEngine, decode_chunk
 from atari_zarr.storage.filesystem import FileSystem, get_fs, not_regular_error
 from atari_zarr.storage.ranges import ByteRange
 
@@ -295,7 +294,7 @@ def _check_writers(
 
 def _reader(arr: zarr.Array, url: str, report: VerifyReport) -> ChunkEngine:
     """The engine that reads ``arr`` for the checks (no caches, nothing ahead)."""
-    return ChunkEngine(arr, where=url, remedy=report.remedy, options=ReadOptions(kept_bytes=0))
+    return ChunkEngine(arr, where=url, remedy=report.remedy, kept_bytes=0)
 
 
 def _inspect(engine: ChunkEngine, lo: int, hi: int) -> tuple[np.ndarray | None, list[Any]]:

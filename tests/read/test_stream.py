@@ -292,7 +292,8 @@ def test_units_decode_beside_the_loop_without_the_gil(small_store: str, monkeypa
     (numcodecs, which releases the GIL) while the loop gathers batches, and with the
     default (c-blosc2) while it waits for a unit; every frame goes through one of them,
     and the batches equal random access, which decodes with c-blosc2."""
-    from atari_zarr.read import chunks, engine
+    from atari_zarr.read import chunks
+    from atari_zarr.storage import engine
 
     monkeypatch.setattr(engine, "cpu_count", lambda: 2)
     assert engine.background_decoder() is engine.blosc_decoder("numcodecs")

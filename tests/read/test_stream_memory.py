@@ -128,15 +128,15 @@ def test_the_next_epoch_reuses_the_slab_and_leaves_held_batches_alone(three_shar
     stream = ds.stream(100, **options)
     first = list(stream)  # held: their memory must stay theirs
     copies = [b.clone() for b in first]
-    kept = stream._memory._slab
-    assert kept is not None  # the finished reader gave its slab back
+    kept = stream._memory._held
+    assert kept is not None  # the finished reader gave its slots back
 
     stream.set_epoch(1)
     batches = iter(stream)
     second = [next(batches)]
-    assert stream._memory._slab is None  # taken by this epoch's reader
+    assert stream._memory._held is None  # taken by this epoch's reader
     second += list(batches)
-    assert stream._memory._slab is kept  # the same memory, given back again
+    assert stream._memory._held[1] is kept[1]  # the same memory, given back again
 
     fresh = ds.stream(100, epoch=1, **options)
     want = list(fresh)
@@ -176,10 +176,9 @@ def test_a_pickled_stream_keeps_no_memory(three_shards: str) -> None:
     for keep in (False, True):
         stream = AtariZarrDataset(three_shards).stream(500, seed=1, keep_units=keep)
         list(stream)
-        kept = stream._memory._units if keep else stream._memory._slab
-        assert kept is not None
+        assert stream._memory._held is not None and stream._memory._held[0] is keep
         copy = pickle.loads(pickle.dumps(stream))
-        assert copy._memory._slab is None and copy._memory._units is None
+        assert copy._memory._held is None
         copy.set_epoch(1)
         assert sum(len(b) for b in copy) == 10_000
 
@@ -196,7 +195,7 @@ def test_kept_units_are_read_once_and_the_later_epochs_are_exact(
     assert stream.keeps_units()
     first = list(stream)
     copies = [b.clone() for b in first]
-    kept = stream._memory._units
+    kept = stream._memory._held[1]
     assert kept is not None and kept.loaded.all()
 
     gone = path.rename(tmp_path / "gone.zarr")
@@ -204,7 +203,7 @@ def test_kept_units_are_read_once_and_the_later_epochs_are_exact(
     for epoch in (1, 2):
         stream.set_epoch(epoch)
         later.append(list(stream))
-    assert stream._memory._units is kept  # the same units, given back again
+    assert stream._memory._held[1] is kept  # the same units, given back again
     gone.rename(path)
 
     window = AtariZarrDataset(path, frame_stack=4)
@@ -280,6 +279,6 @@ def test_kept_units_hold_the_store_once(large_store: str) -> None:
     allowance = 48 << 20  # as the bound's test
     assert peaks[0] <= need + allowance, (peaks, need)
     assert peaks[1] <= peaks[0] + (8 << 20), peaks  # nothing decoded again
-    kept = stream._memory._units
+    kept = stream._memory._held[1]
     assert kept is not None and kept.loaded.all()
     assert resident_bytes(kept.slab) > need // 2  # the units, held

@@ -1,6 +1,6 @@
 """Random access to rows: :class:`ChunkReader`, a decoded-chunk cache on the engine.
 
-The engine (:mod:`atari_zarr.read.engine`) locates, fetches, verifies and decodes
+The engine (:mod:`atari_zarr.storage.engine`) locates, fetches, verifies and decodes
 chunks; this module decides which chunks a batch of rows needs and keeps them:
 
 * requested rows are grouped by chunk, so each chunk is decoded once per batch;
@@ -43,14 +43,14 @@ from atari_zarr.read.chunk_cache import (
     chunk_keys,
     split_keys,
 )
-from atari_zarr.read.engine import (
+from atari_zarr.read.options import ReadOptions
+from atari_zarr.resources import cpu_count
+from atari_zarr.storage.engine import (
     ChunkEngine,
     EncodedChunk,
     background_decoder,
     blosc_decoder,
 )
-from atari_zarr.read.options import ReadOptions
-from atari_zarr.resources import cpu_count
 
 __all__ = ["ChunkReader", "read_rows_of"]
 
@@ -179,7 +179,14 @@ class ChunkReader:
     ) -> None:
         options = options or ReadOptions()
         self.array = array
-        self.engine = engine or ChunkEngine(array, where=where, remedy=remedy, options=options)
+        self.engine = engine or ChunkEngine(
+            array,
+            where=where,
+            remedy=remedy,
+            coalesce_gap=options.coalesce_gap,
+            kept_bytes=options.kept_bytes,
+            shared=None if options.budget is None else options.budget.kept(),
+        )
         self.where = where
         self.name = self.engine.name
         self.grid = self.engine.grid
@@ -460,8 +467,8 @@ class ChunkReader:
         fly in the same round where their shards' indexes are known, and nothing goes
         through the cache. ``decoding`` is held while decoding (requests fly without
         it); ``background()`` says whether a Python loop runs beside the decoding (then
-        :func:`~atari_zarr.read.engine.background_decoder` decodes, which releases the
-        GIL; else :func:`~atari_zarr.read.engine.blosc_decoder`'s default).
+        :func:`~atari_zarr.storage.engine.background_decoder` decodes, which releases the
+        GIL; else :func:`~atari_zarr.storage.engine.blosc_decoder`'s default).
         """
         engine = self.engine
         if not self.fast or not engine.grid.sharded:  # type: ignore[union-attr]

@@ -367,7 +367,7 @@ class ItemDataset(torch.utils.data.Dataset):
             Rows per read unit (default: a shard), a multiple of the chunk rows.
         keep_units : bool
             Keep every unit decoded from one epoch to the next, so that the epochs
-            after the first decode nothing (:class:`~atari_zarr.read.units.KeptUnits`),
+            after the first decode nothing (:class:`~atari_zarr.read.units.Slots`),
             up to the stores' decoded-frame budget (``ReadOptions.frame_cache_bytes``;
             an epoch whose units do not fit it stops with one line). False (default):
             a window of units, within ``stream_memory_bound``.

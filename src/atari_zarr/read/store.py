@@ -3,7 +3,7 @@
 Random access, the epoch stream and windows all read a store through one
 :class:`StoreReader`. It opens the store (format, completion, arrays) and holds the
 frames (:class:`~atari_zarr.read.chunks.ChunkReader` on the
-:class:`~atari_zarr.read.engine.ChunkEngine`), the lazily loaded per-step columns
+:class:`~atari_zarr.storage.engine.ChunkEngine`), the lazily loaded per-step columns
 (:mod:`atari_zarr.read.columns`), the per-episode table, the return-to-go of every
 row (per episode, on first use), and :meth:`StoreReader.read_items`: a TED batch of
 items read with one frame fetch, built by :mod:`atari_zarr.read.batch`.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shlex
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +26,7 @@ from zarr.core.metadata.v3 import ArrayV3Metadata
 
 from atari_zarr.catalog import CATALOG, CatalogEntry, check_entry, content_id
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
+from atari_zarr.commands import store_remedy
 from atari_zarr.episodes import EpisodeTable, episode_table, return_to_go
 from atari_zarr.errors import (
     AtariZarrError,
@@ -58,54 +58,15 @@ from atari_zarr.place import current_place, quiet_worker_exit
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.columns import StepColumn, open_step_columns
-from atari_zarr.read.engine import DEFAULT_REMEDY
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
+from atari_zarr.storage.engine import DEFAULT_REMEDY
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, redact
 
-__all__ = ["StoreReader", "store_remedy"]
+__all__ = ["StoreReader", "plan_items", "read_items"]
 
 log = logging.getLogger("atari_zarr")
-
-
-def store_remedy(meta: dict[str, Any], url: str | None = None) -> str | None:
-    """What to do about a damaged chunk of the store at ``url``: run its command again,
-    from scratch, where that command wrote it; a copy elsewhere is copied again (its
-    command would rewrite the original, not the copy).
-
-    Examples
-    --------
-    >>> meta = {"command": "atari-zarr convert /src /stores"}
-    >>> store_remedy(meta, "/stores/Pong/1.zarr")
-    'write it again (atari-zarr convert /src /stores --overwrite), or copy the object again...'
-    >>> store_remedy(meta, "/elsewhere/Pong/1.zarr")
-    'copy the store again from where it was written (by `atari-zarr convert /src /stores`)...'
-    """
-    command = meta.get("command")
-    if not isinstance(command, str) or not command:
-        return None
-    try:
-        tokens = shlex.split(command)
-    except ValueError:
-        tokens = command.split()
-    if url is not None and "/" in url.rstrip("/"):
-        root = url.rstrip("/").rsplit("/", 2)[0]
-        if not any(_same_place(t, root) for t in tokens):
-            return (
-                f"copy the store again from where it was written (by `{command}`), or write "
-                f"it again into {root} by that command with this root as its destination."
-            )
-    if "--overwrite" not in tokens:
-        command += " --overwrite"
-    return f"write it again ({command}), or copy the object again if it was transferred."
-
-
-def _same_place(a: str, b: str) -> bool:
-    """Two spellings of one directory or URL."""
-    if "://" in a or "://" in b:
-        return a.rstrip("/") == b.rstrip("/")
-    return os.path.realpath(a) == os.path.realpath(b)
 
 
 class StoreReader:

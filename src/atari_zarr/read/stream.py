@@ -242,7 +242,7 @@ class EpochStream(torch.utils.data.IterableDataset):
 
     def keeps_units(self, workers: int = 1) -> bool:
         """Whether every unit is kept decoded from one epoch to the next
-        (:class:`~atari_zarr.read.units.KeptUnits`), with ``workers`` DataLoader workers.
+        (:class:`~atari_zarr.read.units.Slots`), with ``workers`` DataLoader workers.
 
         Only with ``keep_units=True``, and then only when they fit the stores'
         decoded-frame budget (``frame_cache_bytes``; a share of memory is divided

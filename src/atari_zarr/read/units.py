@@ -43,7 +43,7 @@ from atari_zarr.read.store import StoreReader
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
     "DEFAULT_UNITS_AHEAD",
-    "KeptUnits",
+    "Slots",
     "StreamMemory",
     "UnitLayout",
     "UnitReader",
@@ -184,7 +184,7 @@ class Units:
 
 def kept_units_bytes(units: Units, frame_stack: int = 1, length: int = 1) -> int:
     """Bytes of frames every unit of ``units`` takes decoded, each with the frames just
-    outside it: what a stream that keeps its units holds (:class:`KeptUnits`; with
+    outside it: what a stream that keeps its units holds (:class:`Slots`; with
     ``keep_units=True``, at most the decoded-frame budget). Each unit counts its own
     rows: a slot's pages past them are never touched, so a short unit (a small store's
     only one) holds its frames, not a whole shard's.
@@ -202,53 +202,51 @@ def kept_units_bytes(units: Units, frame_stack: int = 1, length: int = 1) -> int
     return (rows + len(units.bounds) * halo) * frame_bytes
 
 
-class KeptUnits:
-    """Every unit of a stream, decoded once and kept from one epoch to the next.
+class Slots:
+    """The slab a unit reader decodes units into, a slot per unit, and what each holds.
 
-    A stream that keeps its units (``stream(keep_units=True)``, when their frames fit
-    the decoded-frame budget, :func:`kept_units_bytes`) gives unit ``u`` slot ``u`` of
-    one slab, and a unit decoded in one epoch is not decoded again: the epochs after
-    the first only gather batches. Otherwise every epoch decodes every unit into a
-    window of slots (``docs/streaming.md``).
-
-    Parameters
-    ----------
-    slab : numpy.ndarray
-        ``(n_units, ext, 84, 84)`` frames, one slot per unit (pages are mapped as
-        units are decoded).
-    col : dict
-        The per-step columns, ``(n_units, cols)`` each.
-    slot_lo, slot_items, slot_store : numpy.ndarray
-        Each slot's first row, first item and store.
+    A slot holds a unit's frames with the frames just outside it, its per-step
+    columns, its first row, first item and store, and the frames after episodes' ends
+    that its rows end (``finals``). By default a reader reuses a window of slots as the
+    epoch passes its units. A stream that keeps its units (``stream(keep_units=True)``,
+    when their frames fit the decoded-frame budget, :func:`kept_units_bytes`) gives
+    unit ``u`` slot ``u`` and keeps them from one epoch to the next: a unit whose slot
+    is ``loaded`` is not decoded again, and the epochs after the first only gather
+    batches (``docs/streaming.md``). Pages are mapped as slots are written.
 
     Examples
     --------
-    >>> slab, col = np.empty((3, 5, 84, 84), np.uint8), {"reward": np.empty((3, 4))}
-    >>> kept = KeptUnits(slab, col, *np.empty((3, 3), np.int64))
-    >>> kept.shape, kept.loaded.tolist()
-    ((3, 5, ('reward',)), [False, False, False])
+    >>> slots = Slots(3, 5, 4, {"reward": np.float32})
+    >>> slots.shape, slots.grown().shape, slots.loaded.tolist()
+    ((3, 5, ('reward',)), (4, 5, ('reward',)), [False, False, False])
     """
 
-    def __init__(
-        self,
-        slab: np.ndarray,
-        col: dict[str, np.ndarray],
-        slot_lo: np.ndarray,
-        slot_items: np.ndarray,
-        slot_store: np.ndarray,
-    ) -> None:
-        self.slab, self.col = slab, col
-        self.slot_lo, self.slot_items, self.slot_store = slot_lo, slot_items, slot_store
+    def __init__(self, n: int, ext: int, cols: int, fields: dict[str, Any]) -> None:
+        self._made = (ext, cols, fields)
+        self.slab = np.empty((n, ext, *FRAME_SHAPE), dtype=np.uint8)
+        self.col = {name: np.empty((n, cols), dtype=dtype) for name, dtype in fields.items()}
+        #: Each slot's first row, first item and store.
+        self.lo, self.items, self.store = (np.empty(n, dtype=np.int64) for _ in range(3))
         #: Kept frames after episodes' ends, by slot.
         self.finals: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        #: Whether each unit is decoded (set once all of its slot is written).
-        self.loaded = np.zeros(len(slab), dtype=bool)
+        #: Whether each slot holds its whole unit (kept units only).
+        self.loaded = np.zeros(n, dtype=bool)
 
     @property
     def shape(self) -> tuple[int, int, tuple[str, ...]]:
-        """What a reader checks before taking these units: slots, frames per slot, and
-        the columns."""
+        """Slots, frames per slot, and the columns: what a reader checks before reuse."""
         return (len(self.loaded), self.slab.shape[1], tuple(self.col))
+
+    def grown(self) -> Slots:
+        """One more slot, with what these hold."""
+        n = len(self.loaded)
+        more = Slots(n + 1, *self._made)
+        for name in ("slab", "lo", "items", "store", "loaded"):
+            getattr(more, name)[:n] = getattr(self, name)
+        for name, col in self.col.items():
+            more.col[name][:n] = col
+        more.finals = self.finals
+        return more
 
 
 class StreamMemory:
@@ -260,54 +258,43 @@ class StreamMemory:
     60,000 transitions, whose epoch takes a fraction of a second, that was a large
     part of every epoch (``docs/benchmarks/stream.md``).
 
-    A reader takes the slab when it starts and gives it back when it closes, if no
-    decode may still be writing into it. A second reader at the same time gets none
-    and allocates its own. A stream that keeps every unit decoded holds them instead
-    (:class:`KeptUnits`), taken and given back the same way.
-    The batches' :class:`~atari_zarr.read.pool.BufferPool` is shared, since it never
-    hands out a block that a batch still refers to. Pickled (a DataLoader worker's
-    copy of the stream), it starts empty.
+    A reader takes the :class:`Slots` when it starts and gives them back when it
+    closes, if no decode may still be writing into them. A second reader at the same
+    time gets none and allocates its own. The batches'
+    :class:`~atari_zarr.read.pool.BufferPool` is shared, since it never hands out a
+    block that a batch still refers to. Pickled (a DataLoader worker's copy of the
+    stream), it starts empty.
 
     Examples
     --------
     >>> memory = StreamMemory()
-    >>> memory.give_slab(np.zeros((2, 3), np.uint8))
-    >>> memory.take_slab((2, 4)) is None  # another shape: not reused
+    >>> memory.give(Slots(2, 3, 1, {}), keep=False)
+    >>> memory.take((2, 4, ()), keep=False) is None  # another shape: not reused
     True
-    >>> memory.give_slab(np.zeros((2, 3), np.uint8))
-    >>> memory.take_slab((2, 3)).shape, memory.take_slab((2, 3))
-    ((2, 3), None)
+    >>> memory.give(Slots(2, 3, 1, {}), keep=False)
+    >>> memory.take((2, 3, ()), keep=True) is None  # kept units are another kind
+    True
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._slab: np.ndarray | None = None
-        self._units: KeptUnits | None = None
+        self._held: tuple[bool, Slots] | None = None
         #: The blocks batches are gathered into.
         self.pool = BufferPool()
 
-    def take_slab(self, shape: tuple[int, ...]) -> np.ndarray | None:
-        """The kept slab if it has ``shape`` (then no longer kept), else None."""
+    def take(self, shape: tuple[Any, ...], *, keep: bool) -> Slots | None:
+        """The slots held if they have ``shape`` and were kept units or not as ``keep``
+        says (then no longer held), else None."""
         with self._lock:
-            slab, self._slab = self._slab, None
-        return slab if slab is not None and slab.shape == tuple(shape) else None
+            held, self._held = self._held, None
+        if held is None or held[0] != keep or held[1].shape != tuple(shape):
+            return None
+        return held[1]
 
-    def give_slab(self, slab: np.ndarray) -> None:
-        """Keep ``slab`` for the next reader (replacing any slab kept)."""
+    def give(self, slots: Slots, *, keep: bool) -> None:
+        """Hold ``slots`` for the next reader (replacing any held)."""
         with self._lock:
-            self._slab = slab
-
-    def take_units(self, shape: tuple[Any, ...]) -> KeptUnits | None:
-        """The kept units if their :attr:`KeptUnits.shape` is ``shape`` (then no longer
-        kept), else None."""
-        with self._lock:
-            units, self._units = self._units, None
-        return units if units is not None and units.shape == tuple(shape) else None
-
-    def give_units(self, units: KeptUnits) -> None:
-        """Keep ``units`` for the next reader (replacing any kept)."""
-        with self._lock:
-            self._units = units
+            self._held = (keep, slots)
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
@@ -341,9 +328,9 @@ class UnitReader:
     memory : StreamMemory, optional
         The slab and batch memory to reuse, the stream's (default: this reader's own).
     keep : bool
-        Hold every unit decoded in :class:`KeptUnits` (taken from ``memory``), and
-        decode only those not decoded yet (default: a window of slots, every unit
-        decoded when the plan reaches it).
+        Keep every unit decoded, slot ``u`` unit ``u`` (:class:`Slots`, taken from
+        ``memory``), and decode only those not decoded yet (default: a window of
+        slots, every unit decoded when the plan reaches it).
     """
 
     def __init__(
@@ -388,20 +375,13 @@ class UnitReader:
         self.pool = memory.pool if memory is not None else BufferPool()
         # window units mixed, one more whose last items wait in a partly taken batch,
         # units ahead on their way (a batch larger than a unit may need more: _grow)
-        self.n_slots = 0
-        self.slab: np.ndarray
-        self.col: dict[str, np.ndarray] = {}
-        self.slot_lo: np.ndarray
-        self.slot_items: np.ndarray
-        self.slot_store: np.ndarray
-        self.finals: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        #: Every unit decoded once, slot ``u`` unit ``u`` (None: a window of slots).
-        self.kept: KeptUnits | None = None
-        if keep:
-            self._keep_units()
-        else:
-            self._allocate(min(m, plan.window + 1 + units_ahead) if m else 0)
-        self.free = [] if keep else list(range(self.n_slots))[::-1]
+        #: True: every unit decoded once, slot ``u`` unit ``u``; False: a window of slots.
+        self.keep = keep
+        n = len(units.bounds) if keep else min(m, plan.window + 1 + units_ahead) if m else 0
+        shape = (n, self.ext, tuple(step_fields(self.windowed)))
+        held = memory.take(shape, keep=keep) if memory is not None else None
+        self.slots = held or Slots(n, self.ext, self.cols, step_fields(self.windowed))
+        self.free = [] if keep else list(range(n))[::-1]
         self.slot_of: dict[int, int] = {}
         self.slot_by_pos = np.full(m, -1, dtype=np.int64)
         self.futures: dict[int, Future] = {}
@@ -414,65 +394,22 @@ class UnitReader:
         self.skip = skip
 
     # -- units --------------------------------------------------------------------------
-    def _allocate(self, n_slots: int) -> None:
-        """The slab and per-step columns for ``n_slots`` units, keeping what they hold."""
-
-        def grown(old: np.ndarray | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-            # np.empty maps pages lazily: memory grows with the slots used, never beyond.
-            new = np.empty((n_slots, *shape), dtype=dtype)
-            if old is not None and len(old):
-                new[: len(old)] = old
-            return new
-
-        first = self.n_slots == 0
-        shape = (self.ext, *self.frame_shape)
-        kept = None
-        if first and self.memory is not None:
-            kept = self.memory.take_slab((n_slots, *shape))
-        if kept is None:
-            kept = grown(None if first else self.slab, shape, np.uint8)
-        self.slab = kept
-        for name, dtype in step_fields(self.windowed).items():
-            self.col[name] = grown(None if first else self.col[name], (self.cols,), dtype)
-        self.slot_lo = grown(None if first else self.slot_lo, (), np.int64)
-        self.slot_items = grown(None if first else self.slot_items, (), np.int64)
-        self.slot_store = grown(None if first else self.slot_store, (), np.int64)
-        self.n_slots = n_slots
-
-    def _keep_units(self) -> None:
-        """One slot per unit, holding what earlier epochs decoded (the stream's)."""
-        n = len(self.units.bounds)
-        fields = step_fields(self.windowed)
-        shape = (n, self.ext, tuple(fields))
-        kept = self.memory.take_units(shape) if self.memory is not None else None
-        if kept is None:
-            self._allocate(n)
-            kept = KeptUnits(self.slab, self.col, self.slot_lo, self.slot_items, self.slot_store)
-        self.kept = kept
-        self.slab, self.col, self.finals = kept.slab, kept.col, kept.finals
-        self.slot_lo, self.slot_items, self.slot_store = (
-            kept.slot_lo,
-            kept.slot_items,
-            kept.slot_store,
-        )
-        self.n_slots = n
-
     def _grow(self) -> None:
         """One more slot: a batch spans more segments than the slots were sized for."""
         for fut in list(self.futures.values()):  # nothing may write into the old slab
             fut.result()
-        log.debug("stream: growing the slab to %d units", self.n_slots + 1)
-        self._allocate(self.n_slots + 1)
-        self.free.append(self.n_slots - 1)
+        log.debug("stream: growing the slab to %d units", len(self.slots.loaded) + 1)
+        self.slots = self.slots.grown()
+        self.free.append(len(self.slots.loaded) - 1)
 
     def _submit(self) -> None:
         m = len(self.plan.units)
         horizon = min(m, self.next_seg + 1 + self.units_ahead)
         while self.next_fetch < horizon:
             j = self.next_fetch
-            if self.kept is not None:
+            if self.keep:
                 slot = int(self.plan.units[j])  # unit u's slot is u
-                if self.kept.loaded[slot]:  # decoded by an epoch before
+                if self.slots.loaded[slot]:  # decoded by an epoch before
                     self.slot_of[j] = slot
                     self.slot_by_pos[j] = slot
                     self.segs[j] = self.plan.row_segments(j)
@@ -516,30 +453,24 @@ class UnitReader:
     def _load(self, j: int, slot: int) -> None:
         unit = int(self.plan.units[j])
         g, lo, hi = self.units.rows(unit)
-        store = self._store(g)
-        kept = self.kept
-        if kept is not None:
+        store, slots = self._store(g), self.slots
+        if self.keep:
             # a fresh slot: its pages' first writes fault (costlier than decoding here);
             # numpy takes those with the GIL released, c-blosc2's decoding would hold it
-            self.slab[slot, : self.halo_front + hi - lo + self.length] = 0
-        self._read_frames(g, lo, hi, self.slab[slot])
+            slots.slab[slot, : self.halo_front + hi - lo + self.length] = 0
+        self._read_frames(g, lo, hi, slots.slab[slot])
         top = min(hi + self.length - 1, int(self.n_rows[g]))
         rows = np.arange(lo, top, dtype=np.int64)
-        c = len(rows)
         values = store.step_values(rows, self.windowed)
-        for name, column in self.col.items():
-            column[slot, :c] = values[name]
-        self.slot_lo[slot] = lo
-        self.slot_items[slot] = self.units.first_item(unit)
-        self.slot_store[slot] = g
+        for name, column in slots.col.items():
+            column[slot, : len(rows)] = values[name]
+        slots.lo[slot], slots.items[slot], slots.store[slot] = lo, self.units.first_item(unit), g
         done = np.flatnonzero(values["terminated"] | values["truncated"])
-        self.finals.pop(slot, None)
+        slots.finals.pop(slot, None)
         if store.final_observation is not None and len(done):
-            eps = values["episode"][done]
-            self.finals[slot] = (done, store.final_frames(eps))
+            slots.finals[slot] = (done, store.final_frames(values["episode"][done]))
         self.segs[j] = self.plan.row_segments(j)
-        if kept is not None:
-            kept.loaded[slot] = True  # all of its slot is written
+        slots.loaded[slot] = self.keep  # kept: all of its slot is written
 
     def _wait(self, positions: range) -> None:
         self._submit()
@@ -558,7 +489,7 @@ class UnitReader:
         for j in [j for j in self.slot_of if j not in self.futures]:
             if min(j + self.plan.window - 1, last) < oldest:
                 slot = self.slot_of.pop(j)
-                if self.kept is None:  # kept units keep their slots
+                if not self.keep:  # kept units keep their slots
                     self.free.append(slot)
                 self.segs.pop(j, None)
 
@@ -620,13 +551,14 @@ class UnitReader:
     def _assemble(self, slots: np.ndarray, local: np.ndarray) -> TensorDict:
         """The batch of items ``local`` (item numbers within their unit) of ``slots``."""
         k, length, b = self.k, self.length, len(slots)
-        stores = self.slot_store[slots]
-        starts, real = self._item_rows(stores, self.slot_items[slots] + local)
-        off = starts - self.slot_lo[slots]  # column of each item's first row in its slot
+        held = self.slots
+        stores = held.store[slots]
+        starts, real = self._item_rows(stores, held.items[slots] + local)
+        off = starts - held.lo[slots]  # column of each item's first row in its slot
         # per-step values: one flat index into the slots' columns
         base = slots * self.cols
         last = base + off + (length - 1 if real is None else real - 1)
-        cols = {name: col.reshape(-1) for name, col in self.col.items()}
+        cols = {name: col.reshape(-1) for name, col in held.col.items()}
         plan = FramePlan(
             starts=starts,
             length=length,
@@ -640,7 +572,7 @@ class UnitReader:
         # slab row of the oldest frame of each item is its first row's column: the
         # halo in front holds the k - 1 frames before the unit
         at = (slots * self.ext + off)[:, None] + np.arange(length + k, dtype=np.int64)[None, :]
-        flat = self.slab.reshape(-1, *self.frame_shape)
+        flat = held.slab.reshape(-1, *self.frame_shape)
         # one gather of every distinct frame into reused memory (frames that do not
         # exist are zeroed by assemble_batch). mode='clip': with the default mode
         # numpy gathers into a temporary buffer first
@@ -652,7 +584,7 @@ class UnitReader:
             )
         fi = (base[:, None] + steps_at).ravel()
         steps = {name: cols[name].take(fi) for name in step_fields(self.windowed)}
-        finals = self._finals_of(plan, slots, last - base) if self.finals else None
+        finals = self._finals_of(plan, slots, last - base) if held.finals else None
         batch = assemble_batch(
             plan,
             buffer,
@@ -671,7 +603,7 @@ class UnitReader:
         """Kept frames after episodes' ends that items of this batch end on."""
         items, frames = [], []
         for i in np.flatnonzero(plan.last_done).tolist():
-            kept = self.finals.get(int(slots[i]))
+            kept = self.slots.finals.get(int(slots[i]))
             if kept is None:
                 continue
             at, finals = kept
@@ -688,7 +620,4 @@ class UnitReader:
             pool.shutdown(wait=False, cancel_futures=True)
         # the next epoch's reader takes the slab, unless a decode may still write into it
         if self.memory is not None and all(f.done() for f in self.futures.values()):
-            if self.kept is not None:
-                self.memory.give_units(self.kept)
-            else:
-                self.memory.give_slab(self.slab)
+            self.memory.give(self.slots, keep=self.keep)

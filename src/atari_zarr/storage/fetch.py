@@ -1,6 +1,6 @@
 """Where chunk bytes come from: memory maps of a local store, or a zarr store's ``get``.
 
-:func:`byte_source` gives the one object the engine (:mod:`atari_zarr.read.engine`)
+:func:`byte_source` gives the one object the engine (:mod:`atari_zarr.storage.engine`)
 asks for bytes: ``get(ranges)`` takes a batch of :class:`~atari_zarr.storage.ranges.ByteRange`
 and returns, in the same order, the bytes of each (a read-only buffer) or None where
 the object does not exist.

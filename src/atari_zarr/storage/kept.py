@@ -1,6 +1,6 @@
 """Bytes that requests brought, kept in memory so that no byte is fetched twice.
 
-Over a network, the engine (:mod:`atari_zarr.read.engine`) merges the byte ranges of
+Over a network, the engine (:mod:`atari_zarr.storage.engine`) merges the byte ranges of
 nearby chunks into one request (:func:`~atari_zarr.storage.ranges.coalesce_ranges`); a
 merged request brings the chunks between the ones asked for too. :class:`KeptBytes`
 keeps what each request brought, up to a bound, so that a later batch needing those

@@ -5,7 +5,7 @@ values: a whole object, a ``[start, stop)`` range, or the last ``n`` bytes of an
 object (a shard index stored at its end). :func:`coalesce_ranges` merges ranges of
 one object that lie close together into one request, because over a network a
 request costs far more than the bytes between two chunks; the engine
-(:mod:`atari_zarr.read.engine`) fetches what it returns and keeps what came
+(:mod:`atari_zarr.storage.engine`) fetches what it returns and keeps what came
 (:mod:`atari_zarr.storage.kept`). How far apart two ranges may lie is a cost model,
 :func:`gap_for`: a gap is worth bridging when its bytes take less time to transfer than
 a request costs.

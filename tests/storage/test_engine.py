@@ -10,8 +10,7 @@ import zarr
 
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.layout import ARRAYS, OBSERVATION
-from atari_zarr.read.engine import ChunkEngine
-from atari_zarr.read.options import ReadOptions
+from atari_zarr.storage.engine import ChunkEngine
 from atari_zarr.storage.ranges import ByteRange
 from atari_zarr.storage.remote import RemoteStore
 
@@ -148,7 +147,7 @@ def test_random_reads_fetch_each_byte_once(tmp_path):
 
     mem = fsspec.filesystem("memory")
     stored = sum(len(mem.cat(f"/once-{tmp_path.name}.zarr/c/{s}/0/0")) for s in range(8))
-    engine = ChunkEngine(a, where="w", options=ReadOptions(coalesce_gap=4096))
+    engine = ChunkEngine(a, where="w", coalesce_gap=4096)
     fetched = _random_fetches(engine, data, 40)
     covered = np.zeros((8, max(r.stop for r in fetched)), dtype=np.int64)
     for r in fetched:
@@ -157,7 +156,7 @@ def test_random_reads_fetch_each_byte_once(tmp_path):
     assert sum(r.stop - r.start for r in fetched) <= stored
     assert engine.stats["kept_hits"] > 0
     # what the bytes kept prevent: the same reads without them fetch bytes again
-    again = _random_fetches(ChunkEngine(a, where="w", options=ReadOptions(coalesce_gap=4096, kept_bytes=0)), data, 40)
+    again = _random_fetches(ChunkEngine(a, where="w", coalesce_gap=4096, kept_bytes=0), data, 40)
     covered[:] = 0
     for r in again:
         covered[int(r.key.split("/")[-3]), r.start : r.stop] += 1
@@ -172,7 +171,7 @@ def test_both_blosc_decoders_read_what_numcodecs_wrote(cname, shuffle, dtype):
     several blocks, a tiny buffer stored as is, and frames that compress to nearly nothing."""
     from numcodecs import Blosc
 
-    from atari_zarr.read.engine import blosc_decoder, decode_chunk
+    from atari_zarr.storage.engine import blosc_decoder, decode_chunk
 
     rng = np.random.default_rng(0)
     frames = np.repeat(rng.integers(0, 255, (3, 84, 84), dtype=np.uint8), 6, axis=0)
@@ -197,7 +196,7 @@ def test_a_damaged_blosc_payload_is_reported_by_either_decoder(name):
     """A buffer whose header is whole but whose compressed bytes are not: one problem, no crash."""
     from numcodecs import Blosc
 
-    from atari_zarr.read.engine import blosc_decoder, decode_chunk
+    from atari_zarr.storage.engine import blosc_decoder, decode_chunk
 
     data = np.random.default_rng(0).integers(0, 8, 16 * 7056, dtype=np.uint8)
     spoiled = bytearray(Blosc(cname="zstd", clevel=5, shuffle=0).encode(data))
@@ -213,7 +212,7 @@ def test_a_damaged_blosc_payload_is_reported_by_either_decoder(name):
 def test_the_default_decoder_is_c_blosc2_where_installed():
     import importlib.util
 
-    from atari_zarr.read.engine import blosc_decoder
+    from atari_zarr.storage.engine import blosc_decoder
 
     assert importlib.util.find_spec("blosc2") is not None, "the test install has the fast extra"
     assert blosc_decoder() is blosc_decoder("blosc2")
@@ -264,8 +263,8 @@ def _main_thread_steps_while_decoding(decode, calls: int = 10) -> list[int]:
 def test_the_background_decoder_lets_the_main_thread_run_while_it_decodes(monkeypatch):
     """On a second core, the stream's units decode without the GIL (numcodecs' c-blosc1),
     so the loop that gathers batches runs meanwhile; python-blosc2, the default, holds it."""
-    from atari_zarr.read import engine as engine_module
-    from atari_zarr.read.engine import background_decoder, blosc_decoder
+    from atari_zarr.storage import engine as engine_module
+    from atari_zarr.storage.engine import background_decoder, blosc_decoder
 
     monkeypatch.setattr(engine_module, "cpu_count", lambda: 2)
     assert background_decoder() is blosc_decoder("numcodecs")
@@ -277,8 +276,8 @@ def test_the_background_decoder_lets_the_main_thread_run_while_it_decodes(monkey
 
 def test_on_one_core_the_background_decoder_is_the_default(monkeypatch):
     """Nothing runs beside the decoding on one core: the faster c-blosc2 decodes."""
-    from atari_zarr.read import engine as engine_module
-    from atari_zarr.read.engine import background_decoder, blosc_decoder
+    from atari_zarr.storage import engine as engine_module
+    from atari_zarr.storage.engine import background_decoder, blosc_decoder
 
     monkeypatch.setattr(engine_module, "cpu_count", lambda: 1)
     assert background_decoder() is blosc_decoder()

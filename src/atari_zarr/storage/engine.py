@@ -3,7 +3,8 @@
 zarr-python's generic indexing costs about 1 ms per chunk it touches, while
 decoding a 16-frame Blosc chunk costs 20-50 µs (``docs/codec-choice.md``). The
 readers of this package (random access in :mod:`atari_zarr.read.chunks`, the epoch
-stream and windows in :mod:`atari_zarr.read.stream`) therefore read the bytes a
+stream and windows in :mod:`atari_zarr.read.stream`, and :mod:`atari_zarr.verify`'s
+checks of every object) therefore read the bytes a
 zarr client would read, without its machinery, and all through one
 :class:`ChunkEngine` per array:
 
@@ -46,12 +47,11 @@ import zarr
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.fingerprints import foreign_object_message, object_crc, recorded
-from atari_zarr.read.options import ReadOptions
 from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.fetch import byte_source
-from atari_zarr.storage.kept import KeptBytes, KeptView
-from atari_zarr.storage.ranges import ByteRange, coalesce_ranges
+from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES, KeptBytes, KeptView
+from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
 
 __all__ = [
     "DEFAULT_REMEDY",
@@ -269,13 +269,16 @@ class ChunkEngine:
         URL or path of the store, for error messages (credentials removed).
     remedy : str, optional
         What to do about a damaged chunk, ending the error message.
-    options : ReadOptions, optional
-        ``coalesce_gap`` (byte ranges of one shard at most this many bytes apart are
-        fetched with one request; remote stores only, -1: never merge) and
-        ``kept_bytes`` (bound on the encoded bytes remote requests brought that are
-        kept in memory, :class:`~atari_zarr.storage.kept.KeptBytes`: the one
-        encoded-byte cache of the array, which what is fetched ahead waits in too;
-        0 keeps nothing).
+    coalesce_gap : int
+        Byte ranges of one shard at most this many bytes apart are fetched with one
+        request (remote stores only; -1: never merge).
+    kept_bytes : int
+        Bound on the encoded bytes remote requests brought that are kept in memory
+        (:class:`~atari_zarr.storage.kept.KeptBytes`: the one encoded-byte cache of
+        the array, which what is fetched ahead waits in too; 0 keeps nothing).
+    shared : KeptBytes, optional
+        The encoded-byte cache several arrays share (a mixture's stores, each joining
+        with its ``kept_bytes``); default one of the array's own.
 
     Attributes
     ----------
@@ -306,14 +309,15 @@ class ChunkEngine:
         *,
         where: str,
         remedy: str | None = None,
-        options: ReadOptions | None = None,
+        coalesce_gap: int = DEFAULT_COALESCE_GAP,
+        kept_bytes: int = DEFAULT_KEPT_BYTES,
+        shared: KeptBytes | None = None,
     ) -> None:
-        options = options or ReadOptions()
         self.array = array
         self.where = where
         self.remedy = remedy or DEFAULT_REMEDY
         self.name = array.path or array.name
-        self.coalesce_gap = options.coalesce_gap
+        self.coalesce_gap = coalesce_gap
         self.stats = {"requests": 0, "fetched_bytes": 0, "decoded": 0, "kept_hits": 0}
         try:
             self.grid: ChunkGrid | None = ChunkGrid(array)
@@ -330,11 +334,9 @@ class ChunkEngine:
         self.merge = self.bytes.remote and not isinstance(store, RangeCacheStore)
         #: What remote requests brought: the array's one encoded-byte cache, or its
         #: part of the one its mixture's stores share (their bound the sum of theirs).
-        kept_bytes = options.kept_bytes if self.bytes.remote else 0
+        kept_bytes = kept_bytes if self.bytes.remote else 0
         self.kept: KeptBytes | KeptView = (
-            options.budget.kept().join(kept_bytes)
-            if options.budget is not None and kept_bytes
-            else KeptBytes(kept_bytes)
+            shared.join(kept_bytes) if shared is not None and kept_bytes else KeptBytes(kept_bytes)
         )
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
