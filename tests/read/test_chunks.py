@@ -220,7 +220,7 @@ def test_cache_is_bounded_and_reused(tmp_path):
     slots = reader._cache.lookup(chunk_keys(reader._token, cids))
     assert (slots >= 0).sum() == reader.cached_chunks > 0
     for c, s in zip(cids[slots >= 0], slots[slots >= 0]):
-        np.testing.assert_array_equal(reader._slab[s], data[c * 8 : c * 8 + 8])
+        np.testing.assert_array_equal(reader._cache.slab[s], data[c * 8 : c * 8 + 8])
 
 
 def test_sequential_reads_prefetch(tmp_path):
@@ -347,21 +347,21 @@ def test_a_large_cache_takes_slots_into_use_as_misses_pay_for_them(pong_store):
     frames = zarr.open_group(pong_store.url, mode="r")["observation"]
     chunk = 16 * 84 * 84
     r = ChunkReader(frames, where=pong_store.url, cache_bytes=50 * chunk)
-    first = r._active
+    first = r._cache.active
     assert first == 50  # the first 128 MB hold more than this bound
     small = ChunkReader(frames, where=pong_store.url, cache_bytes=10_000 * chunk)
-    start = small._active
-    assert start == (128 << 20) // chunk < small._n_slots
+    start = small._cache.active
+    assert start == (128 << 20) // chunk < small._cache.n_slots
     n = frames.shape[0]
     small.read(np.arange(n))  # a range: decoded straight into the output
-    assert small._active == start
+    assert small._cache.active == start
     rows = np.arange(0, n, 16)  # one row per chunk: (nearly) every chunk a miss
     small.read(rows)
-    grown = small._active - start
+    grown = small._cache.active - start
     assert 0 < grown <= len(rows) // chunks_module.MISSES_PER_SLOT + 1
-    before = small._active
+    before = small._cache.active
     small.read(rows)  # all hits: nothing more taken
-    assert small._active == before and small.stats["hits"] >= len(rows)
+    assert small._cache.active == before and small.stats["hits"] >= len(rows)
 
 
 def test_a_cache_far_smaller_than_its_array_stops_admitting_what_it_never_hits(tmp_path):

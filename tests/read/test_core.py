@@ -197,7 +197,8 @@ def test_memory_stays_within_read_options(pong_store) -> None:
         for batch in ds.sample_iter(16, batches=20, generator=g):
             frames, engine = ds._store.frames, ds._store.engine
             assert frames.cached_chunks <= 3
-            assert frames._slab is None or frames._slab.nbytes <= 3 * chunk_bytes
+            slab = None if frames._cache is None else frames._cache.slab
+            assert slab is None or slab.nbytes <= 3 * chunk_bytes
             assert engine.kept.nbytes <= 5000
             assert len(batch) == 16
         assert not hasattr(ds._store.frames, "_fetched")  # the reader keeps decoded chunks only

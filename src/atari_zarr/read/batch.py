@@ -322,13 +322,9 @@ def _tensordict(entries: dict[str, Any], size: torch.Size) -> TensorDict:
     """A TensorDict of entries whose shapes are known to be right.
 
     The shapes are ours, built above: tensordict's checks of every entry would cost
-    about a fifth of a batch's Python time, so its unchecked constructor is used
-    where this tensordict has it.
+    about a fifth of a batch's Python time, so its unchecked constructor is used.
     """
-    make = getattr(TensorDict, "_new_unsafe", None)
-    if make is not None:
-        return make(entries, batch_size=size)  # type: ignore[no-any-return]
-    return TensorDict(entries, batch_size=size)  # pragma: no cover - older tensordict
+    return TensorDict._new_unsafe(entries, batch_size=size)  # type: ignore[no-any-return]
 
 
 def item_fields(

@@ -269,19 +269,6 @@ class ChunkReader:
             self._init_cache()
 
     @property
-    def _n_slots(self) -> int:
-        """Bound on the slots of this reader's cache (0: no cache)."""
-        return self._cache.n_slots if self._cache is not None else 0
-
-    @property
-    def _active(self) -> int:
-        return self._cache.active if self._cache is not None else 0
-
-    @property
-    def _slab(self) -> np.ndarray | None:
-        return self._cache.slab if self._cache is not None else None
-
-    @property
     def fast(self) -> bool:
         """True when reads bypass zarr's generic indexing."""
         return self.grid is not None

@@ -133,16 +133,13 @@ class StepColumn:
 class _Derived:
     """A read-only per-row column computed from the per-episode table.
 
-    ``fn(rows)`` gives the values of any rows; ``span_fn(lo, hi)``, where given, those
-    of a range of rows without an array of row numbers (a whole 50 M-row column costs
+    ``fn(rows)`` gives the values of any rows; ``span_fn(lo, hi)`` those of a range of
+    rows without an array of row numbers (a whole 50 M-row column costs
     its values only).
     """
 
     def __init__(
-        self,
-        n: int,
-        fn: Callable[[np.ndarray], np.ndarray],
-        span_fn: Callable[[int, int], np.ndarray] | None = None,
+        self, n: int, fn: Callable[[np.ndarray], np.ndarray], span_fn: Callable[[int, int], Any]
     ) -> None:
         self._n = n
         self._fn = fn
@@ -156,9 +153,7 @@ class _Derived:
 
     def span(self, lo: int, hi: int) -> np.ndarray:
         """The values of rows ``lo`` to ``hi - 1``."""
-        if self._span_fn is None:
-            return self._fn(np.arange(lo, hi, dtype=np.int64))
-        return self._span_fn(lo, hi)
+        return self._span_fn(lo, hi)  # type: ignore[no-any-return]
 
     def to_numpy(self) -> np.ndarray:
         return self.span(0, self._n)

@@ -42,7 +42,7 @@ from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import ARRAYS, OBSERVATION
 from atari_zarr.read.indexing import normalize_index
-from atari_zarr.read.items import Items
+from atari_zarr.read.items import Items, item_rows
 from atari_zarr.read.member import Member, open_all, open_stores
 from atari_zarr.read.mixture import draw_mixture, tag_items
 from atari_zarr.read.options import ReadOptions
@@ -107,13 +107,10 @@ class ItemDataset(torch.utils.data.Dataset):
     def _set_members(self, members: list[Member]) -> None:
         #: The stores, each with its items, weight and game_id.
         self.members = members
-        counts = np.array([len(m.items) for m in members], dtype=np.int64)
         #: Global item number of each store's first item.
-        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.offsets = np.cumsum([0, *(len(m.items) for m in members)], dtype=np.int64)
         #: Global index of each store's first row (the ``index`` of several stores' items).
-        self.row_offsets = np.concatenate([[0], np.cumsum([len(m.store) for m in members])]).astype(
-            np.int64
-        )
+        self.row_offsets = np.cumsum([0, *(len(m.store) for m in members)], dtype=np.int64)
         #: Probability of drawing each store (sums to 1; 0 for stores without items).
         self.weights = np.array([m.weight for m in members], dtype=np.float64)
         tagged = members[0].game_id is not None
@@ -159,14 +156,7 @@ class ItemDataset(torch.utils.data.Dataset):
     def _locate_rows(self, items: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Store, first row and real rows (None: all) of each of ``items``."""
         store, local = self._split(items)
-        starts = np.empty(len(items), dtype=np.int64)
-        real = None if not self._items.pad else np.empty(len(items), dtype=np.int64)
-        for g in np.unique(store).tolist():
-            sel = store == g
-            starts[sel] = self.members[g].items.starts(local[sel])
-            if real is not None:
-                real[sel] = self.members[g].items.real(local[sel])
-        return store, starts, real
+        return (store, *item_rows([m.items for m in self.members], store, local))
 
     def read(self, items: np.ndarray) -> TensorDict:
         """A batch of items (global numbers, in ``[0, len(self))``), assembled once."""

@@ -30,6 +30,7 @@ Examples
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from atari_zarr.arguments import whole_number
 from atari_zarr.episodes import EpisodeTable
 from atari_zarr.errors import InvalidArgumentError
 
-__all__ = ["Items"]
+__all__ = ["Items", "item_rows"]
 
 
 class Items:
@@ -159,3 +160,28 @@ that long (the longest has 4 steps); use a shorter window, or pad=True to pad sh
             return np.zeros_like(rows)
         within = np.clip(rows - self._ep_start[e_safe], 0, self._ep_count[e_safe])
         return np.where(inside, self._cum[e_safe] + within, self._count)
+
+
+def item_rows(
+    items: Sequence[Items], store: np.ndarray, local: np.ndarray
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """First row and real rows (None: every item whole) of item ``local[i]`` of store
+    ``store[i]``, each by its store's ``items``.
+
+    Examples
+    --------
+    >>> two = [Items.transitions(10), Items.transitions(5)]
+    >>> starts, real = item_rows(two, np.array([1, 0]), np.array([4, 9]))
+    >>> starts.tolist(), real
+    ([4, 9], None)
+    """
+    if items[0].identity:
+        return np.asarray(local, dtype=np.int64), None
+    starts = np.empty(len(local), dtype=np.int64)
+    real = np.empty(len(local), dtype=np.int64) if items[0].pad else None
+    for g in np.unique(store).tolist():
+        sel = store == g
+        starts[sel] = items[g].starts(local[sel])
+        if real is not None:
+            real[sel] = items[g].real(local[sel])
+    return starts, real

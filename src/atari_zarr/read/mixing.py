@@ -113,28 +113,28 @@ class MultiGameDataset(ItemDataset):
         # the stores share the dataset's memory share
         shared = ReadOptions.of(options, "MultiGameDataset").divided(len(datasets))
 
-        def open_one(d: AtariZarrDataset | str | StoreReader) -> AtariZarrDataset:
+        def open_one(d: AtariZarrDataset | str | StoreReader) -> StoreReader:
             if isinstance(d, AtariZarrDataset):
+                return d.members[0].store
+            if isinstance(d, StoreReader):  # one known by its catalog entry: not opened
                 return d
-            if isinstance(d, StoreReader):
-                return AtariZarrDataset._over(d, frame_stack)
-            return AtariZarrDataset(
+            return StoreReader(
                 d,
                 storage_options=storage_options,
-                frame_stack=frame_stack,
                 full_action_space=full_action_space,
                 options=shared,
             )
 
         remote = any(isinstance(d, str) and is_url(d) for d in datasets)
-        self._datasets = [d for d, _ in open_all(list(datasets), open_one, remote=remote)]
-        stacks = {d.frame_stack for d in self._datasets}
+        stores = [s for s, _ in open_all(list(datasets), open_one, remote=remote)]
+        stacks = {
+            d.frame_stack if isinstance(d, AtariZarrDataset) else frame_stack for d in datasets
+        }
         if len(stacks) > 1:
             raise InvalidArgumentError(
                 f"the stores have different frame_stack values {sorted(stacks)}; "
                 f"batches need one observation shape: open them with the same frame_stack"
             )
-        stores = [d.members[0].store for d in self._datasets]
         #: Each store as ``Game/run`` (its URL where the store does not say).
         self.games = [f"{s.game}/{s.run}" if s.game is not None else s.url for s in stores]
         game_of = [s.game if s.game is not None else s.url for s in stores]

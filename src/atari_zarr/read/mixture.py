@@ -220,20 +220,12 @@ def store_probabilities(
     """
     sizes = np.asarray(lengths, dtype=np.int64)
     labels = list(names) if names is not None else [f"store {i}" for i in range(sizes.size)]
-    if sizes.ndim != 1 or (sizes < 0).any():
+    w = sizes.astype(np.float64) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != sizes.shape or not np.all(np.isfinite(w)) or (w < 0).any():
         raise InvalidArgumentError(
-            f"lengths must be one non-negative number of transitions per store; "
-            f"got {sizes.tolist()}"
+            f"weights must be {sizes.size} non-negative numbers, one per store "
+            f"({labels}); got {None if weights is None else list(weights)}"
         )
-    if weights is None:
-        w = sizes.astype(np.float64)
-    else:
-        w = np.asarray(weights, dtype=np.float64)
-        if w.shape != sizes.shape or not np.all(np.isfinite(w)) or (w < 0).any():
-            raise InvalidArgumentError(
-                f"weights must be {sizes.size} non-negative numbers, one per store "
-                f"({labels}); got {list(weights)}"
-            )
     w = np.where(sizes > 0, w, 0.0)
     if w.sum() <= 0:
         raise InvalidArgumentError(

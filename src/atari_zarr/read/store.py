@@ -558,16 +558,13 @@ def read_items(
     if plan.padded:
         safe = np.where(offsets < plan.real[:, None], safe, starts[:, None])
     window = length > 1 if windowed is None else windowed
-    if one:
-        steps = stores[g0].step_values(safe.ravel(), window)
-    else:
-        parts = {g: stores[g].step_values(safe[sel_of[g]].ravel(), window) for g in groups}
-        steps = {}
-        for name in parts[g0]:
-            out = np.empty((b, length), dtype=parts[g0][name].dtype)
-            for g in groups:
-                out[sel_of[g]] = parts[g][name].reshape(-1, length)
-            steps[name] = out.ravel()
+    parts = {g: stores[g].step_values(safe[sel_of[g]].ravel(), window) for g in groups}
+    steps = {}
+    for name in parts[g0]:
+        out = np.empty((b, length), dtype=parts[g0][name].dtype)
+        for g in groups:
+            out[sel_of[g]] = parts[g][name].reshape(-1, length)
+        steps[name] = out.ravel()
     finals = [(sel_of[g], stores[g].finals_of(plan, sel_of[g])) for g in groups]
     kept = [(sel, f) for sel, f in finals if f is not None]
     final = None

@@ -123,9 +123,7 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.members = list(members)
         self.stores = [m.store for m in self.members]
         self.items = [m.items for m in self.members]
-        several = f"a stream of {len(self.stores)} stores"
-        where = where or (several if len(self.stores) > 1 else self.stores[0].where)
-        self.where = where
+        self.where = where = where or self.stores[0].where
         self.frame_stack = int(frame_stack)  # checked by the dataset that made the stream
         self.batch_size = whole_number(batch_size, "batch_size", where)
         self.seed = whole_number(seed, "seed", where, low=0)
@@ -145,12 +143,9 @@ class EpochStream(torch.utils.data.IterableDataset):
         self.units = Units(self.members, unit_rows)
         self.unit_rows = self.units.unit_rows
         self.window = max(1, self.shuffle_buffer // self.unit_rows)
-        lengths = np.array([len(i) for i in self.items], dtype=np.int64)
         #: Global index of each store's first row (``MultiGameDataset``'s offsets).
-        self.offsets = np.concatenate([[0], np.cumsum([len(s) for s in self.stores])]).astype(
-            np.int64
-        )
-        self._item_count = int(lengths.sum())
+        self.offsets = np.cumsum([0, *(len(s) for s in self.stores)], dtype=np.int64)
+        self._item_count = sum(len(i) for i in self.items)
         #: Weight of each store, as the plan orders units by it (None: by the permutation).
         self.weights = np.array([m.weight for m in self.members]) if weighted else None
         #: Items emitted per consumer in the current epoch.
@@ -475,24 +470,17 @@ class EpochStream(torch.utils.data.IterableDataset):
                 f"same order, weights and options it was saved with"
             )
 
-    def _decode(self, state: dict[str, Any], sizes: np.ndarray) -> tuple[Any, Consumed]:
-        """The ``base`` and ``consumed`` of a state, for units of ``sizes`` items."""
-        try:
-            base = None if state.get("base") is None else Consumed.decode(state["base"], sizes)
-            return base, Consumed.decode(state["consumed"], sizes)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise InvalidArgumentError(
-                f"this state of a stream of {self.where} does not say which items were "
-                f"emitted ({exc}); expected what state_dict() gave. Pass the state as saved"
-            ) from None
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next iteration yields what was not yet seen,
         whatever the number of ranks and DataLoader workers."""
-        _check_state(state, self.where)
+        where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
+        if not isinstance(state, dict):  # None, a list: not a state at all
+            raise InvalidArgumentError(
+                f"a stream's state must be the dict its state_dict() gave; got "
+                f"{type(state).__name__} {state!r:.60} for {where}"
+            )
         self._check_belongs(state)
         sizes = np.diff(self.units.bounds, axis=1).reshape(-1)
-        where = f"the state of a stream of {self.where} (pass the state as state_dict() gave it)"
         epoch = whole_number(state.get("epoch"), "epoch", where, low=0)
         seed = whole_number(state.get("seed"), "seed", where, low=0)
         saved = state.get("positions")
@@ -502,42 +490,31 @@ class EpochStream(torch.utils.data.IterableDataset):
             )
         positions: dict[int, int] = {}
         for c, p in saved.items():
-            consumer = _consumer_key(c, "a consumer of positions", where)
+            # a state saved as JSON has the consumers' numbers as strings
+            key = int(c) if isinstance(c, str) and c.isdigit() else c
+            consumer = whole_number(key, "a consumer of positions", where, low=0)
             positions[consumer] = whole_number(p, f"positions[{c!r}]", where, low=0)
             if positions[consumer] > int(sizes.sum()):
                 raise InvalidArgumentError(
                     f"positions[{c!r}] is {p!r} items, more than the {int(sizes.sum())} of an "
                     f"epoch, for {where}"
                 )
-        base, consumed = self._decode(state, sizes)
-        self.seed, self.epoch = seed, epoch
-        self._consumers = state.get("consumers")
-        self.positions = positions
-        self._base = base
-        self._loaded = consumed
+        try:
+            base = None if state.get("base") is None else Consumed.decode(state["base"], sizes)
+            consumed = Consumed.decode(state["consumed"], sizes)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise InvalidArgumentError(
+                f"this state of a stream of {self.where} does not say which items were "
+                f"emitted ({exc}); expected what state_dict() gave. Pass the state as saved"
+            ) from None
+        self.seed, self.epoch, self._consumers = seed, epoch, state.get("consumers")
+        self.positions, self._base, self._loaded = positions, base, consumed
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}({self.where!r}, batch_size={self.batch_size}, "
             f"seed={self.seed}, epoch={self.epoch}, shuffle_buffer={self.shuffle_buffer}, "
             f"items={self._item_count})"
-        )
-
-
-def _consumer_key(key: Any, name: str, where: str) -> int:
-    """A consumer's number as a state's key: an int, or its digits (a state saved as JSON,
-    whose keys are strings)."""
-    if isinstance(key, str) and key.isdigit():
-        return int(key)
-    return whole_number(key, name, where, low=0)
-
-
-def _check_state(state: Any, where: str) -> None:
-    """Refuse what is not a state at all (None, a list) in one line."""
-    if not isinstance(state, dict):
-        raise InvalidArgumentError(
-            f"a stream's state must be the dict its state_dict() gave; got "
-            f"{type(state).__name__} {state!r:.60} for {where}. Pass the state as saved"
         )
 
 

@@ -35,7 +35,7 @@ from atari_zarr.read.batch import (
     steps_before_by_store,
 )
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
-from atari_zarr.read.items import Items
+from atari_zarr.read.items import Items, item_rows
 from atari_zarr.read.member import Member
 from atari_zarr.read.pool import BufferPool
 from atari_zarr.read.store import StoreReader
@@ -150,9 +150,8 @@ class Units:
         self.layouts = [UnitLayout(m.store, m.items, unit_rows) for m in members]
         #: Rows per unit of the first store (the shuffle window is counted in these).
         self.unit_rows = self.layouts[0].unit_rows
-        counts = np.array([len(m.items) for m in members], dtype=np.int64)
         #: Global item number of each store's first item (``len(stores) + 1``).
-        self.item_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.item_offsets = np.cumsum([0, *(len(m.items) for m in members)], dtype=np.int64)
         per = [len(layout.rows) for layout in self.layouts]
         #: Store of each unit, and its number among that store's units.
         self.store = np.repeat(np.arange(len(per), dtype=np.int64), per)
@@ -223,6 +222,8 @@ class Slots:
 
     def __init__(self, n: int, ext: int, cols: int, fields: dict[str, Any]) -> None:
         self._made = (ext, cols, fields)
+        #: Per-step values per slot.
+        self.cols = cols
         self.slab = np.empty((n, ext, *FRAME_SHAPE), dtype=np.uint8)
         self.col = {name: np.empty((n, cols), dtype=dtype) for name, dtype in fields.items()}
         #: Each slot's first row, first item and store.
@@ -363,14 +364,9 @@ class UnitReader:
         #: beside the decoding, and the faster decoder, which holds the GIL, decodes).
         self.waiting = False
         m = len(plan.units)
-        self.halo_front = self.k - 1
         #: Frames held per unit: the stacks before it, the unit, the items' rows after it.
         self.ext = slot_frames(units.span, self.k, self.length)
-        #: Per-step values held per unit: its rows and the items' rows after it.
-        self.cols = units.span + self.length - 1
         self.windowed = not self.items[0].identity
-        self.padded = self.items[0].pad
-        self.frame_shape = FRAME_SHAPE
         #: Memory of the batches handed out, reused once no tensor refers to it.
         self.pool = memory.pool if memory is not None else BufferPool()
         # window units mixed, one more whose last items wait in a partly taken batch,
@@ -380,7 +376,9 @@ class UnitReader:
         n = len(units.bounds) if keep else min(m, plan.window + 1 + units_ahead) if m else 0
         shape = (n, self.ext, tuple(step_fields(self.windowed)))
         held = memory.take(shape, keep=keep) if memory is not None else None
-        self.slots = held or Slots(n, self.ext, self.cols, step_fields(self.windowed))
+        # per-step values held per unit: its rows and the items' rows after it
+        cols = units.span + self.length - 1
+        self.slots = held or Slots(n, self.ext, cols, step_fields(self.windowed))
         self.free = [] if keep else list(range(n))[::-1]
         self.slot_of: dict[int, int] = {}
         self.slot_by_pos = np.full(m, -1, dtype=np.int64)
@@ -441,14 +439,14 @@ class UnitReader:
         halo = np.r_[
             np.arange(max(0, lo - k + 1), lo), np.arange(hi, min(hi + self.length, n))
         ].astype(np.int64)
-        out = ext[self.halo_front : self.halo_front + hi - lo]
+        out = ext[self.k - 1 : self.k - 1 + hi - lo]
         # all units' requests fly at once; decoding takes the cores but one, which is
         # left to the loop that gathers batches, and while that loop waits for a unit
         # the faster decoder (which holds the GIL) decodes
         got = self._store(g).frames.read_unit(
             lo, hi, out, halo, decoding=self.decoders, background=lambda: not self.waiting
         )
-        ext[halo - lo + self.halo_front] = got
+        ext[halo - lo + (self.k - 1)] = got
 
     def _load(self, j: int, slot: int) -> None:
         unit = int(self.plan.units[j])
@@ -457,7 +455,7 @@ class UnitReader:
         if self.keep:
             # a fresh slot: its pages' first writes fault (costlier than decoding here);
             # numpy takes those with the GIL released, c-blosc2's decoding would hold it
-            slots.slab[slot, : self.halo_front + hi - lo + self.length] = 0
+            slots.slab[slot, : (self.k - 1) + hi - lo + self.length] = 0
         self._read_frames(g, lo, hi, slots.slab[slot])
         top = min(hi + self.length - 1, int(self.n_rows[g]))
         rows = np.arange(lo, top, dtype=np.int64)
@@ -533,30 +531,15 @@ class UnitReader:
         self._submit()
         return batch
 
-    def _item_rows(
-        self, stores: np.ndarray, item: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """First row and real rows of each item (the store's own numbers), each by its store."""
-        if not self.windowed:
-            return item, None
-        starts = np.empty(len(item), dtype=np.int64)
-        real = np.empty(len(item), dtype=np.int64) if self.padded else None
-        for g in np.unique(stores).tolist():
-            sel = stores == g
-            starts[sel] = self.items[g].starts(item[sel])
-            if real is not None:
-                real[sel] = self.items[g].real(item[sel])
-        return starts, real
-
     def _assemble(self, slots: np.ndarray, local: np.ndarray) -> TensorDict:
         """The batch of items ``local`` (item numbers within their unit) of ``slots``."""
         k, length, b = self.k, self.length, len(slots)
         held = self.slots
         stores = held.store[slots]
-        starts, real = self._item_rows(stores, held.items[slots] + local)
+        starts, real = item_rows(self.items, stores, held.items[slots] + local)
         off = starts - held.lo[slots]  # column of each item's first row in its slot
         # per-step values: one flat index into the slots' columns
-        base = slots * self.cols
+        base = slots * self.slots.cols
         last = base + off + (length - 1 if real is None else real - 1)
         cols = {name: col.reshape(-1) for name, col in held.col.items()}
         plan = FramePlan(
@@ -568,11 +551,11 @@ class UnitReader:
             n_rows=self.n_rows[stores],
             valid=real,
         )
-        buffer = FrameBuffer(self.pool, b, length, k, self.frame_shape)
+        buffer = FrameBuffer(self.pool, b, length, k, FRAME_SHAPE)
         # slab row of the oldest frame of each item is its first row's column: the
         # halo in front holds the k - 1 frames before the unit
         at = (slots * self.ext + off)[:, None] + np.arange(length + k, dtype=np.int64)[None, :]
-        flat = held.slab.reshape(-1, *self.frame_shape)
+        flat = held.slab.reshape(-1, *FRAME_SHAPE)
         # one gather of every distinct frame into reused memory (frames that do not
         # exist are zeroed by assemble_batch). mode='clip': with the default mode
         # numpy gathers into a temporary buffer first
