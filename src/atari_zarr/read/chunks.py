@@ -347,16 +347,6 @@ class ChunkReader:
             )
             return out
 
-    def decode_chunks(self, cids: Sequence[int]) -> list[np.ndarray]:
-        """Whole decoded chunks ``cids`` (not cached), each ``(chunk_rows, *row_shape)``."""
-        g = self.grid
-        if g is None:
-            rows = int(self.array.chunks[0])
-            return [np.asarray(self.array[int(c) * rows : (int(c) + 1) * rows]) for c in cids]
-        dests = self._empty_chunks(len(cids))
-        self._decode_into([int(c) for c in cids], dests)
-        return dests
-
     def iter_chunks(self, cids: Sequence[int]) -> Iterator[np.ndarray]:
         """Whole decoded chunks ``cids`` (not cached), one at a time.
 
@@ -364,22 +354,19 @@ class ChunkReader:
         concurrently), but each is decoded only when its turn comes, so a caller
         going through hundreds of chunks never holds hundreds of decoded ones.
         """
-        if self.grid is None:
+        g = self.grid
+        if g is None:
+            rows = int(self.array.chunks[0])
             for c in cids:
-                yield from self.decode_chunks([c])
+                yield np.asarray(self.array[int(c) * rows : (int(c) + 1) * rows])
             return
         chunks: list[EncodedChunk | None] = list(self._sources([int(c) for c in cids]))
         for i, chunk in enumerate(chunks):
             assert chunk is not None
-            [dest] = self._empty_chunks(1)
+            dest = np.empty(g.chunk_shape, dtype=g.dtype)
             chunks[i] = None  # its encoded bytes go once it is decoded
             self.engine.decode_all([chunk], [dest])
             yield dest
-
-    def _empty_chunks(self, n: int) -> list[np.ndarray]:
-        g = self.grid
-        assert g is not None
-        return [np.empty(g.chunk_shape, dtype=g.dtype) for _ in range(n)]
 
     def fetch_ahead(self, rows: np.ndarray) -> Future | None:
         """Start fetching the encoded chunks of ``rows`` in the background.
@@ -590,7 +577,7 @@ class ChunkReader:
                 if cache.room() >= 1:
                     slot = int(self._cached_slots(np.array([c], dtype=np.int64))[0])
                     return cache.slab[slot, a - lo : b - lo].copy()  # type: ignore[index]
-        [chunk] = self.decode_chunks([c])
+        chunk = next(self.iter_chunks([c]))
         return chunk[a - lo : b - lo]
 
     def _schedule_decode_ahead(self, cids: range) -> None:

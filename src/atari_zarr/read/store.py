@@ -473,10 +473,26 @@ def plan_items(
     stack: int = 1,
     real: np.ndarray | None = None,
 ) -> tuple[FramePlan, dict[int, Any]]:
-    """The frames of items of any of ``stores`` (as :func:`read_items` takes them): the
-    one :class:`~atari_zarr.read.batch.FramePlan` of random access, each store's inputs
+    """The frames of items of any of ``stores``: the one
+    :class:`~atari_zarr.read.batch.FramePlan` of random access, each store's inputs
     from its own episode table and columns, and the items of each store touched (a
-    slice of all of them where one store is)."""
+    slice of all of them where one store is).
+
+    Parameters
+    ----------
+    stores : sequence of StoreReader
+    which : numpy.ndarray
+        ``(B,)`` the store of each item.
+    starts : numpy.ndarray
+        ``(B,)`` first row of each item, in its store.
+    length : int
+        Rows per item: 1 gives transitions (batch ``[B]``), more gives windows
+        (batch ``[B, length]``, with ``return_to_go``, ``timestep`` and ``mask``).
+    stack : int
+        Frames per observation.
+    real : numpy.ndarray, optional
+        ``(B,)`` rows of each item that exist (a padded window); default all.
+    """
     which = np.asarray(which, dtype=np.int64)
     starts = np.asarray(starts, dtype=np.int64)
     b = len(starts)
@@ -509,10 +525,8 @@ def read_items(
     which: np.ndarray,
     starts: np.ndarray,
     *,
-    length: int = 1,
-    stack: int = 1,
-    real: np.ndarray | None = None,
     windowed: bool | None = None,
+    **how: Any,
 ) -> TensorDict:
     """One TED batch of items of any of ``stores``: ``length`` consecutive rows of one
     episode from row ``starts[i]`` of store ``which[i]``.
@@ -520,28 +534,13 @@ def read_items(
     Random access to one store or a mixture: each store touched reads its frames (one
     call of its frame reader) and per-step values, and the batch is assembled once, so
     a batch's cost beyond its frames is a few array operations per store touched.
-
-    Parameters
-    ----------
-    stores : sequence of StoreReader
-    which : numpy.ndarray
-        ``(B,)`` the store of each item.
-    starts : numpy.ndarray
-        ``(B,)`` first row of each item, in its store.
-    length : int
-        Rows per item: 1 gives transitions (batch ``[B]``), more gives windows
-        (batch ``[B, length]``, with ``return_to_go``, ``timestep`` and ``mask``).
-    stack : int
-        Frames per observation.
-    real : numpy.ndarray, optional
-        ``(B,)`` rows of each item that exist (a padded window); default all.
-    windowed : bool, optional
-        Give the window layout even for ``length == 1`` (default: ``length > 1``).
+    ``length``, ``stack`` and ``real`` are :func:`plan_items`'s; ``windowed`` gives
+    the window layout even for ``length == 1`` (default: ``length > 1``).
     """
     quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
     which = np.asarray(which, dtype=np.int64)
-    plan, sel_of = plan_items(stores, which, starts, length=length, stack=stack, real=real)
-    starts, b = plan.starts, len(plan.starts)
+    plan, sel_of = plan_items(stores, which, starts, **how)
+    starts, b, length, stack = plan.starts, len(plan.starts), plan.length, plan.stack
     groups = list(sel_of)
     one, g0 = len(groups) == 1, groups[0]
     buffer = FrameBuffer(stores[g0].pool, b, length, stack, tuple(stores[g0].observation.shape[1:]))
