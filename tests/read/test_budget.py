@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
+import time
 
 import numpy as np
 import pytest
+import torch
 
 from atari_zarr import MultiGameDataset
 from atari_zarr.read.budget import Budget
@@ -53,16 +56,25 @@ def test_a_forked_child_starts_with_an_empty_budget(pong_store) -> None:
     pid = os.fork()
     if pid == 0:  # the child: report and leave at once
         try:
+            torch.set_num_threads(1)  # as a DataLoader worker does
             frames = mix.members[0].store.frames
             fresh = frames._cache is None and mix.members[0].store.options.budget._caches == {}
-            mix.sample(64)
+            mix[np.arange(0, 64)]  # rows of the first store, no random draw
             own = frames._cache is not None and frames._cache is not parent
             os.write(write, b"ok" if fresh and own else b"no")
         finally:
             os._exit(0)
     os.close(write)
+    done = 0
+    for _ in range(1200):  # a child that hangs fails the test, never the suite
+        done, _status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    if not done:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
     got = os.read(read, 2)
-    os.waitpid(pid, 0)
     assert got == b"ok"
     assert mix.members[0].store.frames._cache is parent
     assert parent.held(mix.members[0].store.frames._token) == held

@@ -1,0 +1,61 @@
+"""One fork hook (forks.py): what a forked child makes anew, and nothing else asks which
+process it is in."""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+import atari_zarr
+from atari_zarr import forks
+
+
+class _Held:
+    def __init__(self) -> None:
+        self.renewed = 0
+        forks.after_fork(self.renew)
+
+    def renew(self) -> None:
+        self.renewed += 1
+
+
+def test_hooks_run_in_the_child_and_an_objects_hook_goes_with_it() -> None:
+    kept, gone = _Held(), _Held()
+    before = len(forks._HOOKS)
+    del gone
+    gc.collect()
+    forks._after_fork_in_child()  # what os.register_at_fork runs in a child
+    assert kept.renewed == 1
+    assert len(forks._HOOKS) < before  # the hook of the object gone was dropped
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_real_fork_runs_the_hooks_in_the_child_only() -> None:
+    held = _Held()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write, bytes([held.renewed]))
+        os._exit(0)
+    os.close(write)
+    got = os.read(read, 1)
+    os.waitpid(pid, 0)
+    assert got == b"\x01" and held.renewed == 0
+
+
+def test_no_module_compares_process_ids() -> None:
+    """Fork safety is handled in one place: a pid is data (a lock's owner, a worker's
+    parent), never compared to tell a forked child."""
+    root = Path(atari_zarr.__file__).parent
+    compared = re.compile(r"getpid\(\)\s*[!=]=|[!=]=\s*os\.getpid\(\)|_pid\s*[!=]=")
+    found = [
+        f"{path.relative_to(root)}:{n}"
+        for path in root.rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if compared.search(line)
+    ]
+    assert not found, found
