@@ -152,7 +152,7 @@ def build(steps: int, stores: int) -> dict[str, Any]:
     import zarr
 
     frames = zarr.open_group(meta["store"], mode="r")["observation"]
-    lance = build_lance(Path(meta["store"]).parent, frames, "2.1")
+    lance = build_lance(Path(meta["store"]).parents[2], frames, "2.1", rows=int(meta["n"]))
     return {"store": meta["store"], "n": meta["n"], "root": str(root), "lance": str(lance)}
 
 

@@ -179,7 +179,8 @@ def quiet_worker_exit() -> None:
     batch and then blocks in a plain write, where stopping it is harmless.
     """
     global _exit_hook
-    if _exit_hook or current_place().worker is None:
+    torch = sys.modules.get("torch")  # asked per batch: the worker alone, not the place
+    if _exit_hook or torch is None or torch.utils.data.get_worker_info() is None:
         return
 
     def wait_for_feeder() -> None:

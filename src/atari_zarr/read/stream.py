@@ -434,12 +434,14 @@ class EpochStream(torch.utils.data.IterableDataset):
             "items": self.items[0].token,
         }
         found = {k: state.get(k) for k in expected}
-        saved = state.get("members")
+        saved, theirs = state.get("members"), state.get("weights")
         if state.get("version") == 3:  # saved before identities: names and rows
             names, rows = state.get("names") or [], state.get("lengths") or []
             saved = [{"name": n, "rows": r} for n, r in zip(names, rows, strict=False)]
             saved = [{k: v for k, v in i.items() if "?" not in str(v)} for i in saved]
             saved = saved if len(names) == len(rows) else None
+            found["items"] = state.get("items", "transitions")  # saved before windows
+            theirs = state.get("weights", weights)  # saved before weights: taken
         elif state.get("version") != _STATE_VERSION:
             saved = None
         differs = [] if found == expected else [f"options {found}, here {expected}"]
@@ -448,20 +450,21 @@ class EpochStream(torch.utils.data.IterableDataset):
         else:
             for g, (mine, here) in enumerate(zip(saved, ours, strict=True)):
                 if not isinstance(mine, dict):
-                    mine = {"store": mine}
+                    differs.append(f"store {g} {mine!r}, here {here['name']!r}")
+                    continue
                 differs += [
                     f"store {g}'s {k} {mine[k]!r}, here {v!r}"
-                    for k, v in {"store": None, **here}.items()
+                    for k, v in here.items()
                     if k in mine and mine[k] != v
                 ]
-        theirs = state.get("weights")
-        if (theirs is None) != (weights is None) or (
-            theirs is not None
+        same = (theirs is None and weights is None) or (
+            isinstance(theirs, list)
             and weights is not None
-            and not (
-                len(theirs) == len(weights) and np.allclose(theirs, weights, rtol=1e-9, atol=0)
-            )
-        ):
+            and len(theirs) == len(weights)
+            and all(isinstance(w, int | float) for w in theirs)
+            and np.allclose(theirs, weights, rtol=1e-9, atol=0)
+        )
+        if not same:
             differs.append(f"weights {theirs} (they order an epoch's units), here {weights}")
         if differs:
             raise InvalidArgumentError(
