@@ -35,12 +35,14 @@ fi
 # venv with --no-index (the test itself talks only to loopback)
 if [ "$extras" = "test" ]; then
     bash scripts/chromium.sh
-    if [ ! -f .wheelhouse/complete ]; then
+    # filled again when the declared dependencies change (the stamp is pyproject.toml's)
+    stamp=$(sha256sum pyproject.toml | cut -c1-16)
+    if [ "$(cat .wheelhouse/complete 2>/dev/null)" != "$stamp" ]; then
         "$VPY" -m pip download --quiet --no-index --no-deps --dest .wheelhouse "torch==2.13.0" \
             2>/dev/null || "$VPY" -m pip download --quiet --no-deps --index-url "$CPU_INDEX" \
             --dest .wheelhouse "torch==2.13.0"
         "$VPY" -m pip download --quiet --find-links .wheelhouse --dest .wheelhouse \
             "torch==2.13.0" ".[torchrl]"
-        rm -f .wheelhouse/atari_zarr-* && touch .wheelhouse/complete
+        rm -f .wheelhouse/atari_zarr-* && echo "$stamp" > .wheelhouse/complete
     fi
 fi

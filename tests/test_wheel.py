@@ -73,6 +73,8 @@ assert sample.shape == (32,), sample.shape
 assert sample["observation"].shape[-2:] == (84, 84), sample["observation"].shape
 assert sample.get_non_tensor("metadata")["dataset_id"] == "Pong/4"
 print("drop-in", sample.shape[0], sys.prefix)
+from atari_zarr.storage import engine  # the base install decodes with c-blosc2
+assert engine._default_decoder() == "blosc2", engine._default_decoder()
 """
 
 

@@ -20,7 +20,7 @@ zarr client would read, without its machinery, and all through one
 * **verifying and decoding** (:meth:`ChunkEngine.decode`): every chunk's length,
   crc32c and Blosc header are checked, then Blosc decodes it straight into its
   destination (:func:`blosc_decoder`: c-blosc2 where python-blosc2 is installed,
-  the ``fast`` extra, else numcodecs' c-blosc1; :func:`background_decoder` for a
+  the base install, else numcodecs' c-blosc1; :func:`background_decoder` for a
   thread that decodes beside a Python loop, as the stream's units are). A damaged
   chunk raises :class:`~atari_zarr.errors.StoreCorruptError` naming the store,
   array, chunk, rows, object and bytes.
@@ -75,7 +75,7 @@ _INDEX_CACHE = 16384
 def blosc_decoder(name: str | None = None) -> Callable[[Any, np.ndarray], Any]:
     """The function that decodes one Blosc buffer into a preallocated array.
 
-    c-blosc2 (python-blosc2, in the ``fast`` extra) reads every Blosc1 buffer, the
+    c-blosc2 (python-blosc2, in the base install) reads every Blosc1 buffer, the
     format this layout writes, and keeps one decoding context for the process:
     twice as fast as numcodecs' c-blosc1 on a 16-frame chunk, five times on a 4-frame one,
     since c-blosc1 creates a zstd context per call (``docs/benchmarks/corpus.md``).
