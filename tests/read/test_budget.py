@@ -45,13 +45,15 @@ def test_a_mixtures_stores_share_its_budget_and_a_pickle_of_it_shares_a_new_one(
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_starts_with_an_empty_budget(pong_store) -> None:
-    """The parent's cache is its share: a forked child's readers make their own, with
-    one hook run at the fork, and the parent's cache is left as it was."""
+    """The parent's cache is its share and its threads stay behind: a forked child's
+    readers make their own cache and pools, with one hook run at the fork, and the
+    parent's cache is left as it was."""
     mix = MultiGameDataset([pong_store.url] * 2)
     mix.sample(64)
     parent = mix.members[0].store.frames._cache
     held = parent.held(mix.members[0].store.frames._token)
     assert held > 0
+    mix.members[0].store.frames._executor()  # the parent's decoding threads
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report and leave at once
@@ -59,6 +61,7 @@ def test_a_forked_child_starts_with_an_empty_budget(pong_store) -> None:
             torch.set_num_threads(1)  # as a DataLoader worker does
             frames = mix.members[0].store.frames
             fresh = frames._cache is None and mix.members[0].store.options.budget._caches == {}
+            fresh = fresh and frames._pool is None  # no pool whose threads stayed behind
             mix[np.arange(0, 64)]  # rows of the first store, no random draw
             own = frames._cache is not None and frames._cache is not parent
             os.write(write, b"ok" if fresh and own else b"no")

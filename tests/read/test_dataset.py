@@ -328,3 +328,22 @@ def test_a_directory_where_a_file_belongs_is_called_a_directory(pong_store_copy,
     with pytest.raises(StoreFormatError) as err:
         AtariZarrDataset(str(plain))
     assert "zarr.json is a directory" in str(err.value) and "FIFO" not in str(err.value)
+
+
+def test_closing_a_dataset_stops_its_reading_threads(pong_store) -> None:
+    """``with AtariZarrDataset(...)`` (or ``close()``) stops the threads that decode and
+    fetch for its stores; the dataset reads again, starting anew, when asked."""
+    import threading
+
+    from atari_zarr import ReadOptions
+
+    def ours() -> set[threading.Thread]:
+        return {t for t in threading.enumerate() if t.name.startswith("atari_zarr-read")}
+
+    before = ours()
+    with AtariZarrDataset(pong_store.url, options=ReadOptions(threads=2)) as ds:
+        ds[np.arange(len(ds))]  # every chunk: decoded on the reading threads
+        ds[np.arange(32)]  # a range read: the next chunks decoded ahead
+        assert ours() - before
+    assert ours() <= before
+    assert len(ds[np.arange(8)]) == 8

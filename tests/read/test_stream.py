@@ -626,7 +626,7 @@ def test_unsharded_layout_reads_through_zarr(tmp_path, small_store: str) -> None
             b[:] = a[:n]
     ds = AtariZarrDataset(str(tmp_path / "u.zarr"), frame_stack=2)
     stream = ds.stream(512, seed=3)
-    assert not stream.fast
+    assert not stream.units.fast
     batches = list(stream)
     assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))
     assert_same(ds, batches)

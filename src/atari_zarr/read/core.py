@@ -137,6 +137,18 @@ class ItemDataset(torch.utils.data.Dataset):
         # each store pickles as what opens it again (one known by its entry, unopened)
         return {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
 
+    def close(self) -> None:
+        """Stop the threads that read the stores and drop their decoded chunks: what a
+        ``with`` block does at its end. The dataset reads again when asked."""
+        for m in self.members:
+            m.store.close()
+
+    def __enter__(self) -> ItemDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def _opened(self, which: Any) -> list[StoreReader]:
         """Every store, those numbered ``which`` opened (together)."""
         stores = [m.store for m in self.members]

@@ -248,17 +248,14 @@ class StoreReader:
                 options=self.options,
             )
         self.columns = steps
+        columns = (getattr(c, "reader", None) for c in steps.values())
+        #: Every chunk reader of the store: its frames, final frames and columns.
+        self.readers = [r for r in (self.frames, self._finals, *columns) if r is not None]
         if is_complete(meta):
             # every chunk of a complete store was written: a missing one is damage, and
             # damage found while reading may mean the store was replaced meanwhile
-            readers = [
-                self.frames,
-                self._finals,
-                *(getattr(c, "reader", None) for c in steps.values()),
-            ]
-            for reader in readers:
-                if isinstance(reader, ChunkReader):
-                    reader.engine.guard(self._damage_or_change)
+            for reader in self.readers:
+                reader.engine.guard(self._damage_or_change)
         self.action = steps[ACTION]
         self.reward = steps[REWARD]
         self.terminated = steps[TERMINATED]
@@ -417,6 +414,12 @@ class StoreReader:
                     self._rtg[a:b] = return_to_go(rew, done).astype(np.float32)
                     self._rtg_ready[e] = True
         return self._rtg[rows]
+
+    def close(self) -> None:
+        """Stop this store's reading threads and drop its decoded chunks (it reads again
+        when asked, starting anew)."""
+        for reader in self.readers if self.opened else ():
+            reader.close()
 
     def final_frames(self, episodes: np.ndarray) -> np.ndarray:
         """The frames after the last rows of ``episodes`` (``final_observation``)."""

@@ -158,11 +158,6 @@ class EpochStream(torch.utils.data.IterableDataset):
         #: The slab and batch memory each epoch's reader reuses.
         self._memory = StreamMemory()
 
-    @property
-    def fast(self) -> bool:
-        """True when units are read by the engine (False: through zarr-python)."""
-        return self.units.fast
-
     # pickled, each store is what opens it again where unpickled (one not opened yet
     # stays so), and the units keep the cut they were planned with
 
