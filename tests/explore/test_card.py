@@ -19,7 +19,7 @@ from atari_zarr.explore.card import size_category, write_card
 
 def _run_python_blocks(text: str, tmp_path: Path) -> str:
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
-    assert len(blocks) == 2
+    assert len(blocks) == 3  # atari_zarr, the TorchRL drop-in, plain zarr
     script = tmp_path / "load.py"
     script.write_text("\n".join(blocks))
     done = subprocess.run(
@@ -44,6 +44,7 @@ def test_a_card_for_a_local_root(pong_store_copy, tmp_path, capsys):
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 5000
     out = _run_python_blocks(text, tmp_path)
     assert "torch.Size([32, 84, 84]) torch.Size([32, 1])" in out and "['Pong/1']" in out
+    assert f"zarr ({pong_store.transitions}, 84, 84) uint8 [" in out  # the plain zarr lines
 
 
 def test_a_card_for_a_public_bucket_read_over_https(pong_store, tmp_path):
@@ -61,7 +62,7 @@ def test_a_card_for_a_public_bucket_read_over_https(pong_store, tmp_path):
         text = fs.cat_file("public-card/atari/README.md").decode()
         assert f'AtariZarrDataset("{public}/Pong/1.zarr")' in text
         out = _run_python_blocks(text, tmp_path)
-        assert "['Pong/1']" in out
+        assert "['Pong/1']" in out and f"zarr ({pong_store.transitions}, 84, 84) uint8" in out
 
 
 def test_reader_options_are_in_the_loading_lines(pong_store, tmp_path):

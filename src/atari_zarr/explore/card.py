@@ -192,6 +192,17 @@ def _card_text(
         "print(replay.available_datasets)",
         "print(replay.sample())",
         "```",
+        "",
+        "Each store is plain Zarr v3 (`docs/format.md` of atari-zarr defines the layout), so",
+        "any Zarr v3 reader opens it: zarr-python, tensorstore, zarrs.",
+        "",
+        "```python",
+        "import zarr",
+        "",
+        f'run = zarr.open_group("{url}/{first}.zarr", mode="r"{opts})',
+        'frames, actions = run["observation"], run["action"]  # row i is transition i',
+        'print("zarr", frames.shape, frames.dtype, actions[:4], run["next/reward"][:4])',
+        "```",
     ]
     body = [
         f"# Atari offline RL data: {', '.join(games) or 'no stores yet'}",
