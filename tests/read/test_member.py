@@ -174,3 +174,28 @@ def test_a_stalled_server_fails_a_pending_store_once(pong_store) -> None:
         asked = proxy.requests
         proxy.delay = 0
     assert asked == 1
+
+
+def test_members_normalise_the_weights_once_and_an_unopened_store_has_an_identity(
+    root, pong_store
+) -> None:
+    """The weights asked for become each member's probability in one place; a store
+    known by its catalog entry tells its identity (name, content, rows, shards) from
+    its entry and its zarr.json, and stays unopened."""
+    from atari_zarr.read.items import Items
+    from atari_zarr.read.member import members
+
+    mix = MultiGameDataset.from_root(str(root), weights=[2, 1, 1])
+    assert [m.weight for m in mix.members] == [0.5, 0.25, 0.25]
+    assert mix.weights.tolist() == [0.5, 0.25, 0.25]
+    ids = [m.identity() for m in mix.members]
+    assert _pending(mix) == [True, True, True]  # told without opening a store
+    opened = StoreReader(str(root / "Pong/2.zarr"))
+    assert ids[1] == {
+        "name": "Pong/1",  # the store's own attributes name it
+        "content": opened.content,
+        "rows": len(opened),
+        "shard_rows": opened.frame_rows()[1],
+    }
+    empty = members([opened], [Items.transitions(0)])
+    assert empty[0].weight == 0.0  # nothing to draw: sampling says so
