@@ -24,7 +24,11 @@ first in a round is last in the next), so both see the same machine:
 * ``windows``: ``windows(30).sample(128)``, frame stack 4 (``bench_windows``'s sample);
 * ``mixture random`` and ``mixture stream``: ``MultiGameDataset.from_root`` of the
   copies (through the catalog), ``sample(256)`` and ``stream(256)``
-  (``bench_mixture``'s local rows).
+  (``bench_mixture``'s local rows);
+* ``remote random`` and ``remote stream``: the store in fake-gcs-server on 127.0.0.1,
+  read through the test kit's proxy holding every request ``--delay`` seconds (one
+  round trip): ``sample_iter(256, prefetch=4)`` and one epoch of ``stream(256)``
+  (``bench_stream``'s remote rows).
 
 Rates are items per second; beside each, the process's CPU seconds per million items
 (user and system time over the timed part). The result goes to
@@ -34,6 +38,7 @@ Rates are items per second; beside each, the process's CPU seconds per million i
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -56,7 +61,10 @@ MEASURES = (
     "windows",
     "mixture random",
     "mixture stream",
+    "remote random",
+    "remote stream",
 )
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")  # an emulator's bucket
 
 
 def _cpu() -> float:
@@ -87,7 +95,18 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
 
     rng = np.random.default_rng(0)
     n = int(data["n"])
-    if measure.startswith("random") or measure == "lance 2.1":
+    if measure.startswith("remote"):
+        ds = AtariZarrDataset(data["remote"], storage_options=data["remote_options"])
+        if measure == "remote random":
+            gen = torch.Generator().manual_seed(0)
+            batches = ds.sample_iter(256, prefetch=4, generator=gen)
+            rate, cpu = _timed(lambda: len(next(batches)), seconds, 1.0)
+        else:
+            t0, c0 = time.perf_counter(), _cpu()
+            items = sum(len(b) for b in ds.stream(256, seed=0))
+            wall, used = time.perf_counter() - t0, _cpu() - c0
+            rate, cpu = items / wall, used / items * 1e6
+    elif measure.startswith("random") or measure == "lance 2.1":
         if measure == "lance 2.1":
             from bench_corpus import lance_take
 
@@ -167,19 +186,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warm", type=float, default=5.0)
     p.add_argument("--epochs", type=int, default=5, help="stream epochs, the first included")
     p.add_argument("--measures", default=",".join(MEASURES))
+    p.add_argument("--delay", type=float, default=0.02, help="seconds the proxy holds a request")
     args = p.parse_args(argv)
     data = build(args.steps, args.stores)
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    runs: dict[str, dict[str, list[dict]]] = {}
-    for r in range(args.rounds):
-        for measure in args.measures.split(","):
-            order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
-            if measure == "lance 2.1":
-                order = ["after"]  # the peer: the same whatever the tree
-            for name in order:
-                got = run_child(trees[name], measure, data, args)
-                runs.setdefault(measure, {}).setdefault(name, []).append(got)
-                print(f"round {r + 1} {measure} {name}: {got['rate']:,.0f}/s", flush=True)
+    with contextlib.ExitStack() as servers:
+        if any(m.startswith("remote") for m in args.measures.split(",")):
+            data.update(servers.enter_context(_bucket(data["store"], args.delay)))
+        runs = _rounds(args, data, trees)
     result = {
         "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
         "machine": f"{platform.node()}, {os.cpu_count()} cores, Python {platform.python_version()}",
@@ -193,10 +207,42 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{out}")
 
 
+@contextlib.contextmanager
+def _bucket(store: str, delay: float) -> Any:
+    """The store in fake-gcs-server, behind a proxy holding every request ``delay`` s."""
+    import fsspec
+    from atari_zarr_testkit.gcs import CountingProxy, FakeGCSServer
+
+    with FakeGCSServer() as srv:
+        srv.create_bucket("before-after")
+        fs = fsspec.filesystem("gs", skip_instance_cache=True, **srv.storage_options())
+        fs.put(store.rstrip("/") + "/", "before-after/Pong/1.zarr/", recursive=True)
+        with CountingProxy(srv.endpoint_url, delay=delay) as proxy:
+            opts = srv.storage_options(endpoint_url=proxy.endpoint_url)
+            yield {"remote": "gs://before-after/Pong/1.zarr", "remote_options": opts}
+
+
+def _rounds(
+    args: argparse.Namespace, data: dict[str, Any], trees: dict[str, Path]
+) -> dict[str, dict[str, list[dict]]]:
+    runs: dict[str, dict[str, list[dict]]] = {}
+    for r in range(args.rounds):
+        for measure in args.measures.split(","):
+            order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
+            if measure == "lance 2.1":
+                order = ["after"]  # the peer: the same whatever the tree
+            for name in order:
+                got = run_child(trees[name], measure, data, args)
+                runs.setdefault(measure, {}).setdefault(name, []).append(got)
+                print(f"round {r + 1} {measure} {name}: {got['rate']:,.0f}/s", flush=True)
+    return runs
+
+
 def table(runs: dict[str, dict[str, list[dict]]]) -> str:
     """The markdown table: medians, each round, and after / before."""
     lines = [
-        "| measure | before, items/s (median; rounds) | after | after / before | CPU s per 1M, before / after |",
+        "| measure | before, items/s (median; rounds) | after | after / before "
+        "| CPU s per 1M, before / after |",
         "|---|---|---|---|---|",
     ]
     for measure, by in runs.items():
@@ -210,9 +256,7 @@ def table(runs: dict[str, dict[str, list[dict]]]) -> str:
             each = ", ".join(f"{x:,.0f}" for x in rates)
             cells.append(f"{med[name]:,.0f} ({each})")
         ratio = f"{med['after'] / med['before']:.2f}x" if len(med) == 2 else ""
-        cpu = " / ".join(
-            f"{statistics.median(x['cpu_s_per_1m'] for x in by[n]):.1f}" for n in by
-        )
+        cpu = " / ".join(f"{statistics.median(x['cpu_s_per_1m'] for x in by[n]):.1f}" for n in by)
         lines.append(f"| {measure} | {cells[0]} | {cells[1]} | {ratio} | {cpu} |")
     return "\n".join(lines)
 
