@@ -27,8 +27,9 @@ first in a round is last in the next), so both see the same machine:
   (``bench_mixture``'s local rows);
 * ``remote random`` and ``remote stream``: the store in fake-gcs-server on 127.0.0.1,
   read through the test kit's proxy holding every request ``--delay`` seconds (one
-  round trip): ``sample_iter(256, prefetch=4)`` and one epoch of ``stream(256)``
-  (``bench_stream``'s remote rows).
+  round trip): ``sample_iter(256, prefetch=4)`` and ``--epochs`` epochs of
+  ``stream(256)``, the store opened before the clock starts (``bench_stream``'s
+  remote rows).
 
 Rates are items per second; beside each, the process's CPU seconds per million items
 (user and system time over the timed part). The result goes to
@@ -85,6 +86,17 @@ def _timed(step: Any, seconds: float, warm: float) -> tuple[float, float]:
     return items / wall, cpu / items * 1e6
 
 
+def _epochs(stream: Any, epochs: int) -> tuple[float, float]:
+    """Items per second of ``epochs`` epochs of ``stream`` (its store opened before the
+    clock starts; the first epoch included), and CPU seconds per million items."""
+    items, t0, c0 = 0, time.perf_counter(), _cpu()
+    for epoch in range(epochs):
+        stream.set_epoch(epoch)
+        items += sum(len(b) for b in stream)
+    wall, used = time.perf_counter() - t0, _cpu() - c0
+    return items / wall, used / items * 1e6
+
+
 def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epochs: int) -> dict:
     """One measure in this process (``atari_zarr`` from the tree on ``sys.path``)."""
     import numpy as np
@@ -102,10 +114,7 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
             batches = ds.sample_iter(256, prefetch=4, generator=gen)
             rate, cpu = _timed(lambda: len(next(batches)), seconds, 1.0)
         else:
-            t0, c0 = time.perf_counter(), _cpu()
-            items = sum(len(b) for b in ds.stream(256, seed=0))
-            wall, used = time.perf_counter() - t0, _cpu() - c0
-            rate, cpu = items / wall, used / items * 1e6
+            rate, cpu = _epochs(ds.stream(256, seed=0), epochs)
     elif measure.startswith("random") or measure == "lance 2.1":
         if measure == "lance 2.1":
             from bench_corpus import lance_take
@@ -126,14 +135,7 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
         gen = torch.Generator().manual_seed(0)
         rate, cpu = _timed(lambda: len(wins.sample(128, generator=gen)), seconds, warm)
     elif measure == "stream":
-        ds = AtariZarrDataset(data["store"])
-        stream = ds.stream(256, seed=0)
-        items, t0, c0 = 0, time.perf_counter(), _cpu()
-        for epoch in range(epochs):
-            stream.set_epoch(epoch)
-            items += sum(len(b) for b in stream)
-        wall, used = time.perf_counter() - t0, _cpu() - c0
-        rate, cpu = items / wall, used / items * 1e6
+        rate, cpu = _epochs(AtariZarrDataset(data["store"]).stream(256, seed=0), epochs)
     else:
         mix = MultiGameDataset.from_root(data["root"])
         if measure == "mixture random":

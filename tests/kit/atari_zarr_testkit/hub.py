@@ -1,0 +1,255 @@
+"""An emulator of the Hugging Face Hub's read API on 127.0.0.1, for ``hf://`` tests.
+
+:class:`HubEmulator` serves dataset repositories from local directories, each at one
+commit, through the endpoints ``huggingface_hub`` (``HfApi``, ``HfFileSystem``) reads
+with:
+
+* ``GET /api/datasets/{repo}`` and ``/api/datasets/{repo}/revision/{rev}``: the repo's
+  ``id`` and ``sha``;
+* ``GET /api/datasets/{repo}/tree/{rev}[/{path}]``: a folder's entries (files with their
+  ``size``, ``oid`` and, as the Hub gives large files, ``lfs`` with the ``sha256``),
+  ``recursive=true`` for the whole subtree;
+* ``POST /api/datasets/{repo}/paths-info/{rev}`` (form ``paths=...``): those entries;
+* ``GET`` and ``HEAD /datasets/{repo}/resolve/{rev}/{path}``: the file, a ``Range`` of
+  it answered 206, with ``ETag`` (its sha256), ``X-Repo-Commit`` and ``Content-Length``.
+
+Each ``/resolve`` counts against a rate limit as the Hub's does, scaled down
+(``limit`` requests per ``window`` seconds; the Hub allows 3,000 per 5 minutes
+anonymously): past it the answer is 429 with ``Retry-After`` and the IETF draft's
+``RateLimit`` and ``RateLimit-Policy`` headers, until the window turns. Every request is
+logged (:attr:`HubEmulator.log`: method, path, status).
+
+Examples
+--------
+>>> import tempfile, pathlib
+>>> root = pathlib.Path(tempfile.mkdtemp())
+>>> _ = (root / "a.txt").write_text("hello")
+>>> with HubEmulator({"org/data": root}) as hub:
+...     import urllib.request
+...     url = f"{hub.endpoint}/datasets/org/data/resolve/main/a.txt"
+...     request = urllib.request.Request(url, headers={"Range": "bytes=1-3"})
+...     with urllib.request.urlopen(request) as answer:
+...         answer.read()
+b'ell'
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+import time
+import urllib.parse
+from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from atari_zarr_testkit.ports import LOOPBACK
+
+__all__ = ["HubEmulator"]
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], hub: HubEmulator) -> None:
+        super().__init__(address, _Handler)
+        self.hub = hub
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def do_HEAD(self) -> None:
+        self._answer(head=True)
+
+    def do_GET(self) -> None:
+        self._answer(head=False)
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length).decode() if length else ""
+        self._answer(head=False, form=urllib.parse.parse_qs(body))
+
+    def _answer(self, *, head: bool, form: dict[str, list[str]] | None = None) -> None:
+        hub = self.server.hub
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)
+        parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
+        status, headers, body = hub._route(self.command, parts, query, form, self.headers)
+        hub._note(self.command, url.path, status)
+        self.send_response(status)
+        for key, value in headers.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> tuple:
+    return status, {"Content-Type": "application/json", **(headers or {})}, json.dumps(doc).encode()
+
+
+class HubEmulator:
+    """The Hub's read API over local directories, one per dataset repo, on loopback.
+
+    Parameters
+    ----------
+    repos : mapping of str to path
+        ``{"org/name": directory}``: each repo's files, at one commit.
+    limit, window : int, float
+        Resolves allowed per window of seconds (None: no limit).
+    lfs_from : int
+        Files of this many bytes or more are listed with ``lfs`` (the Hub's large files).
+    """
+
+    def __init__(
+        self,
+        repos: Mapping[str, str | Path],
+        *,
+        limit: int | None = None,
+        window: float = 1.0,
+        lfs_from: int = 1024,
+    ) -> None:
+        self.repos = {name: Path(path) for name, path in repos.items()}
+        self.sha = {name: hashlib.sha1(name.encode()).hexdigest() for name in self.repos}
+        self.limit, self.window, self.lfs_from = limit, float(window), int(lfs_from)
+        #: Every request: ``(method, path, status)``.
+        self.log: list[tuple[str, str, int]] = []
+        self._lock = threading.Lock()
+        self._window_start = time.monotonic()
+        self._used = 0
+        self._server: _Server | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def __enter__(self) -> HubEmulator:
+        self._server = _Server((LOOPBACK, 0), self)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def endpoint(self) -> str:
+        """The Hub's URL, for ``HF_ENDPOINT`` or ``HfFileSystem(endpoint=...)``."""
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def storage_options(self) -> dict[str, Any]:
+        """fsspec options of ``hf://`` paths served here (anonymous)."""
+        return {"endpoint": self.endpoint, "token": False}
+
+    @property
+    def resolves(self) -> int:
+        """``/resolve`` requests answered so far (429s included)."""
+        return sum(1 for _, path, _ in self.log if "/resolve/" in path)
+
+    def _note(self, method: str, path: str, status: int) -> None:
+        with self._lock:
+            self.log.append((method, path, status))
+
+    # -- routes ---------------------------------------------------------------------------
+    def _route(
+        self, method: str, parts: list[str], query: dict, form: dict | None, headers: Any
+    ) -> tuple[int, dict[str, str], bytes]:
+        if parts[:2] == ["api", "datasets"] and len(parts) >= 4:
+            repo, rest = "/".join(parts[2:4]), parts[4:]
+            if repo not in self.repos:
+                return _json(
+                    404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}
+                )
+            if not rest or rest[0] == "revision":
+                return _json(200, {"id": repo, "sha": self.sha[repo], "private": False})
+            if rest[0] == "tree" and len(rest) >= 2:
+                return self._tree(repo, "/".join(rest[2:]), query.get("recursive") == ["true"])
+            if rest[0] == "paths-info" and form is not None:
+                return self._paths_info(repo, form.get("paths", []))
+        if parts[:1] == ["datasets"] and len(parts) >= 6 and parts[3] == "resolve":
+            repo = "/".join(parts[1:3])
+            return self._resolve(method, repo, "/".join(parts[5:]), headers)
+        return _json(404, {"error": f"no route for {method} /{'/'.join(parts)}"})
+
+    def _entry(self, repo: str, path: Path) -> dict[str, Any]:
+        rel = path.relative_to(self.repos[repo]).as_posix()
+        if path.is_dir():
+            return {"type": "directory", "path": rel, "oid": self.sha[repo]}
+        data = path.read_bytes()
+        entry = {
+            "type": "file",
+            "path": rel,
+            "size": len(data),
+            "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+        }
+        if len(data) >= self.lfs_from:
+            sha256 = hashlib.sha256(data).hexdigest()
+            entry["lfs"] = {"oid": sha256, "size": len(data), "pointerSize": 134}
+        return entry
+
+    def _tree(self, repo: str, path: str, recursive: bool) -> tuple:
+        folder = self.repos[repo] / path
+        if not folder.is_dir():
+            return _json(
+                404, {"error": f"{path} does not exist"}, {"X-Error-Code": "EntryNotFound"}
+            )
+        found = folder.rglob("*") if recursive else folder.iterdir()
+        return _json(200, [self._entry(repo, p) for p in sorted(found)])
+
+    def _paths_info(self, repo: str, paths: list[str]) -> tuple:
+        root = self.repos[repo]
+        return _json(200, [self._entry(repo, root / p) for p in paths if (root / p).exists()])
+
+    def _resolve(self, method: str, repo: str, path: str, headers: Any) -> tuple:
+        limited = self._spend()
+        if limited is not None:
+            return 429, limited, b'{"error": "rate limited"}'
+        file = self.repos.get(repo, Path("/nonexistent")) / path
+        if repo not in self.repos or not file.is_file():
+            return _json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
+        data = file.read_bytes()
+        meta = {
+            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
+            "X-Repo-Commit": self.sha[repo],
+            "Accept-Ranges": "bytes",
+            "Content-Type": "application/octet-stream",
+        }
+        wanted = headers.get("Range")
+        if wanted and wanted.startswith("bytes="):
+            first, _, last = wanted[len("bytes=") :].partition("-")
+            if first == "":  # a suffix
+                lo, hi = max(0, len(data) - int(last)), len(data)
+            else:
+                lo, hi = int(first), len(data) if last == "" else min(len(data), int(last) + 1)
+            meta["Content-Range"] = f"bytes {lo}-{hi - 1}/{len(data)}"
+            return 206, meta, data[lo:hi]
+        return 200, meta, data
+
+    def _spend(self) -> dict[str, str] | None:
+        """Count one resolve: None while the window allows it, else the 429's headers."""
+        if self.limit is None:
+            return None
+        with self._lock:
+            now = time.monotonic()
+            if now - self._window_start >= self.window:
+                self._window_start, self._used = now, 0
+            self._used += 1
+            left = self.window - (now - self._window_start)
+            if self._used <= self.limit:
+                return None
+            wait = max(1, math.ceil(left))
+            return {
+                "Retry-After": str(wait),
+                "RateLimit": f'"resolvers";r=0;t={wait}',
+                "RateLimit-Policy": f'"fixed window";"resolvers";q={self.limit};w={self.window:g}',
+                "Content-Type": "application/json",
+            }
