@@ -199,3 +199,16 @@ def test_members_normalise_the_weights_once_and_an_unopened_store_has_an_identit
     }
     empty = members([opened], [Items.transitions(0)])
     assert empty[0].weight == 0.0  # nothing to draw: sampling says so
+
+
+def test_a_store_opened_from_its_entry_pickles_and_reads_in_the_worker(root) -> None:
+    """A store of a catalogued root that a batch opened pickles as the store it is: the
+    unpickled copy opens it and checks it is the same (a spawned DataLoader worker)."""
+    mix = MultiGameDataset.from_root(str(root))
+    n = len(mix.members[0].store)
+    want = mix[np.array([1, n + 2])]  # opens the first two stores
+    assert _pending(mix) == [False, False, True]
+    again = pickle.loads(pickle.dumps(mix))
+    got = again[np.array([1, n + 2])]
+    assert torch.equal(got["observation"], want["observation"])
+    assert _pending(again)[2]  # the one never opened stays so

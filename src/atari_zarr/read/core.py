@@ -43,7 +43,7 @@ from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import ARRAYS, OBSERVATION
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items, item_rows
-from atari_zarr.read.member import Member, open_all, open_stores
+from atari_zarr.read.member import Member, open_stores
 from atari_zarr.read.mixture import draw_mixture, tag_items
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.store import StoreReader, plan_items, read_items
@@ -397,8 +397,7 @@ class ItemDataset(torch.utils.data.Dataset):
         # the plan cuts each store along its shards: read from the zarr.json of those not
         # opened yet, together (a bucket's 32 at a time); each opens when first read
         size = self._batch_size(batch_size)
-        todo = [m.store for m in self.members if not m.store.opened]
-        open_all(todo, StoreReader.frame_rows, remote=any(s.remote for s in todo))
+        open_stores([m.store for m in self.members], StoreReader.frame_rows)
         return EpochStream(
             self.members,
             size,

@@ -143,7 +143,10 @@ def open_all(
         return list(pool.map(attempt, things))
 
 
-def open_stores(stores: Sequence[StoreReader]) -> None:
-    """Open those of ``stores`` not opened yet, together (a bucket's 32 at a time)."""
+def open_stores(
+    stores: Sequence[StoreReader], step: Callable[[StoreReader], object] = StoreReader.open
+) -> None:
+    """``step`` (default: open) of those of ``stores`` not opened yet, together (a
+    bucket's 32 at a time): ``StoreReader.frame_rows`` reads their ``zarr.json`` alone."""
     todo = [s for s in stores if not s.opened]
-    open_all(todo, StoreReader.open, remote=any(s.remote for s in todo))
+    open_all(todo, step, remote=any(s.remote for s in todo))

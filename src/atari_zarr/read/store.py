@@ -138,6 +138,7 @@ class StoreReader:
         self._open_lock = threading.Lock()
         #: True once the store is opened: at once, or, known by its entry, on first need.
         self.opened = False
+        self._content: str | None = None  # its content id, once opened
         if entry is None:
             self._open()
         else:
@@ -195,6 +196,7 @@ class StoreReader:
                 read_metadata(group, self.url)  # raises the usual StoreIncompleteError
             n = int(meta[FLUSHED_KEY]["transitions"])
         self.metadata: dict[str, Any] = meta
+        self._content = content_id(meta)
         self.group = group
         self.remedy = store_remedy(meta, self.url) or DEFAULT_REMEDY
         self.observation = get_array(group, OBSERVATION, self.url)
@@ -286,7 +288,7 @@ class StoreReader:
     @property
     def content(self) -> str | None:
         """Which store this is: the content id of its attributes (its entry's, not opened)."""
-        return content_id(self.metadata) if self.opened else self.entry.get("content")  # type: ignore[union-attr]
+        return self._content if self.opened else self.entry.get("content")  # type: ignore[union-attr]
 
     @property
     def remote(self) -> bool:
@@ -340,18 +342,18 @@ class StoreReader:
         state = {"path_or_url": self.url, **{k: getattr(self, k) for k in keep}}
         # which store this is: a process that opens it again must find the same one (one
         # known by its entry stays unopened, and is checked against its entry when opened)
-        content = content_id(self.metadata) if self.opened else None
-        return {**state, "content": content, "rows": self._rows}
+        return {**state, "content": self._content, "rows": self._rows}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         state = dict(state)
         content, rows = state.pop("content", None), state.pop("rows", None)
         self.__init__(state.pop("path_or_url"), **state)  # type: ignore[misc]
         self._rows = rows
-        if content is not None and content_id(self.metadata) != content:
+        # opened where it was pickled: opened here too, and the same store
+        if content is not None and self.open()._content != content:
             raise StoreChangedError(
                 f"{self.where} was replaced since this dataset was opened in the process that "
-                f"handed it here (content {content}, now {content_id(self.metadata)}): that "
+                f"handed it here (content {content}, now {self._content}): that "
                 f"process reads the store as it was, this one would read another. Open the "
                 f"dataset again (and make its DataLoader again) once the store is written."
             )

@@ -172,7 +172,7 @@ def _describe(key: str, byte_range: ByteRequest | None) -> str:
 # loop; gcsfs's own finalizer closes it at exit from another loop, which prints
 # "Task pending ... attached to a different loop" after every gs:// command.
 # The file systems outlive the stores (fsspec caches them): they are what is watched.
-_LIVE: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
 after_fork(_LIVE.clear)  # a parent's file systems are not a forked child's to close
 _CLOSER = threading.Lock()
 _closer_registered = False
@@ -187,7 +187,7 @@ def _watch(store: Store) -> None:
         return
     with _CLOSER:
         try:
-            _LIVE[fs] = True
+            _LIVE.add(fs)
         except TypeError:  # pragma: no cover - a file system that takes no weak reference
             return
         if not _closer_registered:
