@@ -27,6 +27,28 @@ settings.register_profile("deterministic", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The suite's home (pulled stores, objects read from the Hub) is its own temporary
+    directory, never the user's ``~/.cache/atari_zarr``; a test that needs another sets
+    ``ATARI_ZARR_HOME`` itself."""
+    if not os.environ.get("ATARI_ZARR_HOME", "").strip():
+        import tempfile
+
+        home = tempfile.mkdtemp(prefix="atari-zarr-tests-home-")
+        os.environ["ATARI_ZARR_HOME"] = home
+        config.stash[_HOME] = home
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    home = config.stash.get(_HOME, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+_HOME = pytest.StashKey[str]()
+
+
 #: The Pong/1 fixture run: short episodes, several wraps, missed logs and a final
 #: partial checkpoint.
 PONG_RUN = {"capacity": 64, "steps": 700, "seed": 0, "max_episode_length": 25}

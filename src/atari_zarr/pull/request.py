@@ -26,7 +26,7 @@ from atari_zarr.arguments import parse_indices, spans
 from atari_zarr.catalog import CatalogEntry
 from atari_zarr.commands import command_line
 from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
-from atari_zarr.storage.paths import is_url, join
+from atari_zarr.storage.paths import HOME_ENV, cache_home, is_url, join
 from atari_zarr.subsets import PLAYED, Subset
 
 __all__ = [
@@ -44,8 +44,6 @@ __all__ = [
     "pullable",
 ]
 
-#: Where pulled stores go (default ``~/.cache/atari_zarr``).
-HOME_ENV = "ATARI_ZARR_HOME"
 #: Roots of stores read in place before anything is pulled, comma-separated.
 MIRRORS_ENV = "ATARI_ZARR_MIRRORS"
 #: Runs of every game.
@@ -115,28 +113,6 @@ def game_name(name: str) -> str:
         if _squash(game) == squashed:
             return game
     return "".join(p[:1].upper() + p[1:] for p in re.split(r"[_\-\s]+", str(name)) if p)
-
-
-def cache_home(home: str | os.PathLike[str] | None = None) -> str:
-    """The cache's root: ``home``, else ``$ATARI_ZARR_HOME``, else ``~/.cache/atari_zarr``.
-
-    A leading ``~`` of a local path is the user's home directory. A blank ``home`` is
-    not given, as a blank ``$ATARI_ZARR_HOME`` is (never the working directory).
-
-    Examples
-    --------
-    >>> cache_home("~/stores") == os.path.expanduser("~/stores")
-    True
-    >>> cache_home("gs://bucket/~x")
-    'gs://bucket/~x'
-    >>> cache_home("") == cache_home(None)
-    True
-    """
-    given = "" if home is None else os.fspath(home)
-    found = given if given.strip() else os.environ.get(HOME_ENV, "").strip()
-    found = found or os.path.join("~", ".cache", "atari_zarr")
-    # "~/x" is the user's home, never a directory named "~" in the working directory
-    return found if is_url(found) else os.path.expanduser(found)
 
 
 def check_home(home: str) -> None:

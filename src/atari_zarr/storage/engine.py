@@ -331,7 +331,12 @@ class ChunkEngine:
         # The range cache keeps each range asked for as one file: merged ranges differ
         # from batch to batch, so the next epoch would find none of them. Per-chunk
         # ranges there, which it serves again whatever the rows.
-        self.merge = self.bytes.remote and not isinstance(store, RangeCacheStore)
+        # A cache of whole objects reads ranges from local files: nothing to merge.
+        self.merge = (
+            self.bytes.remote
+            and not isinstance(store, RangeCacheStore)
+            and not getattr(store, "local_ranges", False)
+        )
         #: What remote requests brought: the array's one encoded-byte cache, or its
         #: part of the one its mixture's stores share (their bound the sum of theirs).
         kept_bytes = kept_bytes if self.bytes.remote else 0

@@ -17,7 +17,9 @@ from atari_zarr.errors import InvalidArgumentError, StoreWriteError
 from atari_zarr.redaction import redact
 
 __all__ = [
+    "HOME_ENV",
     "READ_ONLY_PROTOCOLS",
+    "cache_home",
     "is_read_only_url",
     "is_url",
     "join",
@@ -27,6 +29,9 @@ __all__ = [
     "refuse_write",
 ]
 
+#: The package's local home: pulled stores, the objects read from the Hub (default
+#: ``~/.cache/atari_zarr``).
+HOME_ENV = "ATARI_ZARR_HOME"
 #: Protocols that are read, never written: plain web servers.
 READ_ONLY_PROTOCOLS = frozenset({"http", "https"})
 
@@ -139,3 +144,25 @@ def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
                     parsed = value
         options[key] = parsed
     return options
+
+
+def cache_home(home: str | os.PathLike[str] | None = None) -> str:
+    """The package's home: ``home``, else ``$ATARI_ZARR_HOME``, else ``~/.cache/atari_zarr``.
+
+    A leading ``~`` of a local path is the user's home directory. A blank ``home`` is
+    not given, as a blank ``$ATARI_ZARR_HOME`` is (never the working directory).
+
+    Examples
+    --------
+    >>> cache_home("~/stores") == os.path.expanduser("~/stores")
+    True
+    >>> cache_home("gs://bucket/~x")
+    'gs://bucket/~x'
+    >>> cache_home("") == cache_home(None)
+    True
+    """
+    given = "" if home is None else os.fspath(home)
+    found = given if given.strip() else os.environ.get(HOME_ENV, "").strip()
+    found = found or os.path.join("~", ".cache", "atari_zarr")
+    # "~/x" is the user's home, never a directory named "~" in the working directory
+    return found if is_url(found) else os.path.expanduser(found)

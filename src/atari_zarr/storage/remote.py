@@ -47,6 +47,7 @@ from atari_zarr.forks import after_fork
 from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.filesystem import backend_errors, check_local_metadata
+from atari_zarr.storage.hub import is_hub_url
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
 __all__ = ["RemoteStore", "open_zarr_store"]
@@ -136,6 +137,8 @@ def open_zarr_store(
         store = RemoteStore(
             location, storage_options, read_only=read_only, timeout=resolve_timeout(timeout)
         )
+        if read_only and is_hub_url(location):
+            store = _hub_objects(store, location, storage_options, resolve_timeout(timeout))
     if cache is not None:
         if not read_only:
             raise InvalidArgumentError(
@@ -146,6 +149,20 @@ def open_zarr_store(
 
         store = RangeCacheStore(store, cache, redact(location))
     return store
+
+
+def _hub_objects(
+    store: Store, location: str, storage_options: dict[str, Any] | None, timeout: float | None
+) -> Store:
+    """A Hub store read whole object by whole object, through the local object cache
+    (:mod:`atari_zarr.storage.hub`); as byte ranges where the cache is off."""
+    from atari_zarr.storage.hub import HubObjects
+    from atari_zarr.storage.objects import ObjectCacheStore, cache_bound, objects_root
+
+    if cache_bound(objects_root()) <= 0:
+        return store
+    objects = HubObjects(location, storage_options, timeout)
+    return ObjectCacheStore(store, objects.fetch, objects.folder, redact(location, storage_options))
 
 
 def _range_length(byte_range: ByteRequest | None) -> int | None:
@@ -178,13 +195,37 @@ _CLOSER = threading.Lock()
 _closer_registered = False
 
 
+class _Holder:
+    """An aiohttp session of this package's own (the Hub's objects), watched as a file
+    system's is."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+
+_HELD: list[_Holder] = []
+after_fork(_HELD.clear)
+
+
+def watch_session(session: Any) -> None:
+    """Close ``session`` (an ``aiohttp.ClientSession`` made on zarr's loop) at exit."""
+    holder = _Holder(session)
+    with _CLOSER:
+        _HELD[:] = [h for h in _HELD if not h._session.closed]
+        _HELD.append(holder)
+    _watch_fs(holder)
+
+
 def _watch(store: Store) -> None:
     """Close the session of ``store``'s file system at exit (registered after zarr's own
     exit hook, so it runs first, while zarr's loop still runs)."""
-    global _closer_registered
     fs = getattr(store, "fs", None)
-    if fs is None:
-        return
+    if fs is not None:
+        _watch_fs(fs)
+
+
+def _watch_fs(fs: Any) -> None:
+    global _closer_registered
     with _CLOSER:
         try:
             _LIVE.add(fs)

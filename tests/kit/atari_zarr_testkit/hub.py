@@ -90,7 +90,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:
-            self.wfile.write(body)
+            self.wfile.write(hub._spoiled(url.path, body) if status in (200, 206) else body)
+
+
+def _blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
 def _json(status: int, doc: Any, headers: dict[str, str] | None = None) -> tuple:
@@ -108,6 +112,13 @@ class HubEmulator:
         Resolves allowed per window of seconds (None: no limit).
     lfs_from : int
         Files of this many bytes or more are listed with ``lfs`` (the Hub's large files).
+    private : mapping of str to str, optional
+        ``{"org/name": token}``: private repos, answered 401 without that bearer token.
+    delay : float
+        Seconds each ``/resolve`` waits before its answer (a slow link; a download to kill).
+    redirect : bool
+        Large files' ``/resolve`` answers 302 to ``/cdn/...`` with ``X-Linked-Etag`` (the
+        sha256) and ``X-Linked-Size``, as the Hub's do.
     """
 
     def __init__(
@@ -117,12 +128,24 @@ class HubEmulator:
         limit: int | None = None,
         window: float = 1.0,
         lfs_from: int = 1024,
+        private: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        redirect: bool = False,
     ) -> None:
         self.repos = {name: Path(path) for name, path in repos.items()}
+        #: ``{repo: token}``: repos read only with ``Authorization: Bearer {token}``.
+        self.private = dict(private or {})
+        #: Seconds each ``/resolve`` is held before it is answered.
+        self.delay = float(delay)
+        #: Large files resolve as the Hub's do: a 302 to a CDN path, with ``X-Linked-Etag``.
+        self.redirect = redirect
+        #: Every request's ``Authorization`` header, in order (None where absent).
+        self.authorizations: list[tuple[str, str | None]] = []
         self.sha = {name: hashlib.sha1(name.encode()).hexdigest() for name in self.repos}
         self.limit, self.window, self.lfs_from = limit, float(window), int(lfs_from)
         #: Every request: ``(method, path, status)``.
         self.log: list[tuple[str, str, int]] = []
+        self._spoil: list[list[Any]] = []
         self._lock = threading.Lock()
         self._window_start = time.monotonic()
         self._used = 0
@@ -155,16 +178,48 @@ class HubEmulator:
         """``/resolve`` requests answered so far (429s included)."""
         return sum(1 for _, path, _ in self.log if "/resolve/" in path)
 
+    def spoil(self, path_contains: str, times: int = 1) -> None:
+        """Flip one byte of the next ``times`` bodies served of a path containing
+        ``path_contains`` (headers unchanged: a body spoiled in transit)."""
+        with self._lock:
+            self._spoil.append([path_contains, int(times)])
+
+    def _spoiled(self, path: str, body: bytes) -> bytes:
+        with self._lock:
+            for rule in self._spoil:
+                if rule[0] in path and rule[1] > 0 and body:
+                    rule[1] -= 1
+                    return bytes([body[0] ^ 0xFF]) + body[1:]
+        return body
+
     def _note(self, method: str, path: str, status: int) -> None:
         with self._lock:
             self.log.append((method, path, status))
 
     # -- routes ---------------------------------------------------------------------------
+    def _denied(self, repo: str, headers: Any) -> tuple | None:
+        """The 401 of a private repo asked without its token, else None."""
+        token = self.private.get(repo)
+        if token is None or headers.get("Authorization") == f"Bearer {token}":
+            return None
+        return _json(
+            401,
+            {"error": "Invalid username or password."},
+            {"X-Error-Code": "RepoNotFound", "X-Error-Message": "Invalid username or password."},
+        )
+
     def _route(
         self, method: str, parts: list[str], query: dict, form: dict | None, headers: Any
     ) -> tuple[int, dict[str, str], bytes]:
+        with self._lock:
+            self.authorizations.append(("/".join(parts), headers.get("Authorization")))
+        if parts[:1] == ["cdn"] and len(parts) >= 3:
+            return self._cdn("/".join(parts[1:3]), "/".join(parts[3:]), headers)
         if parts[:2] == ["api", "datasets"] and len(parts) >= 4:
             repo, rest = "/".join(parts[2:4]), parts[4:]
+            denied = self._denied(repo, headers)
+            if denied is not None:
+                return denied
             if repo not in self.repos:
                 return _json(
                     404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"}
@@ -177,6 +232,10 @@ class HubEmulator:
                 return self._paths_info(repo, form.get("paths", []))
         if parts[:1] == ["datasets"] and len(parts) >= 6 and parts[3] == "resolve":
             repo = "/".join(parts[1:3])
+            denied = self._denied(repo, headers)
+            if denied is not None:
+                self._spend()
+                return denied
             return self._resolve(method, repo, "/".join(parts[5:]), headers)
         return _json(404, {"error": f"no route for {method} /{'/'.join(parts)}"})
 
@@ -189,7 +248,7 @@ class HubEmulator:
             "type": "file",
             "path": rel,
             "size": len(data),
-            "oid": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
+            "oid": _blob_id(data),
         }
         if len(data) >= self.lfs_from:
             sha256 = hashlib.sha256(data).hexdigest()
@@ -213,13 +272,46 @@ class HubEmulator:
         limited = self._spend()
         if limited is not None:
             return 429, limited, b'{"error": "rate limited"}'
+        if self.delay:
+            time.sleep(self.delay)
         file = self.repos.get(repo, Path("/nonexistent")) / path
         if repo not in self.repos or not file.is_file():
             return _json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
         data = file.read_bytes()
+        if self.redirect and len(data) >= self.lfs_from:
+            return (
+                302,
+                {
+                    "Location": f"/cdn/{repo}/{urllib.parse.quote(path)}",
+                    "X-Linked-Etag": f'"{hashlib.sha256(data).hexdigest()}"',
+                    "X-Linked-Size": str(len(data)),
+                    "X-Repo-Commit": self.sha[repo],
+                    "ETag": f'"{_blob_id(data)}"',
+                },
+                b"",
+            )
+        return self._serve(
+            data,
+            headers,
+            {
+                "ETag": f'"{hashlib.sha256(data).hexdigest()}"'
+                if len(data) >= self.lfs_from
+                else f'"{_blob_id(data)}"',
+                "X-Repo-Commit": self.sha[repo],
+            },
+        )
+
+    def _cdn(self, repo: str, path: str, headers: Any) -> tuple:
+        """A CDN's answer: the bytes, with a tag of its own (not a checksum of the Hub's)."""
+        file = self.repos.get(repo, Path("/nonexistent")) / path
+        if repo not in self.repos or not file.is_file():
+            return 404, {}, b"not found"
+        data = file.read_bytes()
+        return self._serve(data, headers, {"ETag": f'"cdn-{len(data)}"'})
+
+    def _serve(self, data: bytes, headers: Any, tags: dict[str, str]) -> tuple:
         meta = {
-            "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-            "X-Repo-Commit": self.sha[repo],
+            **tags,
             "Accept-Ranges": "bytes",
             "Content-Type": "application/octet-stream",
         }

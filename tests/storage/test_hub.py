@@ -1,0 +1,211 @@
+"""Stores read from the Hugging Face Hub (``hf://``), against the test kit's emulator of
+the Hub's API: objects fetched whole at one commit, each once, checked; rate limits waited
+out quietly; private repos read with the user's token, which no message shows."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from atari_zarr_testkit.hub import HubEmulator
+
+from atari_zarr import AtariZarrDataset, ReadOptions
+from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
+from atari_zarr.storage.hub import parse_hf_url, retry_after
+
+pytest.importorskip("huggingface_hub")
+
+URL = "hf://datasets/org/atari/Pong/1.zarr"
+
+
+@pytest.fixture
+def repo(pong_store, tmp_path: Path) -> Path:
+    """A dataset repo holding the Pong/1 store."""
+    root = tmp_path / "repo"
+    shutil.copytree(pong_store.url, root / "Pong" / "1.zarr")
+    return root
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("ATARI_ZARR_HOME", str(home))
+    return home
+
+
+def _objects(store: Path) -> int:
+    return sum(1 for p in store.rglob("*") if p.is_file())
+
+
+def _same(got, want) -> None:
+    for key in want.keys(include_nested=True, leaves_only=True):
+        np.testing.assert_array_equal(got[key].numpy(), want[key].numpy(), err_msg=str(key))
+
+
+def test_urls_and_waits_are_read_as_the_hub_writes_them() -> None:
+    where = parse_hf_url("hf://datasets/org/atari@refs%2Fpr%2F1/Pong/1.zarr")
+    assert (where.repo_id, where.revision, where.path) == ("org/atari", "refs/pr/1", "Pong/1.zarr")
+    assert where.url() == "hf://datasets/org/atari@refs%2Fpr%2F1/Pong/1.zarr"
+    assert parse_hf_url("hf://datasets/org/atari").url() == "hf://datasets/org/atari"
+    with pytest.raises(Exception, match="hf://datasets/ORG/NAME"):
+        parse_hf_url("hf://org")
+    assert retry_after({"Retry-After": "12"}) == 12
+    assert retry_after({"RateLimit": '"resolvers";r=0;t=4'}) == 4
+    assert retry_after({}) == 1
+
+
+def test_random_batches_fetch_each_object_once_at_the_rate_limit(
+    pong_store, repo: Path, home: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The anonymous rate scaled down (3 resolves a second; the store has more objects):
+    random batches come back exact, each object is resolved once (429s aside), and the
+    waits are logged at DEBUG only."""
+    local = AtariZarrDataset(pong_store.url, frame_stack=4)
+    rng = np.random.default_rng(0)
+    caplog.set_level(logging.INFO)
+    with HubEmulator({"org/atari": repo}, limit=3, window=1.0) as hub:
+        remote = AtariZarrDataset(
+            URL,
+            storage_options=hub.storage_options(),
+            frame_stack=4,
+            options=ReadOptions(kept_bytes=0, frame_cache_bytes=0),
+        )
+        for _ in range(20):
+            rows = rng.integers(0, len(local), 64)
+            _same(remote[rows], local[rows])
+        answered = [path for _, path, status in hub.log if "/resolve/" in path and status == 200]
+        limited = [path for _, path, status in hub.log if status == 429]
+    assert len(answered) == len(set(answered)) <= _objects(repo / "Pong" / "1.zarr")
+    assert limited, "the limit was never reached: the test did not test it"
+    ours = ("atari_zarr", "huggingface_hub", "fsspec", "aiohttp", "zarr")
+    loud = [r for r in caplog.records if r.name.startswith(ours) and r.levelno > logging.DEBUG]
+    assert not loud, caplog.text
+
+
+def test_an_epoch_costs_one_resolve_per_object_and_the_next_none(
+    pong_store, repo: Path, home: Path
+) -> None:
+    local = AtariZarrDataset(pong_store.url)
+    with HubEmulator({"org/atari": repo}) as hub:
+        remote = AtariZarrDataset(URL, storage_options=hub.storage_options())
+        rows = sum(len(b["action"]) for b in remote.stream(batch_size=64, shuffle=False))
+        first = hub.resolves
+        # a new dataset, as a new job would open it: the objects are on local disk
+        again = AtariZarrDataset(URL, storage_options=hub.storage_options())
+        batches = list(again.stream(batch_size=64, shuffle=False))
+        second = hub.resolves - first
+    assert rows == len(local)
+    assert first <= _objects(repo / "Pong" / "1.zarr")
+    assert second == 0
+    np.testing.assert_array_equal(
+        np.concatenate([b["observation"].numpy() for b in batches]),
+        local[np.arange(len(local))]["observation"].numpy(),
+    )
+    kept = list((home / "objects").rglob("observation/c/*/0/0"))
+    assert kept, "the objects were not kept under $ATARI_ZARR_HOME/objects"
+
+
+def test_a_commit_is_the_cache_key_and_a_branch_is_resolved_once(repo: Path, home: Path) -> None:
+    with HubEmulator({"org/atari": repo}) as hub:
+        AtariZarrDataset(URL, storage_options=hub.storage_options())
+        revisions = [path for _, path, _ in hub.log if "/revision/" in path]
+        resolves = [path for _, path, _ in hub.log if "/resolve/" in path]
+    assert revisions == ["/api/datasets/org/atari/revision/main"]
+    assert all(f"/resolve/{hub.sha['org/atari']}/" in path for path in resolves)
+    assert (home / "objects").is_dir()
+    assert list((home / "objects").rglob(hub.sha["org/atari"]))
+
+
+def test_a_rate_limit_past_the_deadline_is_a_wait_never_damage(repo: Path, home: Path) -> None:
+    with HubEmulator({"org/atari": repo}, limit=1, window=30.0) as hub:
+        with pytest.raises(RemoteTimeoutError) as err:
+            AtariZarrDataset(URL, storage_options=hub.storage_options(), timeout=2)[0:4]
+    message = str(err.value)
+    assert "rate-limits" in message and "asked to wait" in message
+    assert "damage" not in message.replace("nothing is damaged", "")
+    assert "\n" not in message
+
+
+def test_a_private_repo_is_read_with_the_users_token_never_shown(
+    pong_store, repo: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    secret = "hf_secretTokenValue123"
+    with HubEmulator({"org/atari": repo}, private={"org/atari": secret}) as hub:
+        endpoint = {"endpoint": hub.endpoint}
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        with pytest.raises(RemoteAccessError) as err:
+            AtariZarrDataset(URL, storage_options={**endpoint, "token": False})
+        assert "401" in str(err.value) and "HF_TOKEN" in str(err.value)
+        with pytest.raises(RemoteAccessError) as wrong:
+            AtariZarrDataset(URL, storage_options={**endpoint, "token": "hf_wrongTokenValue99"})
+        assert "hf_wrongTokenValue99" not in str(wrong.value)
+        monkeypatch.setenv("HF_TOKEN", secret)
+        remote = AtariZarrDataset(URL, storage_options=endpoint)
+        _same(remote[0:32], AtariZarrDataset(pong_store.url)[0:32])
+        assert secret not in repr(remote)
+        sent = [auth for path, auth in hub.authorizations if "resolve" in path]
+        assert sent and set(sent) == {f"Bearer {secret}"}
+
+
+def test_a_body_spoiled_in_transit_is_fetched_again_and_never_kept(
+    pong_store, repo: Path, home: Path
+) -> None:
+    with HubEmulator({"org/atari": repo}, redirect=True, lfs_from=64) as hub:
+        hub.spoil("observation/c/0/0/0", times=1)
+        remote = AtariZarrDataset(URL, storage_options=hub.storage_options())
+        _same(remote[0:40], AtariZarrDataset(pong_store.url)[0:40])
+        cdn = [path for _, path, _ in hub.log if path.startswith("/cdn/")]
+        assert cdn.count("/cdn/org/atari/Pong/1.zarr/observation/c/0/0/0") == 2
+        hub.spoil("observation/c/0/0/0", times=2)
+        shutil.rmtree(home / "objects")
+        with pytest.raises(RemoteAccessError, match="checksum") as err:
+            AtariZarrDataset(URL, storage_options=hub.storage_options())[0:40]
+    assert "twice" in str(err.value) and "\n" not in str(err.value)
+    assert not list((home / "objects").rglob("observation/c/0/0/0"))
+
+
+_READER = """
+import sys
+from atari_zarr import AtariZarrDataset
+ds = AtariZarrDataset(sys.argv[1], storage_options={"endpoint": sys.argv[2], "token": False})
+print(int(ds[list(range(len(ds)))]["observation"].numpy().sum()))
+"""
+
+
+def test_processes_share_the_objects_and_a_killed_download_leaves_nothing_taken(
+    pong_store, repo: Path, home: Path
+) -> None:
+    """Two processes reading at once resolve each object once between them; a process
+    killed (SIGKILL) mid-download leaves no object a later reader takes for whole."""
+    import os
+    import signal
+    import time
+
+    env = {**os.environ, "ATARI_ZARR_HOME": str(home)}
+    local = AtariZarrDataset(pong_store.url)
+    want = int(local[list(range(len(local)))]["observation"].numpy().sum())
+    with HubEmulator({"org/atari": repo}, delay=0.3) as hub:
+        victim = subprocess.Popen(
+            [sys.executable, "-c", _READER, URL, hub.endpoint], env=env, stdout=subprocess.DEVNULL
+        )
+        while not any("/observation/c/" in path for _, path, _ in hub.log):
+            time.sleep(0.02)
+        victim.send_signal(signal.SIGKILL)
+        victim.wait()
+        hub.delay = 0.02
+        before = hub.resolves
+        readers = [
+            subprocess.Popen(
+                [sys.executable, "-c", _READER, URL, hub.endpoint], env=env, stdout=subprocess.PIPE
+            )
+            for _ in range(2)
+        ]
+        sums = [int(r.communicate()[0]) for r in readers]
+        answered = [path for _, path, st in hub.log[before:] if "/resolve/" in path and st == 200]
+    assert sums == [want, want]
+    assert len(answered) == len(set(answered)), "an object was fetched by both processes"
