@@ -40,7 +40,7 @@ FLOORS = [
     {"conversion", "read", "record"},
     {"pull"},
     {"compat"},
-    {"verify", "info", "demo", "torchrl", "grain", "listing"},
+    {"verify", "info", "demo", "torchrl", "grain", "listing", "publish"},
     {"cli", "__main__"},
 ]
 #: The floor of the paths through a store: its packages do not import each other.

@@ -349,6 +349,28 @@ def _cmd_card(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_publish(args: argparse.Namespace) -> int:
+    from atari_zarr.publish import publish
+
+    done = publish(
+        args.root,
+        args.repo,
+        names=args.names or None,
+        storage_options=parse_storage_options(args.storage_option),
+        private=True if args.private else None,
+        license=args.license,
+        message=args.message,
+        progress=not args.no_progress,
+    )
+    if not args.quiet:
+        print(
+            f"published {len(done.stores)} store{'s' if len(done.stores) != 1 else ''} "
+            f"({done.files:,} files, {done.bytes / 2**20:,.1f} MiB; {done.commits} commit"
+            f"{'s' if done.commits != 1 else ''}) -> {done.url}"
+        )
+    return 0
+
+
 def _cmd_pull(args: argparse.Namespace) -> int:
     from atari_zarr.listing import loading_line
     from atari_zarr.pull import RLU_URL, Request, pull
@@ -725,6 +747,30 @@ def _card_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _publish_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "publish",
+        help="upload ROOT's complete stores, catalog and card to a Hugging Face dataset repo",
+        description="Upload the complete stores under the local ROOT to a Hugging Face Hub "
+        "dataset repo, then its catalog.json and a dataset card (in the last commit: a "
+        "reader never sees a store before all of it is there). Within the Hub's limits "
+        "(checked first); files already there are not sent again, so an interrupted "
+        "publish resumes when run again. The token is $HF_TOKEN or huggingface-cli login's "
+        "(or --storage-option token=...); the endpoint $HF_ENDPOINT.",
+    )
+    p.add_argument("root", metavar="ROOT", help="local destination root of convert")
+    p.add_argument(
+        "repo", metavar="REPO", help="hf://datasets/ORG/NAME (@BRANCH, /FOLDER optional)"
+    )
+    p.add_argument(
+        "--names", nargs="+", metavar="GAME/RUN", help="only these stores (default: all)"
+    )
+    p.add_argument("--private", action="store_true", help="create the repo private")
+    p.add_argument("--license", default="cc-by-4.0", help="license of the card's front matter")
+    p.add_argument("--message", help="the commits' message")
+    return p
+
+
 #: Each verb: what builds its parser and what runs it, in the order ``--help`` lists them.
 _VERBS: tuple[tuple[Callable[[Any], argparse.ArgumentParser], Callable[..., int]], ...] = (
     (_convert_parser, _cmd_convert),
@@ -737,9 +783,10 @@ _VERBS: tuple[tuple[Callable[[Any], argparse.ArgumentParser], Callable[..., int]
     (_pull_parser, _cmd_pull),
     (_index_parser, _cmd_index),
     (_card_parser, _cmd_card),
+    (_publish_parser, _cmd_publish),
 )
 #: Verbs that show progress bars.
-_PROGRESS = {"convert", "verify", "collect", "demo", "pull"}
+_PROGRESS = {"convert", "verify", "collect", "demo", "pull", "publish"}
 #: What ``-q`` leaves of a verb's output, where it is not the same for every verb.
 _QUIET = {
     "verify": "print only problems",

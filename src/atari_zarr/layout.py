@@ -59,6 +59,7 @@ __all__ = [
     "FLUSHED_KEY",
     "FORMAT_VERSION",
     "FRAME_SHAPE",
+    "MAX_OBJECTS_PER_FOLDER",
     "OBSERVATION",
     "OPTIONAL_ARRAYS",
     "RETURN_TO_GO",
@@ -173,12 +174,32 @@ class ArraySpec:
 
     @property
     def write_rows(self) -> int:
-        """Rows of the smallest independently writable unit (shard, else chunk).
+        """Rows of the smallest independently writable unit (shard, else chunk), in an
+        array of up to :data:`MAX_OBJECTS_PER_FOLDER` of them (see :meth:`unit_rows`).
 
         Two writers must never write the same unit concurrently
         (zarr-python#3682), so conversion plans work in these units.
         """
         return self.shard_rows or self.chunk_rows
+
+    def unit_rows(self, n_rows: int) -> int:
+        """Rows of one object (shard, else chunk) of this array at ``n_rows`` rows:
+        :attr:`write_rows`, doubled until the array has at most
+        :data:`MAX_OBJECTS_PER_FOLDER` objects, so that every folder of a store fits the
+        Hugging Face Hub's limit (under 10,000 entries). A 50M-row run's frames are in
+        8192-frame shards; every run up to 33.5M rows keeps 4096.
+
+        Examples
+        --------
+        >>> spec(OBSERVATION).unit_rows(10**6), spec(OBSERVATION).unit_rows(50 * 10**6)
+        (4096, 8192)
+        >>> spec(ACTION).unit_rows(50 * 10**6)
+        65536
+        """
+        rows = self.write_rows
+        while int(n_rows) > rows * MAX_OBJECTS_PER_FOLDER:
+            rows *= 2
+        return rows
 
     def compressors(self) -> list[Any]:
         # crc32c of every chunk lets `verify` detect any flipped byte.
@@ -186,6 +207,10 @@ class ArraySpec:
 
 
 _STEP_CHUNK = 1 << 16
+#: Objects (shards, or chunks of an array without shards) one array of a store holds at
+#: most: they share one folder (``observation/c/``), and the Hugging Face Hub takes fewer
+#: than 10,000 entries per folder. :meth:`ArraySpec.unit_rows` keeps every array under it.
+MAX_OBJECTS_PER_FOLDER = 8192
 
 #: Every array a store may hold: its name, dtype, chunks and codecs (the one definition).
 ARRAYS: dict[str, ArraySpec] = {
@@ -332,10 +357,11 @@ def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
     (0,)
     """
     array_spec = spec(name)
+    unit = array_spec.unit_rows(n_rows)
     kwargs: dict[str, Any] = {}
     if array_spec.shard_rows is not None:
         kwargs["shards"] = {
-            "shape": (array_spec.shard_rows, *array_spec.row_shape),
+            "shape": (unit, *array_spec.row_shape),
             # A start index is fetched with a plain range at offset 0: no size
             # probe and no suffix range, which some object-store emulators mishandle.
             "index_location": "start",
@@ -344,7 +370,7 @@ def create_array(group: zarr.Group, name: str, n_rows: int) -> zarr.Array:
         name,
         shape=(n_rows, *array_spec.row_shape),
         dtype=array_spec.dtype,
-        chunks=(array_spec.chunk_rows, *array_spec.row_shape),
+        chunks=(array_spec.chunk_rows if array_spec.shard_rows else unit, *array_spec.row_shape),
         compressors=array_spec.compressors(),
         fill_value=0,
         dimension_names=array_spec.dims,

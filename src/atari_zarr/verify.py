@@ -180,8 +180,11 @@ def _check_layout(
         expected: dict[str, Any] = {
             "shape": (rows, *spec.row_shape),
             "dtype": spec.dtype,
-            "chunks": (spec.chunk_rows, *spec.row_shape),
-            "shards": (spec.shard_rows, *spec.row_shape) if spec.shard_rows else None,
+            "chunks": (
+                spec.chunk_rows if spec.shard_rows else spec.unit_rows(rows),
+                *spec.row_shape,
+            ),
+            "shards": (spec.unit_rows(rows), *spec.row_shape) if spec.shard_rows else None,
         }
         for what, want in expected.items():
             got = getattr(arr, what)
@@ -200,7 +203,7 @@ def _check_presence(
 ) -> None:
     for name, (spec, rows) in specs.items():
         dims = len(spec.row_shape)
-        units = list(_units(rows, spec.write_rows))
+        units = list(_units(rows, spec.unit_rows(rows)))
         if fs.read_only:
             # http(s) cannot list: ask for each object (a HEAD request each)
             found = {
@@ -628,8 +631,8 @@ def _check_steps(
 ) -> int:
     names = [n for n in ARRAYS if n != OBSERVATION]
     arrays = {n: _reader(get_array(group, n, url), url, report) for n in names}
-    rows = ARRAYS[ACTION].write_rows
-    assert all(ARRAYS[n].write_rows == rows for n in names)
+    rows = ARRAYS[ACTION].unit_rows(n_rows)
+    assert all(ARRAYS[n].unit_rows(n_rows) == rows for n in names)
     cons = _Consistency(meta, report)
     count = 0
     for unit, a, b in _units(n_rows, rows):
@@ -682,7 +685,7 @@ def _check_units(
     """
     count = 0
     for name, (spec, rows) in specs.items():
-        units = list(_units(rows, spec.write_rows))
+        units = list(_units(rows, spec.unit_rows(rows)))
         count += sum(math.ceil((b - a) / spec.chunk_rows) for _, a, b in units)
         if name == OBSERVATION and workers > 1 and len(units) >= PARALLEL_UNITS:
             _frames_on_processes(url, opened, units, report, bar, workers)

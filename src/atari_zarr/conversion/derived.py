@@ -51,7 +51,7 @@ def write_return_to_go(group: zarr.Group, where: str) -> None:
     truncated = get_array(group, TRUNCATED, where)
     n = int(reward.shape[0])
     out = _write_new(group, RETURN_TO_GO, n)
-    unit = OPTIONAL_ARRAYS[RETURN_TO_GO].write_rows
+    unit = OPTIONAL_ARRAYS[RETURN_TO_GO].unit_rows(n)
     carry = 0.0
     for lo in range(((n - 1) // unit) * unit if n else 0, -1, -unit):
         hi = min(lo + unit, n)
@@ -75,7 +75,7 @@ def write_action_full(group: zarr.Group, action_set: list[int], where: str) -> N
     n = int(stored.shape[0])
     out = _write_new(group, ACTION_FULL, n)
     table = np.asarray(action_set, dtype=np.int32)
-    unit = OPTIONAL_ARRAYS[ACTION_FULL].write_rows
+    unit = OPTIONAL_ARRAYS[ACTION_FULL].unit_rows(n)
     for lo in range(0, n, unit):
         hi = min(lo + unit, n)
         action = np.asarray(stored[lo:hi])

@@ -123,7 +123,7 @@ def write_part(
     fast = shard_encoder(arrays[OBSERVATION])
 
     def emit(name: str, unit: int, start: int, data: np.ndarray) -> None:
-        rows = spec(name).write_rows
+        rows = spec(name).unit_rows(sizes[name])
         u_lo, u_hi = _unit_bounds(unit, rows, sizes[name])
         if start == u_lo and start + len(data) == u_hi:
             if before_write is not None:
@@ -139,7 +139,7 @@ def write_part(
         if name not in sizes:
             continue
         lo, hi = part.span(name)
-        rows = spec(name).write_rows
+        rows = spec(name).unit_rows(sizes[name])
         for unit in _units(rows, lo, hi):
             u_lo, u_hi = _unit_bounds(unit, rows, sizes[name])
             a, b = max(u_lo, lo), min(u_hi, hi)
@@ -150,7 +150,7 @@ def write_part(
     open_units: dict[tuple[str, int], list[Any]] = {}
     for name, out_rows, block in stream:
         array_spec = spec(name)
-        rows = array_spec.write_rows
+        rows = array_spec.unit_rows(sizes[name])
         lo, hi = part.span(name)
         if not len(out_rows):
             continue
@@ -292,7 +292,8 @@ def _part_task(job: Job, part: Part) -> None:
 def _unit_task(job: Job, name: str, unit: int, parts: list[tuple[int, int]], *_deps: Any) -> None:
     """Assemble a unit shared by several parts from their pieces, write it once."""
     array_spec = spec(name)
-    u_lo, u_hi = _unit_bounds(unit, array_spec.write_rows, dict(job.sizes)[name])
+    n = dict(job.sizes)[name]
+    u_lo, u_hi = _unit_bounds(unit, array_spec.unit_rows(n), n)
     data = np.zeros((u_hi - u_lo, *array_spec.row_shape), dtype=array_spec.dtype)
     work = job.work()
     for start, length in parts:
@@ -319,8 +320,9 @@ def _shared_units(
         for name, n in sizes.items():
             array_spec = spec(name)
             lo, hi = part.span(name)
-            for unit in _units(array_spec.write_rows, lo, hi):
-                u_lo, u_hi = _unit_bounds(unit, array_spec.write_rows, n)
+            rows = array_spec.unit_rows(n)
+            for unit in _units(rows, lo, hi):
+                u_lo, u_hi = _unit_bounds(unit, rows, n)
                 a, b = max(u_lo, lo), min(u_hi, hi)
                 if (a, b) != (u_lo, u_hi):
                     feeds[(name, unit)].append((part, a, b - a))

@@ -44,7 +44,7 @@ from atari_zarr.storage.deadline import Timeout
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import redact
 
-__all__ = ["CARD", "CURVES", "MARK", "card_text", "size_category", "write_card"]
+__all__ = ["CARD", "CURVES", "MARK", "card_text", "curves_png", "size_category", "write_card"]
 
 #: The card, at the root.
 CARD = "README.md"
@@ -127,12 +127,50 @@ def card_text(
     reader_options: Mapping[str, Any] | None = None,
     license: str = "cc-by-4.0",
     timeout: Timeout = "default",
+    curves: bool = True,
 ) -> str:
-    """The card of ``root`` as Markdown (see the module docstring)."""
+    """The card of ``root`` as Markdown (see the module docstring); ``curves=False``
+    leaves out the section that shows :data:`CURVES`."""
     entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
     return _card_text(
-        root, entries, indexed, storage_options, public_url, reader_options, license, timeout
+        root,
+        entries,
+        indexed,
+        storage_options,
+        public_url,
+        reader_options,
+        license,
+        timeout,
+        curves,
     )
+
+
+def curves_png(
+    root: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    timeout: Timeout = "default",
+) -> bytes:
+    """The learning curves of the stores under ``root`` as a PNG: one panel per game, one
+    line per run (needs matplotlib: the ``plot`` extra)."""
+    plt = import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
+    entries, _ = catalog_entries(root, storage_options, timeout=timeout)
+    by_game: dict[str, list[str]] = {}
+    for e in entries:
+        by_game.setdefault(str(e["game"]), []).append(f"{root.rstrip('/')}/{e['path']}")
+    n = max(1, len(by_game))
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
+    for ax, (_game, urls) in zip(axes.flat, sorted(by_game.items()), strict=False):
+        plot_learning_curves(urls, ax, storage_options=storage_options, timeout=timeout)
+    for ax in list(axes.flat)[len(by_game) :]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    picture = io.BytesIO()
+    fig.savefig(picture, format="png", dpi=90)
+    plt.close(fig)
+    return picture.getvalue()
 
 
 def _card_text(
@@ -144,6 +182,7 @@ def _card_text(
     reader_options: Mapping[str, Any] | None,
     license: str,
     timeout: Timeout,
+    curves: bool = True,
 ) -> str:
     url = (public_url or root).rstrip("/")
     total = sum(int(e["transitions"] or 0) for e in entries)
@@ -225,13 +264,19 @@ def _card_text(
         "",
         *load,
         "",
-        "## Learning curves",
-        "",
-        "The return of the episodes per source checkpoint (RL Unplugged: per shard), one "
-        "line per run; the band holds the middle half of the episodes.",
-        "",
-        f"![learning curves]({CURVES})",
-        "",
+        *(
+            [
+                "## Learning curves",
+                "",
+                "The return of the episodes per source checkpoint (RL Unplugged: per shard), "
+                "one line per run; the band holds the middle half of the episodes.",
+                "",
+                f"![learning curves]({CURVES})",
+                "",
+            ]
+            if curves
+            else []
+        ),
     ]
     secrets = {**(storage_options or {}), **dict(reader_options or {})}
     # what is published goes through the one redaction: URL user info, signed queries,
@@ -277,7 +322,7 @@ def write_card(
     StoreExistsError
         ``README.md`` exists and is not a card of ours (without ``overwrite``).
     """
-    plt = import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
+    import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
     check_root(root, storage_options, timeout=timeout)
     fs, path = get_fs(root, storage_options, timeout=timeout)
     path = path.rstrip("/")
@@ -297,21 +342,7 @@ def write_card(
     text = _card_text(
         root, entries, indexed, storage_options, public_url, reader_options, license, timeout
     )
-    by_game: dict[str, list[str]] = {}
-    for e in entries:
-        by_game.setdefault(str(e["game"]), []).append(f"{root.rstrip('/')}/{e['path']}")
-    n = max(1, len(by_game))
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 3.5 * rows), squeeze=False)
-    for ax, (_game, urls) in zip(axes.flat, sorted(by_game.items()), strict=False):
-        plot_learning_curves(urls, ax, storage_options=storage_options, timeout=timeout)
-    for ax in list(axes.flat)[len(by_game) :]:
-        ax.set_visible(False)
-    fig.tight_layout()
-    picture = io.BytesIO()
-    fig.savefig(picture, format="png", dpi=90)
-    plt.close(fig)
-    fs.write_whole(f"{path}/{CURVES}", picture.getvalue())  # whole, or not there at all
+    picture = curves_png(root, storage_options, timeout=timeout)
+    fs.write_whole(f"{path}/{CURVES}", picture)  # whole, or not there at all
     fs.write_whole(f"{path}/{CARD}", text.encode())
     return f"{root.rstrip('/')}/{CARD}"

@@ -47,6 +47,7 @@ from typing import Any
 from atari_zarr.errors import InvalidArgumentError, RemoteAccessError, RemoteTimeoutError
 from atari_zarr.forks import after_fork
 from atari_zarr.storage.paths import redact
+from atari_zarr.storage.sessions import watch_session
 
 __all__ = ["HubObjects", "HubPath", "is_hub_url", "parse_hf_url", "retry_after"]
 
@@ -214,8 +215,6 @@ class HubObjects:
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
                 )
                 self._sessions[loop] = session
-                from atari_zarr.storage.remote import watch_session
-
                 watch_session(session)
         return session
 

@@ -25,11 +25,8 @@ emulator's public object URLs), see ``docs/remote.md``.
 from __future__ import annotations
 
 import asyncio
-import atexit
 import logging
 import os
-import threading
-import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, TypeVar
 
@@ -49,6 +46,7 @@ from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.filesystem import backend_errors, check_local_metadata
 from atari_zarr.storage.hub import is_hub_url
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
+from atari_zarr.storage.sessions import watch_store
 
 __all__ = ["RemoteStore", "open_zarr_store"]
 
@@ -184,78 +182,6 @@ def _describe(key: str, byte_range: ByteRequest | None) -> str:
     return key
 
 
-# -- HTTP sessions closed at exit, on the loop that made them -----------------------------
-# A file system made by zarr's FsspecStore opens its aiohttp session on zarr's event
-# loop; gcsfs's own finalizer closes it at exit from another loop, which prints
-# "Task pending ... attached to a different loop" after every gs:// command.
-# The file systems outlive the stores (fsspec caches them): they are what is watched.
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-after_fork(_LIVE.clear)  # a parent's file systems are not a forked child's to close
-_CLOSER = threading.Lock()
-_closer_registered = False
-
-
-class _Holder:
-    """An aiohttp session of this package's own (the Hub's objects), watched as a file
-    system's is."""
-
-    def __init__(self, session: Any) -> None:
-        self._session = session
-
-
-_HELD: list[_Holder] = []
-after_fork(_HELD.clear)
-
-
-def watch_session(session: Any) -> None:
-    """Close ``session`` (an ``aiohttp.ClientSession`` made on zarr's loop) at exit."""
-    holder = _Holder(session)
-    with _CLOSER:
-        _HELD[:] = [h for h in _HELD if not h._session.closed]
-        _HELD.append(holder)
-    _watch_fs(holder)
-
-
-def _watch(store: Store) -> None:
-    """Close the session of ``store``'s file system at exit (registered after zarr's own
-    exit hook, so it runs first, while zarr's loop still runs)."""
-    fs = getattr(store, "fs", None)
-    if fs is not None:
-        _watch_fs(fs)
-
-
-def _watch_fs(fs: Any) -> None:
-    global _closer_registered
-    with _CLOSER:
-        try:
-            _LIVE.add(fs)
-        except TypeError:  # pragma: no cover - a file system that takes no weak reference
-            return
-        if not _closer_registered:
-            # weakref's own exit hook (which runs the file systems' finalizers) is set up
-            # by the first finalizer of the process; making one now puts it before ours,
-            # and exit hooks run last-in first-out: the sessions are closed before it
-            weakref.finalize(_watch, lambda: None)
-            atexit.register(close_sessions)
-            _closer_registered = True
-
-
-def close_sessions() -> None:
-    """Close the HTTP sessions of this process's remote stores, each on zarr's loop."""
-    from zarr.core.sync import sync
-
-    for fs in list(_LIVE):  # a forked child's: its own (a parent's are forgotten)
-        session = getattr(fs, "_session", None)
-        if session is None or getattr(session, "closed", True):
-            continue
-        try:
-            sync(session.close(), timeout=2)
-        except Exception:  # the loop is gone: drop the connections without it
-            connector = getattr(session, "_connector", None)
-            if connector is not None:
-                connector._close()
-
-
 class RemoteStore(WrapperStore[Store]):
     """zarr ``FsspecStore`` with a deadline per request, clear errors and fork safety.
 
@@ -311,7 +237,7 @@ class RemoteStore(WrapperStore[Store]):
             store = FsspecStore.from_url(
                 self.url, storage_options=dict(self.storage_options), read_only=self._read_only_flag
             )
-        _watch(store)
+        watch_store(store)
         return store
 
     # The inner store is rebuilt in a forked child: its file system instance would

@@ -35,6 +35,7 @@ b'ell'
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -73,16 +74,36 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(head=False)
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length).decode() if length else ""
-        self._answer(head=False, form=urllib.parse.parse_qs(body))
+        self._answer(head=False, sent=self._body())
 
-    def _answer(self, *, head: bool, form: dict[str, list[str]] | None = None) -> None:
+    def do_PUT(self) -> None:
+        self._answer(head=False, sent=self._body())
+
+    def _body(self) -> bytes:
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = bytearray()
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    self.rfile.readline()
+                    return bytes(out)
+                out += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _answer(self, *, head: bool, sent: bytes | None = None) -> None:
         hub = self.server.hub
         url = urllib.parse.urlsplit(self.path)
         query = urllib.parse.parse_qs(url.query)
         parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]
-        status, headers, body = hub._route(self.command, parts, query, form, self.headers)
+        if sent is not None and "json" not in self.headers.get("Content-Type", ""):
+            form = urllib.parse.parse_qs(sent.decode(errors="replace"))
+        else:
+            form = None
+        status, headers, body = hub._route(
+            self.command, parts, query, form, self.headers, sent or b""
+        )
         hub._note(self.command, url.path, status)
         self.send_response(status)
         for key, value in headers.items():
@@ -91,6 +112,38 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if not head:
             self.wfile.write(hub._spoiled(url.path, body) if status in (200, 206) else body)
+
+
+# what the Hub's card validation knows, of what a card here may say
+_LICENSES = {"cc-by-4.0", "cc-by-sa-4.0", "cc0-1.0", "mit", "apache-2.0", "other"}
+_TASKS = {"reinforcement-learning", "robotics", "other"}
+_SIZES = {
+    "n<1K",
+    "1K<n<10K",
+    "10K<n<100K",
+    "100K<n<1M",
+    "1M<n<10M",
+    "10M<n<100M",
+    "100M<n<1B",
+    "1B<n<10B",
+    "10B<n<100B",
+    "100B<n<1T",
+    "n>1T",
+}
+
+
+def _is_write(parts: list[str]) -> bool:
+    """The upload endpoints: create a repo, pre-upload, LFS batch and upload, commit."""
+    return (
+        parts in (["api", "repos", "create"], ["api", "validate-yaml"])
+        or parts[:1] == ["lfs-upload"]
+        or (parts[:1] == ["datasets"] and len(parts) >= 3 and parts[2].endswith(".git"))
+        or (
+            parts[:2] == ["api", "datasets"]
+            and len(parts) >= 5
+            and parts[4] in ("preupload", "commit")
+        )
+    )
 
 
 def _blob_id(data: bytes) -> str:
@@ -116,6 +169,10 @@ class HubEmulator:
         ``{"org/name": token}``: private repos, answered 401 without that bearer token.
     delay : float
         Seconds each ``/resolve`` waits before its answer (a slow link; a download to kill).
+    new_repos : path, optional
+        Where repos created through the API are written (None: no repo is created).
+    write_token : str, optional
+        The bearer token every write must carry.
     redirect : bool
         Large files' ``/resolve`` answers 302 to ``/cdn/...`` with ``X-Linked-Etag`` (the
         sha256) and ``X-Linked-Size``, as the Hub's do.
@@ -131,6 +188,8 @@ class HubEmulator:
         private: Mapping[str, str] | None = None,
         delay: float = 0.0,
         redirect: bool = False,
+        new_repos: str | Path | None = None,
+        write_token: str | None = None,
     ) -> None:
         self.repos = {name: Path(path) for name, path in repos.items()}
         #: ``{repo: token}``: repos read only with ``Authorization: Bearer {token}``.
@@ -139,6 +198,13 @@ class HubEmulator:
         self.delay = float(delay)
         #: Large files resolve as the Hub's do: a 302 to a CDN path, with ``X-Linked-Etag``.
         self.redirect = redirect
+        #: Where repos created through ``/api/repos/create`` live (None: none are).
+        self.new_repos = None if new_repos is None else Path(new_repos)
+        #: The token every write must carry (None: any).
+        self.write_token = write_token
+        #: LFS objects uploaded, by sha256; commits made: ``(repo, [paths])``.
+        self.lfs: dict[str, bytes] = {}
+        self.commits: list[tuple[str, list[str]]] = []
         #: Every request's ``Authorization`` header, in order (None where absent).
         self.authorizations: list[tuple[str, str | None]] = []
         self.sha = {name: hashlib.sha1(name.encode()).hexdigest() for name in self.repos}
@@ -209,10 +275,18 @@ class HubEmulator:
         )
 
     def _route(
-        self, method: str, parts: list[str], query: dict, form: dict | None, headers: Any
+        self,
+        method: str,
+        parts: list[str],
+        query: dict,
+        form: dict | None,
+        headers: Any,
+        sent: bytes = b"",
     ) -> tuple[int, dict[str, str], bytes]:
         with self._lock:
             self.authorizations.append(("/".join(parts), headers.get("Authorization")))
+        if method in ("POST", "PUT") and _is_write(parts):
+            return self._write(method, parts, headers, sent)
         if parts[:1] == ["cdn"] and len(parts) >= 3:
             return self._cdn("/".join(parts[1:3]), "/".join(parts[3:]), headers)
         if parts[:2] == ["api", "datasets"] and len(parts) >= 4:
@@ -238,6 +312,142 @@ class HubEmulator:
                 return denied
             return self._resolve(method, repo, "/".join(parts[5:]), headers)
         return _json(404, {"error": f"no route for {method} /{'/'.join(parts)}"})
+
+    # -- the upload endpoints huggingface_hub's commits use (LFS; not Xet) ----------------
+    def _write(self, method: str, parts: list[str], headers: Any, sent: bytes) -> tuple:
+        signed = parts[:1] == ["lfs-upload"]  # a presigned URL, as a bucket's: no token
+        if (
+            self.write_token is not None
+            and not signed
+            and headers.get("Authorization") != f"Bearer {self.write_token}"
+        ):
+            return _json(401, {"error": "Invalid credentials in Authorization header"})
+        if parts == ["api", "validate-yaml"]:
+            return self._validate_yaml(json.loads(sent).get("content", ""))
+        if parts == ["api", "repos", "create"]:
+            doc = json.loads(sent)
+            repo = f"{doc.get('organization') or 'user'}/{doc['name']}"
+            if repo in self.repos:
+                return _json(
+                    409,
+                    {
+                        "error": "You already created this dataset repo",
+                        "url": f"{self.endpoint}/datasets/{repo}",
+                    },
+                )
+            if self.new_repos is None:
+                return _json(403, {"error": "this emulator creates no repos"})
+            folder = self.new_repos / repo
+            folder.mkdir(parents=True, exist_ok=True)
+            with self._lock:
+                self.repos[repo] = folder
+                self.sha[repo] = hashlib.sha1(repo.encode()).hexdigest()
+                if doc.get("visibility") == "private" or doc.get("private"):
+                    self.private[repo] = self.write_token or ""
+            return _json(200, {"url": f"{self.endpoint}/datasets/{repo}"})
+        if parts[:1] == ["lfs-upload"] and len(parts) == 2 and method == "PUT":
+            oid = parts[1]
+            if hashlib.sha256(sent).hexdigest() != oid:
+                return _json(400, {"error": "the object's sha256 is not its oid"})
+            with self._lock:
+                self.lfs[oid] = sent
+            return 200, {}, b""
+        if parts[:1] == ["datasets"] and len(parts) >= 3 and parts[2].endswith(".git"):
+            return self._lfs_batch(json.loads(sent))
+        repo, rest = "/".join(parts[2:4]), parts[4:]
+        if repo not in self.repos:
+            return _json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
+        if rest[:1] == ["preupload"]:
+            return self._preupload(repo, json.loads(sent))
+        if rest[:1] == ["commit"]:
+            return self._commit(repo, sent)
+        return _json(404, {"error": f"no route for {method} /{'/'.join(parts)}"})
+
+    def _validate_yaml(self, content: str) -> tuple:
+        """The card's front matter checked as the Hub renders it: YAML between ``---``
+        lines, a known license, task categories and size category, tags as a list."""
+        import yaml
+
+        errors: list[str] = []
+        if not content.startswith("---\n") or "\n---" not in content[4:]:
+            return _json(200, {"errors": [], "warnings": [{"message": "empty metadata"}]})
+        try:
+            meta = yaml.safe_load(content[4 : content.index("\n---", 4)]) or {}
+        except yaml.YAMLError as exc:
+            meta, errors = {}, [f"YAML: {exc}"]
+        if not isinstance(meta, dict):
+            meta, errors = {}, [*errors, "the front matter is not a mapping"]
+        if meta.get("license") not in _LICENSES:
+            errors.append(f"license {meta.get('license')!r} is not one the Hub knows")
+        for key, known in (("task_categories", _TASKS), ("size_categories", _SIZES)):
+            values = meta.get(key, [])
+            if not isinstance(values, list) or not set(values) <= known:
+                errors.append(f"{key} {values!r}: expected a list of {sorted(known)}")
+        if not isinstance(meta.get("tags", []), list):
+            errors.append("tags: expected a list")
+        if errors:
+            return _json(400, {"errors": [{"message": e} for e in errors], "warnings": []})
+        return _json(200, {"errors": [], "warnings": []})
+
+    def _preupload(self, repo: str, doc: dict[str, Any]) -> tuple:
+        files = []
+        for entry in doc.get("files", []):
+            sample = base64.b64decode(entry.get("sample", ""))
+            lfs = int(entry["size"]) >= self.lfs_from or b"\0" in sample
+            found = self.repos[repo] / entry["path"]
+            oid = None
+            if found.is_file():
+                data = found.read_bytes()
+                oid = hashlib.sha256(data).hexdigest() if lfs else _blob_id(data)
+            files.append(
+                {
+                    "path": entry["path"],
+                    "uploadMode": "lfs" if lfs else "regular",
+                    "shouldIgnore": False,
+                    "oid": oid,
+                }
+            )
+        return _json(200, {"files": files, "commitOid": self.sha[repo]})
+
+    def _lfs_batch(self, doc: dict[str, Any]) -> tuple:
+        objects = []
+        for obj in doc.get("objects", []):
+            entry: dict[str, Any] = {"oid": obj["oid"], "size": int(obj["size"])}
+            if obj["oid"] not in self.lfs:
+                entry["actions"] = {"upload": {"href": f"{self.endpoint}/lfs-upload/{obj['oid']}"}}
+            objects.append(entry)
+        return _json(200, {"transfer": "basic", "objects": objects}, {})
+
+    def _commit(self, repo: str, sent: bytes) -> tuple:
+        root = self.repos[repo]
+        lines = [json.loads(line) for line in sent.decode().splitlines() if line.strip()]
+        writes: dict[str, bytes] = {}
+        for line in lines:
+            value = line.get("value", {})
+            if line.get("key") == "file":
+                writes[value["path"]] = base64.b64decode(value["content"])
+            elif line.get("key") == "lfsFile":
+                data = self.lfs.get(value["oid"])
+                if data is None:
+                    return _json(400, {"error": f"LFS object {value['oid']} was never uploaded"})
+                writes[value["path"]] = data
+        for path, data in writes.items():
+            target = root / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        with self._lock:
+            self.sha[repo] = hashlib.sha1(
+                (self.sha[repo] + repr(sorted(writes))).encode()
+            ).hexdigest()
+            self.commits.append((repo, sorted(writes)))
+        return _json(
+            200,
+            {
+                "commitUrl": f"{self.endpoint}/datasets/{repo}/commit/{self.sha[repo]}",
+                "commitOid": self.sha[repo],
+                "pullRequestUrl": None,
+            },
+        )
 
     def _entry(self, repo: str, path: Path) -> dict[str, Any]:
         rel = path.relative_to(self.repos[repo]).as_posix()

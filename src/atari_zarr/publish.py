@@ -1,0 +1,358 @@
+"""A root of stores published to a Hugging Face Hub dataset repo: :func:`publish`.
+
+``atari-zarr publish ROOT hf://datasets/ORG/NAME`` uploads every complete store under a
+local ``ROOT`` (the catalog's), then the catalog and a dataset card, through
+huggingface_hub's own commits (``HfApi.create_commit``: Xet or LFS, as the Hub offers).
+
+* **Within the Hub's limits, checked before anything is sent.** Fewer than 10,000
+  entries in every folder and 100,000 files in the repo (what is there already
+  included). The layout keeps every array of a store at most
+  :data:`~atari_zarr.layout.MAX_OBJECTS_PER_FOLDER` objects, a 50M-row run included; a
+  root with more stores than one repo holds is refused with the count, before any upload.
+* **Never shown half-published.** Stores go first, in commits of at most
+  ``batch_files`` files; ``catalog.json`` (the list readers open a root by) and the
+  card go in the last commit, so a reader of the repo never sees a store the catalog
+  names before all of it is there.
+* **Resumable.** A file already in the repo with the same content is not sent again
+  (the Hub's pre-upload check compares checksums): run the same command again after an
+  interruption.
+
+Examples
+--------
+>>> plan = upload_plan(dest_root)  # a root holding a converted Pong/1 fixture store
+>>> sorted({path.split("/")[0] for path in plan})
+['Pong']
+>>> check_hub_limits(plan).files == len(plan)
+True
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atari_zarr.catalog import CATALOG, write_catalog
+from atari_zarr.errors import InvalidArgumentError, RemoteAccessError, import_optional
+from atari_zarr.explore.card import CARD, CURVES, card_text, curves_png
+from atari_zarr.progress import progress_bar
+from atari_zarr.storage.filesystem import quiet_hub_logs
+from atari_zarr.storage.hub import parse_hf_url
+from atari_zarr.storage.paths import is_url, local_path, redact
+
+__all__ = [
+    "MAX_ENTRIES_PER_FOLDER",
+    "MAX_FILES_PER_REPO",
+    "HubLimits",
+    "Published",
+    "check_hub_limits",
+    "publish",
+    "upload_plan",
+]
+
+log = logging.getLogger("atari_zarr")
+
+#: Entries one folder of a Hub repo may hold (the Hub's limit is "under 10,000").
+MAX_ENTRIES_PER_FOLDER = 9_999
+#: Files one Hub repo may hold (the Hub's limit is "under 100,000").
+MAX_FILES_PER_REPO = 99_999
+
+
+@dataclass(frozen=True)
+class HubLimits:
+    """What a set of repo paths asks of the Hub's limits."""
+
+    #: Files in all.
+    files: int
+    #: The folder with the most entries (files and folders directly in it), and how many.
+    fullest: str
+    entries: int
+
+
+@dataclass(frozen=True)
+class Published:
+    """What :func:`publish` did."""
+
+    #: The repo's URL (``hf://datasets/ORG/NAME``).
+    url: str
+    #: Stores published (``"Pong/1.zarr"``, ...).
+    stores: tuple[str, ...]
+    #: Files planned, and bytes.
+    files: int
+    bytes: int
+    #: Commits made (a commit that changed nothing is not made).
+    commits: int
+
+
+def check_hub_limits(paths: Iterable[str], existing: Iterable[str] = ()) -> HubLimits:
+    """Count files and entries per folder of ``paths`` (with ``existing`` repo files).
+
+    Raises
+    ------
+    InvalidArgumentError
+        A folder with 10,000 entries or more, or 100,000 files or more in all.
+
+    Examples
+    --------
+    >>> check_hub_limits(["a/c/0/0", "a/c/1/0", "a/zarr.json"])
+    HubLimits(files=3, fullest='a/c', entries=2)
+    """
+    files = set(existing) | set(paths)
+    entries: dict[str, set[str]] = {}
+    for path in files:
+        parts = path.split("/")
+        for depth in range(len(parts)):
+            folder = "/".join(parts[:depth])
+            entries.setdefault(folder, set()).add(parts[depth])
+    fullest, names = max(entries.items(), key=lambda kv: len(kv[1]), default=("", set()))
+    if len(names) > MAX_ENTRIES_PER_FOLDER:
+        raise InvalidArgumentError(
+            f"folder {fullest or '/'} of the repo would hold {len(names):,} entries; the Hub "
+            f"takes fewer than 10,000 per folder. Convert that store again with this version "
+            f"(its arrays keep at most 8,192 objects each), or publish fewer stores per repo"
+        )
+    if len(files) > MAX_FILES_PER_REPO:
+        raise InvalidArgumentError(
+            f"the repo would hold {len(files):,} files; the Hub takes fewer than 100,000 per "
+            f"repo. Publish fewer stores to this repo (names=[...], --names) and the rest to "
+            f"another"
+        )
+    return HubLimits(len(files), fullest, len(names))
+
+
+def upload_plan(root: str, names: Sequence[str] | None = None) -> dict[str, Path]:
+    """Repo path -> local file, of every complete store under ``root`` (or of ``names``,
+    ``"Game/run"``), the catalog and card aside."""
+    from atari_zarr.catalog import complete_store_entries
+
+    base = Path(local_path(root))
+    available, _ = complete_store_entries(str(base), None)
+    chosen = list(available if names is None else dict.fromkeys(names))
+    missing = [n for n in chosen if n not in available]
+    if missing:
+        raise InvalidArgumentError(
+            f"{base} holds no complete store {', '.join(missing)} (complete: "
+            f"{', '.join(available) or 'none'}); expected names as 'Game/run'. Pass names of "
+            f"complete stores, or convert the others first"
+        )
+    plan: dict[str, Path] = {}
+    for name in chosen:
+        store = base / f"{name}.zarr"
+        for folder, dirs, files in os.walk(store):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for file in sorted(files):
+                if file.startswith("."):
+                    continue
+                full = Path(folder) / file
+                plan[full.relative_to(base).as_posix()] = full
+    return plan
+
+
+def _batches(
+    items: list[tuple[str, Path]], max_files: int, max_bytes: int
+) -> Iterable[list[tuple[str, Path]]]:
+    batch: list[tuple[str, Path]] = []
+    size = 0
+    for item in items:
+        n = item[1].stat().st_size
+        if batch and (len(batch) >= max_files or size + n > max_bytes):
+            yield batch
+            batch, size = [], 0
+        batch.append(item)
+        size += n
+    if batch:
+        yield batch
+
+
+def publish(
+    root: str,
+    repo_url: str,
+    *,
+    names: Sequence[str] | None = None,
+    storage_options: dict[str, Any] | None = None,
+    private: bool | None = None,
+    license: str = "cc-by-4.0",
+    message: str | None = None,
+    batch_files: int = 1000,
+    batch_bytes: int = 8 << 30,
+    progress: bool = True,
+) -> Published:
+    """Upload the complete stores under the local ``root`` to a Hub dataset repo.
+
+    Parameters
+    ----------
+    root : str
+        A local directory that ``atari-zarr convert`` wrote to.
+    repo_url : str
+        ``hf://datasets/ORG/NAME`` (``@BRANCH`` for another branch than ``main``; a path
+        after the name publishes under that folder). The repo is created if it does not
+        exist.
+    names : sequence of str, optional
+        ``"Game/run"`` of the stores to publish (default: every complete store).
+    storage_options : dict, optional
+        ``endpoint`` (default ``$HF_ENDPOINT``) and ``token`` (default the user's:
+        ``$HF_TOKEN`` or ``huggingface-cli login``'s), one that may write the repo.
+    private : bool, optional
+        Create the repo private (an existing repo keeps its visibility).
+    license : str
+        The card's ``license``.
+    message : str, optional
+        The commits' message.
+    batch_files, batch_bytes : int
+        Files and bytes per commit at most.
+    progress : bool
+        Show a progress bar of the bytes.
+
+    Returns
+    -------
+    Published
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``root`` is not local, ``repo_url`` not a Hub dataset URL, or the stores do not
+        fit the Hub's limits.
+    RemoteAccessError
+        The Hub refused (no token, or one that may not write the repo).
+    """
+    hub = import_optional("huggingface_hub", extra="hf", purpose="publishing to the Hub")
+    quiet_hub_logs()  # its notes ("No files have been modified ...") reach -v only
+    if is_url(str(root)) or not Path(local_path(root)).is_dir():
+        raise InvalidArgumentError(
+            f"{redact(str(root))} is not a local directory: publish uploads a root written "
+            f"by `atari-zarr convert` on this machine. Pass that directory"
+        )
+    where = parse_hf_url(repo_url)
+    if where.repo_type != "dataset":
+        raise InvalidArgumentError(
+            f"{repo_url}: stores are published to a dataset repo, hf://datasets/ORG/NAME; "
+            f"write the URL with datasets/"
+        )
+    options = dict(storage_options or {})
+    token = options.get("token")
+    secrets = {**options, "token": token if isinstance(token, str) else ""}
+    base = str(Path(local_path(root)).absolute())
+    write_catalog(base)  # what is complete now, and nothing else
+    plan = upload_plan(base, names)
+    if not plan:
+        raise InvalidArgumentError(
+            f"{base} holds no complete store{' named ' + ', '.join(names) if names else ''}: "
+            f"nothing to publish. Convert one there first (atari-zarr convert ... {base})"
+        )
+    prefix = f"{where.path}/" if where.path else ""
+    stores = tuple(sorted({"/".join(p.split("/")[:2]) for p in plan}))
+    catalog = json.loads((Path(base) / CATALOG).read_text())
+    catalog["stores"] = [e for e in catalog.get("stores", []) if e.get("path") in stores]
+    try:
+        picture: bytes | None = curves_png(base)
+    except ImportError:
+        picture = None  # matplotlib (the plot extra) draws them; the card goes without
+    card = card_text(
+        base,
+        public_url=repo_url.split("@")[0] if "@" in repo_url else repo_url,
+        license=license,
+        curves=picture is not None,
+    )
+    api = hub.HfApi(endpoint=options.get("endpoint"), token=token)
+    what = redact(repo_url, secrets)
+    try:
+        api.create_repo(where.repo_id, repo_type="dataset", private=private, exist_ok=True)
+        existing = [
+            f.path
+            for f in api.list_repo_tree(
+                where.repo_id, repo_type="dataset", revision=where.revision, recursive=True
+            )
+            if isinstance(f, hub.hf_api.RepoFile)
+        ]
+    except hub.errors.HfHubHTTPError as exc:
+        raise _refused(what, exc, secrets) from None
+    extra = [CATALOG, CARD] + ([CURVES] if picture is not None else [])
+    limits = check_hub_limits([prefix + p for p in [*plan, *extra]], existing)
+    log.info(
+        "%s: %d files; fullest folder %s (%d entries)",
+        what,
+        limits.files,
+        limits.fullest,
+        limits.entries,
+    )
+    total = sum(path.stat().st_size for path in plan.values())
+    commits = 0
+    summary = message or f"Upload {len(stores)} store{'s' if len(stores) != 1 else ''}"
+    bar = progress_bar(total, "publish", unit="B", enabled=progress)
+    from huggingface_hub.utils import (
+        are_progress_bars_disabled,
+        disable_progress_bars,
+        enable_progress_bars,
+    )
+
+    theirs = not are_progress_bars_disabled()
+    disable_progress_bars()  # one bar, ours, not one per file
+    try:
+        for batch in _batches(sorted(plan.items()), batch_files, batch_bytes):
+            ops = [
+                hub.CommitOperationAdd(path_in_repo=prefix + name, path_or_fileobj=str(path))
+                for name, path in batch
+            ]
+            commits += _commit(api, where, ops, f"{summary}: {batch[0][0]} ...", what, secrets)
+            bar.update(sum(path.stat().st_size for _, path in batch))
+        last = [
+            hub.CommitOperationAdd(
+                path_in_repo=prefix + CATALOG,
+                path_or_fileobj=json.dumps(catalog, indent=1).encode(),
+            ),
+            hub.CommitOperationAdd(path_in_repo=prefix + CARD, path_or_fileobj=card.encode()),
+        ]
+        if picture is not None:
+            last.append(
+                hub.CommitOperationAdd(path_in_repo=prefix + CURVES, path_or_fileobj=picture)
+            )
+        commits += _commit(api, where, last, f"{summary}: catalog and card", what, secrets)
+    finally:
+        bar.close()
+        if theirs:
+            enable_progress_bars()
+    return Published(where.url(), stores, len(plan), total, commits)
+
+
+def _commit(api: Any, where: Any, ops: list[Any], message: str, what: str, secrets: dict) -> int:
+    """One commit of ``ops``; 0 when the Hub already had every file as it is."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    before = None
+    try:
+        before = api.repo_info(where.repo_id, repo_type="dataset", revision=where.revision).sha
+        with warnings.catch_warnings():
+            # huggingface_hub's LFS upload hands httpx a file as `data=`, which httpx
+            # deprecates; nothing a user of this package can change
+            warnings.filterwarnings("ignore", "Use 'content=", DeprecationWarning)
+            info = api.create_commit(
+                where.repo_id,
+                operations=ops,
+                commit_message=message,
+                repo_type="dataset",
+                revision=where.revision,
+            )
+    except HfHubHTTPError as exc:
+        raise _refused(what, exc, secrets) from None
+    except RuntimeError as exc:  # an upload's failure, wrapped by huggingface_hub's threads
+        if isinstance(exc.__cause__, HfHubHTTPError):
+            raise _refused(what, exc.__cause__, secrets) from None
+        raise
+    return int(info.oid != before)
+
+
+def _refused(what: str, exc: Any, secrets: dict) -> RemoteAccessError:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    advice = (
+        "log in with a token that may write it (HF_TOKEN, `huggingface-cli login`)"
+        if status in (401, 403)
+        else "check the repo's name and the endpoint (HF_ENDPOINT), then run it again: "
+        "files already sent are not sent twice"
+    )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return RemoteAccessError(redact(f"{what}: the Hub refused ({first}); {advice}", secrets))
