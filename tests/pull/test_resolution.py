@@ -100,3 +100,35 @@ def test_a_local_source_of_dqn_replay_files_is_converted_beside_them(pong_run, s
     ds, _ = open_request(Request.parse("Pong/1"), store=again.url)
     truth = pong_run.truth()
     assert np.array_equal(ds.read_steps(np.arange(len(ds)))["action"], truth.action)
+
+
+def test_a_hub_mirror_serves_a_run_before_anything_is_pulled(
+    public_copy, pong_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ATARI_ZARR_MIRRORS=hf://datasets/ORG/NAME`` (and a drop-in's ``mirrors=``): the
+    run is read from the Hub repo in place, RL Unplugged's copy is never asked."""
+    pytest.importorskip("huggingface_hub")
+    from atari_zarr_testkit.hub import HubEmulator
+
+    from atari_zarr import AtariZarrDataset
+    from atari_zarr.torchrl import AtariZarrExperienceReplay
+
+    repo = tmp_path / "repo"
+    shutil.copytree(pong_store.url, repo / "Pong" / "1.zarr")
+    write_catalog(str(repo))
+    with HubEmulator({"org/atari": repo}) as hub:
+        options = hub.storage_options()
+        monkeypatch.setenv("ATARI_ZARR_MIRRORS", "hf://datasets/org/atari")
+        found = resolve(Request.parse("Pong/1"), mirror_options=options)
+        assert (found.origin, found.url) == ("mirror", "hf://datasets/org/atari/Pong/1.zarr")
+        monkeypatch.delenv("ATARI_ZARR_MIRRORS")
+        replay = AtariZarrExperienceReplay(
+            "Pong/1", batch_size=16, mirrors="hf://datasets/org/atari", storage_options=options
+        )
+        assert replay.origin == "mirror"
+        local = AtariZarrDataset(pong_store.url)
+        got = replay._storage[np.arange(20)]  # the TorchRL storage over the Hub's store
+        np.testing.assert_array_equal(
+            got["observation"].numpy(), local[np.arange(20)]["observation"].numpy()
+        )
+    assert public_copy.proxy.requests == 0

@@ -117,10 +117,10 @@ class AtariZarrSource:
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The records at ``indices``, read as one batch (one frame fetch)."""
-        import torch
-
         dataset = self._open()
-        rows = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        # numpy rows, as sample() draws them: no torch op (and none of its thread pool's
+        # stalls beside other processes) on the way
+        rows = np.asarray(indices, dtype=np.int64)
         with self._lock:
             batch = dataset[rows]
         return _records(batch.numpy(), len(rows))
