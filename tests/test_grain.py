@@ -90,8 +90,17 @@ def test_a_grain_dataloader_reads_it_in_worker_processes(pong_store) -> None:
         operations=[grain.transforms.Batch(batch_size=32, drop_remainder=False)],
         worker_count=2,
     )
-    seen = np.concatenate([batch["index"] for batch in loader])
+    batches = list(loader)
+    seen = np.concatenate([batch["index"] for batch in batches])
     assert sorted(seen.tolist()) == list(range(len(source)))
+    # each record with its own frames, read in the workers
+    local = AtariZarrDataset(pong_store.url, frame_stack=4)
+    for batch in batches:
+        want = local[np.asarray(batch["index"])]
+        np.testing.assert_array_equal(batch["observation"], want["observation"].numpy())
+        np.testing.assert_array_equal(
+            batch["next"]["observation"], want["next", "observation"].numpy()
+        )
 
 
 def test_bad_input_is_one_line() -> None:

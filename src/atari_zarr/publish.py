@@ -99,8 +99,8 @@ def check_hub_limits(paths: Iterable[str], existing: Iterable[str] = ()) -> HubL
 
     Examples
     --------
-    >>> check_hub_limits(["a/c/0/0", "a/c/1/0", "a/zarr.json"])
-    HubLimits(files=3, fullest='a/c', entries=2)
+    >>> check_hub_limits(["a/c/0/0", "a/c/1/0", "a/c/2/0", "a/zarr.json"])
+    HubLimits(files=4, fullest='a/c', entries=3)
     """
     files = set(existing) | set(paths)
     entries: dict[str, set[str]] = {}

@@ -164,9 +164,6 @@ class HubObjects:
         self.timeout = timeout
         self.commit: str | None = None
         self.resolves = 0
-        self._sessions: dict[Any, Any] = {}
-        self._lock = threading.Lock()
-        after_fork(self._sessions.clear)
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -203,21 +200,6 @@ class HubObjects:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    # -- one session per event loop, made anew in a forked child ---------------------------
-    def _session(self) -> Any:
-        import aiohttp
-
-        loop = asyncio.get_running_loop()
-        with self._lock:
-            session = self._sessions.get(loop)
-            if session is None or session.closed:
-                session = aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
-                )
-                self._sessions[loop] = session
-                watch_session(session)
-        return session
-
     def name(self, key: str) -> str:
         """``key`` of the folder as a safe URL, for messages."""
         return redact(f"{self.where.url()}/{key}", self._secrets())
@@ -234,7 +216,7 @@ class HubObjects:
         attempt = 0
         while True:
             # the token goes to the Hub's host only, never to a redirect's CDN
-            session = self._session()
+            session = _session()
             headers = self._headers(with_token=urllib.parse.urlsplit(url).netloc == host)
             try:
                 async with session.get(url, headers=headers, allow_redirects=False) as answer:
@@ -368,6 +350,43 @@ class HubObjects:
             )
 
         return await self._bounded(what, attempt)  # type: ignore[no-any-return]
+
+
+# -- one HTTP session per event loop, shared by every folder; a forked child's anew -----
+_SESSIONS: dict[Any, Any] = {}
+_SESSIONS_LOCK = threading.Lock()
+
+
+def _session() -> Any:
+    """The process's session on the running loop (closed at exit, on that loop)."""
+    import aiohttp
+
+    loop = asyncio.get_running_loop()
+    with _SESSIONS_LOCK:
+        session = _SESSIONS.get(loop)
+        if session is None or session.closed:
+            session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
+            )
+            _SESSIONS[loop] = session
+            watch_session(session)
+    return session
+
+
+# a forked child's inheritance: the parent's sessions, held (never used, never closed:
+# their connections are the parent's) so that dropping them warns of nothing
+_INHERITED: list[Any] = []
+
+
+def _forget_sessions() -> None:
+    """In a forked child: the parent's sessions are not its own to use or to close."""
+    global _SESSIONS_LOCK
+    _INHERITED.extend(_SESSIONS.values())
+    _SESSIONS.clear()
+    _SESSIONS_LOCK = threading.Lock()
+
+
+after_fork(_forget_sessions)
 
 
 def _check(body: bytes, headers: Any) -> str | None:
