@@ -112,7 +112,9 @@ def test_a_refused_token_is_one_line_without_the_token(root: Path, hub: HubEmula
     with pytest.raises(InvalidArgumentError, match="datasets/"):
         publish(str(root), "hf://models/org/atari", storage_options=_options(hub))
     with pytest.raises(InvalidArgumentError, match="no complete store Pong/7"):
-        publish(str(root), "hf://datasets/org/atari", names=["Pong/7"], storage_options=_options(hub))
+        publish(
+            str(root), "hf://datasets/org/atari", names=["Pong/7"], storage_options=_options(hub)
+        )
 
 
 def test_a_50m_run_fits_the_hubs_folder_and_file_limits() -> None:

@@ -83,11 +83,16 @@ def test_a_store_reads_exactly_from_hf(pong_store, tmp_path: Path) -> None:
         assert hub.resolves > 0
 
 
-def test_random_batches_keep_going_at_a_scaled_down_rate_limit(pong_store, tmp_path: Path) -> None:
+def test_random_batches_keep_going_at_a_scaled_down_rate_limit(
+    pong_store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The Hub's anonymous rate (3,000 resolves in 5 minutes) scaled down to 2 per 2
-    seconds, nothing kept between batches so that every batch resolves: the batches
-    that meet 429s wait as the Hub says and come back exact."""
+    seconds, nothing kept between batches (the object cache off: byte ranges through
+    huggingface_hub's file system) so that every batch resolves: the batches that meet
+    429s wait as the Hub says and come back exact."""
     import shutil
+
+    monkeypatch.setenv("ATARI_ZARR_OBJECT_CACHE_SIZE", "0")
 
     from atari_zarr import AtariZarrDataset, ReadOptions
 

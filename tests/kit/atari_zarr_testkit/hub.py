@@ -101,10 +101,17 @@ class _Handler(BaseHTTPRequestHandler):
             form = urllib.parse.parse_qs(sent.decode(errors="replace"))
         else:
             form = None
-        status, headers, body = hub._route(
-            self.command, parts, query, form, self.headers, sent or b""
-        )
-        hub._note(self.command, url.path, status)
+        with hub._lock:
+            hub.in_flight += 1
+        status = 500  # what the log says of a route that raised
+        try:
+            status, headers, body = hub._route(
+                self.command, parts, query, form, self.headers, sent or b""
+            )
+        finally:
+            hub._note(self.command, url.path, status)
+            with hub._lock:
+                hub.in_flight -= 1
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
@@ -169,6 +176,9 @@ class HubEmulator:
         ``{"org/name": token}``: private repos, answered 401 without that bearer token.
     delay : float
         Seconds each ``/resolve`` waits before its answer (a slow link; a download to kill).
+    refuse_every : int, optional
+        Every this-many-th ``/resolve`` answers 429 with ``Retry-After: 1``, however
+        slowly they come: a rate limit a test meets on a loaded machine too.
     new_repos : path, optional
         Where repos created through the API are written (None: no repo is created).
     write_token : str, optional
@@ -188,6 +198,7 @@ class HubEmulator:
         private: Mapping[str, str] | None = None,
         delay: float = 0.0,
         redirect: bool = False,
+        refuse_every: int | None = None,
         new_repos: str | Path | None = None,
         write_token: str | None = None,
     ) -> None:
@@ -198,6 +209,10 @@ class HubEmulator:
         self.delay = float(delay)
         #: Large files resolve as the Hub's do: a 302 to a CDN path, with ``X-Linked-Etag``.
         self.redirect = redirect
+        #: Every this-many-th resolve is a 429 (Retry-After 1), whatever the time: a rate
+        #: limit met however slowly the client asks (None: the window's limit only).
+        self.refuse_every = refuse_every
+        self._counted = 0
         #: Where repos created through ``/api/repos/create`` live (None: none are).
         self.new_repos = None if new_repos is None else Path(new_repos)
         #: The token every write must carry (None: any).
@@ -209,7 +224,9 @@ class HubEmulator:
         self.authorizations: list[tuple[str, str | None]] = []
         self.sha = {name: hashlib.sha1(name.encode()).hexdigest() for name in self.repos}
         self.limit, self.window, self.lfs_from = limit, float(window), int(lfs_from)
-        #: Every request: ``(method, path, status)``.
+        #: Requests being answered now (a killed client's included, until answered).
+        self.in_flight = 0
+        #: Every request: ``(method, path, status)``, logged when answered.
         self.log: list[tuple[str, str, int]] = []
         self._spoil: list[list[Any]] = []
         self._lock = threading.Lock()
@@ -538,6 +555,17 @@ class HubEmulator:
 
     def _spend(self) -> dict[str, str] | None:
         """Count one resolve: None while the window allows it, else the 429's headers."""
+        if self.refuse_every:
+            with self._lock:
+                self._counted += 1
+                if self._counted % self.refuse_every:
+                    return None
+            return {
+                "Retry-After": "1",
+                "RateLimit": '"resolvers";r=0;t=1',
+                "RateLimit-Policy": f'"fixed window";"resolvers";q={self.refuse_every - 1};w=1',
+                "Content-Type": "application/json",
+            }
         if self.limit is None:
             return None
         with self._lock:
