@@ -14,14 +14,17 @@ batches on both sides:
   ``RandomAccessDataSource``), records as nested dicts of numpy arrays (views of one
   batch); ``_getitems+batch``: then stacked into one batch as Grain's ``Batch`` does (a
   copy of every frame stack: what the record protocol costs);
+* ``read_batch``: ``AtariZarrSource.read_batch``, the batch as one nested dict, what
+  ``grain.MapDataset.range(n).shuffle(...).batch(256).map(source.read_batch)`` reads;
 * the same through Grain's own ``MapDataset.source(...).batch(256)``: in grain 0.2.18
   its batch pushdown is switched off, so it reads record by record (``__getitem__``);
-  shown for what a plain Grain pipeline gets today.
+  shown for what that pipeline gets today.
 
-At 1 worker each side reads in this process; at 2, two processes (spawned) read half
-the batches each, at once. Sides alternate round by round, each round in fresh worker
-processes with the store's frames cached as a warm reader has them. Items per second
-(wall) and CPU seconds per 1,000 items are medians over rounds.
+At 1 worker one process reads; at 2, two processes (spawned) read at once, each its
+share of the batches. In each process the sides read batch by batch in turn, so that
+each meets the same caches and the same other process beside it; every round starts in
+fresh processes, each reader warmed as a trained-on reader is. Items per second (wall)
+and CPU milliseconds per 1,000 items are medians over rounds.
 
 Figures go to ``benchmarks/results/grain-<date>.json`` and a markdown table to stdout.
 """
@@ -72,6 +75,8 @@ def _reader(side: str, store: str) -> Any:
         return lambda idx: source._getitems(list(idx))
     if side == "getitems+batch":
         return lambda idx: _stack(source._getitems(list(idx)))
+    if side == "read_batch":
+        return lambda idx: source.read_batch(idx)
     import grain
 
     # per record, as MapDataset.batch reads in grain 0.2.18
@@ -79,31 +84,42 @@ def _reader(side: str, store: str) -> Any:
     return lambda idx: _stack([records[int(i)] for i in idx])
 
 
-def _work(args: tuple[str, str, list[list[int]], int]) -> tuple[float, float, int]:
-    """Read ``batches`` (after ``warm`` of them): (wall s, CPU s, items)."""
-    side, store, batches, warm = args
-    read = _reader(side, store)
+def _work(args: tuple[list[str], str, list[list[int]], int]) -> dict[str, tuple[float, float, int]]:
+    """Read ``batches`` with every side, batch by batch in turn (after ``warm`` of them):
+    per side (wall s, CPU s, items). In turn, so that each side meets the same state of
+    the machine: the same caches, the same other process beside it."""
+    sides, store, batches, warm = args
+    readers = {side: _reader(side, store) for side in sides}
     for idx in batches[:warm]:
-        read(np.asarray(idx))
-    cpu0 = time.process_time()
-    t0 = time.perf_counter()
-    n = 0
+        for read in readers.values():
+            read(np.asarray(idx))
+    spent = {side: [0.0, 0.0, 0] for side in sides}
     for idx in batches[warm:]:
-        read(np.asarray(idx))
-        n += len(idx)
-    return time.perf_counter() - t0, time.process_time() - cpu0, n
+        for side, read in readers.items():
+            cpu0, t0 = time.process_time(), time.perf_counter()
+            read(np.asarray(idx))
+            s = spent[side]
+            s[0] += time.perf_counter() - t0
+            s[1] += time.process_time() - cpu0
+            s[2] += len(idx)
+    return {side: (s[0], s[1], int(s[2])) for side, s in spent.items()}
 
 
-def _round(side: str, store: str, batches: list[list[int]], workers: int, warm: int) -> dict:
+def _round(
+    sides: list[str], store: str, batches: list[list[int]], workers: int, warm: int
+) -> dict[str, dict[str, float]]:
     ctx = mp.get_context("spawn")
     shares = [batches[w::workers] for w in range(workers)]
     with ctx.Pool(workers) as pool:
-        # every worker warms its reader first; the timed parts run at once
-        results = pool.map(_work, [(side, store, share, warm) for share in shares])
-    wall = max(r[0] for r in results)
-    cpu = sum(r[1] for r in results)
-    items = sum(r[2] for r in results)
-    return {"items_per_s": items / wall, "cpu_ms_per_1k": 1000 * cpu / items * 1000}
+        # the workers read at once, each its share, every side in turn
+        results = pool.map(_work, [(sides, store, share, warm) for share in shares])
+    out = {}
+    for side in sides:
+        wall = max(r[side][0] for r in results)
+        cpu = sum(r[side][1] for r in results)
+        items = sum(r[side][2] for r in results)
+        out[side] = {"items_per_s": items / wall, "cpu_ms_per_1k": cpu / items * 1e6}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,30 +140,40 @@ def main(argv: list[str] | None = None) -> None:
     rng = np.random.default_rng(0)
     warm = 40  # the frame cache filled as a warm reader's is
     batches = [rng.integers(0, n, BATCH).tolist() for _ in range(args.batches + warm)]
-    sides = ["sample", "getitems", "getitems+batch", "grain-per-record"]
-    figures: dict[str, dict[int, list[dict]]] = {s: {1: [], 2: []} for s in sides}
+    # each reader against sample() in the same processes, batch by batch in turn
+    others = ["getitems", "read_batch", "getitems+batch", "grain-per-record"]
+    figures: dict[str, dict[int, list[dict]]] = {s: {1: [], 2: []} for s in others}
+    slow = max(4, args.batches // 10)  # Grain's per-record path: fewer batches
     for r in range(args.rounds):
         for workers in (1, 2):
-            for side in sides:
-                per = batches if workers == 1 else batches * 2
-                figures[side][workers].append(_round(side, store, per, workers, warm))
+            for side in others:
+                count = args.batches if side != "grain-per-record" else slow
+                share = [b for _ in range(workers) for b in batches[: warm + count]]
+                figures[side][workers].append(_round(["sample", side], store, share, workers, warm))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
     summary: dict[str, Any] = {}
     lines = [
-        "| reader | workers | items/s | CPU ms / 1k items | vs sample() |",
-        "|---|--:|--:|--:|--:|",
+        "| reader | workers | items/s | CPU ms / 1k items | sample() beside it | vs sample() |",
+        "|---|--:|--:|--:|--:|--:|",
     ]
     for workers in (1, 2):
-        base = statistics.median(x["items_per_s"] for x in figures["sample"][workers])
-        for side in sides:
-            rate = statistics.median(x["items_per_s"] for x in figures[side][workers])
-            cpu = statistics.median(x["cpu_ms_per_1k"] for x in figures[side][workers])
+        for side in others:
+            rounds = figures[side][workers]
+            rate = statistics.median(x[side]["items_per_s"] for x in rounds)
+            cpu = statistics.median(x[side]["cpu_ms_per_1k"] for x in rounds)
+            base = statistics.median(x["sample"]["items_per_s"] for x in rounds)
+            ratio = statistics.median(
+                x[side]["items_per_s"] / x["sample"]["items_per_s"] for x in rounds
+            )
             summary[f"{side}@{workers}"] = {
                 "items_per_s": rate,
                 "cpu_ms_per_1k": cpu,
-                "ratio": rate / base,
+                "sample_items_per_s": base,
+                "ratio": ratio,
             }
-            lines.append(f"| {side} | {workers} | {rate:,.0f} | {cpu:,.1f} | {rate / base:.2f}x |")
+            lines.append(
+                f"| {side} | {workers} | {rate:,.0f} | {cpu:,.1f} | {base:,.0f} | {ratio:.2f}x |"
+            )
     print("\n".join(lines))
     out = {
         "date": time.strftime("%Y-%m-%dT%H:%M"),

@@ -108,3 +108,17 @@ def test_bad_input_is_one_line() -> None:
         with pytest.raises(InvalidArgumentError) as info:
             AtariZarrSource(bad)
         assert "\n" not in str(info.value)
+
+
+def test_grain_batches_of_indices_are_read_with_read_batch(pong_store) -> None:
+    """``MapDataset.range(n).shuffle().batch(B).map(source.read_batch)``: an epoch of
+    shuffled batches, each read at once, every index once, each with its own frames."""
+    source = AtariZarrSource(pong_store.url, frame_stack=4)
+    local = AtariZarrDataset(pong_store.url, frame_stack=4)
+    batches = grain.MapDataset.range(len(source)).shuffle(seed=0).batch(64).map(source.read_batch)
+    seen = []
+    for batch in batches:
+        rows = np.asarray(batch["index"])
+        seen.extend(rows.tolist())
+        np.testing.assert_array_equal(batch["observation"], local[rows]["observation"].numpy())
+    assert sorted(seen) == list(range(len(source))) and seen != sorted(seen)

@@ -34,12 +34,14 @@ __all__ = ["AtariZarrSource"]
 
 
 def _records(columns: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """``n`` records from a nested dict of arrays whose first axis is the record."""
-
-    def take(tree: dict[str, Any], i: int) -> dict[str, Any]:
-        return {k: take(v, i) if isinstance(v, dict) else np.asarray(v[i]) for k, v in tree.items()}
-
-    return [take(columns, i) for i in range(n)]
+    """``n`` records from a nested dict of arrays whose first axis is the record: views
+    of the batch's rows (numpy scalars for per-step values), split column by column in
+    C (iterating an array's first axis), not element by element in Python."""
+    keys = list(columns)
+    parts = [
+        _records(v, n) if isinstance(v, dict) else list(np.asarray(v)) for v in columns.values()
+    ]
+    return [dict(zip(keys, row, strict=True)) for row in zip(*parts, strict=True)]
 
 
 class AtariZarrSource:
@@ -117,13 +119,30 @@ class AtariZarrSource:
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The records at ``indices``, read as one batch (one frame fetch)."""
+        return _records(self.read_batch(indices), len(indices))
+
+    def read_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
+        """The records at ``indices`` as one batch: a nested dict of numpy arrays whose
+        first axis is the record (what Grain's ``Batch`` makes of them, without
+        splitting them into records and stacking them again).
+
+        For ``grain.MapDataset.range(len(source)).shuffle(seed=0).batch(256)
+        .map(source.read_batch)``: Grain's batches of indices, each read with one fetch.
+
+        Examples
+        --------
+        >>> source = AtariZarrSource(store_url, frame_stack=4)
+        >>> batch = source.read_batch([5, 2, 9])
+        >>> batch["observation"].shape, batch["next"]["reward"].shape
+        ((3, 4, 84, 84), (3, 1))
+        """
         dataset = self._open()
         # numpy rows, as sample() draws them: no torch op (and none of its thread pool's
         # stalls beside other processes) on the way
         rows = np.asarray(indices, dtype=np.int64)
         with self._lock:
             batch = dataset[rows]
-        return _records(batch.numpy(), len(rows))
+        return batch.numpy()  # type: ignore[no-any-return]
 
     def __getstate__(self) -> dict[str, Any]:
         # the stores open again where unpickled (a Grain worker process)
