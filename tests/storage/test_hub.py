@@ -211,3 +211,25 @@ def test_processes_share_the_objects_and_a_killed_download_leaves_nothing_taken(
         answered = [path for _, path, st in hub.log[before:] if "/resolve/" in path and st == 200]
     assert sums == [want, want]
     assert len(answered) == len(set(answered)), "an object was fetched by both processes"
+
+
+def test_a_catalogued_root_opens_in_a_few_requests_at_one_commit(
+    repo: Path, home: Path
+) -> None:
+    """``from_root`` reads the repo's catalog and opens nothing else; its stores, opened
+    when batches need them, are read at one commit, resolved once."""
+    from atari_zarr import MultiGameDataset
+    from atari_zarr.catalog import write_catalog
+
+    shutil.copytree(repo / "Pong" / "1.zarr", repo / "Pong" / "2.zarr")
+    write_catalog(str(repo))
+    with HubEmulator({"org/atari": repo}) as hub:
+        mixed = MultiGameDataset.from_root(
+            "hf://datasets/org/atari", storage_options=hub.storage_options()
+        )
+        opened = len(hub.log)
+        for _ in range(4):
+            mixed.sample(64)
+        revisions = [path for _, path, _ in hub.log if "/revision/" in path]
+    assert opened <= 3, hub.log[:opened]
+    assert revisions == ["/api/datasets/org/atari/revision/main"]

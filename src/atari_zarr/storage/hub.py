@@ -297,6 +297,33 @@ class HubObjects:
         if _HEX40.match(where.revision):
             self.commit = where.revision
             return self.commit
+        # once per repo and revision in a process: a mixture of its stores reads one commit
+        known = (self.endpoint, where.repo_type, where.repo_id, where.revision)
+        if known in _COMMITS:
+            self.commit = _COMMITS[known]
+            return self.commit
+        loop = asyncio.get_running_loop()
+        asking = _ASKING.get(known)
+        if asking is not None and asking.get_loop() is loop:  # another store asks already
+            self.commit = await asyncio.shield(asking)
+            return self.commit
+        mine: asyncio.Future[str] = loop.create_future()
+        _ASKING[known] = mine
+        try:
+            self.commit = await self._ask_commit(known)
+        except BaseException as exc:
+            mine.set_exception(exc)
+            mine.exception()  # retrieved, whether or not another store waits on it
+            raise
+        else:
+            mine.set_result(self.commit)
+            return self.commit
+        finally:
+            if _ASKING.get(known) is mine:
+                del _ASKING[known]
+
+    async def _ask_commit(self, known: tuple[str, str, str, str]) -> str:
+        where = self.where
         url = (
             f"{self.endpoint}/api/{where.repo_type}s/{where.repo_id}/revision/"
             f"{urllib.parse.quote(where.revision, safe='')}"
@@ -312,8 +339,7 @@ class HubObjects:
                 f"{what}: the Hub's revision API gave no commit (expected JSON with 'sha'); "
                 f"check the endpoint (HF_ENDPOINT) is a Hub"
             ) from None
-        self.commit = str(sha)
-        return self.commit
+        return _COMMITS.setdefault(known, str(sha))
 
     async def folder(self) -> str:
         """The folder's place in a local cache: host, repo, commit and path."""
@@ -351,6 +377,13 @@ class HubObjects:
 
         return await self._bounded(what, attempt)  # type: ignore[no-any-return]
 
+
+#: The commit each (endpoint, repo type, repo, revision) named when this process first
+#: asked: every store of a repo is read at one commit, whatever is pushed meanwhile.
+_COMMITS: dict[tuple[str, str, str, str], str] = {}
+# the request for one under way, that the stores asking at the same time wait for
+_ASKING: dict[tuple[str, str, str, str], asyncio.Future[str]] = {}
+after_fork(_ASKING.clear)  # a parent's requests are not a forked child's to wait for
 
 # -- one HTTP session per event loop, shared by every folder; a forked child's anew -----
 _SESSIONS: dict[Any, Any] = {}
