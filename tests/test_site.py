@@ -147,7 +147,13 @@ def test_the_cli_reference_is_the_parser(site: Path):
 @pytest.mark.slow
 def test_benchmark_pages_show_their_newest_result_files(site: Path):
     results = ROOT / "benchmarks" / "results"
-    for prefix, page in [("random", "random"), ("windows", "windows"), ("catalog", "catalog")]:
+    for prefix, page in [
+        ("random", "random"),
+        ("windows", "windows"),
+        ("catalog", "catalog"),
+        ("hub", "hub"),
+        ("grain", "hub"),
+    ]:
         newest = sorted(results.glob(f"{prefix}-*T????.json"))[-1]
         html = (site / "benchmarks" / f"{page}.html").read_text()
         assert newest.name in html, (page, newest.name)

@@ -31,7 +31,7 @@ from typing import Any
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
 from zarr.storage import WrapperStore
 
-__all__ = ["RangeCacheStore"]
+__all__ = ["RangeCacheStore", "ReadThroughStore"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -49,7 +49,33 @@ def _range_suffix(byte_range: ByteRequest | None) -> str:
     return f"-{byte_range.suffix}"  # SuffixByteRequest
 
 
-class RangeCacheStore(WrapperStore[Store]):
+class ReadThroughStore(WrapperStore[Store]):
+    """A read-only wrapper whose every read is its ``get``: what the local caches of
+    remote stores (:class:`RangeCacheStore`, :class:`~atari_zarr.storage.objects.ObjectCacheStore`)
+    share."""
+
+    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+        reads = (self.get(key, prototype, rng) for key, rng in key_ranges)
+        return list(await asyncio.gather(*reads))
+
+    async def _get_many(self, requests: Any) -> Any:
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
+
+    @property
+    def supports_writes(self) -> bool:
+        return False
+
+    @property
+    def supports_deletes(self) -> bool:
+        return False
+
+    @property
+    def read_only(self) -> bool:
+        return True
+
+
+class RangeCacheStore(ReadThroughStore):
     """Read-only wrapper that keeps every object and byte range read in a local directory.
 
     Parameters
@@ -179,23 +205,3 @@ class RangeCacheStore(WrapperStore[Store]):
         if value is not None:  # absent objects are not cached: they may be written later
             self._write(path, value.to_bytes())
         return value
-
-    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
-        reads = (self.get(key, prototype, rng) for key, rng in key_ranges)
-        return list(await asyncio.gather(*reads))
-
-    async def _get_many(self, requests: Any) -> Any:
-        for key, prototype, byte_range in requests:
-            yield key, await self.get(key, prototype, byte_range)
-
-    @property
-    def supports_writes(self) -> bool:
-        return False
-
-    @property
-    def supports_deletes(self) -> bool:
-        return False
-
-    @property
-    def read_only(self) -> bool:
-        return True

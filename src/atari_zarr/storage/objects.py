@@ -51,10 +51,10 @@ from pathlib import Path
 from typing import Any
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
-from zarr.storage import WrapperStore
 
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.forks import after_fork
+from atari_zarr.storage.cache import ReadThroughStore
 from atari_zarr.storage.paths import cache_home, is_url
 
 __all__ = ["SIZE_ENV", "ObjectCacheStore", "cache_bound", "objects_root", "parse_size"]
@@ -132,7 +132,7 @@ def _bounds(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
     return max(0, size - byte_range.suffix), size  # SuffixByteRequest
 
 
-class ObjectCacheStore(WrapperStore[Store]):
+class ObjectCacheStore(ReadThroughStore):
     """Read-only wrapper that reads every object whole, once, into a local directory.
 
     Parameters
@@ -152,6 +152,22 @@ class ObjectCacheStore(WrapperStore[Store]):
     ----------
     hits, fetched : int
         Ranges read from kept objects, objects fetched (this process).
+
+    Examples
+    --------
+    >>> import tempfile, zarr
+    >>> from zarr.storage import MemoryStore
+    >>> remote = MemoryStore()
+    >>> zarr.create_array(remote, shape=(8,), chunks=(4,), dtype="int8")[:] = 1
+    >>> async def fetch(key):  # the whole object, as one request brings it
+    ...     found = await remote.get(key, zarr.core.buffer.default_buffer_prototype())
+    ...     return None if found is None else found.to_bytes()
+    >>> async def folder():
+    ...     return "host/datasets/org/x/0123abcd"
+    >>> cached = ObjectCacheStore(remote, fetch, folder, "memory://x", tempfile.mkdtemp())
+    >>> array = zarr.open_array(cached, mode="r", zarr_format=3)
+    >>> int(array[:].sum()), int(array[1:3].sum()), cached.fetched
+    (8, 2, 3)
     """
 
     #: Ranges are read from local files: the chunk engine merges none of them.
@@ -205,18 +221,6 @@ class ObjectCacheStore(WrapperStore[Store]):
     def _with_store(self, store: Store) -> ObjectCacheStore:  # pragma: no cover - zarr internal
         return ObjectCacheStore(store, self._fetch, self._folder, self.name, self.root)
 
-    @property
-    def supports_writes(self) -> bool:
-        return False
-
-    @property
-    def supports_deletes(self) -> bool:
-        return False
-
-    @property
-    def read_only(self) -> bool:
-        return True
-
     # -- reads ----------------------------------------------------------------------------
     async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
         if self.bound <= 0 or not self.writable:
@@ -232,13 +236,6 @@ class ObjectCacheStore(WrapperStore[Store]):
             self.hits += 1
             return prototype.buffer.from_bytes(data)
         raise OSError(errno.ENOENT, f"{self.name}/{key}: evicted as fast as it was fetched")
-
-    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
-        return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
-
-    async def _get_many(self, requests: Any) -> Any:
-        for key, prototype, byte_range in requests:
-            yield key, await self.get(key, prototype, byte_range)
 
     async def exists(self, key: str) -> bool:
         if self.bound <= 0 or not self.writable:
