@@ -4,6 +4,7 @@ protocol is not emulated, so these tests turn Xet off as ``HF_HUB_DISABLE_XET=1`
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -171,3 +172,21 @@ def test_the_command_line_publishes_quietly(root: Path, hub: HubEmulator) -> Non
     assert run.stdout.startswith("published 1 store (") and "hf://datasets/org/cli" in run.stdout
     assert run.stderr == ""
     assert (hub.repos["org/cli"] / "catalog.json").is_file()
+
+
+def test_some_stores_are_published_with_their_own_catalog_and_card(
+    root: Path, hub: HubEmulator
+) -> None:
+    shutil.copytree(root / "Pong" / "1.zarr", root / "Pong" / "2.zarr")
+    done = publish(
+        str(root), "hf://datasets/org/atari/some", names=["Pong/2"], storage_options=_options(hub)
+    )
+    assert done.stores == ("Pong/2.zarr",)
+    repo = hub.repos["org/atari"] / "some"
+    assert not (repo / "Pong" / "1.zarr").exists() and (repo / "Pong" / "2.zarr").is_dir()
+    catalog = json.loads((repo / "catalog.json").read_text())
+    assert [e["path"] for e in catalog["stores"]] == ["Pong/2.zarr"]
+    card = (repo / "README.md").read_text()
+    # one row in the card's table (the copy says run 1 in its attributes: its row does too)
+    assert sum(line.startswith("| Pong/") for line in card.splitlines()) == 1
+    assert "hf://datasets/org/atari/some/Pong/2.zarr" in card

@@ -249,14 +249,12 @@ def publish(
     catalog = json.loads((Path(base) / CATALOG).read_text())
     catalog["stores"] = [e for e in catalog.get("stores", []) if e.get("path") in stores]
     try:
-        picture: bytes | None = curves_png(base)
+        picture: bytes | None = curves_png(base, paths=stores)
     except ImportError:
         picture = None  # matplotlib (the plot extra) draws them; the card goes without
+    # the loading lines name the repo as readers spell it (its branch and folder too)
     card = card_text(
-        base,
-        public_url=repo_url.split("@")[0] if "@" in repo_url else repo_url,
-        license=license,
-        curves=picture is not None,
+        base, public_url=repo_url, license=license, curves=picture is not None, paths=stores
     )
     api = hub.HfApi(endpoint=options.get("endpoint"), token=token)
     what = redact(repo_url, secrets)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from atari_zarr.catalog import (
@@ -128,10 +128,14 @@ def card_text(
     license: str = "cc-by-4.0",
     timeout: Timeout = "default",
     curves: bool = True,
+    paths: Sequence[str] | None = None,
 ) -> str:
     """The card of ``root`` as Markdown (see the module docstring); ``curves=False``
-    leaves out the section that shows :data:`CURVES`."""
+    leaves out the section that shows :data:`CURVES`; ``paths`` (``"Pong/1.zarr"``, ...)
+    keeps only those stores."""
     entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
+    if paths is not None:
+        entries = [e for e in entries if e["path"] in set(paths)]
     return _card_text(
         root,
         entries,
@@ -150,11 +154,14 @@ def curves_png(
     storage_options: dict[str, Any] | None = None,
     *,
     timeout: Timeout = "default",
+    paths: Sequence[str] | None = None,
 ) -> bytes:
-    """The learning curves of the stores under ``root`` as a PNG: one panel per game, one
-    line per run (needs matplotlib: the ``plot`` extra)."""
+    """The learning curves of the stores under ``root`` (of ``paths`` only, where given)
+    as a PNG: one panel per game, one line per run (needs matplotlib: the ``plot`` extra)."""
     plt = import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
     entries, _ = catalog_entries(root, storage_options, timeout=timeout)
+    if paths is not None:
+        entries = [e for e in entries if e["path"] in set(paths)]
     by_game: dict[str, list[str]] = {}
     for e in entries:
         by_game.setdefault(str(e["game"]), []).append(f"{root.rstrip('/')}/{e['path']}")

@@ -284,7 +284,7 @@ class HubObjects:
             )
         else:
             advice = "check the repo's name and revision on the Hub"
-        detail = body[:200].decode(errors="replace").strip()
+        detail = " ".join(body[:200].decode(errors="replace").split())  # one line
         return RemoteAccessError(
             redact(f"{what}: the Hub answered {status} ({detail}); {advice}", self._secrets())
         )

@@ -68,6 +68,9 @@ _PART = ".part-"
 _LOCK = ".lock"
 # a temporary file this old belongs to a download that died
 _STALE_PART = 3600.0
+# seconds a reader waits for another process's download of an object: what one fetch
+# may take by default (ATARI_ZARR_TIMEOUT's default), and as much again
+_LOCK_WAIT = 120.0
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
@@ -292,11 +295,20 @@ class ObjectCacheStore(ReadThroughStore):
             self._unwritable(exc)
             return await self._fetch(key)
         try:
+            # another process fetches it: wait for its file, as long as one fetch may take
+            # (a process stopped with the lock held is not waited for past that: the object
+            # is fetched here too, and the rename keeps one whole copy either way)
+            waited_until = time.monotonic() + _LOCK_WAIT
             while True:
                 try:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
-                except BlockingIOError:  # another process fetches it: wait for its file
+                except BlockingIOError:
+                    if path.is_file():
+                        return path
+                    if time.monotonic() > waited_until:
+                        log.debug("%s/%s: its lock is held too long; fetching it", self.name, key)
+                        break
                     await asyncio.sleep(0.05)
             if path.is_file():
                 return path
