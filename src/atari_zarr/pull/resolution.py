@@ -80,7 +80,7 @@ class Search:
     """One resolution: the request and where each step may look."""
 
     request: Request
-    #: The cache's root (:func:`~atari_zarr.pull.request.cache_home`).
+    #: The cache's root (:func:`~atari_zarr.storage.paths.cache_home`).
     home: str
     home_options: dict[str, Any] = field(default_factory=dict)
     download: Download = True
@@ -225,7 +225,7 @@ def resolve(
     request : Request
         What is asked for.
     home : str or path, optional
-        The cache (default :func:`~atari_zarr.pull.request.cache_home`), local or a URL.
+        The cache (default :func:`~atari_zarr.storage.paths.cache_home`), local or a URL.
     home_options : dict, optional
         fsspec options for a ``home`` URL.
     mirrors : str or list of str, optional
