@@ -118,3 +118,14 @@ def test_sizes_are_read_as_people_write_them() -> None:
     assert parse_size("4096") == 4096
     with pytest.raises(ValueError, match="ATARI_ZARR_OBJECT_CACHE_SIZE"):
         parse_size("lots")
+
+
+def test_a_key_out_of_the_store_is_refused(tmp_path: Path) -> None:
+    from zarr.core.buffer import default_buffer_prototype
+
+    remote, _ = _remote()
+    cached = _cached(remote, tmp_path / "cache", fetched := [])
+    for key in ("../../outside", "/etc/passwd", "c//0"):
+        with pytest.raises(OSError, match="not an object's key"):
+            asyncio.run(cached.get(key, default_buffer_prototype()))
+    assert not fetched and not (tmp_path / "outside").exists()

@@ -248,6 +248,10 @@ class ObjectCacheStore(ReadThroughStore):
     async def local(self, key: str) -> Path | bytes | None:
         """The local file of object ``key``, fetched first if not kept; None: none upstream
         (the object itself where the cache could not keep it)."""
+        parts = key.split("/")
+        if key.startswith("/") or ".." in parts or "" in parts:
+            # what a hostile zarr.json could name: never a path out of the cache
+            raise OSError(errno.EINVAL, f"{self.name}/{key}: not an object's key in a store")
         path = self.root / await self._folder() / key
         if path.is_file():
             self._touch(path)
