@@ -233,3 +233,22 @@ def test_a_catalogued_root_opens_in_a_few_requests_at_one_commit(
         revisions = [path for _, path, _ in hub.log if "/revision/" in path]
     assert opened <= 3, hub.log[:opened]
     assert revisions == ["/api/datasets/org/atari/revision/main"]
+
+
+def test_the_token_of_huggingface_cli_login_reads_a_private_repo(
+    repo: Path, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No ``HF_TOKEN``, no ``token=``: the token ``huggingface-cli login`` stored is used."""
+    import huggingface_hub.constants
+
+    secret = "hf_storedByLoginToken77"
+    stored = tmp_path / "hf-home" / "token"
+    stored.parent.mkdir()
+    stored.write_text(secret)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(stored))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    with HubEmulator({"org/atari": repo}, private={"org/atari": secret}) as hub:
+        remote = AtariZarrDataset(URL, storage_options={"endpoint": hub.endpoint})
+        assert len(remote[0:8]["action"]) == 8
+        assert secret not in repr(remote)
