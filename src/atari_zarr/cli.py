@@ -891,6 +891,24 @@ def _one_line_warnings(verb: str) -> Iterator[None]:
         warnings.showwarning = previous
 
 
+def _not_the_hubs(record: logging.LogRecord) -> bool:
+    return not record.name.startswith("huggingface_hub")
+
+
+@contextlib.contextmanager
+def _hub_records(verbose: bool) -> Iterator[None]:
+    """huggingface_hub's records (a 429's "Rate limited. Waiting ...") with -v only: it
+    sets its loggers' own level (WARNING), which the root's does not lower."""
+    handlers = [] if verbose else list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(_not_the_hubs)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_not_the_hubs)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
@@ -910,11 +928,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("atari_zarr").setLevel(
         logging.INFO if args.verbose else logging.ERROR if quiet else logging.WARNING
     )
+
     secrets: dict[str, Any] = {}
     for name in ("storage_option", "source_storage_option"):
         with contextlib.suppress(AtariZarrError):  # a malformed pair is reported below
             secrets[name] = parse_storage_options(getattr(args, name, None) or [])
-    with _redacting(secrets), _one_line_warnings(args.command):
+    with _redacting(secrets), _one_line_warnings(args.command), _hub_records(args.verbose):
         try:
             code = int(args.func(args))
             sys.stdout.flush()  # a closed pipe shows here, not at exit

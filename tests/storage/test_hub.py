@@ -64,7 +64,7 @@ def test_random_batches_fetch_each_object_once_at_the_rate_limit(
 ) -> None:
     """A rate limit met (every third resolve is a 429, however slowly they come):
     random batches come back exact, each object is resolved once (429s aside), and the
-    waits are logged at DEBUG only."""
+    waits are logged at INFO, never as warnings."""
     local = AtariZarrDataset(pong_store.url, frame_stack=4)
     rng = np.random.default_rng(0)
     caplog.set_level(logging.INFO)
@@ -83,7 +83,8 @@ def test_random_batches_fetch_each_object_once_at_the_rate_limit(
     assert len(answered) == len(set(answered)) <= _objects(repo / "Pong" / "1.zarr")
     assert limited, "the limit was never reached: the test did not test it"
     ours = ("atari_zarr", "huggingface_hub", "fsspec", "aiohttp", "zarr")
-    loud = [r for r in caplog.records if r.name.startswith(ours) and r.levelno > logging.DEBUG]
+    loud = [r for r in caplog.records if r.name.startswith(ours) and r.levelno > logging.INFO]
+    assert any("429" in r.getMessage() for r in caplog.records if r.name == "atari_zarr")
     assert not loud, caplog.text
 
 
@@ -213,9 +214,7 @@ def test_processes_share_the_objects_and_a_killed_download_leaves_nothing_taken(
     assert len(answered) == len(set(answered)), "an object was fetched by both processes"
 
 
-def test_a_catalogued_root_opens_in_a_few_requests_at_one_commit(
-    repo: Path, home: Path
-) -> None:
+def test_a_catalogued_root_opens_in_a_few_requests_at_one_commit(repo: Path, home: Path) -> None:
     """``from_root`` reads the repo's catalog and opens nothing else; its stores, opened
     when batches need them, are read at one commit, resolved once."""
     from atari_zarr import MultiGameDataset
@@ -252,3 +251,38 @@ def test_the_token_of_huggingface_cli_login_reads_a_private_repo(
         remote = AtariZarrDataset(URL, storage_options={"endpoint": hub.endpoint})
         assert len(remote[0:8]["action"]) == 8
         assert secret not in repr(remote)
+
+
+def test_the_command_line_waits_out_429s_without_a_word_below_v(repo: Path, home: Path) -> None:
+    """``verify``, ``info`` and ``ls`` of an ``hf://`` store meeting 429s (every third
+    resolve): their answers, and nothing on stderr; with ``-v``, the waits are shown."""
+    import os
+
+    from atari_zarr.catalog import write_catalog
+
+    write_catalog(str(repo))
+    env = {**os.environ, "ATARI_ZARR_HOME": str(home)}
+    with HubEmulator({"org/atari": repo}, refuse_every=3) as hub:
+        options = ["-s", f"endpoint={hub.endpoint}", "-s", "token=false"]
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(
+                [sys.executable, "-m", "atari_zarr", *args, *options],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+
+        for args in (
+            ("verify", URL, "--no-progress"),
+            ("info", URL),
+            ("ls", "hf://datasets/org/atari"),
+        ):
+            done = run(*args)
+            assert done.returncode == 0 and done.stdout, (args, done.stderr)
+            assert done.stderr == "", (args, done.stderr)
+        limited = sum(1 for _, _, status in hub.log if status == 429)
+        shutil.rmtree(home / "objects", ignore_errors=True)
+        loud = run("-v", "info", URL)
+    assert limited, "no 429 was met: the test did not test it"
+    assert loud.returncode == 0 and "429" in loud.stderr

@@ -64,6 +64,7 @@ from atari_zarr.errors import (
     RemoteAccessError,
     StoreFormatError,
     StoreWriteError,
+    import_optional,
     install_hint,
 )
 from atari_zarr.forks import after_fork
@@ -84,6 +85,8 @@ def quiet_hub_logs() -> None:
     the application's logging only, as other libraries' do: the handler it adds on
     stderr by itself is replaced by a NullHandler. A handler the application added stays.
     """
+    # its handler is added when its logging module is first imported: import it first
+    import_optional("huggingface_hub.utils.logging", extra="hf", purpose="hf:// URLs")
     hub = logging.getLogger("huggingface_hub")
     for handler in list(hub.handlers):
         stream = getattr(handler, "stream", None)

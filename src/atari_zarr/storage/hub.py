@@ -15,7 +15,7 @@ every later byte range of it is read.
   checksum is the one the Hub gives for it: the sha256 of a large (LFS or Xet) file, from
   its ``X-Linked-Etag`` or ``ETag``, the git blob id of a small one.
 * **Rate limits waited out, quietly.** A 429 waits as the Hub's ``Retry-After`` or
-  ``RateLimit`` header says, logged at DEBUG (nothing below ``-v``), within the call's
+  ``RateLimit`` header says, logged at INFO (the command line's ``-v``), within the call's
   deadline. Past the deadline the error says it was a rate limit (never damage) and
   what to do.
 * **Tokens.** A private repo is read with the user's token: ``storage_options["token"]``,
@@ -240,7 +240,7 @@ class HubObjects:
                                 f"is damaged. Log in (HF_TOKEN, `huggingface-cli login`) for a "
                                 f"higher limit, or give reads more time (ATARI_ZARR_TIMEOUT)"
                             )
-                        log.debug("%s: rate limited by the Hub, waiting %g s", what, wait)
+                        log.info("%s: rate limited by the Hub (429), waiting %g s", what, wait)
                         await asyncio.sleep(wait)
                         continue
                     body = await answer.read()

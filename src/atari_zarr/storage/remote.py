@@ -154,9 +154,11 @@ def _hub_objects(
 ) -> Store:
     """A Hub store read whole object by whole object, through the local object cache
     (:mod:`atari_zarr.storage.hub`); as byte ranges where the cache is off."""
+    from atari_zarr.storage.filesystem import quiet_hub_logs
     from atari_zarr.storage.hub import HubObjects
     from atari_zarr.storage.objects import ObjectCacheStore, cache_bound, objects_root
 
+    quiet_hub_logs()  # its 429 notes reach the application's logging only
     if cache_bound(objects_root()) <= 0:
         return store
     objects = HubObjects(location, storage_options, timeout)
