@@ -68,6 +68,8 @@ def test_random_batches_fetch_each_object_once_at_the_rate_limit(
     local = AtariZarrDataset(pong_store.url, frame_stack=4)
     rng = np.random.default_rng(0)
     caplog.set_level(logging.INFO)
+    # the package's own logger too: a command line run in this process set its level
+    caplog.set_level(logging.INFO, logger="atari_zarr")
     with HubEmulator({"org/atari": repo}, refuse_every=3) as hub:
         remote = AtariZarrDataset(
             URL,
