@@ -116,9 +116,9 @@ def test_an_epoch_costs_one_resolve_per_object_and_the_next_none(
 def test_a_commit_is_the_cache_key_and_a_branch_is_resolved_once(repo: Path, home: Path) -> None:
     with HubEmulator({"org/atari": repo}) as hub:
         AtariZarrDataset(URL, storage_options=hub.storage_options())
-        revisions = [path for _, path, _ in hub.log if "/revision/" in path]
+        revisions = [path for _, path, _ in hub.log if path.startswith("/api/")]
         resolves = [path for _, path, _ in hub.log if "/resolve/" in path]
-    assert revisions == ["/api/datasets/org/atari/revision/main"]
+    assert revisions == ["/api/datasets/org/atari"]
     assert all(f"/resolve/{hub.sha['org/atari']}/" in path for path in resolves)
     assert (home / "objects").is_dir()
     assert list((home / "objects").rglob(hub.sha["org/atari"]))
@@ -231,9 +231,10 @@ def test_a_catalogued_root_opens_in_a_few_requests_at_one_commit(repo: Path, hom
         opened = len(hub.log)
         for _ in range(4):
             mixed.sample(64)
-        revisions = [path for _, path, _ in hub.log if "/revision/" in path]
+        asked = [path for _, path, _ in hub.log if path == "/api/datasets/org/atari"]
     assert opened <= 3, hub.log[:opened]
-    assert revisions == ["/api/datasets/org/atari/revision/main"]
+    # one for the catalog (huggingface_hub's file system), one for both stores' commit
+    assert len(asked) == 2, hub.log
 
 
 def test_the_token_of_huggingface_cli_login_reads_a_private_repo(
@@ -288,3 +289,13 @@ def test_the_command_line_waits_out_429s_without_a_word_below_v(repo: Path, home
         loud = run("-v", "info", URL)
     assert limited, "no 429 was met: the test did not test it"
     assert loud.returncode == 0 and "429" in loud.stderr
+
+
+def test_a_server_that_resolves_branches_only_is_read_by_the_branch(
+    pong_store, repo: Path, home: Path
+) -> None:
+    with HubEmulator({"org/atari": repo}, branches_only=True) as hub:
+        remote = AtariZarrDataset(URL, storage_options=hub.storage_options())
+        _same(remote[0:32], AtariZarrDataset(pong_store.url)[0:32])
+        by_commit = [p for _, p, st in hub.log if f"/resolve/{hub.sha['org/atari']}/" in p]
+    assert len(by_commit) == 1  # asked once by commit, then by the branch

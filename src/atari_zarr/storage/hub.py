@@ -164,6 +164,8 @@ class HubObjects:
         self.timeout = timeout
         self.commit: str | None = None
         self.resolves = 0
+        # whether the server resolves by commit (the Hub does); None until a read says
+        self._by_commit: bool | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {
@@ -324,10 +326,9 @@ class HubObjects:
 
     async def _ask_commit(self, known: tuple[str, str, str, str]) -> str:
         where = self.where
-        url = (
-            f"{self.endpoint}/api/{where.repo_type}s/{where.repo_id}/revision/"
-            f"{urllib.parse.quote(where.revision, safe='')}"
-        )
+        url = f"{self.endpoint}/api/{where.repo_type}s/{where.repo_id}"
+        if where.revision != "main":  # the default branch: the repo's own info (its sha)
+            url += f"/revision/{urllib.parse.quote(where.revision, safe='')}"
         what = redact(where.url(), self._secrets())
         status, _, body = await self._bounded(what, lambda d: self._request(url, what, d))
         if status != 200:
@@ -348,26 +349,41 @@ class HubObjects:
         tail = f"/{where.path}" if where.path else ""
         return f"{host}/{where.repo_type}s/{where.repo_id}/{await self.resolve_commit()}{tail}"
 
+    def _resolve_url(self, revision: str, key: str) -> str:
+        where = self.where
+        in_repo = f"{where.path}/{key}" if where.path else key
+        return (
+            f"{self.endpoint}/{'' if where.repo_type == 'model' else where.repo_type + 's/'}"
+            f"{where.repo_id}/resolve/{urllib.parse.quote(revision, safe='')}/"
+            f"{urllib.parse.quote(in_repo)}"
+        )
+
     async def fetch(self, key: str) -> bytes | None:
         """The whole object ``key`` of the folder, checked; None where there is none."""
         commit = await self.resolve_commit()
-        where = self.where
-        in_repo = f"{where.path}/{key}" if where.path else key
-        url = (
-            f"{self.endpoint}/{'' if where.repo_type == 'model' else where.repo_type + 's/'}"
-            f"{where.repo_id}/resolve/{commit}/{urllib.parse.quote(in_repo)}"
-        )
         what = self.name(key)
 
         async def attempt(deadline: float | None) -> bytes | None:
+            by_commit = self._by_commit is not False
+            url = self._resolve_url(commit if by_commit else self.where.revision, key)
             for _ in range(2):  # a body spoiled in transit is fetched once more
                 status, headers, body = await self._request(url, what, deadline)
+                if status == 404 and self._by_commit is None and commit != self.where.revision:
+                    # a server that resolves branches only (not commits): asked by the
+                    # branch once, and from then on if it answers
+                    branch = self._resolve_url(self.where.revision, key)
+                    status, headers, body = await self._request(branch, what, deadline)
+                    if status == 200:
+                        log.info("%s: resolved by branch, not by commit", self.where.url())
+                        self._by_commit, url = False, branch
                 if status == 404:
                     return None
                 if status != 200:
                     raise self._refused(what, status, body)
                 problem = _check(body, headers)
                 if problem is None:
+                    if self._by_commit is None:
+                        self._by_commit = True
                     return body
                 log.debug("%s: %s; fetching it again", what, problem)
             raise RemoteAccessError(

@@ -179,6 +179,9 @@ class HubEmulator:
     refuse_every : int, optional
         Every this-many-th ``/resolve`` answers 429 with ``Retry-After: 1``, however
         slowly they come: a rate limit a test meets on a loaded machine too.
+    branches_only : bool
+        ``/resolve`` answers the branch ``main`` only, 404 for a commit (a server simpler
+        than the Hub).
     new_repos : path, optional
         Where repos created through the API are written (None: no repo is created).
     write_token : str, optional
@@ -199,6 +202,7 @@ class HubEmulator:
         delay: float = 0.0,
         redirect: bool = False,
         refuse_every: int | None = None,
+        branches_only: bool = False,
         new_repos: str | Path | None = None,
         write_token: str | None = None,
     ) -> None:
@@ -212,6 +216,8 @@ class HubEmulator:
         #: Every this-many-th resolve is a 429 (Retry-After 1), whatever the time: a rate
         #: limit met however slowly the client asks (None: the window's limit only).
         self.refuse_every = refuse_every
+        #: ``/resolve`` by the branch ``main`` only, not by a commit (a simpler server).
+        self.branches_only = branches_only
         self._counted = 0
         #: Where repos created through ``/api/repos/create`` live (None: none are).
         self.new_repos = None if new_repos is None else Path(new_repos)
@@ -327,6 +333,11 @@ class HubEmulator:
             if denied is not None:
                 self._spend()
                 return denied
+            if self.branches_only and parts[4] != "main":
+                self._spend()
+                return _json(
+                    404, {"error": "Revision not found"}, {"X-Error-Code": "RevisionNotFound"}
+                )
             return self._resolve(method, repo, "/".join(parts[5:]), headers)
         return _json(404, {"error": f"no route for {method} /{'/'.join(parts)}"})
 
