@@ -8,9 +8,10 @@ an object *whole*, once, with one ``/resolve``, and
 every later byte range of it is read.
 
 * **One commit.** The branch or tag a URL names (``hf://datasets/ORG/NAME@v1/...``; the
-  default branch without ``@``) is resolved to its commit once, by the Hub's revision
-  API (not a resolve). Every object is then asked for at that commit, so what is kept
-  locally never goes stale: a new commit is a new place in the cache.
+  default branch without ``@``) is resolved to its commit once per process, by the
+  repo's info (``/api/datasets/ORG/NAME``, not a resolve). Every object is then asked
+  for at that commit, so what is kept locally never goes stale: a new commit is a new
+  place in the cache. (A server that resolves branches only is read by the branch.)
 * **Checked.** An object is taken only when its length is the one announced and its
   checksum is the one the Hub gives for it: the sha256 of a large (LFS or Xet) file, from
   its ``X-Linked-Etag`` or ``ETag``, the git blob id of a small one.
@@ -292,7 +293,8 @@ class HubObjects:
         )
 
     async def resolve_commit(self) -> str:
-        """The commit the URL's revision names (one request to the revision API, once)."""
+        """The commit the URL's revision names: one request to the repo's info
+        (``/api/datasets/ORG/NAME``, ``.../revision/REV`` for a named one), once."""
         if self.commit is not None:
             return self.commit
         where = self.where
@@ -337,7 +339,7 @@ class HubObjects:
             sha = json.loads(body)["sha"]
         except (ValueError, KeyError, TypeError):
             raise RemoteAccessError(
-                f"{what}: the Hub's revision API gave no commit (expected JSON with 'sha'); "
+                f"{what}: the Hub's repo info gave no commit (expected JSON with 'sha'); "
                 f"check the endpoint (HF_ENDPOINT) is a Hub"
             ) from None
         return _COMMITS.setdefault(known, str(sha))
