@@ -16,6 +16,7 @@ import http.client
 import logging
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -305,13 +306,20 @@ class LoopbackServer(StartStop):
             if self._paused:
                 self.resume()
             _stop_process(self._proc, timeout)
+        held = getattr(self, "_held_port", None)
+        if held is not None:
+            held.close()
+            self._held_port = None
         self._cleanup(kill=False)
 
     def kill(self) -> None:
         """Kill the server abruptly with SIGKILL (fault injection); the port refuses after.
 
-        The log file is kept so :meth:`read_log` still works; call
-        :meth:`stop` (or leave the ``with`` block) to release it.
+        The port stays held (bound, not listening) until :meth:`stop`, so that a
+        server another process starts meanwhile cannot take it and answer in its
+        place (ports are kept apart within a process only): a client's connections
+        are refused, as a dead server's are. The log file is kept so :meth:`read_log`
+        still works; call :meth:`stop` (or leave the ``with`` block) to release both.
         """
         proc = self._proc
         if proc is None or proc.poll() is not None:
@@ -319,6 +327,14 @@ class LoopbackServer(StartStop):
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
+        holder = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind((self.host, self.port))
+        except OSError:  # taken already: nothing to hold
+            holder.close()
+        else:
+            self._held_port = holder
         logger.debug("%s pid %d killed", self.label, proc.pid)
 
     def pause(self) -> None:
