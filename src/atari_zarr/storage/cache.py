@@ -31,7 +31,7 @@ from typing import Any
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
 from zarr.storage import WrapperStore
 
-__all__ = ["RangeCacheStore", "ReadThroughStore"]
+__all__ = ["PART_PREFIX", "RangeCacheStore", "ReadThroughStore", "write_whole"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -47,6 +47,26 @@ def _range_suffix(byte_range: ByteRequest | None) -> str:
     if isinstance(byte_range, OffsetByteRequest):
         return f"{byte_range.offset}-"
     return f"-{byte_range.suffix}"  # SuffixByteRequest
+
+
+#: What a file being written is named until it is whole (``.part-XXXX``, in its folder).
+PART_PREFIX = ".part-"
+
+
+def write_whole(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole or not at all: to a temporary name in its folder,
+    then renamed into place; the temporary file removed if that fails (``OSError``)."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=PART_PREFIX)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
 
 
 class ReadThroughStore(WrapperStore[Store]):
@@ -146,17 +166,10 @@ class RangeCacheStore(ReadThroughStore):
         with one warning (the reads it would have served go to the remote)."""
         if not self.writable:
             return
-        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".part-")
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            write_whole(path, data)
         except OSError as exc:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             self.writable = False
             warnings.warn(
                 f"the cache {self.directory} of {self.url} cannot be written "

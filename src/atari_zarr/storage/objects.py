@@ -42,7 +42,6 @@ import fcntl
 import logging
 import os
 import shutil
-import tempfile
 import threading
 import time
 import warnings
@@ -54,7 +53,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Sto
 
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.forks import after_fork
-from atari_zarr.storage.cache import ReadThroughStore
+from atari_zarr.storage.cache import PART_PREFIX, ReadThroughStore, write_whole
 from atari_zarr.storage.paths import cache_home, is_url
 
 __all__ = ["SIZE_ENV", "ObjectCacheStore", "cache_bound", "objects_root", "parse_size"]
@@ -64,7 +63,6 @@ log = logging.getLogger("atari_zarr")
 #: Environment variable bounding the object cache (bytes, with K, M, G or T; 0: off).
 SIZE_ENV = "ATARI_ZARR_OBJECT_CACHE_SIZE"
 _DEFAULT_BOUND = 50 << 30
-_PART = ".part-"
 _LOCK = ".lock"
 # a temporary file this old belongs to a download that died
 _STALE_PART = 3600.0
@@ -325,16 +323,9 @@ class ObjectCacheStore(ReadThroughStore):
             os.close(lock)  # releases the flock
 
     def _keep(self, path: Path, data: bytes) -> Path | bytes:
-        tmp = None
         try:
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_PART)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            write_whole(path, data)
         except OSError as exc:
-            if tmp is not None:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
             self._unwritable(exc)
             return data
         self._touched.add(str(path))
@@ -386,7 +377,7 @@ def evict(root: Path, bound: int) -> int:
                     st = os.stat(full)
                 except OSError:
                     continue
-                if name.startswith(_PART) or name.endswith(_LOCK):
+                if name.startswith(PART_PREFIX) or name.endswith(_LOCK):
                     # a killed download's part; the lock of an object long gone or absent
                     if now - st.st_mtime > _STALE_PART and not (
                         name.endswith(_LOCK) and os.path.exists(full[: -len(_LOCK)])
