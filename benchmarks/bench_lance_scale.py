@@ -19,6 +19,9 @@ Each reader runs ``--warmup`` seconds before it is timed for ``--seconds``::
 
     python benchmarks/bench_lance_scale.py --transitions 5000000 --rounds 3
 
+``--checkpoints 5`` reads the store of ``bench_fullsize.py --checkpoints 5 --sizes 5
+--keep`` instead (5M transitions, built in minutes).
+
 Results go to ``benchmarks/results/lance-scale-<time>.json``.
 """
 
@@ -36,7 +39,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 CACHE = HERE / ".cache" / "fullsize"
-STORE = CACHE / "zarr_50" / "Pong" / "1.zarr"
+
+def store_of(checkpoints: int) -> Path:
+    """The store of the first ``checkpoints`` checkpoints kept by ``bench_fullsize.py``."""
+    return CACHE / f"zarr_{checkpoints}" / "Pong" / "1.zarr"
 FRAME_BYTES = 84 * 84
 
 
@@ -46,9 +52,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=10.0)
+    p.add_argument("--checkpoints", type=int, default=50,
+                   help="the kept store of this many checkpoints (bench_fullsize.py --keep)")
     args = p.parse_args()
+    STORE = store_of(args.checkpoints)
     if not STORE.exists():
-        raise SystemExit(f"{STORE} is missing: run bench_fullsize.py --sizes 50 --keep first")
+        raise SystemExit(
+            f"{STORE} is missing: run bench_fullsize.py --checkpoints {args.checkpoints} "
+            f"--sizes {args.checkpoints} --keep first"
+        )
     import torch
 
     torch.set_num_threads(1)
@@ -87,6 +99,7 @@ def main() -> None:
     results = {
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}",
+        "store": str(STORE),
         "transitions": n, "cache_bytes": cache, "seconds": args.seconds, "warmup": args.warmup,
         "lance_build_s": build_s, "lance_bytes_per_frame": round(lance_bytes / n, 1),
         "page_cache_warm_s": warm_s,

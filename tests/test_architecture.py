@@ -190,7 +190,17 @@ READ_LINES = [
     ["mixing", "dataset", "windows", "core"],
     ["stream", "units", "member", "store", "arrays"],
     ["columns", "chunks", "batch"],
-    ["options", "budget", "chunk_cache", "pool", "epoch", "items", "indexing", "mixture"],
+    [
+        "options",
+        "budget",
+        "chunk_cache",
+        "pool",
+        "epoch",
+        "items",
+        "indexing",
+        "mixture",
+        "episode_index",
+    ],
 ]
 
 

@@ -70,3 +70,46 @@ def test_no_module_compares_process_ids() -> None:
         if compared.search(line)
     ]
     assert not found, found
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_child_forked_while_reading_threads_hold_locks_reads(pong_store) -> None:
+    """Every lock a reading thread takes (the engine's, the encoded bytes', the batch
+    memory's, a column's, the store's, a mixture's episode index's) is new in a forked
+    child: held in the parent at the fork, it would stay held in the child for ever."""
+    import numpy as np
+
+    from atari_zarr import MultiGameDataset
+
+    mix = MultiGameDataset([pong_store.url, pong_store.url])
+    mix[np.arange(8)]
+    store = mix.members[0].store
+    held = [
+        store._lock,
+        store._open_lock,
+        store.pool._lock,
+        store.action._lock,
+        store.frames.engine._index_lock,
+        store.frames.engine._stats_lock,
+        store.columns["action"].reader.engine.kept._lock,
+        mix._episode_index._lock,
+    ]
+    for lock in held:
+        assert lock.acquire(timeout=5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            import signal
+
+            signal.alarm(60)  # a lock kept from the parent would hang the child: end it
+            code = 1
+            try:
+                batch = mix[np.arange(len(mix) - 40, len(mix))]
+                code = 0 if batch.batch_size == (40,) else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        for lock in held:
+            lock.release()

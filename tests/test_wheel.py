@@ -73,8 +73,9 @@ assert sample.shape == (32,), sample.shape
 assert sample["observation"].shape[-2:] == (84, 84), sample["observation"].shape
 assert sample.get_non_tensor("metadata")["dataset_id"] == "Pong/4"
 print("drop-in", sample.shape[0], sys.prefix)
-from atari_zarr.storage import engine  # the base install decodes with c-blosc2
-assert engine._default_decoder() == "blosc2", engine._default_decoder()
+from atari_zarr.storage import blosc  # the base install decodes with c-blosc2
+assert blosc.blosc_decoder_name() == "blosc2", blosc.blosc_decoder_name()
+assert blosc.libblosc2_decoder() is not None  # and off the GIL beside a loop
 """
 
 

@@ -7,6 +7,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -292,6 +293,56 @@ def test_prefetch_and_pin_memory_pass_through(root):
     batches = [ds.sample() for _ in range(3)]
     assert all(b.batch_size == (8,) for b in batches)
     assert ds._prefetch_cap == 2
+
+
+def _prefetchers() -> set:
+    return {t for t in threading.enumerate() if t.name.startswith("atari_zarr-prefetch")}
+
+
+def test_batches_drawn_ahead_come_from_one_named_thread_in_order(root):
+    """``prefetch=4``: four batches in flight, drawn by one thread (TorchRL's pool would
+    have four, taking the GIL from each other), in the order ``sample()`` without
+    prefetch draws them; ``shutdown()`` stops the thread."""
+    before = _prefetchers()
+
+    def seeded() -> torch.Generator:  # not the global one, which other threads may draw
+        return torch.Generator().manual_seed(7)
+
+    plain = AtariZarrExperienceReplay("Pong/1", batch_size=16, root=root, generator=seeded())
+    want = [plain.sample()["index"] for _ in range(6)]
+    ahead = AtariZarrExperienceReplay(
+        "Pong/1", batch_size=16, root=root, prefetch=4, generator=seeded()
+    )
+    got = [ahead.sample()["index"] for _ in range(6)]
+    for w, g in zip(want, got, strict=True):
+        assert torch.equal(w, g)
+    assert len(ahead._prefetch_queue) == 4
+    assert len(_prefetchers() - before) == 1
+    ahead.shutdown()
+    assert _prefetchers() <= before
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_draws_ahead_with_a_thread_of_its_own(root):
+    """The parent's prefetch thread does not cross a fork: the child's ``sample()`` starts
+    its own (the parent's pool, with no thread behind it, would never answer)."""
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, prefetch=2)
+    ds.sample()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        import signal
+
+        signal.alarm(60)  # a child waiting on the parent's pool would hang: end it
+        code = 1
+        try:
+            ok = all(ds.sample().batch_size == (8,) for _ in range(4))
+            code = 0 if ok and _prefetchers() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert ds.sample().batch_size == (8,)
+    ds.shutdown()
 
 
 def _guide_block(page: str) -> str:

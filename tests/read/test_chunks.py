@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +22,8 @@ from atari_zarr.layout import (
     TRUNCATED,
     create_store,
 )
-from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.budget import Budget
+from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.options import ReadOptions
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -445,3 +446,72 @@ def test_a_cache_that_holds_a_share_of_its_array_always_admits(tmp_path):
         rows = rng.integers(0, 1024, 4)
         np.testing.assert_array_equal(reader.read(rows), data[rows])
     assert reader._cache._batch == 100
+
+
+def _big_rows(tmp_path, n=640):
+    """Rows of 32 KB in chunks of 16 (512 KB decoded: long enough to split between
+    threads), compressible but distinct."""
+    store = zarr.storage.LocalStore(tmp_path / "big.zarr")
+    a = _array(store, n, chunk=16, shard=128, row=(128, 256))
+    data = np.repeat(np.arange(n, dtype=np.uint8)[:, None, None], 128, axis=1)
+    data = np.repeat(data, 256, axis=2)
+    data[:, :, :7] = np.random.default_rng(0).integers(0, 255, (n, 128, 7), dtype=np.uint8)
+    a[:] = data
+    return a
+
+
+def _read_threads() -> set:
+    import threading
+
+    return {t for t in threading.enumerate() if t.name.startswith("atari_zarr-read")}
+
+
+def test_large_chunks_decode_on_the_reading_threads_with_the_rows_zarr_reads(tmp_path):
+    """A batch of many large chunks is split between the reader's threads (named, at most
+    ``threads``), which decode off the GIL; the rows are zarr-python's; closing the
+    reader stops them. Small chunks (Atari frames) stay on the calling thread."""
+    a = _big_rows(tmp_path)
+    before = _read_threads()
+    reader = ChunkReader(a, where="big", cache_bytes=0, threads=2)
+    rows = np.random.default_rng(3).integers(0, a.shape[0], 300)
+    _check_rows(reader, a, rows)
+    started = _read_threads() - before
+    assert 1 <= len(started) <= 2
+    _check_rows(reader, a, rows[::-1])
+    assert _read_threads() - before == started  # the same pool, not new threads
+    reader.close()
+    assert _read_threads() <= before
+    _check_rows(reader, a, rows[:40])  # reads again after close, with new threads
+    reader.close()
+    small = _array(zarr.storage.LocalStore(tmp_path / "small.zarr"), 640, chunk=16, shard=128)
+    small[:] = _frames(640)[:, :6, :5]
+    one = ChunkReader(small, where="small", cache_bytes=0, threads=2)
+    _check_rows(one, small, rows)
+    assert _read_threads() <= before
+    one.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_the_reading_threads_do_not_survive_a_fork_and_the_child_reads_anew(tmp_path):
+    """A child forked while the reader's threads run has none of them (threads do not
+    cross a fork): its first read starts its own pool and reads the same rows."""
+    a = _big_rows(tmp_path)
+    reader = ChunkReader(a, where="big", cache_bytes=0, threads=2)
+    rows = np.random.default_rng(4).integers(0, a.shape[0], 300)
+    want = reader.read(rows)
+    assert _read_threads()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            gone = not _read_threads()
+            same = bool(np.array_equal(reader.read(rows), want))
+            again = bool(_read_threads())
+            reader.close()
+            code = 0 if gone and same and again and not _read_threads() else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    np.testing.assert_array_equal(reader.read(rows), want)  # the parent's pool still works
+    reader.close()

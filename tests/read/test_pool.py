@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from atari_zarr.read.pool import BufferPool
+from atari_zarr.read.pool import BufferPool, resident
 
 
 def test_a_block_held_through_a_tensor_view_is_never_handed_out_again():
@@ -32,3 +32,37 @@ def test_dropped_blocks_are_reused_and_sizes_can_change():
     assert len({id(h.base) for h in held}) == 3
     typed = pool.take((3,), np.float32)
     assert typed.dtype == np.float32 and typed.shape == (3,)
+
+
+def test_a_resident_buffer_is_mapped_populated_and_lives_with_its_array():
+    """Large: an anonymous mapping made resident at once (zeros, as fresh memory is),
+    freed with the last array that refers to it; small: ``np.empty``."""
+    import gc
+    import mmap
+
+    big = resident((256, 84, 84))
+    assert big.shape == (256, 84, 84) and big.dtype == np.uint8 and big.flags.writeable
+    if hasattr(mmap, "MAP_POPULATE"):
+        owner = big
+        while isinstance(owner, np.ndarray):
+            owner = owner.base
+        assert isinstance(getattr(owner, "obj", owner), mmap.mmap)  # through a memoryview
+        assert not big.any()
+    view = big[3:5]
+    del big
+    gc.collect()
+    view[:] = 7  # the mapping is still there: the view refers to it
+    assert int(view.sum()) == 7 * view.size
+    small = resident((4, 4), np.int32)
+    assert small.base is None and small.dtype == np.int32
+
+
+def test_a_block_held_by_a_batch_is_not_given_out_again():
+    """Blocks are plain arrays, whose count of references shows a batch holding one."""
+    pool = BufferPool(keep=2)
+    a = pool.take((1 << 20,))
+    assert a.base is not None and isinstance(a.base, np.ndarray)
+    a[:] = 1
+    b = pool.take((1 << 20,))
+    b[:] = 2
+    assert int(a[0]) == 1

@@ -289,14 +289,15 @@ def test_stream_keeps_final_observations(small_store: str, k: int) -> None:
 
 def test_units_decode_beside_the_loop_without_the_gil(small_store: str, monkeypatch) -> None:
     """Where there is a second core, the units decode with the background decoder
-    (numcodecs, which releases the GIL) while the loop gathers batches, and with the
-    default (c-blosc2) while it waits for a unit; every frame goes through one of them,
-    and the batches equal random access, which decodes with c-blosc2."""
+    (c-blosc2 through ctypes, which releases the GIL) while the loop gathers batches,
+    and with the default (python-blosc2) while it waits for a unit; every frame goes
+    through one of them, and the batches equal random access, which decodes with
+    python-blosc2."""
     from atari_zarr.read import chunks
     from atari_zarr.storage import engine
 
     monkeypatch.setattr(engine, "cpu_count", lambda: 2)
-    assert engine.background_decoder() is engine.blosc_decoder("numcodecs")
+    assert engine.background_decoder() is engine.blosc_decoder("libblosc2")
     decoded = {"beside": 0, "alone": 0}
 
     def counting(name, real):

@@ -7,8 +7,12 @@ chunks; this module decides which chunks a batch of rows needs and keeps them:
 * a bounded cache (:class:`~atari_zarr.read.chunk_cache.ChunkCache`) keeps decoded
   chunks between batches in one slab, so a batch is gathered with a single fancy
   index; the stores of one mixture share one;
-* large batches are split into one decoding task per core (one task per chunk
-  costs more in scheduling than a 20 µs decode);
+* large batches of large chunks are split into one decoding task per core, each
+  decoding with the GIL released (:func:`~atari_zarr.storage.engine.background_decoder`).
+  Chunks that decode in under about 20 µs (a 16-frame chunk of Atari frames takes 8)
+  are decoded on the calling thread: each decoding call hands the GIL over twice, and
+  two threads making calls that short read fewer chunks than one
+  (``docs/benchmarks/cores.md``);
 * a batch whose chunks do not fit the cache decodes into its thread's scratch
   buffer, reused from batch to batch: fresh memory costs its page faults, about three
   decodes' time;
@@ -44,6 +48,7 @@ from atari_zarr.read.chunk_cache import (
     split_keys,
 )
 from atari_zarr.read.options import ReadOptions
+from atari_zarr.read.pool import resident
 from atari_zarr.resources import cpu_count
 from atari_zarr.storage.engine import (
     ChunkEngine,
@@ -58,6 +63,9 @@ log = logging.getLogger("atari_zarr")
 
 # Below this many chunks to decode, one thread beats splitting the work.
 _SPLIT_MIN_CHUNKS = 16
+# Below this many decoded bytes a chunk, one thread beats splitting the work: a call
+# that short costs less than handing the GIL to another thread and back.
+_SPLIT_MIN_CHUNK_BYTES = 256 << 10
 # Decode-ahead never runs further than this many chunks ahead of the reader.
 _MAX_DECODE_AHEAD = 64
 # Threads that wait for fetch-ahead requests (the requests themselves run concurrently).
@@ -113,7 +121,7 @@ def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
     buf = getattr(_scratch_local, "buf", None)
     if buf is None or buf.size < nbytes:
-        buf = np.empty(nbytes, dtype=np.uint8)
+        buf = resident((nbytes,))
         _scratch_local.buf = buf
     return buf[:nbytes].view(dtype).reshape(shape)
 
@@ -599,27 +607,48 @@ class ChunkReader:
 
         def decode() -> None:
             dests = [np.empty(g.chunk_shape, dtype=g.dtype) for _ in cids]
-            self._decode_into(cids, dests, split=False)
+            # beside the reader's thread: a decoder that releases the GIL
+            self._decode_into(cids, dests, split=False, decoder=background_decoder())
             with self._ahead_lock:
                 self._ahead.update(zip(cids, dests, strict=True))
                 self._stats["decoded_ahead"] += len(cids)
 
         self._background("decode-ahead", cids, decode, self._pending)
 
-    def _decode_into(self, cids: list[int], dests: list[np.ndarray], *, split: bool = True) -> None:
+    def _decode_into(
+        self,
+        cids: list[int],
+        dests: list[np.ndarray],
+        *,
+        split: bool = True,
+        decoder: Callable[[Any, np.ndarray], Any] | None = None,
+    ) -> None:
+        """Decode chunks ``cids`` into ``dests``, split between the pool's threads where
+        that pays (``split``); ``decoder`` is the engine's default unless given (a thread
+        beside the reader's passes :func:`~atari_zarr.storage.engine.background_decoder`)."""
         if not cids:
             return
         n = len(cids)
         # a local store: the engine reads each chunk from its memory map as it decodes it
         chunks = self._sources(cids) if self.engine.bytes.remote else None
 
+        split = (
+            split
+            and self.threads > 1
+            and n >= _SPLIT_MIN_CHUNKS
+            and self.grid is not None
+            and self.grid.chunk_nbytes >= _SPLIT_MIN_CHUNK_BYTES
+        )
+        if split:
+            decoder = background_decoder()
+
         def work(a: int, b: int) -> None:
             if chunks is None:
-                self.engine.decode_into(cids[a:b], dests[a:b])
+                self.engine.decode_into(cids[a:b], dests[a:b], decoder)
             else:
-                self.engine.decode_all(chunks[a:b], dests[a:b])
+                self.engine.decode_all(chunks[a:b], dests[a:b], decoder)
 
-        if split and self.threads > 1 and n >= _SPLIT_MIN_CHUNKS:
+        if split:
             pool = self._executor()
             step = -(-n // self.threads)
             futs = [pool.submit(work, i, i + step) for i in range(step, n, step)]

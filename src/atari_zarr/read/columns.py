@@ -18,6 +18,7 @@ import numpy as np
 import zarr
 
 from atari_zarr.episodes import EpisodeTable, episode_table
+from atari_zarr.forks import after_fork
 from atari_zarr.layout import (
     ACTION,
     EPISODE,
@@ -80,6 +81,12 @@ class StepColumn:
         # np.empty of a large size maps untouched pages: no memory until a chunk is read.
         self._values = np.empty(self._n, dtype=self.compact_dtype)
         self._loaded = np.zeros(-(-self._n // self._chunk_rows), dtype=bool)
+        self._complete = self._n == 0  # every chunk loaded: rows need no check
+        self._lock = threading.Lock()
+        after_fork(self._renew_lock)
+
+    def _renew_lock(self) -> None:
+        """In a forked child: a lock a reading thread of the parent held stays held."""
         self._lock = threading.Lock()
 
     @property
@@ -92,10 +99,11 @@ class StepColumn:
 
     def __getitem__(self, rows: Any) -> np.ndarray:
         rows = np.asarray(rows, dtype=np.int64)
-        cids = rows // self._chunk_rows
-        need = np.unique(cids[~self._loaded[cids]])
-        if need.size:
-            self._load(need.tolist())
+        if not self._complete:
+            cids = rows // self._chunk_rows
+            missing = ~self._loaded[cids]
+            if missing.any():
+                self._load(np.unique(cids[missing]).tolist())
         return self._values[rows].astype(self.dtype, copy=False)
 
     def to_numpy(self) -> np.ndarray:
@@ -128,6 +136,7 @@ class StepColumn:
                         self._values = self._values.astype(self.dtype)
                 self._values[lo:hi] = data
                 self._loaded[c] = True
+            self._complete = bool(self._loaded.all())
 
 
 class _Derived:

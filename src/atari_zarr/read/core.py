@@ -41,6 +41,7 @@ from tensordict import TensorDict
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import ARRAYS, OBSERVATION
+from atari_zarr.read.episode_index import EpisodeIndex
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items, item_rows
 from atari_zarr.read.member import Member, open_stores
@@ -105,6 +106,7 @@ class ItemDataset(torch.utils.data.Dataset):
         self._set_members(list(members))
 
     def _set_members(self, members: list[Member]) -> None:
+        self.__dict__.pop("_index", None)  # the episode index of other members
         #: The stores, each with its items, weight and game_id.
         self.members = members
         #: Global item number of each store's first item.
@@ -131,7 +133,17 @@ class ItemDataset(torch.utils.data.Dataset):
         return "transitions" if self._items.identity else "windows"
 
     #: Attributes made again from the members after unpickling (not pickled).
-    _rebuilt: tuple[str, ...] = ()
+    _rebuilt: tuple[str, ...] = ("_index",)
+
+    @property
+    def _episode_index(self) -> EpisodeIndex | None:
+        """The stores' episodes on one axis (several stores), made on first use."""
+        if len(self.members) == 1:
+            return None
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = self.__dict__["_index"] = EpisodeIndex([m.store for m in self.members])
+        return index  # type: ignore[no-any-return]
 
     def __getstate__(self) -> dict[str, Any]:
         # each store pickles as what opens it again (one known by its entry, unopened)
@@ -182,6 +194,7 @@ class ItemDataset(torch.utils.data.Dataset):
             stack=self.frame_stack,
             real=real,
             windowed=not first.identity,
+            index=self._episode_index,
         )
         if self.game_ids is None:
             return td
@@ -254,7 +267,13 @@ class ItemDataset(torch.utils.data.Dataset):
         store, starts, real = self._locate_rows(np.asarray(items, dtype=np.int64))
         stores = self._opened(np.unique(store).tolist())
         plan, sel_of = plan_items(
-            stores, store, starts, length=self._items.length, stack=self.frame_stack, real=real
+            stores,
+            store,
+            starts,
+            length=self._items.length,
+            stack=self.frame_stack,
+            real=real,
+            index=self._episode_index,
         )
         for g, sel in sel_of.items():
             rows, valid = plan.rows[sel], plan.valid[sel]

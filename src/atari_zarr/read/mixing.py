@@ -156,7 +156,7 @@ class MultiGameDataset(ItemDataset):
         mixed = members(stores, items, weights=weights, game_ids=self._ids, names=self.games)
         return mixed, weights is not None
 
-    _rebuilt = ("_datasets",)  # the per-store views, made again from the stores
+    _rebuilt = (*ItemDataset._rebuilt, "_datasets")  # made again from the stores
 
     @property
     def datasets(self) -> list[AtariZarrDataset]:

@@ -76,7 +76,11 @@ class ReadOptions:
         (``"default"``: ``$ATARI_ZARR_TIMEOUT``, else 60 s); 0 or ``None`` for no
         limit; a negative number or NaN is refused.
     threads : int, optional
-        Threads that decode the chunks of one large batch (default: one per core).
+        Threads of a reader's pool (default: one per core), named ``atari_zarr-read``
+        and stopped by ``close()``: they decode ahead of a sequential reader, and share
+        the chunks of one large batch where each chunk decodes long enough to pay for
+        handing the GIL over (256 KiB decoded; an Atari chunk of 16 frames is decoded
+        on the calling thread, ``docs/benchmarks/cores.md``).
     budget : Budget, optional
         Readers given one budget share one decoded-frame cache and one encoded-byte
         cache in each process (:class:`~atari_zarr.read.budget.Budget`), each bounded

@@ -38,6 +38,7 @@ from atari_zarr.errors import (
     StoreIncompleteError,
     StoreNotFoundError,
 )
+from atari_zarr.forks import after_fork
 from atari_zarr.layout import (
     ACTION,
     ACTION_FULL,
@@ -58,6 +59,7 @@ from atari_zarr.place import current_place, quiet_worker_exit
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.columns import StepColumn, open_step_columns
+from atari_zarr.read.episode_index import EpisodeIndex
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
 from atari_zarr.storage.engine import DEFAULT_REMEDY
@@ -136,6 +138,7 @@ class StoreReader:
         self.entry = entry
         self._rows: tuple[int, int, bool] | None = None  # the frames' cut, from zarr.json
         self._open_lock = threading.Lock()
+        after_fork(self._renew_locks)
         #: True once the store is opened: at once, or, known by its entry, on first need.
         self.opened = False
         self._content: str | None = None  # its content id, once opened
@@ -143,6 +146,12 @@ class StoreReader:
             self._open()
         else:
             self.n = int(entry["transitions"])  # type: ignore[arg-type]
+
+    def _renew_locks(self) -> None:
+        """In a forked child: a lock a reading thread of the parent held stays held."""
+        self._open_lock = threading.Lock()
+        if self.opened:
+            self._lock = threading.Lock()
 
     def open(self) -> StoreReader:
         """This store, opened: at the first call when it is known by its catalog entry
@@ -264,6 +273,8 @@ class StoreReader:
         self.truncated = steps[TRUNCATED]
         self.episode = steps[EPISODE]
         self.done = steps["done"]
+        #: Episode ids and ends come from the episode table (not per-step arrays).
+        self.episodes_in_table = not isinstance(self.episode, StepColumn)
         self._episodes: EpisodeTable | None = None
         self._rtg: np.ndarray | None = None
         self._rtg_ready: np.ndarray | None = None
@@ -441,9 +452,19 @@ class StoreReader:
         starts = np.asarray(starts, dtype=np.int64)
         return read_items([self], np.zeros(len(starts), dtype=np.int64), starts, **how)
 
-    def step_values(self, rows: np.ndarray, window: bool) -> dict[str, np.ndarray]:
+    def step_values(
+        self, rows: np.ndarray, window: bool, names: Sequence[str] | None = None
+    ) -> dict[str, np.ndarray]:
         """The per-step values of ``rows`` that ``assemble_batch`` takes
-        (:func:`~atari_zarr.read.batch.step_fields`)."""
+        (:func:`~atari_zarr.read.batch.step_fields`); only ``names`` of them where given
+        (of ``action``, ``reward`` and ``return_to_go``: what a mixture's
+        :class:`~atari_zarr.read.episode_index.EpisodeIndex` does not give)."""
+        if names is not None:
+            columns = {"action": self.action, "reward": self.reward}
+            return {
+                name: self.return_to_go(rows) if name == "return_to_go" else columns[name][rows]
+                for name in names
+            }
         values = {
             "action": self.action[rows],
             "reward": self.reward[rows],
@@ -477,6 +498,7 @@ def plan_items(
     length: int = 1,
     stack: int = 1,
     real: np.ndarray | None = None,
+    index: EpisodeIndex | None = None,
 ) -> tuple[FramePlan, dict[int, Any]]:
     """The frames of items of any of ``stores``: the one
     :class:`~atari_zarr.read.batch.FramePlan` of random access, each store's inputs
@@ -497,32 +519,76 @@ def plan_items(
         Frames per observation.
     real : numpy.ndarray, optional
         ``(B,)`` rows of each item that exist (a padded window); default all.
+    index : EpisodeIndex, optional
+        The episodes of ``stores`` on one axis
+        (:class:`~atari_zarr.read.episode_index.EpisodeIndex`): items of several
+        stores are then planned with one lookup, not one per store touched.
     """
     which = np.asarray(which, dtype=np.int64)
     starts = np.asarray(starts, dtype=np.int64)
     b = len(starts)
     n_real = np.full(b, length, dtype=np.int64) if real is None else np.asarray(real, np.int64)
-    groups = np.unique(which).tolist() if b else [0]
+    sel_of = items_of(which)
+    groups = list(sel_of)
     one = len(groups) == 1
-    first = np.empty(b, dtype=np.int64)
-    last_done = np.empty(b, dtype=bool)
-    # only the stores this batch touches: a mixture of hundreds pays for those alone
-    n_rows = np.empty(b, dtype=np.int64)
-    sel_of = {g: (slice(None) if one else np.flatnonzero(which == g)) for g in groups}
-    for g, sel in sel_of.items():
-        first[sel] = stores[g].first_row(starts[sel])
-        last_done[sel] = stores[g].done[starts[sel] + n_real[sel] - 1]
-        n_rows[sel] = len(stores[g])
+    n_rows: Any
+    if not one and _indexed(stores, groups, index):
+        assert index is not None
+        got = index.lookup(which, starts)
+        first = got.first
+        whole = length == 1 and real is None  # an item's last row is its first
+        last_done = got.done if whole else index.lookup(which, starts + n_real - 1).done
+        n_rows = index.lengths[which]
+    else:
+        first = np.empty(b, dtype=np.int64)
+        last_done = np.empty(b, dtype=bool)
+        # only the stores this batch touches: a mixture of hundreds pays for those alone
+        n_rows = np.empty(b, dtype=np.int64)
+        for g, sel in sel_of.items():
+            first[sel] = stores[g].first_row(starts[sel])
+            last_done[sel] = stores[g].done[starts[sel] + n_real[sel] - 1]
+            n_rows[sel] = len(stores[g])
+        if one:
+            n_rows = len(stores[groups[0]])
     plan = FramePlan(
         starts=starts,
         length=length,
         stack=stack,
         first=first,
         last_done=last_done,
-        n_rows=len(stores[groups[0]]) if one else n_rows,
+        n_rows=n_rows,
         valid=real,
     )
     return plan, sel_of
+
+
+def items_of(which: np.ndarray) -> dict[int, Any]:
+    """The items of each store ``which`` names: ``{store: items}``, stores in order,
+    the items a slice of all where there is one store, else their positions (found
+    with one sort, not one comparison per store).
+
+    Examples
+    --------
+    >>> {g: s.tolist() for g, s in items_of(np.array([2, 0, 2, 1])).items()}
+    {0: [1], 1: [3], 2: [0, 2]}
+    >>> items_of(np.array([4, 4]))
+    {4: slice(None, None, None)}
+    """
+    which = np.asarray(which, dtype=np.int64)
+    if which.size == 0:
+        return {0: slice(None)}
+    groups, counts = np.unique(which, return_counts=True)
+    if len(groups) == 1:
+        return {int(groups[0]): slice(None)}
+    order = np.argsort(which, kind="stable")
+    parts = np.split(order, np.cumsum(counts)[:-1])
+    return dict(zip(groups.tolist(), parts, strict=True))
+
+
+def _indexed(stores: Sequence[StoreReader], groups: list[int], index: Any) -> bool:
+    """True when ``index`` answers for every store of ``groups``: each of them takes
+    its episodes from its table (not from per-step arrays)."""
+    return index is not None and all(stores[g].episodes_in_table for g in groups)
 
 
 def read_items(
@@ -531,6 +597,7 @@ def read_items(
     starts: np.ndarray,
     *,
     windowed: bool | None = None,
+    index: EpisodeIndex | None = None,
     **how: Any,
 ) -> TensorDict:
     """One TED batch of items of any of ``stores``: ``length`` consecutive rows of one
@@ -540,11 +607,14 @@ def read_items(
     call of its frame reader) and per-step values, and the batch is assembled once, so
     a batch's cost beyond its frames is a few array operations per store touched.
     ``length``, ``stack`` and ``real`` are :func:`plan_items`'s; ``windowed`` gives
-    the window layout even for ``length == 1`` (default: ``length > 1``).
+    the window layout even for ``length == 1`` (default: ``length > 1``). With the
+    stores' ``index`` (:class:`~atari_zarr.read.episode_index.EpisodeIndex`), a batch
+    of several stores takes its episode values with one lookup for all of them, and
+    only actions and rewards store by store.
     """
     quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
     which = np.asarray(which, dtype=np.int64)
-    plan, sel_of = plan_items(stores, which, starts, **how)
+    plan, sel_of = plan_items(stores, which, starts, index=index, **how)
     starts, b, length, stack = plan.starts, len(plan.starts), plan.length, plan.stack
     groups = list(sel_of)
     one, g0 = len(groups) == 1, groups[0]
@@ -562,14 +632,15 @@ def read_items(
     if plan.padded:
         safe = np.where(offsets < plan.real[:, None], safe, starts[:, None])
     window = length > 1 if windowed is None else windowed
-    parts = {g: stores[g].step_values(safe[sel_of[g]].ravel(), window) for g in groups}
-    steps = {}
-    for name in parts[g0]:
-        out = np.empty((b, length), dtype=parts[g0][name].dtype)
-        for g in groups:
-            out[sel_of[g]] = parts[g][name].reshape(-1, length)
-        steps[name] = out.ravel()
-    finals = [(sel_of[g], stores[g].finals_of(plan, sel_of[g])) for g in groups]
+    if not one and _indexed(stores, groups, index):
+        assert index is not None
+        steps = _indexed_steps(stores, index, which, safe, sel_of, window)
+    else:
+        parts = {g: stores[g].step_values(safe[sel_of[g]].ravel(), window) for g in groups}
+        steps = {name: _joined(parts, name, sel_of, b, length) for name in parts[g0]}
+    # the kept final frames, of the stores whose items end an episode
+    ending = groups if one else np.unique(which[plan.last_done]).tolist()
+    finals = [(sel_of[g], stores[g].finals_of(plan, sel_of[g])) for g in ending]
     kept = [(sel, f) for sel, f in finals if f is not None]
     final = None
     if kept:
@@ -583,3 +654,40 @@ def read_items(
         steps_before=steps_before_by_store({g: stores[g].steps_before for g in groups}, which),
         finals=final,
     )
+
+
+def _joined(
+    parts: dict[int, dict[str, np.ndarray]], name: str, sel_of: dict[int, Any], b: int, length: int
+) -> np.ndarray:
+    """Value ``name`` of every item, from each store's ``parts`` for its items ``sel_of``."""
+    groups = list(sel_of)
+    if len(groups) == 1:
+        return parts[groups[0]][name]
+    order = np.concatenate([sel_of[g] for g in groups])
+    values = np.concatenate([parts[g][name] for g in groups])
+    out = np.empty((b, length), dtype=values.dtype)
+    out[order] = values.reshape(-1, length)
+    return out.ravel()
+
+
+def _indexed_steps(
+    stores: Sequence[StoreReader],
+    index: EpisodeIndex,
+    which: np.ndarray,
+    safe: np.ndarray,
+    sel_of: dict[int, Any],
+    window: bool,
+) -> dict[str, np.ndarray]:
+    """The per-step values of rows ``safe`` (``(B, length)``) of stores ``which``:
+    the episode values from ``index`` at once, actions and rewards store by store."""
+    b, length = safe.shape
+    got = index.lookup(np.repeat(which, length), safe.ravel())
+    per_store = ["action", "reward", *(["return_to_go"] if window else [])]
+    parts = {
+        g: stores[g].step_values(safe[sel].ravel(), window, per_store) for g, sel in sel_of.items()
+    }
+    steps = {name: _joined(parts, name, sel_of, b, length) for name in per_store}
+    steps.update(
+        terminated=got.terminated, truncated=got.truncated, episode=got.episode, first=got.first
+    )
+    return steps

@@ -37,7 +37,7 @@ from atari_zarr.read.batch import (
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items, item_rows
 from atari_zarr.read.member import Member
-from atari_zarr.read.pool import BufferPool
+from atari_zarr.read.pool import BufferPool, resident
 from atari_zarr.read.store import StoreReader
 
 __all__ = [
@@ -211,7 +211,9 @@ class Slots:
     when their frames fit the decoded-frame budget, :func:`kept_units_bytes`) gives
     unit ``u`` slot ``u`` and keeps them from one epoch to the next: a unit whose slot
     is ``loaded`` is not decoded again, and the epochs after the first only gather
-    batches (``docs/streaming.md``). Pages are mapped as slots are written.
+    batches (``docs/streaming.md``). The slab's pages are made resident at once
+    (:func:`~atari_zarr.read.pool.resident`): page by page, a first epoch spent most
+    of its time in their faults.
 
     Examples
     --------
@@ -224,7 +226,7 @@ class Slots:
         self._made = (ext, cols, fields)
         #: Per-step values per slot.
         self.cols = cols
-        self.slab = np.empty((n, ext, *FRAME_SHAPE), dtype=np.uint8)
+        self.slab = resident((n, ext, *FRAME_SHAPE))
         self.col = {name: np.empty((n, cols), dtype=dtype) for name, dtype in fields.items()}
         #: Each slot's first row, first item and store.
         self.lo, self.items, self.store = (np.empty(n, dtype=np.int64) for _ in range(3))

@@ -33,8 +33,6 @@ names).
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import logging
 import threading
 from collections import OrderedDict
@@ -47,8 +45,10 @@ import zarr
 from atari_zarr.codec_chain import UnsupportedChunks, row_chunks
 from atari_zarr.errors import StoreCorruptError
 from atari_zarr.fingerprints import foreign_object_message, object_crc, recorded
+from atari_zarr.forks import after_fork
 from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
+from atari_zarr.storage.blosc import blosc_decoder, libblosc2_decoder
 from atari_zarr.storage.fetch import byte_source
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES, KeptBytes, KeptView
 from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
@@ -72,44 +72,16 @@ DEFAULT_REMEDY = "write it again, or copy the object again if it was transferred
 _INDEX_CACHE = 16384
 
 
-def blosc_decoder(name: str | None = None) -> Callable[[Any, np.ndarray], Any]:
-    """The function that decodes one Blosc buffer into a preallocated array.
-
-    c-blosc2 (python-blosc2, in the base install) reads every Blosc1 buffer, the
-    format this layout writes, and keeps one decoding context for the process:
-    twice as fast as numcodecs' c-blosc1 on a 16-frame chunk, five times on a 4-frame one,
-    since c-blosc1 creates a zstd context per call (``docs/benchmarks/corpus.md``).
-    It decodes one buffer at a time per process, so the readers' decoding threads
-    gain nothing over one thread with it; they still overlap decoding with fetching.
-
-    Parameters
-    ----------
-    name : {"blosc2", "numcodecs"}, optional
-        Which decoder; default c-blosc2 where it is installed, else numcodecs.
-
-    Examples
-    --------
-    >>> from numcodecs import Blosc
-    >>> data = Blosc(cname="zstd").encode(np.arange(16, dtype=np.uint8))
-    >>> out = np.empty(16, dtype=np.uint8)
-    >>> _ = blosc_decoder("numcodecs")(data, out)
-    >>> int(out[-1])
-    15
-    """
-    return _decoder(name or _default_decoder())
-
-
 def background_decoder() -> Callable[[Any, np.ndarray], Any]:
     """The decoder for a thread that decodes while a Python loop runs beside it.
 
     The epoch stream decodes its units on a thread of their own while the loop that
     gathers batches runs on the main thread. python-blosc2 holds the GIL while it
-    decodes, so that loop waits for every chunk decoded; numcodecs' c-blosc1 releases
-    it. c-blosc1 takes about twice as long for a chunk, but a second core decodes
-    while the loop runs: 1.13-1.39x the stream's rate on 1M and 50M transitions on
-    two cores (``docs/benchmarks/stream.md``). On one core nothing runs beside the
-    decoding, and :func:`blosc_decoder`'s default is faster (c-blosc1 gives 0.83x
-    there).
+    decodes, so that loop would wait for every chunk decoded; c-blosc2 called through
+    ctypes (:func:`~atari_zarr.storage.blosc.libblosc2_decoder`) releases it at the
+    same speed per chunk, and numcodecs' c-blosc1, where that does not load, releases
+    it at about half the speed (``docs/benchmarks/stream.md``). On one core nothing
+    runs beside the decoding, and :func:`blosc_decoder`'s default is used.
 
     Examples
     --------
@@ -120,25 +92,9 @@ def background_decoder() -> Callable[[Any, np.ndarray], Any]:
     >>> int(out[-1])
     15
     """
-    return blosc_decoder("numcodecs" if cpu_count() > 1 else None)
-
-
-@functools.cache
-def _default_decoder() -> str:
-    return "blosc2" if importlib.util.find_spec("blosc2") is not None else "numcodecs"
-
-
-@functools.cache
-def _decoder(name: str) -> Callable[[Any, np.ndarray], Any]:
-    if name == "blosc2":
-        import blosc2
-
-        return lambda src, dest: blosc2.decompress(src, dst=dest)
-    if name == "numcodecs":
-        from numcodecs import blosc
-
-        return blosc.decompress  # type: ignore[no-any-return]
-    raise ValueError(f"unknown Blosc decoder {name!r}; expected 'blosc2' or 'numcodecs'")
+    if cpu_count() <= 1:
+        return blosc_decoder()
+    return blosc_decoder("libblosc2" if libblosc2_decoder() is not None else "numcodecs")
 
 
 def decode_chunk(
@@ -352,6 +308,11 @@ class ChunkEngine:
         #: not the fill value: set by :meth:`guard` for a store marked complete.
         self.missing_is_damage = False
         self._on_damage: Callable[[StoreCorruptError], Exception] | None = None
+        after_fork(self._renew_locks)
+
+    def _renew_locks(self) -> None:
+        """In a forked child: a lock a reading thread of the parent held stays held."""
+        self._index_lock, self._stats_lock = threading.Lock(), threading.Lock()
 
     def guard(self, on_damage: Callable[[StoreCorruptError], Exception] | None = None) -> None:
         """Read as a store marked complete: every chunk of it was written.
@@ -680,8 +641,14 @@ class ChunkEngine:
         return span, out_extra
 
     # -- decoding -----------------------------------------------------------------------
-    def decode_into(self, cids: Sequence[int], dests: Sequence[np.ndarray]) -> None:
-        """Fetch, verify and decode chunks ``cids`` into ``dests`` (whole chunks each).
+    def decode_into(
+        self,
+        cids: Sequence[int],
+        dests: Sequence[np.ndarray],
+        decoder: Callable[[Any, np.ndarray], Any] | None = None,
+    ) -> None:
+        """Fetch, verify and decode chunks ``cids`` into ``dests`` (whole chunks each),
+        with ``decoder`` (default :func:`blosc_decoder`'s).
 
         Chunks of a local sharded array take the short way: each is sliced from its
         shard's memory map, its crc32c and Blosc header checked, and decoded, a few
@@ -695,11 +662,11 @@ class ChunkEngine:
         assert g is not None
         mapped = getattr(self.bytes, "mapped", None)
         if mapped is None or self.bytes.remote or not g.sharded or not g.checksum:
-            self.decode_all(self.fetch(list(cids)), dests)
+            self.decode_all(self.fetch(list(cids)), dests, decoder)
             return
         import google_crc32c
 
-        crc, decode = google_crc32c.value, blosc_decoder()
+        crc, decode = google_crc32c.value, decoder or blosc_decoder()
         cps, want = g.chunks_per_shard, g.chunk_nbytes
         indexes = self.indexes(int(c) // cps for c in cids)
         maps: dict[int, Any] = {}
@@ -743,13 +710,19 @@ class ChunkEngine:
             nbytes += len(data)
         self.count_decoded(len(cids) - len(slow_cids), nbytes)
         if slow_cids:
-            self.decode_all(self.fetch(slow_cids), slow_dests)
+            self.decode_all(self.fetch(slow_cids), slow_dests, decoder)
 
-    def decode_all(self, chunks: Sequence[EncodedChunk], dests: Sequence[np.ndarray]) -> None:
-        """:meth:`decode` each of ``chunks`` into its ``dests``, counted once for all."""
+    def decode_all(
+        self,
+        chunks: Sequence[EncodedChunk],
+        dests: Sequence[np.ndarray],
+        decoder: Callable[[Any, np.ndarray], Any] | None = None,
+    ) -> None:
+        """:meth:`decode` each of ``chunks`` into its ``dests``, counted once for all
+        (``decoder`` as :meth:`decode`'s)."""
         nbytes = 0
         for chunk, dest in zip(chunks, dests, strict=True):
-            nbytes += self.decode(chunk, dest)
+            nbytes += self.decode(chunk, dest, decoder=decoder)
         self.count_decoded(len(chunks), nbytes)
 
     def decode(

@@ -26,6 +26,8 @@ import weakref
 from collections import OrderedDict
 from typing import Any
 
+from atari_zarr.forks import after_fork
+
 __all__ = ["DEFAULT_KEPT_BYTES", "KeptBytes", "KeptView"]
 
 #: Default bound on the bytes kept per array: a 1 M-transition Pong store's frames
@@ -57,6 +59,11 @@ class KeptBytes:
         self._lock = threading.Lock()
         # views collected by the garbage collector, left at the next add
         self._gone: list[tuple[str, int]] = []
+        after_fork(self._renew_lock)
+
+    def _renew_lock(self) -> None:
+        """In a forked child: a lock a fetching thread of the parent held stays held."""
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._lru)

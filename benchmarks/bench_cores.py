@@ -1,0 +1,237 @@
+"""Random access on every core: the targets of one table, both sides of each in one run.
+
+One command::
+
+    python benchmarks/bench_cores.py --rounds 3
+
+Data: the real Pong play of ``benchmarks/stream_data.py`` (``--steps`` transitions;
+random policy, DQN Replay's preprocessing), its store, TorchRL's AtariDQN storage of
+it, a Lance 2.1 dataset of its frames and a root of hard-linked copies of the store
+with a catalog (``bench_before_after.build``), all cached under ``benchmarks/.cache/``.
+
+Each measure runs in a fresh process with torch at one intra-op thread, the rounds
+alternating the measures, so both sides of a ratio see the same machine; both sides
+may use every core. Beside each rate, the CPU seconds the process used per million
+items (so a side that gains by using a second core shows it):
+
+* ``random 2%``: random TED-256 (frame stack 4, with the next observation),
+  ``ds[rows]``, a decoded-frame cache of 2% of the run's frames, default threads;
+  ``random 2% 1 thread`` and ``random 2% 2 threads`` the same with
+  ``ReadOptions(threads=1)`` and ``threads=2``;
+* ``lance 2.1``: Lance 2.1's ``take`` of the same 5 frames per transition
+  (``bench_corpus.lance_take``), warm;
+* ``mixture``: ``MultiGameDataset.from_root`` of ``--stores`` copies through the catalog,
+  ``sample(256)``, a 1 GiB decoded-frame budget among them; ``one store at the share``:
+  ``AtariZarrDataset.sample(256)`` of one copy with 1/``--stores`` of that budget;
+* ``stream``: ``stream(256)``, defaults, ``--epochs`` epochs with the first, the store
+  opened before the clock starts; ``torchrl random-256``: TorchRL's ``_AtariStorage.get``
+  of 256 random rows (its files read into the page cache first);
+* ``drop-in prefetch``: ``AtariZarrExperienceReplay(batch_size=256, prefetch=4)``'s
+  ``sample()``; ``dataset sample``: ``AtariZarrDataset.sample(256)``, both at frame
+  stack 1 and a decoded-frame cache of 2% of the frames (what the default gives a 50M
+  run: every batch decodes); ``... warm``: the same with the default cache, which
+  holds the whole store (every batch gathers from it).
+
+The result goes to ``benchmarks/results/cores-<time>.json`` and a markdown table of
+the ratios to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+SRC = HERE.parent / "src"
+MEASURES = (
+    "random 2%",
+    "random 2% 1 thread",
+    "random 2% 2 threads",
+    "lance 2.1",
+    "mixture",
+    "one store at the share",
+    "stream",
+    "torchrl random-256",
+    "drop-in prefetch",
+    "dataset sample",
+    "drop-in prefetch warm",
+    "dataset sample warm",
+)
+#: Each target: (name, numerator, denominator, ratio it must reach).
+TARGETS = (
+    ("random TED-256 at a 2% cache vs Lance 2.1 take", "random 2%", "lance 2.1", 2.0),
+    ("the same, 2 decode threads vs 1", "random 2% 2 threads", "random 2% 1 thread", 1.7),
+    (
+        "random over the mixture vs one store at the same share",
+        "mixture",
+        "one store at the share",
+        0.7,
+    ),
+    (
+        "local stream, defaults, first epoch included, vs TorchRL random-256",
+        "stream",
+        "torchrl random-256",
+        10.0,
+    ),
+    (
+        "TorchRL drop-in sample() with prefetch vs AtariZarrDataset.sample, a 2% cache",
+        "drop-in prefetch",
+        "dataset sample",
+        0.9,
+    ),
+    ("the same, the store in the cache", "drop-in prefetch warm", "dataset sample warm", 0.9),
+)
+BUDGET = 1 << 30  # the mixture's decoded-frame budget
+FRAME_BYTES = 84 * 84
+
+
+def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epochs: int) -> dict:
+    """One measure in this process."""
+    import numpy as np
+    import torch
+    from bench_before_after import _epochs, _timed
+
+    torch.set_num_threads(1)
+    from atari_zarr import AtariZarrDataset, MultiGameDataset, ReadOptions
+
+    rng = np.random.default_rng(0)
+    gen = torch.Generator().manual_seed(0)
+    n = int(data["n"])
+    two_percent = ReadOptions(frame_cache_bytes=int(0.02 * n * FRAME_BYTES))
+    if measure.startswith("random") or measure == "lance 2.1":
+        if measure == "lance 2.1":
+            from bench_corpus import lance_take
+
+            read = lance_take(Path(data["lance"]))
+        else:
+            threads = {"1 thread": 1, "2 threads": 2}.get(measure.removeprefix("random 2% "))
+            opts = two_percent.replace(threads=threads)
+            read = AtariZarrDataset(data["store"], frame_stack=4, options=opts).__getitem__
+
+        def step() -> int:
+            read(rng.integers(3, n - 1, 256))
+            return 256
+
+        rate, cpu = _timed(step, seconds, warm)
+    elif measure == "mixture":
+        names = [f"Pong/{i}" for i in range(1, int(data["stores"]) + 1)]
+        mix = MultiGameDataset.from_root(
+            data["root"], names, options=ReadOptions(frame_cache_bytes=BUDGET)
+        )
+        rate, cpu = _timed(lambda: len(mix.sample(256, generator=gen)), seconds, warm)
+    elif measure == "one store at the share":
+        share = ReadOptions(frame_cache_bytes=BUDGET // int(data["stores"]))
+        one = AtariZarrDataset(data["store"], options=share)
+        rate, cpu = _timed(lambda: len(one.sample(256, generator=gen)), seconds, warm)
+    elif measure == "stream":
+        rate, cpu = _epochs(AtariZarrDataset(data["store"]).stream(256, seed=0), epochs)
+    elif measure == "torchrl random-256":
+        from bench_stream import warm_page_cache
+        from torchrl.data.datasets.atari_dqn import _AtariStorage
+
+        warm_page_cache(data["trl_path"])
+        storage = _AtariStorage(data["trl_path"])
+        size = len(storage)
+
+        def trl() -> int:
+            rows = torch.from_numpy(rng.integers(0, size, 256))
+            return int(storage.get(rows).batch_size[0])
+
+        rate, cpu = _timed(trl, seconds, warm)
+    elif measure.startswith("drop-in prefetch"):
+        from atari_zarr.torchrl import AtariZarrExperienceReplay
+
+        root = Path(data["store"]).parents[1]
+        opts = ReadOptions() if measure.endswith("warm") else two_percent
+        rb = AtariZarrExperienceReplay(
+            "Pong/1", batch_size=256, root=root, download=False, prefetch=4, options=opts
+        )
+        rate, cpu = _timed(lambda: len(rb.sample()), seconds, warm)
+    else:  # dataset sample
+        opts = ReadOptions() if measure.endswith("warm") else two_percent
+        ds = AtariZarrDataset(data["store"], options=opts)
+        rate, cpu = _timed(lambda: len(ds.sample(256, generator=gen)), seconds, warm)
+    return {"rate": rate, "cpu_s_per_1m": cpu}
+
+
+def run_child(measure: str, data: dict, args: argparse.Namespace) -> dict:
+    code = (
+        f"import sys, json; sys.path[:0] = [{str(SRC)!r}, {str(HERE)!r}]\n"
+        "from bench_cores import child\n"
+        f"print(json.dumps(child({measure!r}, {data!r}, {args.seconds!r}, {args.warm!r}, "
+        f"{args.epochs!r})))\n"
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SRC)}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    if out.returncode:
+        raise RuntimeError(f"{measure}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=100_000)
+    p.add_argument("--stores", type=int, default=240, help="copies in the mixture")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--warm", type=float, default=5.0)
+    p.add_argument("--epochs", type=int, default=5, help="stream epochs, the first included")
+    p.add_argument("--measures", default=",".join(MEASURES))
+    args = p.parse_args(argv)
+    from bench_before_after import build
+
+    data = build(args.steps, args.stores)
+    meta = json.loads((Path(data["store"]).parents[2] / "built.json").read_text())
+    data.update(trl_path=meta["trl_path"], stores=args.stores)
+    measures = [m for m in args.measures.split(",") if m]
+    runs: dict[str, list[dict]] = {m: [] for m in measures}
+    for r in range(args.rounds):
+        order = measures if r % 2 == 0 else measures[::-1]
+        for m in order:
+            got = run_child(m, data, args)
+            runs[m].append(got)
+            print(f"round {r + 1} {m}: {got['rate']:,.0f}/s", file=sys.stderr)
+    med = {m: statistics.median(x["rate"] for x in v) for m, v in runs.items()}
+    cpu = {m: statistics.median(x["cpu_s_per_1m"] for x in v) for m, v in runs.items()}
+    print("| measure | ours, items/s (median; rounds) | peer | ratio | target | CPU s per 1M |")
+    print("|---|---|---|---|---|---|")
+    for name, ours, peer, want in TARGETS:
+        if ours in med and peer in med:
+            rounds = ", ".join(f"{x['rate']:,.0f}" for x in runs[ours])
+            print(
+                f"| {name} | {med[ours]:,.0f} ({rounds}) | {med[peer]:,.0f} | "
+                f"{med[ours] / med[peer]:.2f}x | >= {want}x | {cpu[ours]:.1f} / {cpu[peer]:.1f} |"
+            )
+    stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
+    out = HERE / "results" / f"cores-{stamp}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
+                "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
+                f"Python {platform.python_version()}",
+                "args": vars(args),
+                "data": data,
+                "runs": runs,
+                "medians": med,
+                "cpu_s_per_1m": cpu,
+            },
+            indent=1,
+        )
+    )
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
