@@ -450,7 +450,7 @@ class ChunkReader:
         through the cache. ``decoding`` is held while decoding (requests fly without
         it); ``background()`` says whether a Python loop runs beside the decoding (then
         :func:`~atari_zarr.storage.engine.background_decoder` decodes, which releases the
-        GIL; else :func:`~atari_zarr.storage.engine.blosc_decoder`'s default).
+        GIL; else :func:`~atari_zarr.storage.blosc.blosc_decoder`'s default).
         """
         engine = self.engine
         if not self.fast or not engine.grid.sharded:  # type: ignore[union-attr]
