@@ -148,9 +148,17 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
 
 
 def run_child(tree: Path, measure: str, data: dict, args: argparse.Namespace) -> dict:
+    return run_in_child(tree, "bench_before_after", measure, data, args)
+
+
+def run_in_child(
+    tree: Path, module: str, measure: str, data: dict, args: argparse.Namespace
+) -> dict:
+    """``module.child(measure, data, ...)`` in a fresh process importing ``atari_zarr``
+    from ``tree``: its result."""
     code = (
         f"import sys, json; sys.path[:0] = [{str(tree)!r}, {str(HERE)!r}]\n"
-        "from bench_before_after import child\n"
+        f"from {module} import child\n"
         f"print(json.dumps(child({measure!r}, {data!r}, {args.seconds!r}, {args.warm!r}, "
         f"{args.epochs!r})))\n"
     )

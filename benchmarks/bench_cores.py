@@ -40,12 +40,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -164,19 +160,9 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
 
 
 def run_child(measure: str, data: dict, args: argparse.Namespace) -> dict:
-    code = (
-        f"import sys, json; sys.path[:0] = [{str(SRC)!r}, {str(HERE)!r}]\n"
-        "from bench_cores import child\n"
-        f"print(json.dumps(child({measure!r}, {data!r}, {args.seconds!r}, {args.warm!r}, "
-        f"{args.epochs!r})))\n"
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(SRC)}
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
-    )
-    if out.returncode:
-        raise RuntimeError(f"{measure}: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    from bench_before_after import run_in_child
+
+    return run_in_child(SRC, "bench_cores", measure, data, args)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,23 +199,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {name} | {med[ours]:,.0f} ({rounds}) | {med[peer]:,.0f} | "
                 f"{med[ours] / med[peer]:.2f}x | >= {want}x | {cpu[ours]:.1f} / {cpu[peer]:.1f} |"
             )
-    stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
-    out = HERE / "results" / f"cores-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-                f"Python {platform.python_version()}",
-                "args": vars(args),
-                "data": data,
-                "runs": runs,
-                "medians": med,
-                "cpu_s_per_1m": cpu,
-            },
-            indent=1,
-        )
-    )
+    from result_file import save_result
+
+    out = save_result("cores", args=vars(args), data=data, runs=runs, medians=med, cpu_s_per_1m=cpu)
     print(out)
 
 

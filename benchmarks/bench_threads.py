@@ -26,9 +26,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import ctypes.util
-import json
-import os
-import platform
 import sys
 import threading
 import time
@@ -144,20 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|--:|--:|--:|")
     for label, r in rows.items():
         print(f"| {label} | {r['1']:,.0f} | {r['2']:,.0f} | {r['2'] / r['1']:.2f}x |")
-    stamp = time.strftime("%Y%m%dT%H%M", time.gmtime())
-    out = HERE / "results" / f"threads-{stamp}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "date": time.strftime("%Y-%m-%dT%H:%M", time.gmtime()),
-                "machine": f"{platform.machine()}, {os.cpu_count()} cores, "
-                f"Python {platform.python_version()}",
-                "args": vars(args),
-                "per_second": rows,
-            },
-            indent=1,
-        )
-    )
+    from result_file import save_result
+
+    out = save_result("threads", args=vars(args), per_second=rows)
     print(out)
 
 
