@@ -112,12 +112,12 @@ class EpisodeIndex:
             if missing.size:
                 included = table.included.copy()
                 included[missing] = True
-                table = self._table = self._make(np.flatnonzero(included))
+                table = self._table = self._make(included)
         return table
 
-    def _make(self, groups: np.ndarray) -> _Table:
-        included = np.zeros(len(self.stores), dtype=bool)
-        included[groups] = True
+    def _make(self, included: np.ndarray) -> _Table:
+        """The table of the stores ``included`` (bool per store)."""
+        groups = np.flatnonzero(included)
         ends, starts, term = [], [], []
         first_episode = np.zeros(len(self.stores), dtype=np.int64)
         count = 0
