@@ -26,6 +26,8 @@ if ! "$VPY" -c 'import torch' 2>/dev/null; then
         || "$VPY" -m pip install --quiet --no-deps --index-url "$CPU_INDEX" "$TORCH"
     "$VPY" -m pip install --quiet "$TORCH"
 fi
+# a C compiler for the chunk loop (optional: the install goes on without it)
+bash scripts/compiler.sh "$VPY" || true
 "$VPY" -m pip install --quiet -e ".[${extras}]"
 # the test kit (tests/kit: fixture runs, loopback servers), for the tests, benchmarks and
 # notebook of this repository; it is not part of the atari-zarr wheel

@@ -33,10 +33,10 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # from a copy of what the wheel is made of: a build directory left in the checkout
     # by an older build would add its files to the wheel
     tree = tmp_path_factory.mktemp("checkout")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, tree / name)
     shutil.copytree(
-        REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+        REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so", "*.pyd")
     )
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
@@ -58,6 +58,9 @@ def test_the_wheel_holds_the_product_and_no_test_kit(wheel: Path) -> None:
     packages = {n.split("/")[0] for n in names if not n.endswith(".dist-info/")}
     assert {p for p in packages if not p.endswith(".dist-info")} == {"atari_zarr"}, packages
     assert "atari_zarr/read/dataset.py" in sources and "atari_zarr/torchrl.py" in sources
+    # the compiled chunk loop, built for every Python from 3.11 (the stable ABI)
+    assert [n for n in names if n.startswith("atari_zarr/storage/_chunk_loop.")], names
+    assert "-cp311-abi3-" in wheel.name, wheel.name
     assert not [n for n in names if "/testing/" in n or "testkit" in n]
     found = [f"{n}: {w}" for n, text in sources.items() for w in KIT_WORDS if w in text]
     assert not found, found
@@ -76,6 +79,8 @@ print("drop-in", sample.shape[0], sys.prefix)
 from atari_zarr.storage import blosc  # the base install decodes with c-blosc2
 assert blosc.blosc_decoder_name() == "blosc2", blosc.blosc_decoder_name()
 assert blosc.libblosc2_decoder() is not None  # and off the GIL beside a loop
+from atari_zarr.storage.chunk_loop import chunk_loop  # the wheel's compiled loop
+assert chunk_loop() is not None
 """
 
 

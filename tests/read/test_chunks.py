@@ -466,10 +466,12 @@ def _read_threads() -> set:
     return {t for t in threading.enumerate() if t.name.startswith("atari_zarr-read")}
 
 
-def test_large_chunks_decode_on_the_reading_threads_with_the_rows_zarr_reads(tmp_path):
-    """A batch of many large chunks is split between the reader's threads (named, at most
+def test_large_chunks_decode_on_the_reading_threads_with_the_rows_zarr_reads(tmp_path, monkeypatch):
+    """A batch of many chunks is split between the reader's threads (named, at most
     ``threads``), which decode off the GIL; the rows are zarr-python's; closing the
-    reader stops them. Small chunks (Atari frames) stay on the calling thread."""
+    reader stops them. Small chunks (Atari frames) of a local store are split too (the
+    compiled loop takes a share of them in one call); one call a chunk, they stay on
+    the calling thread."""
     a = _big_rows(tmp_path)
     before = _read_threads()
     reader = ChunkReader(a, where="big", cache_bytes=0, threads=2)
@@ -485,6 +487,11 @@ def test_large_chunks_decode_on_the_reading_threads_with_the_rows_zarr_reads(tmp
     reader.close()
     small = _array(zarr.storage.LocalStore(tmp_path / "small.zarr"), 640, chunk=16, shard=128)
     small[:] = _frames(640)[:, :6, :5]
+    one = ChunkReader(small, where="small", cache_bytes=0, threads=2)
+    _check_rows(one, small, rows)
+    assert _read_threads() - before  # the compiled loop on both threads
+    one.close()
+    monkeypatch.setattr("atari_zarr.read.chunks.chunk_loop", lambda: None)
     one = ChunkReader(small, where="small", cache_bytes=0, threads=2)
     _check_rows(one, small, rows)
     assert _read_threads() <= before

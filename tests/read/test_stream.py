@@ -287,16 +287,32 @@ def test_stream_keeps_final_observations(small_store: str, k: int) -> None:
         np.testing.assert_array_equal(last.numpy(), frame_of(10**6 + eps))
 
 
-def test_units_decode_beside_the_loop_without_the_gil(small_store: str, monkeypatch) -> None:
-    """Where there is a second core, the units decode with the background decoder
-    (c-blosc2 through ctypes, which releases the GIL) while the loop gathers batches,
-    and with the default (python-blosc2) while it waits for a unit; every frame goes
-    through one of them, and the batches equal random access, which decodes with
-    python-blosc2."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["chunk-loop", "one-call-a-chunk"])
+def test_units_decode_beside_the_loop_without_the_gil(
+    small_store: str, monkeypatch, compiled: bool
+) -> None:
+    """Where there is a second core, the units decode off the GIL while the loop gathers
+    batches: a unit's whole chunks in one call of the compiled chunk loop, the others
+    (and every chunk without the loop) with the background decoder (c-blosc2 through
+    ctypes), or with the default (python-blosc2) while the loop waits for a unit; every
+    frame goes through one of them, and the batches equal random access."""
     from atari_zarr.read import chunks
     from atari_zarr.storage import engine
+    from atari_zarr.storage.chunk_loop import ChunkLoop
 
     monkeypatch.setattr(engine, "cpu_count", lambda: 2)
+    looped = {"bytes": 0}
+    if compiled:
+        real_run = ChunkLoop.run
+
+        def run(self, src, srclen, dest, destsize, **kw):
+            status = real_run(self, src, srclen, dest, destsize, **kw)
+            looped["bytes"] += int((status == 0).sum()) * destsize
+            return status
+
+        monkeypatch.setattr(ChunkLoop, "run", run)
+    else:
+        monkeypatch.setattr(chunks, "chunk_loop", lambda: None)
     assert engine.background_decoder() is engine.blosc_decoder("libblosc2")
     decoded = {"beside": 0, "alone": 0}
 
@@ -314,7 +330,8 @@ def test_units_decode_beside_the_loop_without_the_gil(small_store: str, monkeypa
     batches = list(ds.stream(512, seed=3, unit_rows=1024))
     assert sorted(rows_of(batches).tolist()) == list(range(len(ds)))
     assert_same(ds, batches)
-    assert decoded["beside"] + decoded["alone"] >= len(ds) * 84 * 84, decoded
+    assert decoded["beside"] + decoded["alone"] + looped["bytes"] >= len(ds) * 84 * 84, decoded
+    assert (looped["bytes"] >= len(ds) * 84 * 84 // 2) == compiled, looped
 
 
 def test_same_seed_same_order_and_shuffle_false_is_stored_order(small_store: str) -> None:

@@ -144,16 +144,20 @@ def test_a_library_that_does_not_load_or_decodes_wrongly_is_not_used(monkeypatch
     def broken():
         raise OSError("no such library")
 
-    try:
+    def clear():
         libblosc2_decoder.cache_clear()
+        blosc.libblosc2.cache_clear()
+        blosc._decoder.cache_clear()
+
+    try:
+        clear()
         monkeypatch.setattr(blosc, "_library", broken)
         assert libblosc2_decoder() is None
-        libblosc2_decoder.cache_clear()
+        clear()
         monkeypatch.undo()
-        monkeypatch.setattr(blosc, "_bind", lambda lib: lambda src, dest: dest.nbytes)
+        monkeypatch.setattr(blosc.LibBlosc2, "decode", lambda self, src, dest: dest.nbytes)
         assert libblosc2_decoder() is None  # "decoded" nothing: the check sees it
     finally:
         monkeypatch.undo()
-        libblosc2_decoder.cache_clear()
-        blosc._decoder.cache_clear()
+        clear()
     assert libblosc2_decoder() is not None

@@ -54,6 +54,8 @@ from typing import Any
 
 import numpy as np
 
+from atari_zarr.storage.chunk_loop import Destinations
+
 __all__ = ["ChunkCache", "chunk_keys", "split_keys"]
 
 # The cache starts with this many bytes of slots in use, and takes one more slot per
@@ -69,7 +71,7 @@ ADMIT_HIT_RATE = 0.1
 HIT_RATE_WEIGHT = 0.1
 ADMIT_EVERY = 16
 
-Decode = Callable[[list[int], list[np.ndarray]], None]
+Decode = Callable[[list[int], Sequence[np.ndarray]], None]
 
 
 #: A cached chunk's key: its reader's token in the high bits, its chunk number below.
@@ -240,7 +242,9 @@ class ChunkCache:
             self._grow(int(miss.size), len(keys))
             new = self._take_slots(int(miss.size))
             assert self.slab is not None
-            decode(keys[miss].tolist(), [self.slab[s] for s in new.tolist()])
+            rows = self.chunk_shape[0]
+            flat = self.slab.reshape(-1, *self.chunk_shape[1:])
+            decode(keys[miss].tolist(), Destinations(flat, new * rows, rows))
             # only now cached: a decode that failed leaves no half-decoded slot served
             self._add(keys[miss], new)
             slots[miss] = new

@@ -30,6 +30,7 @@ does not recognise through zarr-python.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import threading
 import weakref
@@ -50,6 +51,7 @@ from atari_zarr.read.chunk_cache import (
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import resident
 from atari_zarr.resources import cpu_count
+from atari_zarr.storage.chunk_loop import Destinations, chunk_loop
 from atari_zarr.storage.engine import (
     ChunkEngine,
     EncodedChunk,
@@ -57,12 +59,14 @@ from atari_zarr.storage.engine import (
     blosc_decoder,
 )
 
-__all__ = ["ChunkReader", "read_rows_of"]
+__all__ = ["ChunkReader", "decode_across", "read_rows_of"]
 
 log = logging.getLogger("atari_zarr")
 
 # Below this many chunks to decode, one thread beats splitting the work.
 _SPLIT_MIN_CHUNKS = 16
+# Below this many chunks, the compiled loop runs on the calling thread alone.
+_LOOP_SPLIT_MIN_CHUNKS = 8
 # Below this many decoded bytes a chunk, one thread beats splitting the work: a call
 # that short costs less than handing the GIL to another thread and back.
 _SPLIT_MIN_CHUNK_BYTES = 256 << 10
@@ -81,7 +85,7 @@ def read_passing(
     keys: np.ndarray,
     inverse: np.ndarray,
     within: np.ndarray,
-    decode: Callable[[list[int], list[np.ndarray]], None],
+    decode: Callable[[list[int], Sequence[np.ndarray]], None],
     out: np.ndarray,
     chunk_shape: tuple[int, ...],
 ) -> int:
@@ -102,8 +106,8 @@ def read_passing(
                 buf[k] = cache.slab[slot[k]]  # type: ignore[index]
             todo = np.flatnonzero(slot < 0)
             cache.note_hits(len(keys) - len(todo), len(keys))
-    decode(keys[todo].tolist(), [buf[k] for k in todo.tolist()])
     rows = chunk_shape[0]
+    decode(keys[todo].tolist(), Destinations(buf.reshape(-1, *chunk_shape[1:]), todo * rows, rows))
     np.take(
         buf.reshape(-1, *chunk_shape[1:]), inverse * rows + within, axis=0, out=out, mode="clip"
     )
@@ -464,7 +468,7 @@ class ChunkReader:
         cr = self.grid.chunk_rows  # type: ignore[union-attr]
         span, around = engine.fetch_span(lo, hi, sorted({int(r) // cr for r in halo.tolist()}))
         with decoding or contextlib.nullcontext():
-            return engine.decode_span(lo, hi, out, span, halo, around, decode)
+            return engine.decode_span(lo, hi, out, span, halo, around, decode, chunk_loop())
 
     def close(self) -> None:
         """Stop background work and drop cached chunks."""
@@ -535,7 +539,7 @@ class ChunkReader:
         self._stats["hits"] += len(uniq) - self._cache.last_misses
         return slots
 
-    def decode_keys(self, keys: list[int], dests: list[np.ndarray]) -> None:
+    def decode_keys(self, keys: list[int], dests: Sequence[np.ndarray]) -> None:
         """Decode this reader's chunks of cache keys ``keys`` into ``dests``."""
         self._decode_into(split_keys(keys)[1].tolist(), dests)
 
@@ -562,9 +566,9 @@ class ChunkReader:
                 edge.append(c)
             else:
                 direct.append(c)
-                direct_dest.append(out[lo - start : hi - start])
+                direct_dest.append(lo - start)
         if direct:
-            self._decode_into(direct, direct_dest)
+            self._decode_into(direct, Destinations(out, direct_dest, cr))
         for c in edge:
             a, b = max(c * cr, start), min((c + 1) * cr, stop)
             out[a - start : b - start] = self._edge(c, a, b)
@@ -606,7 +610,8 @@ class ChunkReader:
         assert g is not None
 
         def decode() -> None:
-            dests = [np.empty(g.chunk_shape, dtype=g.dtype) for _ in cids]
+            buf = np.empty((len(cids) * g.chunk_rows, *g.row_shape), dtype=g.dtype)
+            dests = Destinations(buf, np.arange(len(cids)) * g.chunk_rows, g.chunk_rows)
             # beside the reader's thread: a decoder that releases the GIL
             self._decode_into(cids, dests, split=False, decoder=background_decoder())
             with self._ahead_lock:
@@ -618,17 +623,38 @@ class ChunkReader:
     def _decode_into(
         self,
         cids: list[int],
-        dests: list[np.ndarray],
+        dests: Sequence[np.ndarray],
         *,
         split: bool = True,
         decoder: Callable[[Any, np.ndarray], Any] | None = None,
     ) -> None:
         """Decode chunks ``cids`` into ``dests``, split between the pool's threads where
-        that pays (``split``); ``decoder`` is the engine's default unless given (a thread
-        beside the reader's passes :func:`~atari_zarr.storage.engine.background_decoder`)."""
+        that pays (``split``).
+
+        A local store's chunks going to :class:`~atari_zarr.storage.chunk_loop.Destinations`
+        are checked and decoded by the compiled loop, a share of them on each thread
+        (:func:`~atari_zarr.storage.chunk_loop.chunk_loop`). Otherwise each chunk is one
+        call of ``decoder``, the engine's default unless given (a thread beside the
+        reader's passes :func:`~atari_zarr.storage.engine.background_decoder`)."""
         if not cids:
             return
         n = len(cids)
+        loop = chunk_loop()
+        if loop is not None and isinstance(dests, Destinations) and self.grid is not None:
+            located = self.engine.locate(np.asarray(cids, dtype=np.int64))
+            if located is not None:
+                parts = self.threads if split and n >= _LOOP_SPLIT_MIN_CHUNKS else 1
+                status = loop.run_parts(
+                    located.src,
+                    located.srclen,
+                    dests.addresses(),
+                    self.grid.chunk_nbytes,
+                    checksum=self.grid.checksum,
+                    executor=self._executor() if parts > 1 else None,
+                    parts=parts,
+                )
+                self.engine.settle(cids, dests, located, status)
+                return
         # a local store: the engine reads each chunk from its memory map as it decodes it
         chunks = self._sources(cids) if self.engine.bytes.remote else None
 
@@ -710,11 +736,16 @@ def read_rows_of(
         uniq, inverse = np.unique(keys, return_inverse=True)
         by_token = {readers[k]._token: readers[k] for k in touched}
 
-        def decode(keys: list[int], dests: list[np.ndarray]) -> None:
+        def decode(keys: list[int], dests: Sequence[np.ndarray]) -> None:
             toks, cids = split_keys(keys)
+            if decode_across(by_token, toks, cids, dests):
+                return
             for t in np.unique(toks).tolist():
                 sel = np.flatnonzero(toks == t).tolist()
-                by_token[t]._decode_into(cids[sel].tolist(), [dests[i] for i in sel])
+                part = (
+                    dests.take(sel) if isinstance(dests, Destinations) else [dests[i] for i in sel]
+                )
+                by_token[t]._decode_into(cids[sel].tolist(), part)
 
         with cache.lock:
             slots = cache.admitted_slots(uniq, decode)
@@ -730,3 +761,64 @@ def read_rows_of(
         sel = np.flatnonzero(which == k)
         out[sel] = readers[k].read(rows[sel])
     return out
+
+
+def decode_across(
+    readers: dict[int, ChunkReader], tokens: np.ndarray, cids: np.ndarray, dests: Any
+) -> bool:
+    """Chunks of many readers (reader ``readers[tokens[i]]``'s chunk ``cids[i]``) decoded
+    into ``dests`` by one compiled-loop run, split between the first reader's threads.
+
+    A mixture's batch touches a chunk or two of each of hundreds of stores: one call a
+    store would cost more than its decoding. Each store's chunks are located by its
+    engine (a few microseconds), all are decoded together, and each engine counts its
+    own and reads what did not decode the careful way. Returns False, having decoded
+    nothing, where that does not apply (no loop, a remote store, destinations that are
+    not :class:`~atari_zarr.storage.chunk_loop.Destinations`, stores whose chunks
+    differ in size or checksum).
+    """
+    loop = chunk_loop()
+    n = len(cids)
+    if loop is None or not isinstance(dests, Destinations) or n == 0:
+        return False
+    tokens = np.asarray(tokens, dtype=np.int64)
+    cids = np.asarray(cids, dtype=np.int64)
+    if n > 1 and not bool((tokens[1:] >= tokens[:-1]).all()):
+        order = np.argsort(tokens, kind="stable")
+        tokens, cids, dests = tokens[order], cids[order], dests.take(order)
+    starts = np.flatnonzero(np.concatenate(([True], tokens[1:] != tokens[:-1])))
+    bounds = [*starts.tolist(), n]
+    first = readers[int(tokens[0])]
+    g = first.grid
+    if g is None:
+        return False
+    parts: list[tuple[ChunkReader, int, int, Any]] = []
+    for a, b in itertools.pairwise(bounds):
+        reader = readers[int(tokens[a])]
+        rg = reader.grid
+        if rg is None or rg.chunk_nbytes != g.chunk_nbytes or rg.checksum != g.checksum:
+            return False
+        located = reader.engine.locate(cids[a:b])
+        if located is None:
+            return False
+        parts.append((reader, a, b, located))
+    src = np.concatenate([p[3].src for p in parts])
+    srclen = np.concatenate([p[3].srclen for p in parts])
+    threads = first.threads if n >= _LOOP_SPLIT_MIN_CHUNKS else 1
+    status = loop.run_parts(
+        src,
+        srclen,
+        dests.addresses(),
+        g.chunk_nbytes,
+        checksum=g.checksum,
+        executor=first._executor() if threads > 1 else None,
+        parts=threads,
+    )
+    failed = np.add.reduceat(status != 0, starts).tolist()
+    nbytes = np.add.reduceat(np.where(status == 0, srclen, 0), starts).tolist()
+    for (reader, a, b, located), bad, got in zip(parts, failed, nbytes, strict=True):
+        if bad:
+            reader.engine.settle(cids[a:b], dests[a:b], located, status[a:b])
+        else:
+            reader.engine.count_decoded(b - a, got)
+    return True

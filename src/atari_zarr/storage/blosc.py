@@ -42,7 +42,14 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DECODERS", "blosc_decoder", "blosc_decoder_name", "libblosc2_decoder"]
+__all__ = [
+    "DECODERS",
+    "LibBlosc2",
+    "blosc_decoder",
+    "blosc_decoder_name",
+    "libblosc2",
+    "libblosc2_decoder",
+]
 
 log = logging.getLogger("atari_zarr")
 
@@ -119,13 +126,21 @@ def _decoder(name: str) -> Callable[[Any, np.ndarray], Any]:
 def libblosc2_decoder() -> Callable[[Any, np.ndarray], int] | None:
     """c-blosc2's ``blosc2_decompress_ctx`` through ctypes (the GIL released while it
     decodes, one context per thread), or None where it does not load or decode right."""
+    lib = libblosc2()
+    return None if lib is None else lib.decode
+
+
+@functools.cache
+def libblosc2() -> LibBlosc2 | None:
+    """c-blosc2's library bound through ctypes and checked on a known buffer, or None
+    where it does not load or decode right (the reason is logged at DEBUG)."""
     try:
-        decode = _bind(_library())
-        _self_test(decode)
+        lib = LibBlosc2(_library())
+        _self_test(lib.decode)
     except Exception as exc:  # any failure leaves the choice to the next decoder
         log.debug("c-blosc2 through ctypes is not used: %s", exc)
         return None
-    return decode
+    return lib
 
 
 def _library() -> ctypes.CDLL:
@@ -140,37 +155,61 @@ def _library() -> ctypes.CDLL:
     raise ImportError("python-blosc2 ships no libblosc2 here")
 
 
-def _bind(lib: ctypes.CDLL) -> Callable[[Any, np.ndarray], int]:
-    lib.blosc2_init.restype = None
-    lib.blosc2_init()
-    create, free, run = lib.blosc2_create_dctx, lib.blosc2_free_ctx, lib.blosc2_decompress_ctx
-    create.argtypes, create.restype = [_DParams], ctypes.c_void_p
-    free.argtypes, free.restype = [ctypes.c_void_p], None
-    run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
-    run.argtypes.append(ctypes.c_int32)
-    run.restype = ctypes.c_int
+class _Context:
+    """One thread's decoding context, freed with the thread's locals."""
 
-    class Context:
-        """One thread's decoding context, freed with the thread's locals."""
+    __slots__ = ("free", "ptr")
 
-        __slots__ = ("ptr",)
+    def __init__(self, create: Any, free: Any) -> None:
+        self.free = free
+        self.ptr = create(_DParams(nthreads=1))
+        if not self.ptr:
+            raise MemoryError("c-blosc2 made no decoding context")
 
-        def __init__(self) -> None:
-            self.ptr = create(_DParams(nthreads=1))
-            if not self.ptr:
-                raise MemoryError("c-blosc2 made no decoding context")
+    def __del__(self) -> None:
+        if self.ptr:
+            self.free(self.ptr)
+            self.ptr = None
 
-        def __del__(self) -> None:
-            if self.ptr:
-                free(self.ptr)
-                self.ptr = None
 
-    local = threading.local()
+class LibBlosc2:
+    """c-blosc2's decoding call and one decoding context per thread.
 
-    def decode(src: Any, dest: np.ndarray) -> int:
-        ctx = getattr(local, "ctx", None)
+    Parameters
+    ----------
+    lib : ctypes.CDLL
+        The loaded library.
+
+    Attributes
+    ----------
+    decompress_ctx : int
+        The address of ``blosc2_decompress_ctx``, for a compiled loop that calls it
+        (:mod:`atari_zarr.storage.chunk_loop`).
+    """
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        lib.blosc2_init.restype = None
+        lib.blosc2_init()
+        create, free, run = lib.blosc2_create_dctx, lib.blosc2_free_ctx, lib.blosc2_decompress_ctx
+        create.argtypes, create.restype = [_DParams], ctypes.c_void_p
+        free.argtypes, free.restype = [ctypes.c_void_p], None
+        run.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p]
+        run.argtypes.append(ctypes.c_int32)
+        run.restype = ctypes.c_int
+        self._lib, self._create, self._free, self._run = lib, create, free, run
+        self.decompress_ctx = int(ctypes.cast(run, ctypes.c_void_p).value or 0)
+        self._local = threading.local()
+
+    def context(self) -> int:
+        """This thread's decoding context (made on first use, freed with the thread)."""
+        ctx = getattr(self._local, "ctx", None)
         if ctx is None:
-            ctx = local.ctx = Context()
+            ctx = self._local.ctx = _Context(self._create, self._free)
+        return int(ctx.ptr)
+
+    def decode(self, src: Any, dest: np.ndarray) -> int:
+        """Decode the Blosc buffer ``src`` into the C-contiguous array ``dest``;
+        ``ValueError`` where it does not decode."""
         if not (dest.flags.c_contiguous and dest.flags.writeable):
             raise ValueError("the destination is not a writable C-contiguous array")
         if not isinstance(src, bytes):
@@ -178,12 +217,10 @@ def _bind(lib: ctypes.CDLL) -> Callable[[Any, np.ndarray], int]:
             n, addr = src.nbytes, src.ctypes.data
         else:
             n, addr = len(src), src
-        got = run(ctx.ptr, addr, n, dest.ctypes.data, dest.nbytes)
+        got = self._run(self.context(), addr, n, dest.ctypes.data, dest.nbytes)
         if got < 0:
             raise ValueError(f"c-blosc2 error {got}")
-        return got
-
-    return decode
+        return int(got)
 
 
 def _self_test(decode: Callable[[Any, np.ndarray], int]) -> None:

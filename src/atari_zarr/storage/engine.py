@@ -49,6 +49,7 @@ from atari_zarr.forks import after_fork
 from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.blosc import blosc_decoder, libblosc2_decoder
+from atari_zarr.storage.chunk_loop import ChunkLoop, Destinations
 from atari_zarr.storage.fetch import byte_source
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES, KeptBytes, KeptView
 from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
@@ -58,6 +59,7 @@ __all__ = [
     "ChunkEngine",
     "ChunkGrid",
     "EncodedChunk",
+    "Located",
     "background_decoder",
     "blosc_decoder",
     "corrupt_chunk",
@@ -68,6 +70,8 @@ log = logging.getLogger("atari_zarr")
 
 #: What a damaged-chunk error tells the user to do, unless the caller knows better.
 DEFAULT_REMEDY = "write it again, or copy the object again if it was transferred."
+# At most this many chunks are located one by one, without array steps (a mixture's store).
+_FEW_CHUNKS = 4
 # Shard indexes kept per array (4 KB each for 4096-frame shards of 16-frame chunks).
 _INDEX_CACHE = 16384
 
@@ -214,6 +218,18 @@ class EncodedChunk(NamedTuple):
     size: int | None
 
 
+class Located(NamedTuple):
+    """Where chunks' stored bytes lie in this process's memory (:meth:`ChunkEngine.locate`)."""
+
+    #: ``uint64`` address of each chunk's bytes (its crc32c included); 0 where the
+    #: chunk was not found in a map (absent, or its index does not fit the object).
+    src: np.ndarray
+    #: ``int64`` length of each.
+    srclen: np.ndarray
+    #: The maps the addresses point into: hold them until the chunks are decoded.
+    keep: list[Any]
+
+
 class ChunkEngine:
     """Chunk bytes of one Zarr v3 array: located, fetched, verified and decoded.
 
@@ -301,6 +317,10 @@ class ChunkEngine:
         )
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
+        # every chunk's (offset, length) in its shard, for :meth:`locate`: made on first
+        # use, filled a shard at a time (virtual memory until then)
+        self._table: np.ndarray | None = None
+        self._table_known: np.ndarray | None = None
         #: The crc32c its writer recorded for each object (None: none recorded).
         self.fingerprints = recorded(array) if self.grid is not None else None
         self._stats_lock = threading.Lock()
@@ -712,6 +732,109 @@ class ChunkEngine:
         if slow_cids:
             self.decode_all(self.fetch(slow_cids), slow_dests, decoder)
 
+    def locate(self, cids: np.ndarray) -> Located | None:
+        """Where the stored bytes of chunks ``cids`` lie in memory, for a compiled loop
+        (:class:`~atari_zarr.storage.chunk_loop.ChunkLoop`) to check and decode them.
+
+        Only a local sharded array's chunks lie in memory (its shards' maps); None for
+        any other. A chunk whose shard or entry is absent, or whose index entry does not
+        fit inside its object, gets address 0: the caller reads it the careful way
+        (:meth:`settle`). Unknown shard indexes are read first (and checked, as
+        :meth:`indexes` does). The work is a few array operations and one map lookup a
+        shard: no step per chunk.
+        """
+        g = self.grid
+        at_many = getattr(self.bytes, "mapped_at", None)
+        if g is None or at_many is None or self.bytes.remote or not g.sharded:
+            return None
+        cps = g.chunks_per_shard
+        cids = np.asarray(cids, dtype=np.int64)
+        table, known = self._chunk_table()
+        if len(cids) <= _FEW_CHUNKS:  # a mixture's store with a chunk or two: no array steps
+            return self._locate_few(cids.tolist(), table, known, at_many)
+        shards = cids // cps
+        if len(shards) > 1 and bool((shards[1:] >= shards[:-1]).all()):  # sorted: no sort
+            first = np.flatnonzero(shards[1:] != shards[:-1]) + 1
+            uniq = shards[np.concatenate(([0], first))]
+            inverse = np.zeros(len(shards), dtype=np.int64)
+            inverse[first] = 1
+            np.cumsum(inverse, out=inverse)
+        else:
+            uniq, inverse = np.unique(shards, return_inverse=True)
+        unknown = uniq[~known[uniq]]
+        if unknown.size:
+            self._learn(unknown.tolist(), table, known)
+        maps, addrs = at_many([g.object_key(s) for s in uniq.tolist()])
+        base = np.asarray(addrs, dtype=np.uint64)[inverse]
+        ends = np.asarray([len(m) if m else 0 for m in maps], dtype=np.uint64)[inverse]
+        entry = table[cids]
+        off, size = entry[:, 0], entry[:, 1]
+        # MISSING entries wrap around in off + size: they are excluded by themselves
+        bad = (off == MISSING) | (off + size > ends) | (base == 0)
+        src = base + off
+        src[bad] = 0
+        srclen = size.astype(np.int64)
+        srclen[bad] = 0
+        return Located(src, srclen, maps)
+
+    def _locate_few(
+        self, cids: list[int], table: np.ndarray, known: np.ndarray, at_many: Any
+    ) -> Located:
+        g = self.grid
+        assert g is not None
+        cps = g.chunks_per_shard
+        shards = [c // cps for c in cids]
+        unknown = [s for s in shards if not known[s]]
+        if unknown:
+            self._learn(unknown, table, known)
+        maps, addrs = at_many([g.object_key(s) for s in shards])
+        src, srclen = [], []
+        for c, mm, addr in zip(cids, maps, addrs, strict=True):
+            off, size = table[c].tolist()
+            if addr == 0 or off == MISSING or off + size > len(mm):
+                src.append(0)
+                srclen.append(0)
+            else:
+                src.append(addr + off)
+                srclen.append(size)
+        return Located(np.array(src, dtype=np.uint64), np.array(srclen, dtype=np.int64), maps)
+
+    def _learn(self, shards: list[int], table: np.ndarray, known: np.ndarray) -> None:
+        """Put the indexes of ``shards`` into the chunk table (reading them as needed)."""
+        assert self.grid is not None
+        cps = self.grid.chunks_per_shard
+        for s, index in self.indexes(shards).items():
+            table[s * cps : (s + 1) * cps] = MISSING if index is None else index
+            known[s] = True
+
+    def _chunk_table(self) -> tuple[np.ndarray, np.ndarray]:
+        g = self.grid
+        assert g is not None
+        if self._table is None or self._table_known is None:
+            cps = g.chunks_per_shard
+            n_shards = -(-g.n_chunks // cps)
+            with self._index_lock:
+                if self._table is None or self._table_known is None:
+                    self._table_known = np.zeros(n_shards, dtype=bool)
+                    self._table = np.empty((n_shards * cps, 2), dtype=np.uint64)
+        return self._table, self._table_known
+
+    def settle(
+        self,
+        cids: Sequence[int] | np.ndarray,
+        dests: Sequence[np.ndarray],
+        located: Located,
+        status: np.ndarray,
+    ) -> None:
+        """Count the chunks a compiled loop decoded (``status`` 0), and read the others
+        the careful way (:meth:`fetch`, :meth:`decode`), which refetches, judges and names
+        what is wrong with them."""
+        done = status == 0
+        slow = np.flatnonzero(~done).tolist()
+        self.count_decoded(int(done.sum()), int(located.srclen[done].sum()))
+        if slow:
+            self.decode_all(self.fetch([int(cids[i]) for i in slow]), [dests[i] for i in slow])
+
     def decode_all(
         self,
         chunks: Sequence[EncodedChunk],
@@ -823,16 +946,22 @@ class ChunkEngine:
         rows: np.ndarray,
         extra: Sequence[EncodedChunk],
         decoder: Callable[[Any, np.ndarray], Any] | None = None,
+        loop: ChunkLoop | None = None,
     ) -> np.ndarray:
         """Decode rows ``[lo, hi)`` into ``out`` and return the rows ``rows`` from ``extra``.
 
         ``span`` and ``extra`` as :meth:`fetch_span` returned them for these rows and
-        for the chunks of ``rows``; ``decoder`` as for :meth:`decode`.
+        for the chunks of ``rows``; ``decoder`` as for :meth:`decode`. With ``loop``
+        (:func:`~atari_zarr.storage.chunk_loop.chunk_loop`), a local store's whole chunks
+        of the span are decoded by it in one call: the GIL is released once, not once a
+        chunk, so the thread beside this one runs on.
         """
         g = self.grid
         assert g is not None
         cr = g.chunk_rows
         nbytes = 0
+        if loop is not None and out.flags.c_contiguous:
+            span = self._decode_whole(lo, hi, out, span, loop)
         for chunk in span:
             c = chunk.cid
             a, b = max(c * cr, lo), min((c + 1) * cr, hi)
@@ -846,6 +975,30 @@ class ChunkEngine:
                 frames[sel] = block[rows[sel] - chunk.cid * cr]
         self.count_decoded(len(span) + (len(extra) if len(rows) else 0), nbytes)
         return frames
+
+    def _decode_whole(
+        self, lo: int, hi: int, out: np.ndarray, span: Sequence[EncodedChunk], loop: ChunkLoop
+    ) -> list[EncodedChunk]:
+        """Decode the whole chunks of ``span`` into ``out`` with ``loop``; the chunks
+        left to decode one by one (partial, or that ``loop`` did not decode)."""
+        g = self.grid
+        assert g is not None
+        cr = g.chunk_rows
+        whole = [
+            c for c in span if c.cid * cr >= lo and (c.cid + 1) * cr <= hi and c.data is not None
+        ]
+        located = self.locate(np.array([c.cid for c in whole], dtype=np.int64)) if whole else None
+        if located is None:
+            return list(span)
+        starts = np.array([c.cid * cr - lo for c in whole], dtype=np.int64)
+        dests = Destinations(out, starts, cr)
+        status = loop.run(
+            located.src, located.srclen, dests.addresses(), g.chunk_nbytes, checksum=g.checksum
+        )
+        done = status == 0
+        self.count_decoded(int(done.sum()), int(located.srclen[done].sum()))
+        decoded = {c.cid for c, ok in zip(whole, done.tolist(), strict=True) if ok}
+        return [c for c in span if c.cid not in decoded]
 
     # -- zarr-python, for layouts the engine does not know --------------------------------
     def read_generic(self, rows: np.ndarray) -> np.ndarray:

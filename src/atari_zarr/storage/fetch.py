@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
 from atari_zarr.forks import after_fork
 from atari_zarr.storage.filesystem import not_regular_error, path_kind
 from atari_zarr.storage.ranges import ByteRange
@@ -81,6 +83,19 @@ def map_limit() -> int:
 _MAPS: OrderedDict[tuple[int, str], mmap.mmap | bytes | None] = OrderedDict()
 _MAPS_LOCK = threading.Lock()
 _READERS = itertools.count()
+
+
+#: The address of each map's first byte, by the map: computed once per map, dropped with it.
+_ADDRESSES: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _address(mm: Any) -> int:
+    addr = _ADDRESSES.get(mm)
+    if addr is None:
+        view = np.frombuffer(mm, dtype=np.uint8)
+        addr = _ADDRESSES[mm] = int(view.ctypes.data)
+        del view  # a map never moves; the caller holds the map itself
+    return addr
 
 
 def _drop_maps(reader: int, names: set[str]) -> None:
@@ -181,6 +196,14 @@ class LocalBytes:
     def mapped(self, key: str) -> mmap.mmap | bytes | None:
         """The whole object ``key``, memory-mapped (None: absent): slice it for a range."""
         return self._map(key)
+
+    def mapped_at(self, keys: Sequence[str]) -> tuple[list[Any], list[int]]:
+        """The maps of objects ``keys`` and the address of each map's first byte (0 where
+        the object is absent or empty), for a compiled loop that reads them: the caller
+        holds the maps until it is done with the addresses."""
+        maps = [self._map(key) for key in keys]
+        addrs = [0 if not mm else _address(mm) for mm in maps]
+        return maps, addrs
 
     def forget(self, key: str) -> None:
         """Drop the map of ``key`` (the object was replaced): the next read opens it again."""

@@ -1,0 +1,289 @@
+"""Many stored chunks checked and decoded in one call, off the GIL.
+
+A chunk of Atari frames decodes in about 8 µs. Called one at a time, even with the GIL
+released for each call, two threads decode no more than one: each call hands the GIL
+over twice, and the handover costs as much as the call (``docs/benchmarks/cores.md``).
+This module's loop takes a whole list of chunks (addresses, lengths, destinations) and,
+for each, checks its crc32c and Blosc header and decodes it with c-blosc2, all in one
+ctypes call: the GIL is released once per list, so two threads, each with half of a
+batch's chunks, decode on two cores at once.
+
+The loop is a few lines of C (``_chunk_loop.c``), built when the package is installed
+and loaded with :mod:`ctypes`; it calls c-blosc2's ``blosc2_decompress_ctx`` (the
+library python-blosc2 ships, :class:`~atari_zarr.storage.blosc.LibBlosc2`) and
+google-crc32c's ``crc32c_value`` through function pointers. Where the loop was not
+built (no compiler at install), or a library or the self-check at first use fails,
+:func:`chunk_loop` is None and chunks decode one call each, as before.
+
+A chunk the loop does not decode is reported, not judged: its status is not
+:data:`DECODED`, and the caller reads it again the careful way, which names what is
+wrong (:meth:`~atari_zarr.storage.engine.ChunkEngine.decode`).
+
+Examples
+--------
+>>> import numpy as np, google_crc32c
+>>> from numcodecs import Blosc
+>>> loop = chunk_loop()
+>>> want = np.arange(4096, dtype=np.uint8)
+>>> body = Blosc(cname="zstd").encode(want)
+>>> src = np.frombuffer(body + google_crc32c.value(body).to_bytes(4, "little"), np.uint8)
+>>> out = np.zeros((2, 4096), dtype=np.uint8)
+>>> status = loop.run(
+...     np.array([src.ctypes.data] * 2, dtype=np.uint64), np.array([src.size, 9]),
+...     np.array([out[0].ctypes.data, out[1].ctypes.data], dtype=np.uint64), 4096,
+...     checksum=True)
+>>> status.tolist(), bool((out[0] == want).all())
+([0, 1], True)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.util
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, overload
+
+import numpy as np
+
+from atari_zarr.storage.blosc import LibBlosc2, libblosc2
+
+__all__ = ["DECODED", "ChunkLoop", "Destinations", "chunk_loop"]
+
+log = logging.getLogger("atari_zarr")
+
+#: A chunk's status when the loop decoded it; any other status sends it the careful way.
+DECODED = 0
+_MODULE = "atari_zarr.storage._chunk_loop"
+
+
+class ChunkLoop:
+    """The compiled loop, bound to c-blosc2 and crc32c.
+
+    Parameters
+    ----------
+    loop : ctypes.CDLL
+        The loaded ``_chunk_loop`` library.
+    blosc : LibBlosc2
+        c-blosc2, for its decoding call and this thread's context.
+    crc : int
+        Address of google-crc32c's ``crc32c_value``.
+    """
+
+    def __init__(self, loop: ctypes.CDLL, blosc: LibBlosc2, crc: int) -> None:
+        fn = loop.atari_zarr_decode_chunks
+        ptr = ctypes.c_void_p
+        fn.argtypes = [ptr, ptr, ptr, ctypes.c_int64, ptr, ptr, ptr, ctypes.c_int32, ptr]
+        fn.restype = ctypes.c_int64
+        self._fn, self._blosc, self._crc = fn, blosc, crc
+        self._decompress = blosc.decompress_ctx
+
+    def run(
+        self,
+        src: np.ndarray,
+        srclen: np.ndarray,
+        dest: np.ndarray,
+        destsize: int,
+        *,
+        checksum: bool,
+    ) -> np.ndarray:
+        """Check and decode chunk ``i`` (``srclen[i]`` bytes at address ``src[i]``) into
+        the ``destsize`` bytes at address ``dest[i]``, for every ``i``, in one call.
+
+        The caller keeps every source and destination alive (and the destinations
+        writable) until the call returns. With ``checksum`` each chunk ends in its
+        crc32c, which is checked first (zarr's ``crc32c`` codec after Blosc).
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int8`` status of each chunk, :data:`DECODED` where it decoded.
+        """
+        n = len(src)
+        src = np.ascontiguousarray(src, dtype=np.uint64)
+        srclen = np.ascontiguousarray(srclen, dtype=np.int64)
+        dest = np.ascontiguousarray(dest, dtype=np.uint64)
+        if len(srclen) != n or len(dest) != n:
+            raise ValueError(f"{n} sources, {len(srclen)} lengths and {len(dest)} destinations")
+        status = np.empty(n, dtype=np.int8)
+        if n:
+            self._fn(
+                self._decompress,
+                self._blosc.context(),
+                self._crc if checksum else None,
+                n,
+                src.ctypes.data,
+                srclen.ctypes.data,
+                dest.ctypes.data,
+                int(destsize),
+                status.ctypes.data,
+            )
+        return status
+
+    def run_parts(
+        self,
+        src: np.ndarray,
+        srclen: np.ndarray,
+        dest: np.ndarray,
+        destsize: int,
+        *,
+        checksum: bool,
+        executor: Executor | None = None,
+        parts: int = 1,
+    ) -> np.ndarray:
+        """:meth:`run` with the chunks split into ``parts`` runs of about equal encoded
+        bytes: the first on the calling thread, the others on ``executor``'s threads,
+        all at once."""
+        n = len(src)
+        if executor is None or parts <= 1 or n < 2:
+            return self.run(src, srclen, dest, destsize, checksum=checksum)
+        parts = min(parts, n)
+        # decoding time follows the encoded bytes more than the count of chunks
+        cum = np.cumsum(srclen, dtype=np.float64)
+        cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts).tolist()
+        bounds = [0, *cuts, n]
+        futs = [
+            executor.submit(self.run, src[a:b], srclen[a:b], dest[a:b], destsize, checksum=checksum)
+            for a, b in itertools.pairwise(bounds[1:])
+        ]
+        first = self.run(
+            src[: bounds[1]], srclen[: bounds[1]], dest[: bounds[1]], destsize, checksum=checksum
+        )
+        return np.concatenate([first, *(f.result() for f in futs)])
+
+
+class Destinations(Sequence[np.ndarray]):
+    """Where decoded chunks go: chunk ``i`` fills ``rows[starts[i] : starts[i] + chunk_rows]``.
+
+    A sequence of those views (what a decoding call takes one by one) that also gives
+    their addresses at once (:meth:`addresses`), for :class:`ChunkLoop`.
+
+    Parameters
+    ----------
+    rows : numpy.ndarray
+        C-contiguous array whose first axis is rows: a cache's slab, a batch's scratch,
+        the output of a range read.
+    starts : array-like of int
+        First row of each chunk's place.
+    chunk_rows : int
+        Rows of a chunk.
+
+    Examples
+    --------
+    >>> buf = np.zeros((6, 2), dtype=np.int16)
+    >>> d = Destinations(buf, [4, 0], 2)
+    >>> len(d), d[0].shape, d.addresses().tolist() == [buf.ctypes.data + 16, buf.ctypes.data]
+    (2, (2, 2), True)
+    >>> d[1:][0][...] = 7
+    >>> buf[:, 0].tolist()
+    [7, 7, 0, 0, 0, 0]
+    """
+
+    def __init__(self, rows: np.ndarray, starts: Any, chunk_rows: int) -> None:
+        if not rows.flags.c_contiguous:
+            raise ValueError("decoded chunks go to a C-contiguous array")
+        self.rows = rows
+        self.starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+        self.chunk_rows = int(chunk_rows)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    @overload
+    def __getitem__(self, i: int) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> Destinations: ...
+
+    def __getitem__(self, i: int | slice) -> np.ndarray | Destinations:
+        if isinstance(i, slice):
+            return Destinations(self.rows, self.starts[i], self.chunk_rows)
+        at = int(self.starts[i])
+        return self.rows[at : at + self.chunk_rows]
+
+    def take(self, which: Any) -> Destinations:
+        """The places of chunks ``which`` (positions in this sequence)."""
+        return Destinations(
+            self.rows, self.starts[np.asarray(which, dtype=np.int64)], self.chunk_rows
+        )
+
+    def addresses(self) -> np.ndarray:
+        """``uint64`` address of each chunk's first byte."""
+        row_bytes = self.rows.strides[0] if self.rows.ndim else self.rows.itemsize
+        at = np.uint64(self.rows.ctypes.data) + (self.starts * row_bytes).astype(np.uint64)
+        return at  # type: ignore[no-any-return]
+
+
+@functools.cache
+def chunk_loop() -> ChunkLoop | None:
+    """The compiled loop, checked once per process on known chunks; None where it was not
+    built, a library is missing, or the check fails (the reason is logged at DEBUG)."""
+    try:
+        blosc = libblosc2()
+        if blosc is None:
+            raise ImportError("c-blosc2 is not loaded through ctypes")
+        loop = ChunkLoop(ctypes.CDLL(str(_built())), blosc, _crc32c_value())
+        _self_test(loop)
+    except Exception as exc:
+        log.debug("chunks decode one call each: %s", exc)
+        return None
+    return loop
+
+
+def _built() -> Path:
+    spec = importlib.util.find_spec(_MODULE)
+    if spec is None or spec.origin is None:
+        raise ImportError("the chunk loop was not built with the package")
+    return Path(spec.origin)
+
+
+def _crc32c_value() -> int:
+    """The address of ``crc32c_value`` in the library google-crc32c ships."""
+    spec = importlib.util.find_spec("google_crc32c")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("google-crc32c is not installed")
+    for folder in map(Path, spec.submodule_search_locations):
+        for where in (folder.parent / "google_crc32c.libs", folder / ".dylibs", folder):
+            for pattern in ("libcrc32c*.so*", "libcrc32c*.dylib", "crc32c*.dll"):
+                for path in sorted(where.glob(pattern)):
+                    fn = ctypes.CDLL(str(path)).crc32c_value
+                    return int(ctypes.cast(fn, ctypes.c_void_p).value or 0)
+    raise ImportError("google-crc32c ships no crc32c library here")
+
+
+def _self_test(loop: ChunkLoop) -> None:
+    """Decode known chunks, one of them with a wrong crc32c, from two threads."""
+    import google_crc32c
+    from numcodecs import Blosc
+
+    want = (np.arange(3 * 70_000, dtype=np.int64) % 251).astype(np.uint8).reshape(3, -1)
+    bodies = [Blosc(cname="zstd", clevel=5).encode(w) for w in want]
+    stored = [b + google_crc32c.value(b).to_bytes(4, "little") for b in bodies]
+    stored[1] = stored[1][:-1] + bytes([stored[1][-1] ^ 1])
+    srcs = [np.frombuffer(s, dtype=np.uint8) for s in stored]
+    addrs = np.array([s.ctypes.data for s in srcs], dtype=np.uint64)
+    lens = np.array([s.size for s in srcs], dtype=np.int64)
+    results: list[bool] = []
+
+    def check() -> None:
+        out = np.zeros_like(want)
+        dests = np.array([o.ctypes.data for o in out], dtype=np.uint64)
+        status = loop.run(addrs, lens, dests, want.shape[1], checksum=True)
+        results.append(
+            status.tolist() == [DECODED, 2, DECODED]
+            and np.array_equal(out[[0, 2]], want[[0, 2]])
+            and not out[1].any()
+        )
+
+    threads = [threading.Thread(target=check) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if results != [True, True]:
+        raise ValueError("decoded known chunks wrongly")
