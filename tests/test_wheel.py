@@ -36,7 +36,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, tree / name)
     shutil.copytree(
-        REPO / "src", tree / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so", "*.pyd")
+        REPO / "src",
+        tree / "src",
+        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info", "*.so", "*.pyd"),
     )
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(

@@ -131,7 +131,9 @@ def test_locate_points_at_the_bytes_fetch_returns(tmp_path):
     few = engine.locate(cids[:3])  # the one-by-one path, for a few
     assert few.src.tolist() == located.src[:3].tolist()
     assert few.srclen.tolist() == located.srclen[:3].tolist()
-    for c, addr, n, chunk in zip(cids, located.src, located.srclen, engine.fetch(cids.tolist())):
+    for c, addr, n, chunk in zip(
+        cids, located.src, located.srclen, engine.fetch(cids.tolist()), strict=True
+    ):
         if c >= 24:
             assert addr == 0 and chunk.data is None
             continue
@@ -200,7 +202,7 @@ def test_a_mixture_batch_is_one_loop_run_with_the_rows_read_store_by_store(tmp_p
         readers.append(ChunkReader(a, where=f"{k}", options=opts, threads=2))
     rng = np.random.default_rng(5)
     which, rows = rng.integers(0, 12, 400), rng.integers(0, 256, 400)
-    want = np.stack([data[w][r] for w, r in zip(which, rows)])
+    want = np.stack([data[w][r] for w, r in zip(which, rows, strict=True)])
     runs = []
     real = chunks_module.decode_across
 
@@ -223,4 +225,6 @@ def test_a_mixture_batch_is_one_loop_run_with_the_rows_read_store_by_store(tmp_p
     path.write_bytes(bytes(raw))
     fresh = [ChunkReader(r.array, where=r.where, options=opts) for r in readers]
     with pytest.raises(StoreCorruptError, match=r"^3: chunk 2 of array"):
-        read_rows_of(fresh, np.array([0, 3, 5]), np.array([0, 17, 9]), np.empty((3, 6, 5), np.uint8))
+        read_rows_of(
+            fresh, np.array([0, 3, 5]), np.array([0, 17, 9]), np.empty((3, 6, 5), np.uint8)
+        )
