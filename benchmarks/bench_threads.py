@@ -14,6 +14,8 @@ Each figure is chunks (or calls) per second over ``--seconds``, one worker again
   memory bandwidth included);
 * **threads**: two threads of one process decoding at once, with each decoder of
   ``atari_zarr.storage.blosc`` (c-blosc2 through ctypes, python-blosc2, numcodecs);
+* **the chunk loop**: ``atari_zarr.storage.chunk_loop``, 300 chunks checked and decoded
+  a call (the GIL released once a call), in one thread and in two;
 * **handing the GIL over**: libc's ``memset`` through ctypes (which releases the GIL for
   every call, as the decoders that release it do) on buffers whose call takes about 1, 3
   and 16 µs, in one thread and in two.
@@ -100,6 +102,37 @@ def threads(store: str, name: str, seconds: float) -> dict[str, float]:
     return {str(k): _in_threads(work, k) for k in (1, 2)}
 
 
+def _loop_for(store: str, seconds: float) -> float:
+    """Chunks per second of the compiled chunk loop, 300 chunks a call (a batch's), each
+    into its own slot of a resident buffer, crc32c checked."""
+    import google_crc32c
+
+    from atari_zarr.storage.chunk_loop import Destinations, chunk_loop
+
+    loop = chunk_loop()
+    assert loop is not None, "the chunk loop was not built"
+    data, shape = _chunks(store)
+    stored = [
+        np.frombuffer(d + google_crc32c.value(d).to_bytes(4, "little"), np.uint8) for d in data
+    ]
+    src = np.array([s.ctypes.data for s in stored], dtype=np.uint64)
+    srclen = np.array([s.size for s in stored], dtype=np.int64)
+    out = np.ones((300 * shape[0], *shape[1:]), np.uint8)
+    dest = Destinations(out, np.arange(300) * shape[0], shape[0]).addresses()
+    nbytes = int(np.prod(shape))
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for a in range(0, len(stored) - 299, 300):
+            loop.run(src[a : a + 300], srclen[a : a + 300], dest, nbytes, checksum=True)
+        n += len(stored) // 300 * 300
+    return n / (time.perf_counter() - t0)
+
+
+def chunk_loop_threads(store: str, seconds: float) -> dict[str, float]:
+    """Chunks per second of the chunk loop, in one thread and in two at once."""
+    return {str(k): _in_threads(lambda: _loop_for(store, seconds), k) for k in (1, 2)}
+
+
 def handover(nbytes: int, seconds: float) -> dict[str, float]:
     """``memset`` calls per second through ctypes (the GIL released each call)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
@@ -132,6 +165,9 @@ def main(argv: list[str] | None = None) -> None:
         ] = processes(store, into, args.seconds)
     for name in ("libblosc2", "blosc2", "numcodecs"):
         rows[f"{name}, threads"] = threads(store, name, args.seconds)
+    rows["the chunk loop (300 chunks a call, crc32c checked), threads"] = chunk_loop_threads(
+        store, args.seconds
+    )
     for nbytes in (112_896, 450_000, 2_000_000):
         one = handover(nbytes, 0.5)["1"]  # the call's own time, for the label
         rows[f"memset of {nbytes:,} bytes ({1e6 / one:.1f} µs a call), threads"] = handover(

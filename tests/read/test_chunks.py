@@ -522,3 +522,19 @@ def test_the_reading_threads_do_not_survive_a_fork_and_the_child_reads_anew(tmp_
     assert os.waitstatus_to_exitcode(status) == 0
     np.testing.assert_array_equal(reader.read(rows), want)  # the parent's pool still works
     reader.close()
+
+
+def test_a_range_read_into_an_array_that_is_not_contiguous(tmp_path):
+    """Whole chunks of a range decode straight into ``out``; an ``out`` that is a strided
+    view gets them one by one, with the same rows."""
+    a = _array(zarr.storage.LocalStore(tmp_path / "r.zarr"), 256, chunk=8, shard=64)
+    data = _frames(256)[:, :6, :5]
+    a[:] = data
+    reader = ChunkReader(a, where="r", cache_bytes=0, decode_ahead=False)
+    wide = np.zeros((200, 12, 5), dtype=np.uint8)
+    out = wide[:, ::2]
+    assert not out.flags.c_contiguous
+    got = reader.read(np.arange(24, 224), out=out)
+    assert got is out
+    np.testing.assert_array_equal(wide[:, ::2], data[24:224])
+    assert not wide[:, 1::2].any()

@@ -568,7 +568,12 @@ class ChunkReader:
                 direct.append(c)
                 direct_dest.append(lo - start)
         if direct:
-            self._decode_into(direct, Destinations(out, direct_dest, cr))
+            dests: Sequence[np.ndarray] = (
+                Destinations(out, direct_dest, cr)
+                if out.flags.c_contiguous
+                else [out[a : a + cr] for a in direct_dest]
+            )
+            self._decode_into(direct, dests)
         for c in edge:
             a, b = max(c * cr, start), min((c + 1) * cr, stop)
             out[a - start : b - start] = self._edge(c, a, b)
