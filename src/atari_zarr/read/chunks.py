@@ -644,22 +644,8 @@ class ChunkReader:
         if not cids:
             return
         n = len(cids)
-        loop = chunk_loop()
-        if loop is not None and isinstance(dests, Destinations) and self.grid is not None:
-            located = self.engine.locate(np.asarray(cids, dtype=np.int64))
-            if located is not None:
-                parts = self.threads if split and n >= _LOOP_SPLIT_MIN_CHUNKS else 1
-                status = loop.run_parts(
-                    located.src,
-                    located.srclen,
-                    dests.addresses(),
-                    self.grid.chunk_nbytes,
-                    checksum=self.grid.checksum,
-                    executor=self._executor() if parts > 1 else None,
-                    parts=parts,
-                )
-                self.engine.settle(cids, dests, located, status)
-                return
+        if decode_across({0: self}, np.zeros(n, dtype=np.int64), cids, dests, split=split):
+            return
         # a local store: the engine reads each chunk from its memory map as it decodes it
         chunks = self._sources(cids) if self.engine.bytes.remote else None
 
@@ -769,10 +755,16 @@ def read_rows_of(
 
 
 def decode_across(
-    readers: dict[int, ChunkReader], tokens: np.ndarray, cids: np.ndarray, dests: Any
+    readers: dict[int, ChunkReader],
+    tokens: np.ndarray,
+    cids: Any,
+    dests: Any,
+    *,
+    split: bool = True,
 ) -> bool:
     """Chunks of many readers (reader ``readers[tokens[i]]``'s chunk ``cids[i]``) decoded
-    into ``dests`` by one compiled-loop run, split between the first reader's threads.
+    into ``dests`` by one compiled-loop run, split between the first reader's threads
+    (from 8 chunks up, where ``split``).
 
     A mixture's batch touches a chunk or two of each of hundreds of stores: one call a
     store would cost more than its decoding. Each store's chunks are located by its
@@ -809,7 +801,7 @@ def decode_across(
         parts.append((reader, a, b, located))
     src = np.concatenate([p[3].src for p in parts])
     srclen = np.concatenate([p[3].srclen for p in parts])
-    threads = first.threads if n >= _LOOP_SPLIT_MIN_CHUNKS else 1
+    threads = first.threads if split and n >= _LOOP_SPLIT_MIN_CHUNKS else 1
     status = loop.run_parts(
         src,
         srclen,
