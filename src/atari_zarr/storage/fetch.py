@@ -80,22 +80,19 @@ def map_limit() -> int:
 #: Every reader's maps, least recently used first, by (reader, key in its store): a
 #: reader opened after a store was written again never sees the maps of the files it
 #: replaced.
-_MAPS: OrderedDict[tuple[int, str], mmap.mmap | bytes | None] = OrderedDict()
+#: Each entry is the map (None: the object is absent) and the address of its first byte
+#: (0 where there is none), for a compiled loop that reads it.
+_MAPS: OrderedDict[tuple[int, str], tuple[mmap.mmap | bytes | None, int]] = OrderedDict()
 _MAPS_LOCK = threading.Lock()
 _READERS = itertools.count()
 
 
-#: The address of each map's first byte, by the map: computed once per map, dropped with it.
-_ADDRESSES: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_UNSEEN = object()
 
 
 def _address(mm: Any) -> int:
-    addr = _ADDRESSES.get(mm)
-    if addr is None:
-        view = np.frombuffer(mm, dtype=np.uint8)
-        addr = _ADDRESSES[mm] = int(view.ctypes.data)
-        del view  # a map never moves; the caller holds the map itself
-    return addr
+    """The address of the first byte of map ``mm`` (0: none); a map never moves."""
+    return int(np.frombuffer(mm, dtype=np.uint8).ctypes.data) if mm else 0
 
 
 def _drop_maps(reader: int, names: set[str]) -> None:
@@ -154,6 +151,10 @@ class LocalBytes:
             self._plain_dirs.add(prefix)
 
     def _map(self, key: str) -> mmap.mmap | bytes | None:
+        return self._entry(key)[0]
+
+    def _entry(self, key: str) -> tuple[mmap.mmap | bytes | None, int]:
+        """Object ``key``'s map and the address of its first byte, opened if need be."""
         name = (self._id, key)  # no path built per read: a hit costs a dict lookup
         with _MAPS_LOCK:
             if name in self._maps:
@@ -185,13 +186,14 @@ class LocalBytes:
             finally:
                 os.close(fd)
         limit = map_limit()
+        entry = (mm, _address(mm))
         with _MAPS_LOCK:
-            self._maps[name] = mm
+            self._maps[name] = entry
             self._names.add(key)
             while len(self._maps) > limit:
                 # Dropping the reference is enough: slices handed out keep their map alive.
                 self._maps.popitem(last=False)
-        return mm
+        return entry
 
     def mapped(self, key: str) -> mmap.mmap | bytes | None:
         """The whole object ``key``, memory-mapped (None: absent): slice it for a range."""
@@ -201,9 +203,17 @@ class LocalBytes:
         """The maps of objects ``keys`` and the address of each map's first byte (0 where
         the object is absent or empty), for a compiled loop that reads them: the caller
         holds the maps until it is done with the addresses."""
-        maps = [self._map(key) for key in keys]
-        addrs = [0 if not mm else _address(mm) for mm in maps]
-        return maps, addrs
+        names = [(self._id, key) for key in keys]
+        kept = self._maps
+        with _MAPS_LOCK:  # once for all: the maps already open, each moved to the end
+            found: list[Any] = [kept.get(name, _UNSEEN) for name in names]
+            for name, entry in zip(names, found, strict=True):
+                if entry is not _UNSEEN:
+                    kept.move_to_end(name)
+        for i, entry in enumerate(found):
+            if entry is _UNSEEN:
+                found[i] = self._entry(keys[i])
+        return [e[0] for e in found], [e[1] for e in found]
 
     def forget(self, key: str) -> None:
         """Drop the map of ``key`` (the object was replaced): the next read opens it again."""
