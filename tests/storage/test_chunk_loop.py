@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -88,20 +89,23 @@ def test_parts_on_threads_decode_as_one_call_does():
     out = np.zeros_like(rows)
     dests = Destinations(out, np.arange(64)[::-1], 1)  # in reverse, through its addresses
     names: list[str] = []
+    # a loop of this test's own (not the process's, which other readers' threads may use)
+    loop = loop_module.ChunkLoop(
+        ctypes.CDLL(str(loop_module._built())),
+        loop_module.libblosc2(),
+        loop_module._crc32c_value(),
+    )
+    real_run = loop.run
+
+    def run(*args, **kw):
+        names.append(threading.current_thread().name)
+        return real_run(*args, **kw)
+
+    loop.run = run  # type: ignore[method-assign]  # see who runs each part
     with ThreadPoolExecutor(3, thread_name_prefix="part") as pool:
-
-        def run(*args, **kw):
-            names.append(threading.current_thread().name)
-            return loop_module.ChunkLoop.run(chunk_loop(), *args, **kw)
-
-        loop = chunk_loop()
-        loop.run = run  # type: ignore[method-assign]  # see who runs each part
-        try:
-            status = loop.run_parts(
-                src, lens, dests.addresses(), rows[0].nbytes, checksum=True, executor=pool, parts=4
-            )
-        finally:
-            del loop.run
+        status = loop.run_parts(
+            src, lens, dests.addresses(), rows[0].nbytes, checksum=True, executor=pool, parts=4
+        )
     assert status.tolist() == [DECODED] * 64
     np.testing.assert_array_equal(out[::-1], rows)
     assert len(names) == 4 and names.count(threading.current_thread().name) == 1
