@@ -242,9 +242,7 @@ class ChunkCache:
             self._grow(int(miss.size), len(keys))
             new = self._take_slots(int(miss.size))
             assert self.slab is not None
-            rows = self.chunk_shape[0]
-            flat = self.slab.reshape(-1, *self.chunk_shape[1:])
-            decode(keys[miss].tolist(), Destinations(flat, new * rows, rows))
+            decode(keys[miss].tolist(), Destinations.slots(self.slab, new))
             # only now cached: a decode that failed leaves no half-decoded slot served
             self._add(keys[miss], new)
             slots[miss] = new

@@ -107,7 +107,7 @@ def read_passing(
             todo = np.flatnonzero(slot < 0)
             cache.note_hits(len(keys) - len(todo), len(keys))
     rows = chunk_shape[0]
-    decode(keys[todo].tolist(), Destinations(buf.reshape(-1, *chunk_shape[1:]), todo * rows, rows))
+    decode(keys[todo].tolist(), Destinations.slots(buf, todo))
     np.take(
         buf.reshape(-1, *chunk_shape[1:]), inverse * rows + within, axis=0, out=out, mode="clip"
     )
@@ -615,8 +615,9 @@ class ChunkReader:
         assert g is not None
 
         def decode() -> None:
-            buf = np.empty((len(cids) * g.chunk_rows, *g.row_shape), dtype=g.dtype)
-            dests = Destinations(buf, np.arange(len(cids)) * g.chunk_rows, g.chunk_rows)
+            dests = Destinations.slots(
+                np.empty((len(cids), *g.chunk_shape), dtype=g.dtype), np.arange(len(cids))
+            )
             # beside the reader's thread: a decoder that releases the GIL
             self._decode_into(cids, dests, split=False, decoder=background_decoder())
             with self._ahead_lock:

@@ -191,6 +191,22 @@ class Destinations(Sequence[np.ndarray]):
         self.starts = np.asarray(starts, dtype=np.int64).reshape(-1)
         self.chunk_rows = int(chunk_rows)
 
+    @classmethod
+    def slots(cls, chunks: np.ndarray, at: Any) -> Destinations:
+        """Slots ``at`` of ``chunks``, a C-contiguous ``(n, chunk_rows, ...)`` array (a
+        cache's slab, a batch's scratch).
+
+        Examples
+        --------
+        >>> slab = np.zeros((3, 2, 4), dtype=np.uint8)
+        >>> d = Destinations.slots(slab, [2, 0])
+        >>> d[0][...] = 1
+        >>> slab[:, 0, 0].tolist(), d.chunk_rows
+        ([0, 0, 1], 2)
+        """
+        rows = chunks.shape[1]
+        return cls(chunks.reshape(-1, *chunks.shape[2:]), np.asarray(at) * rows, rows)
+
     def __len__(self) -> int:
         return len(self.starts)
 

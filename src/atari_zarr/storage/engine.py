@@ -979,8 +979,9 @@ class ChunkEngine:
     def _decode_whole(
         self, lo: int, hi: int, out: np.ndarray, span: Sequence[EncodedChunk], loop: ChunkLoop
     ) -> list[EncodedChunk]:
-        """Decode the whole chunks of ``span`` into ``out`` with ``loop``; the chunks
-        left to decode one by one (partial, or that ``loop`` did not decode)."""
+        """Decode the whole chunks of ``span`` into ``out`` with ``loop`` (those it did not
+        decode the careful way, :meth:`settle`); the partial chunks, left to decode one
+        by one."""
         g = self.grid
         assert g is not None
         cr = g.chunk_rows
@@ -995,9 +996,8 @@ class ChunkEngine:
         status = loop.run(
             located.src, located.srclen, dests.addresses(), g.chunk_nbytes, checksum=g.checksum
         )
-        done = status == 0
-        self.count_decoded(int(done.sum()), int(located.srclen[done].sum()))
-        decoded = {c.cid for c, ok in zip(whole, done.tolist(), strict=True) if ok}
+        self.settle([c.cid for c in whole], dests, located, status)
+        decoded = {c.cid for c in whole}
         return [c for c in span if c.cid not in decoded]
 
     # -- zarr-python, for layouts the engine does not know --------------------------------
