@@ -22,6 +22,7 @@ from atari_zarr.layout import (
     TRUNCATED,
     create_store,
 )
+from atari_zarr.read import chunk_cache
 from atari_zarr.read.budget import Budget
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.options import ReadOptions
@@ -365,40 +366,56 @@ def test_a_large_cache_takes_slots_into_use_as_misses_pay_for_them(pong_store):
     assert small._cache.active == before and small.stats["hits"] >= len(rows)
 
 
+def _admission_gaps(cache, read, batches: int) -> list[int]:
+    """Batches between the batches the cache admitted, over ``batches`` calls of ``read``."""
+    admitted, last = [], cache._batch
+    for i in range(batches):
+        read()
+        if cache._batch != last:
+            admitted.append(i)
+            last = cache._batch
+    return np.diff(admitted).tolist()
+
+
 def test_a_cache_far_smaller_than_its_array_stops_admitting_what_it_never_hits(tmp_path):
     """Random reads over 512 chunks through a 16-slot cache hit about 3%: after the first
-    batches its misses are decoded for the batch only (one batch in 16 still admits), and
-    reads that come back to a few rows fill it again."""
+    batches its misses are decoded for the batch only (a probe batch still admits: the
+    16th, then the 32nd after it, and so on up to one in 256), and reads that come back
+    to a few rows fill it again."""
     a = _array(zarr.storage.LocalStore(tmp_path / "adm.zarr"), 4096)
     data = _frames(4096)[:, :6, :5].copy()
     a[:] = data
     reader = ChunkReader(a, where="adm", cache_bytes=16 * 8 * 6 * 5, decode_ahead=False)
     cache = reader._cache
     rng = np.random.default_rng(0)
+
+    def read(high: int = 4096) -> None:
+        rows = rng.integers(0, high, 4)
+        np.testing.assert_array_equal(reader.read(rows), data[rows])
+
     for _ in range(40):
-        rows = rng.integers(0, 4096, 4)
-        np.testing.assert_array_equal(reader.read(rows), data[rows])
+        read()
     assert cache.hit_rate < 0.1
-    admitted = cache._batch
-    for _ in range(160):
-        rows = rng.integers(0, 4096, 4)
-        np.testing.assert_array_equal(reader.read(rows), data[rows])
-    assert cache._batch - admitted == 10  # one batch in 16, not every one
-    # reads that come back to 8 chunks: admitted again, then served from the cache
-    for _ in range(200):
-        rows = rng.integers(0, 64, 4)
-        np.testing.assert_array_equal(reader.read(rows), data[rows])
+    # the probes back off, each gap twice the one before up to 256: a dozen batches of
+    # 1,000 admitted, where one in 16 would be 62 (a lucky run of hits starts over)
+    gaps = _admission_gaps(cache, read, 1000)
+    assert gaps[:4] == [32, 64, 128, 256] and max(gaps) == chunk_cache.ADMIT_EVERY_MAX
+    assert len(gaps) + 1 <= 15
+    # reads that come back to 8 chunks: admitted again at the next probe at the latest,
+    # then served from the cache, the probes back at one in 16
+    for _ in range(300):
+        read(64)
     assert cache.hit_rate > 0.9 and reader.cached_chunks >= 8
+    assert cache.probe_every == chunk_cache.ADMIT_EVERY
     decoded = reader.stats["decoded"]
     for _ in range(20):
-        rows = rng.integers(0, 64, 4)
-        np.testing.assert_array_equal(reader.read(rows), data[rows])
+        read(64)
     assert reader.stats["decoded"] == decoded
 
 
 def test_a_mixtures_shared_cache_far_smaller_than_its_stores_stops_admitting(tmp_path):
     """Four stores of 1,024 rows read at random through one shared 16-slot cache: the
-    mixture's batches stop admitting their misses (one batch in 16 still does), the
+    mixture's batches stop admitting their misses (but for the probe batches), the
     rows stay right, and reads that come back to a few rows fill the cache again."""
     # each store's share: 4 chunks of 8 rows (a group's bound is the sum of its shares)
     opts = ReadOptions(frame_cache_bytes=4 * 8 * 6 * 5, budget=Budget())
@@ -422,11 +439,9 @@ def test_a_mixtures_shared_cache_far_smaller_than_its_stores_stops_admitting(tmp
     for _ in range(40):
         batch(1024)
     assert cache.hit_rate < 0.1
-    admitted = cache._batch
-    for _ in range(160):
-        batch(1024)
-    assert cache._batch - admitted == 10  # one batch in 16, not every one
-    for _ in range(200):
+    gaps = _admission_gaps(cache, lambda: batch(1024), 500)
+    assert min(gaps) >= chunk_cache.ADMIT_EVERY and len(gaps) + 1 <= 10  # not every batch
+    for _ in range(300):
         batch(32)  # 4 chunks of each store: admitted again, then served from the cache
     assert cache.hit_rate > 0.9
     decoded = sum(r.stats["decoded"] for r in readers)

@@ -21,11 +21,15 @@ nothing, and the cache grows as misses pay for its pages whatever the number of 
 * An **admission policy** (:meth:`ChunkCache.admits`): a cache that can hold at most
   an eighth of the chunks of its readers' arrays, and whose lookups have lately hit
   under one in ten, stops taking misses in (they are decoded for their batch only),
-  except in one batch of 16. A run far larger than the cache, read at random, hits it
-  about as often as the share it holds (2% for a whole run on a 24 GB machine):
-  admitting would only cost the cache's upkeep and its slots' page faults. Reads that
-  come back to the same rows raise the hit rate and the cache fills again. The
-  evidence is the cache's, so a mixture's stores, which share one, are judged together.
+  except in a probe batch: the 16th batch after it stopped, then the 32nd after that,
+  and so on up to one in 256 while the hit rate stays low. A run far larger than the
+  cache, read at random, hits it about as often as the share it holds (2% for a whole
+  run on a 24 GB machine): admitting would only cost the cache's upkeep and its slots'
+  page faults (an admitted batch there takes twice as long as one decoded in passing).
+  Reads that come back to the same rows raise the hit rate, even between probes (the
+  rows the cache holds are hit), and the cache fills again, the probes back at one in
+  16. The evidence is the cache's, so a mixture's stores, which share one, are judged
+  together.
 
 Every method is called with :attr:`ChunkCache.lock` held, and a batch asks
 :meth:`ChunkCache.room` before :meth:`ChunkCache.slots`.
@@ -64,12 +68,14 @@ FIRST_ACTIVE_BYTES = 128 << 20
 MISSES_PER_SLOT = 8
 # The admission policy (ChunkCache.admits): a cache of at most 1/ADMIT_SHARE of its
 # readers' chunks stops admitting while its recent hit rate (an exponential average of
-# batches, weight HIT_RATE_WEIGHT) is under ADMIT_HIT_RATE, except in one batch of
-# ADMIT_EVERY.
+# batches, weight HIT_RATE_WEIGHT) is under ADMIT_HIT_RATE, except in probe batches:
+# ADMIT_EVERY batches after it stopped, then twice as many each time, at most
+# ADMIT_EVERY_MAX.
 ADMIT_SHARE = 8
 ADMIT_HIT_RATE = 0.1
 HIT_RATE_WEIGHT = 0.1
 ADMIT_EVERY = 16
+ADMIT_EVERY_MAX = 256
 
 Decode = Callable[[list[int], Sequence[np.ndarray]], None]
 
@@ -124,7 +130,10 @@ class ChunkCache:
         #: The admission policy's evidence: batches asked about, the recent hit rate
         #: (optimistic at first, so a fresh cache fills until its lookups say otherwise).
         self.hit_rate = 1.0
-        self._asked = 0
+        #: Batches between probes while the policy refuses (doubles with each probe),
+        #: and batches refused since the last probe.
+        self.probe_every = ADMIT_EVERY
+        self._refused = 0
         self._next_token = 0
         # tokens of readers collected by the garbage collector, left at the next call
         self._gone: list[int] = []
@@ -195,15 +204,20 @@ class ChunkCache:
         """Whether this batch's misses enter the cache (the admission policy).
 
         True while the cache holds more than an eighth of its readers' chunks, or its
-        recent hit rate (:meth:`note_hits`) is at least one in ten, and in one batch of
-        :data:`ADMIT_EVERY` whatever it is.
+        recent hit rate (:meth:`note_hits`) is at least one in ten. Otherwise True only
+        for a probe: after :attr:`probe_every` batches refused, which then doubles (at
+        most :data:`ADMIT_EVERY_MAX`); it is back at :data:`ADMIT_EVERY` once the cache
+        admits again.
         """
-        self._asked += 1
-        return (
-            self.n_slots * ADMIT_SHARE > self.chunks_behind
-            or self.hit_rate >= ADMIT_HIT_RATE
-            or self._asked % ADMIT_EVERY == 0
-        )
+        if self.n_slots * ADMIT_SHARE > self.chunks_behind or self.hit_rate >= ADMIT_HIT_RATE:
+            self.probe_every, self._refused = ADMIT_EVERY, 0
+            return True
+        self._refused += 1
+        if self._refused < self.probe_every:
+            return False
+        self.probe_every = min(2 * self.probe_every, ADMIT_EVERY_MAX)
+        self._refused = 0
+        return True
 
     def note_hits(self, hits: int, looked_up: int) -> None:
         """Fold one batch's hits into the recent hit rate (an exponential average)."""
