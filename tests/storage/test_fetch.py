@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from atari_zarr.errors import StoreFormatError
@@ -46,6 +47,56 @@ def test_the_maps_of_every_store_share_one_bound(tmp_path: Path, monkeypatch) ->
 
     gc.collect()
     assert len(fetch._MAPS) == 0
+
+
+def test_a_map_table_follows_the_process_maps(tmp_path: Path, monkeypatch) -> None:
+    """A map table answers for many objects at once, with the bytes each one holds; its
+    rows are emptied when the process lets their maps go (the bound, a replaced object,
+    a reader gone), so it never keeps more maps than the bound, and a row let go is
+    opened again when asked for."""
+    monkeypatch.setattr(fetch, "_MAPS", type(fetch._MAPS)())
+    monkeypatch.setattr(fetch, "_WATCHERS", {})
+    monkeypatch.setattr(fetch, "map_limit", lambda: 3)
+    names = [f"c/{i}/0/0" for i in range(5)]
+    _files(tmp_path, names[:4])  # the fifth object is absent
+    reader = fetch.LocalBytes(tmp_path)
+    table = fetch.MapTable()
+    assert table.add(reader, lambda i: f"c/{i}/0/0", 5) == 0
+
+    def held() -> int:
+        return int(sum(m is not None for m in table._maps))
+
+    def read(numbers: list[int]) -> list[bytes | None]:
+        maps, addrs, sizes = table.at(np.array(numbers))
+        out = []
+        for mm, addr, size in zip(maps, addrs.tolist(), sizes.tolist(), strict=True):
+            if addr == 0:
+                out.append(None)
+                continue
+            # the address is the map's first byte, and the size its length
+            view = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_uint8 * size).from_address(addr))
+            assert bytes(view) == bytes(mm)
+            out.append(bytes(view))
+        return out
+
+    assert read([0, 1, 4]) == [n.encode() * 4 for n in names[:2]] + [None]
+    assert held() == 2 and len(fetch._MAPS) == 3  # the absent one is remembered too
+    assert read([2, 3]) == [n.encode() * 4 for n in names[2:4]]
+    assert len(fetch._MAPS) == 3 and held() <= 3  # the bound, table included
+    assert not table.known[0] and table.addr[0] == 0  # the first let go ...
+    assert read([0]) == [names[0].encode() * 4]  # ... and opened again
+    reader.forget("c/0/0/0")
+    assert not table.known[0] and table._maps[0] is None
+    # a map let go between opening and answering reads as 0, for the caller to go
+    # another way (here: the bound of one map, two asked for)
+    monkeypatch.setattr(fetch, "map_limit", lambda: 1)
+    maps, addrs, _ = table.at(np.array([1, 2]))
+    assert (addrs == 0).sum() >= 1 and held() <= 1
+    del reader, table, maps
+    import gc
+
+    gc.collect()
+    assert len(fetch._MAPS) == 0 and not fetch._WATCHERS
 
 
 def test_a_reader_opened_after_a_store_was_written_again_reads_the_new_files(

@@ -11,7 +11,10 @@ own). It owns what they hold between batches:
   the sum of the stores' ``kept_bytes``;
 * **open files**: the memory maps of local shards, bounded for the whole process by
   :func:`~atari_zarr.storage.fetch.map_limit` (a share of ``RLIMIT_NOFILE``: on
-  Python 3.11 each map holds a descriptor), whatever the number of stores.
+  Python 3.11 each map holds a descriptor), whatever the number of stores;
+* **where chunks lie**: one :class:`~atari_zarr.storage.chunk_tables.ChunkTables` for
+  the local stores' shard indexes and maps, so a batch locates the chunks of every
+  store it touches at once. What it holds stays true in a forked child, which keeps it.
 
 It travels in :class:`~atari_zarr.read.options.ReadOptions` (``budget=``), set by
 :meth:`ReadOptions.divided <atari_zarr.read.options.ReadOptions.divided>` for a
@@ -41,6 +44,7 @@ import numpy as np
 
 from atari_zarr.forks import after_fork
 from atari_zarr.read.chunk_cache import ChunkCache
+from atari_zarr.storage.chunk_tables import ChunkTables
 from atari_zarr.storage.kept import KeptBytes
 
 __all__ = ["Budget"]
@@ -51,6 +55,7 @@ class Budget:
 
     def __init__(self) -> None:
         self._renew()
+        self._tables = ChunkTables()
         after_fork(self._renew)
 
     def _renew(self) -> None:
@@ -73,6 +78,10 @@ class Budget:
             if self._kept is None:
                 self._kept = KeptBytes(0)
             return self._kept
+
+    def tables(self) -> ChunkTables:
+        """Where the chunks of the local stores lie; each store's arrays join it."""
+        return self._tables
 
     def __getstate__(self) -> dict[str, Any]:
         return {}

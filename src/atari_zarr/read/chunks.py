@@ -52,6 +52,7 @@ from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import resident
 from atari_zarr.resources import cpu_count
 from atari_zarr.storage.chunk_loop import Destinations, chunk_loop
+from atari_zarr.storage.chunk_tables import ChunkTables, Located, Rows
 from atari_zarr.storage.engine import (
     ChunkEngine,
     EncodedChunk,
@@ -198,6 +199,7 @@ class ChunkReader:
             coalesce_gap=options.coalesce_gap,
             kept_bytes=options.kept_bytes,
             shared=None if options.budget is None else options.budget.kept(),
+            tables=None if options.budget is None else options.budget.tables(),
         )
         self.where = where
         self.name = self.engine.name
@@ -710,16 +712,19 @@ def read_rows_of(
     rows = np.asarray(rows, dtype=np.int64)
     touched = np.unique(which).tolist()
     for k in touched:
-        with readers[k]._lock:
-            readers[k]._own_cache()
+        if readers[k]._forked:
+            with readers[k]._lock:
+                readers[k]._own_cache()
     first = readers[touched[0]] if touched else None
     cache = first._cache if first is not None else None
     g = first.grid if first is not None else None
     if (
         cache is not None
         and g is not None
-        and all(readers[k]._cache is cache and readers[k].grid is not None for k in touched)
-        and all(readers[k].grid.chunk_rows == g.chunk_rows for k in touched)  # type: ignore[union-attr]
+        and all(
+            r._cache is cache and r.grid is not None and r.grid.chunk_rows == g.chunk_rows
+            for r in [readers[k] for k in touched]
+        )
     ):
         cr = g.chunk_rows
         tokens = np.zeros(len(readers), dtype=np.int64)
@@ -768,12 +773,14 @@ def decode_across(
     (from 8 chunks up, where ``split``).
 
     A mixture's batch touches a chunk or two of each of hundreds of stores: one call a
-    store would cost more than its decoding. Each store's chunks are located by its
-    engine (a few microseconds), all are decoded together, and each engine counts its
-    own and reads what did not decode the careful way. Returns False, having decoded
-    nothing, where that does not apply (no loop, a remote store, destinations that are
-    not :class:`~atari_zarr.storage.chunk_loop.Destinations`, stores whose chunks
-    differ in size or checksum).
+    store would cost more than its decoding. Where the stores share their chunk tables
+    (:class:`~atari_zarr.storage.chunk_tables.ChunkTables`, a mixture's), the chunks of
+    all of them are located with a few array steps; otherwise each store's engine
+    locates its own. All are decoded together, and each engine counts its own and
+    reads what did not decode the careful way. Returns False, having decoded nothing,
+    where that does not apply (no loop, a remote store, destinations that are not
+    :class:`~atari_zarr.storage.chunk_loop.Destinations`, stores whose chunks differ in
+    size or checksum).
     """
     loop = chunk_loop()
     n = len(cids)
@@ -786,37 +793,74 @@ def decode_across(
         tokens, cids, dests = tokens[order], cids[order], dests.take(order)
     starts = np.flatnonzero(np.concatenate(([True], tokens[1:] != tokens[:-1])))
     bounds = [*starts.tolist(), n]
+    engines = [readers[t].engine for t in tokens[starts].tolist()]
     first = readers[int(tokens[0])]
     g = first.grid
-    if g is None:
+    kind = engines[0].loop_kind
+    if g is None or kind is None or not all(e.loop_kind == kind for e in engines):
         return False
-    parts: list[tuple[ChunkReader, int, int, Any]] = []
-    for a, b in itertools.pairwise(bounds):
-        reader = readers[int(tokens[a])]
-        rg = reader.grid
-        if rg is None or rg.chunk_nbytes != g.chunk_nbytes or rg.checksum != g.checksum:
-            return False
-        located = reader.engine.locate(cids[a:b])
-        if located is None:
-            return False
-        parts.append((reader, a, b, located))
-    src = np.concatenate([p[3].src for p in parts])
-    srclen = np.concatenate([p[3].srclen for p in parts])
+    joined = [e.rows() for e in engines]
+    tables = joined[0][0]
+    shared = len(engines) > 1 and all(j[0] is tables for j in joined)
+    if shared:
+        located = _locate_across(tables, engines, [j[1] for j in joined], cids, starts, bounds)
+    else:
+        parts = [
+            e.locate(cids[a:b])
+            for e, (a, b) in zip(engines, itertools.pairwise(bounds), strict=True)
+        ]
+        found = [p for p in parts if p is not None]  # every engine is locatable
+        located = Located(
+            np.concatenate([p.src for p in found]),
+            np.concatenate([p.srclen for p in found]),
+            [p.keep for p in found],
+        )
     threads = first.threads if split and n >= _LOOP_SPLIT_MIN_CHUNKS else 1
     status = loop.run_parts(
-        src,
-        srclen,
+        located.src,
+        located.srclen,
         dests.addresses(),
         g.chunk_nbytes,
         checksum=g.checksum,
         executor=first._executor() if threads > 1 else None,
         parts=threads,
     )
-    failed = np.add.reduceat(status != 0, starts).tolist()
-    nbytes = np.add.reduceat(np.where(status == 0, srclen, 0), starts).tolist()
-    for (reader, a, b, located), bad, got in zip(parts, failed, nbytes, strict=True):
-        if bad:
-            reader.engine.settle(cids[a:b], dests[a:b], located, status[a:b])
+    ok = status == 0
+    failed = np.add.reduceat(~ok, starts)
+    nbytes = np.add.reduceat(np.where(ok, located.srclen, 0), starts)
+    counts = np.diff(bounds)
+    if shared:  # every store's count in one step
+        members = np.array([j[1].member for j in joined], dtype=np.int64)
+        whole = failed == 0
+        tables.count(members[whole], counts[whole], nbytes[whole])
+    for k in np.flatnonzero(failed if shared else np.ones(len(engines), bool)).tolist():
+        a, b = bounds[k], bounds[k + 1]
+        if failed[k]:
+            part = Located(located.src[a:b], located.srclen[a:b], located.keep)
+            engines[k].settle(cids[a:b], dests[a:b], part, status[a:b])
         else:
-            reader.engine.count_decoded(b - a, got)
+            engines[k].count_decoded(b - a, int(nbytes[k]))
     return True
+
+
+def _locate_across(
+    tables: ChunkTables,
+    engines: list[ChunkEngine],
+    rows: list[Rows],
+    cids: np.ndarray,
+    starts: np.ndarray,
+    bounds: list[int],
+) -> Located:
+    """Where chunks ``cids`` lie, those of ``bounds[k]:bounds[k + 1]`` engine ``k``'s
+    (at ``rows[k]`` of the ``tables`` they share)."""
+    counts = np.diff(bounds)
+    chunk_base = np.repeat([r.chunk_base for r in rows], counts)
+    shard_base = np.repeat([r.shard_base for r in rows], counts)
+    cps = np.repeat([e.grid.chunks_per_shard for e in engines], counts)  # type: ignore[union-attr]
+    shard_rows = shard_base + cids // cps
+    unknown = np.flatnonzero(~tables.known[shard_rows])
+    if unknown.size:  # shards read for the first time: each engine learns its own
+        part = np.searchsorted(starts, unknown, side="right") - 1
+        for k in np.unique(part).tolist():
+            engines[k].learn(shard_rows[unknown[part == k]] - rows[k].shard_base)
+    return tables.locate(chunk_base + cids, shard_rows)

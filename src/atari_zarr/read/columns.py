@@ -82,6 +82,8 @@ class StepColumn:
         self._values = np.empty(self._n, dtype=self.compact_dtype)
         self._loaded = np.zeros(-(-self._n // self._chunk_rows), dtype=bool)
         self._complete = self._n == 0  # every chunk loaded: rows need no check
+        # called when the values leave the arrays of move_to (widened)
+        self._on_leave: Callable[[], None] | None = None
         self._lock = threading.Lock()
         after_fork(self._renew_lock)
 
@@ -118,6 +120,36 @@ class StepColumn:
             self._load(need.tolist())
         return self._values[lo:hi].astype(self.dtype, copy=False)
 
+    @property
+    def chunk_rows(self) -> int:
+        """Rows per chunk of the column's array (the unit it loads)."""
+        return self._chunk_rows
+
+    def move_to(self, values: np.ndarray, loaded: np.ndarray, on_leave: Callable[[], None]) -> bool:
+        """Keep the values in ``values`` and the chunks' loaded flags in ``loaded`` from now
+        on (a mixture's arrays of every store's values:
+        :class:`~atari_zarr.read.step_axis.StepAxis`), what is loaded copied there.
+
+        False, nothing moved, where they do not fit (another compact dtype, length or
+        chunking) or the column was moved before (a store that is twice in a mixture
+        is on its axis once). A chunk loaded later that needs a wider dtype moves the values back
+        to arrays of the column's own, after calling ``on_leave``.
+        """
+        with self._lock:
+            if (
+                self._on_leave is not None
+                or values.dtype != self._values.dtype
+                or values.shape != self._values.shape
+                or loaded.shape != self._loaded.shape
+            ):
+                return False
+            for c in np.flatnonzero(self._loaded).tolist():
+                lo, hi = c * self._chunk_rows, min((c + 1) * self._chunk_rows, self._n)
+                values[lo:hi] = self._values[lo:hi]
+            loaded[:] = self._loaded
+            self._values, self._loaded, self._on_leave = values, loaded, on_leave
+            return True
+
     def _load(self, cids: list[int]) -> None:
         with self._lock:
             cids = [c for c in cids if not self._loaded[c]]
@@ -133,6 +165,10 @@ class StepColumn:
                     back = data.astype(self._values.dtype).astype(self.dtype)
                     if not np.array_equal(back.view(np.uint8), data.view(np.uint8)):
                         log.debug("widening %s to %s", self._reader.name, self.dtype)
+                        if self._on_leave is not None:  # off the mixture's arrays first
+                            self._on_leave()
+                            self._on_leave = None
+                            self._loaded = self._loaded.copy()
                         self._values = self._values.astype(self.dtype)
                 self._values[lo:hi] = data
                 self._loaded[c] = True

@@ -581,8 +581,11 @@ def items_of(which: np.ndarray) -> dict[int, Any]:
     if len(groups) == 1:
         return {int(groups[0]): slice(None)}
     order = np.argsort(which, kind="stable")
-    parts = np.split(order, np.cumsum(counts)[:-1])
-    return dict(zip(groups.tolist(), parts, strict=True))
+    ends = np.cumsum(counts).tolist()
+    # slices of one array, not np.split: a mixture's batch has one part per store touched
+    return {
+        g: order[e - c : e] for g, c, e in zip(groups.tolist(), counts.tolist(), ends, strict=True)
+    }
 
 
 def _indexed(stores: Sequence[StoreReader], groups: list[int], index: Any) -> bool:
@@ -625,8 +628,10 @@ def read_items(
         stores[g0].frames.read(buffer.flat(rows), out=buffer.frames)
     else:  # every frame in one gather where the stores share a cache
         each = np.broadcast_to(which[:, None], rows.shape)
-        readers = [s.frames if s.opened else None for s in stores]  # the touched are
-        read_rows_of(readers, buffer.flat(each), buffer.flat(rows), buffer.frames)  # type: ignore[arg-type]
+        readers: list[Any] = [None] * len(stores)
+        for g in groups:  # the stores touched (opened)
+            readers[g] = stores[g].frames
+        read_rows_of(readers, buffer.flat(each), buffer.flat(rows), buffer.frames)
     offsets = np.arange(length, dtype=np.int64)[None, :]
     safe = starts[:, None] + offsets
     if plan.padded:
@@ -679,14 +684,24 @@ def _indexed_steps(
     window: bool,
 ) -> dict[str, np.ndarray]:
     """The per-step values of rows ``safe`` (``(B, length)``) of stores ``which``:
-    the episode values from ``index`` at once, actions and rewards store by store."""
+    the episode values from ``index`` at once, actions and rewards from its step axis
+    (:class:`~atari_zarr.read.step_axis.StepAxis`) at once where every store touched is
+    on it, else store by store, as ``return_to_go``."""
     b, length = safe.shape
-    got = index.lookup(np.repeat(which, length), safe.ravel())
-    per_store = ["action", "reward", *(["return_to_go"] if window else [])]
-    parts = {
-        g: stores[g].step_values(safe[sel].ravel(), window, per_store) for g, sel in sel_of.items()
-    }
-    steps = {name: _joined(parts, name, sel_of, b, length) for name in per_store}
+    each = np.repeat(which, length)
+    got = index.lookup(each, safe.ravel())
+    # actions and rewards in one gather where every store touched is on the axis
+    steps = index.steps.values(each, safe.ravel(), ["action", "reward"]) or {}
+    per_store = [
+        *(["action", "reward"] if not steps else []),
+        *(["return_to_go"] if window else []),
+    ]
+    if per_store:
+        parts = {
+            g: stores[g].step_values(safe[sel].ravel(), window, per_store)
+            for g, sel in sel_of.items()
+        }
+        steps.update({name: _joined(parts, name, sel_of, b, length) for name in per_store})
     steps.update(
         terminated=got.terminated, truncated=got.truncated, episode=got.episode, first=got.first
     )

@@ -50,7 +50,8 @@ from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.blosc import blosc_decoder, libblosc2_decoder
 from atari_zarr.storage.chunk_loop import ChunkLoop, Destinations
-from atari_zarr.storage.fetch import byte_source
+from atari_zarr.storage.chunk_tables import ChunkTables, Located, Rows
+from atari_zarr.storage.fetch import LocalBytes, byte_source
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES, KeptBytes, KeptView
 from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
 
@@ -186,6 +187,8 @@ class ChunkGrid:
         #: Bytes of a shard index: an offset and a length per chunk, and a crc32c.
         self.index_size = index_size(self.chunks_per_shard)
         self.n_chunks = -(-self.shape[0] // self.chunk_rows)
+        #: Objects along the rows: shards (or chunks, where unsharded).
+        self.n_shards = -(-self.n_chunks // self.chunks_per_shard)
         self.chunk_shape = (self.chunk_rows, *self.row_shape)
         self.chunk_nbytes = int(np.prod(self.chunk_shape)) * self.dtype.itemsize
         fill = meta.fill_value
@@ -218,18 +221,6 @@ class EncodedChunk(NamedTuple):
     size: int | None
 
 
-class Located(NamedTuple):
-    """Where chunks' stored bytes lie in this process's memory (:meth:`ChunkEngine.locate`)."""
-
-    #: ``uint64`` address of each chunk's bytes (its crc32c included); 0 where the
-    #: chunk was not found in a map (absent, or its index does not fit the object).
-    src: np.ndarray
-    #: ``int64`` length of each.
-    srclen: np.ndarray
-    #: The maps the addresses point into: hold them until the chunks are decoded.
-    keep: list[Any]
-
-
 class ChunkEngine:
     """Chunk bytes of one Zarr v3 array: located, fetched, verified and decoded.
 
@@ -251,6 +242,10 @@ class ChunkEngine:
     shared : KeptBytes, optional
         The encoded-byte cache several arrays share (a mixture's stores, each joining
         with its ``kept_bytes``); default one of the array's own.
+    tables : ChunkTables, optional
+        Where the chunks of several local arrays are located together (a mixture's
+        stores: :class:`~atari_zarr.storage.chunk_tables.ChunkTables`); default tables
+        of the array's own.
 
     Attributes
     ----------
@@ -284,13 +279,14 @@ class ChunkEngine:
         coalesce_gap: int = DEFAULT_COALESCE_GAP,
         kept_bytes: int = DEFAULT_KEPT_BYTES,
         shared: KeptBytes | None = None,
+        tables: ChunkTables | None = None,
     ) -> None:
         self.array = array
         self.where = where
         self.remedy = remedy or DEFAULT_REMEDY
         self.name = array.path or array.name
         self.coalesce_gap = coalesce_gap
-        self.stats = {"requests": 0, "fetched_bytes": 0, "decoded": 0, "kept_hits": 0}
+        self._stats = {"requests": 0, "fetched_bytes": 0, "decoded": 0, "kept_hits": 0}
         try:
             self.grid: ChunkGrid | None = ChunkGrid(array)
         except UnsupportedChunks as exc:
@@ -317,10 +313,24 @@ class ChunkEngine:
         )
         self._indexes: OrderedDict[int, np.ndarray | None] = OrderedDict()
         self._index_lock = threading.Lock()
-        # every chunk's (offset, length) in its shard, for :meth:`locate`: made on first
-        # use, filled a shard at a time (virtual memory until then)
-        self._table: np.ndarray | None = None
-        self._table_known: np.ndarray | None = None
+        #: True when :meth:`locate` finds chunks in memory: a local sharded array.
+        self.locatable = (
+            self.grid is not None
+            and self.grid.sharded
+            and isinstance(self.bytes, LocalBytes)
+            and not self.bytes.remote
+        )
+        # every chunk's (offset, length) in its shard, for :meth:`locate`: in the tables
+        # given (a mixture's) or its own, joined on first use and filled a shard at a time
+        #: What a compiled loop needs alike of the arrays it decodes in one run (decoded
+        #: chunk bytes, crc32c or not); None where :meth:`locate` finds nothing.
+        self.loop_kind = (
+            (self.grid.chunk_nbytes, self.grid.checksum)
+            if self.locatable and self.grid is not None
+            else None
+        )
+        self._tables = tables
+        self._joined: tuple[ChunkTables, Rows] | None = None
         #: The crc32c its writer recorded for each object (None: none recorded).
         self.fingerprints = recorded(array) if self.grid is not None else None
         self._stats_lock = threading.Lock()
@@ -356,15 +366,27 @@ class ChunkEngine:
     def __len__(self) -> int:
         return int(self.array.shape[0])
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: ``requests`` (ranges asked of a remote store), ``fetched_bytes``
+        (stored chunk bytes used), ``decoded`` (chunks) and ``kept_hits``; those a
+        mixture's batches counted in its chunk tables included."""
+        out = dict(self._stats)
+        if self._joined is not None:
+            chunks, nbytes = self._joined[0].counted(self._joined[1].member)
+            out["decoded"] += chunks
+            out["fetched_bytes"] += nbytes
+        return out
+
     def _count(self, key: str, n: int) -> None:
         with self._stats_lock:
-            self.stats[key] += n
+            self._stats[key] += n
 
     def count_decoded(self, chunks: int, nbytes: int) -> None:
         """Add to the ``decoded`` and ``fetched_bytes`` counters (once per group of chunks)."""
         with self._stats_lock:
-            self.stats["decoded"] += chunks
-            self.stats["fetched_bytes"] += nbytes
+            self._stats["decoded"] += chunks
+            self._stats["fetched_bytes"] += nbytes
 
     # -- requests ---------------------------------------------------------------------
     def get(self, ranges: Sequence[ByteRange], *, merge: bool | None = None) -> list[Any]:
@@ -740,58 +762,36 @@ class ChunkEngine:
         any other. A chunk whose shard or entry is absent, or whose index entry does not
         fit inside its object, gets address 0: the caller reads it the careful way
         (:meth:`settle`). Unknown shard indexes are read first (and checked, as
-        :meth:`indexes` does). The work is a few array operations and one map lookup a
-        shard: no step per chunk.
+        :meth:`indexes` does). The work is a few array operations
+        (:meth:`ChunkTables.locate <atari_zarr.storage.chunk_tables.ChunkTables.locate>`):
+        no step per chunk or per shard.
         """
         g = self.grid
-        at_many = getattr(self.bytes, "mapped_at", None)
-        if g is None or at_many is None or self.bytes.remote or not g.sharded:
+        if g is None or not self.locatable:
             return None
-        cps = g.chunks_per_shard
         cids = np.asarray(cids, dtype=np.int64)
-        table, known = self._chunk_table()
         if len(cids) <= _FEW_CHUNKS:  # a mixture's store with a chunk or two: no array steps
-            return self._locate_few(cids.tolist(), table, known, at_many)
-        shards = cids // cps
-        if len(shards) > 1 and bool((shards[1:] >= shards[:-1]).all()):  # sorted: no sort
-            first = np.flatnonzero(shards[1:] != shards[:-1]) + 1
-            uniq = shards[np.concatenate(([0], first))]
-            inverse = np.zeros(len(shards), dtype=np.int64)
-            inverse[first] = 1
-            np.cumsum(inverse, out=inverse)
-        else:
-            uniq, inverse = np.unique(shards, return_inverse=True)
-        unknown = uniq[~known[uniq]]
-        if unknown.size:
-            self._learn(unknown.tolist(), table, known)
-        maps, addrs = at_many([g.object_key(s) for s in uniq.tolist()])
-        base = np.asarray(addrs, dtype=np.uint64)[inverse]
-        ends = np.asarray([len(m) if m else 0 for m in maps], dtype=np.uint64)[inverse]
-        entry = table[cids]
-        off, size = entry[:, 0], entry[:, 1]
-        # MISSING entries wrap around in off + size: they are excluded by themselves
-        bad = (off == MISSING) | (off + size > ends) | (base == 0)
-        src = base + off
-        src[bad] = 0
-        srclen = size.astype(np.int64)
-        srclen[bad] = 0
-        return Located(src, srclen, maps)
+            return self._locate_few(cids.tolist())
+        tables, rows = self.rows()
+        shard_rows = rows.shard_base + cids // g.chunks_per_shard
+        self.learn(tables.unknown(shard_rows) - rows.shard_base)
+        return tables.locate(rows.chunk_base + cids, shard_rows)
 
-    def _locate_few(
-        self, cids: list[int], table: np.ndarray, known: np.ndarray, at_many: Any
-    ) -> Located:
+    def _locate_few(self, cids: list[int]) -> Located:
         g = self.grid
-        assert g is not None
+        assert g is not None and isinstance(self.bytes, LocalBytes)
         cps = g.chunks_per_shard
         shards = [c // cps for c in cids]
+        table, known = self._chunk_table()
         unknown = [s for s in shards if not known[s]]
         if unknown:
-            self._learn(unknown, table, known)
-        maps, addrs = at_many([g.object_key(s) for s in shards])
+            self.learn(unknown)
+            table, known = self._chunk_table()
+        maps, addrs = self.bytes.mapped_at([g.object_key(s) for s in shards])
         src, srclen = [], []
-        for c, mm, addr in zip(cids, maps, addrs, strict=True):
+        for c, s, mm, addr in zip(cids, shards, maps, addrs, strict=True):
             off, size = table[c].tolist()
-            if addr == 0 or off == MISSING or off + size > len(mm):
+            if addr == 0 or not known[s] or off == MISSING or off + size > len(mm):
                 src.append(0)
                 srclen.append(0)
             else:
@@ -799,25 +799,50 @@ class ChunkEngine:
                 srclen.append(size)
         return Located(np.array(src, dtype=np.uint64), np.array(srclen, dtype=np.int64), maps)
 
-    def _learn(self, shards: list[int], table: np.ndarray, known: np.ndarray) -> None:
-        """Put the indexes of ``shards`` into the chunk table (reading them as needed)."""
+    def learn(self, shards: Iterable[int] | np.ndarray) -> None:
+        """Put the indexes of ``shards`` into the chunk tables (reading them as needed),
+        each shard's entries before its flag."""
+        shards = np.unique(np.asarray(shards, dtype=np.int64)).tolist()
+        if not shards:
+            return
         assert self.grid is not None
         cps = self.grid.chunks_per_shard
         for s, index in self.indexes(shards).items():
+            table, known = self._chunk_table()
             table[s * cps : (s + 1) * cps] = MISSING if index is None else index
             known[s] = True
 
+    def rows(self) -> tuple[ChunkTables, Rows]:
+        """The chunk tables of this array (its own, or its mixture's), and where its rows
+        are in them (joined on first use)."""
+        joined = self._joined
+        if joined is None:
+            g = self.grid
+            assert g is not None and isinstance(self.bytes, LocalBytes)
+            with self._index_lock:
+                joined = self._joined
+                if joined is None:
+                    tables = self._tables if self._tables is not None else ChunkTables()
+                    rows = tables.join(
+                        self.bytes,
+                        g.object_key,
+                        chunks_per_shard=g.chunks_per_shard,
+                        n_shards=g.n_shards,
+                    )
+                    joined = self._joined = (tables, rows)
+        return joined
+
     def _chunk_table(self) -> tuple[np.ndarray, np.ndarray]:
+        """This array's rows of its chunk tables: entries by chunk, learned by shard."""
         g = self.grid
         assert g is not None
-        if self._table is None or self._table_known is None:
-            cps = g.chunks_per_shard
-            n_shards = -(-g.n_chunks // cps)
-            with self._index_lock:
-                if self._table is None or self._table_known is None:
-                    self._table_known = np.zeros(n_shards, dtype=bool)
-                    self._table = np.empty((n_shards * cps, 2), dtype=np.uint64)
-        return self._table, self._table_known
+        tables, rows = self.rows()
+        return tables.views(
+            rows.chunk_base,
+            rows.shard_base,
+            chunks_per_shard=g.chunks_per_shard,
+            n_shards=g.n_shards,
+        )
 
     def settle(
         self,
