@@ -52,7 +52,7 @@ from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import resident
 from atari_zarr.resources import cpu_count
 from atari_zarr.storage.chunk_loop import Destinations, chunk_loop
-from atari_zarr.storage.chunk_tables import ChunkTables, Located, Rows
+from atari_zarr.storage.chunk_tables import ChunkTables, Located
 from atari_zarr.storage.engine import (
     ChunkEngine,
     EncodedChunk,
@@ -728,10 +728,11 @@ def read_rows_of(
     ):
         cr = g.chunk_rows
         tokens = np.zeros(len(readers), dtype=np.int64)
-        tokens[touched] = [readers[k]._token for k in touched]
+        touched_tokens = [readers[k]._token for k in touched]
+        tokens[touched] = touched_tokens
         keys = (tokens[which] << np.int64(TOKEN_SHIFT)) | (rows // cr)
         uniq, inverse = np.unique(keys, return_inverse=True)
-        by_token = {readers[k]._token: readers[k] for k in touched}
+        by_token = dict(zip(touched_tokens, [readers[k] for k in touched], strict=True))
 
         def decode(keys: list[int], dests: Sequence[np.ndarray]) -> None:
             toks, cids = split_keys(keys)
@@ -803,7 +804,9 @@ def decode_across(
     tables = joined[0][0]
     shared = len(engines) > 1 and all(j[0] is tables for j in joined)
     if shared:
-        located = _locate_across(tables, engines, [j[1] for j in joined], cids, starts, bounds)
+        # (chunk base, shard base, member, chunks per shard) of each store, one array
+        rows = np.array([j[1] for j in joined], dtype=np.int64).reshape(-1, 4)
+        located = _locate_across(tables, engines, rows, cids, starts, bounds)
     else:
         parts = [
             e.locate(cids[a:b])
@@ -830,9 +833,8 @@ def decode_across(
     nbytes = np.add.reduceat(np.where(ok, located.srclen, 0), starts)
     counts = np.diff(bounds)
     if shared:  # every store's count in one step
-        members = np.array([j[1].member for j in joined], dtype=np.int64)
         whole = failed == 0
-        tables.count(members[whole], counts[whole], nbytes[whole])
+        tables.count(rows[whole, 2], counts[whole], nbytes[whole])
     for k in np.flatnonzero(failed if shared else np.ones(len(engines), bool)).tolist():
         a, b = bounds[k], bounds[k + 1]
         if failed[k]:
@@ -846,21 +848,20 @@ def decode_across(
 def _locate_across(
     tables: ChunkTables,
     engines: list[ChunkEngine],
-    rows: list[Rows],
+    rows: np.ndarray,
     cids: np.ndarray,
     starts: np.ndarray,
     bounds: list[int],
 ) -> Located:
-    """Where chunks ``cids`` lie, those of ``bounds[k]:bounds[k + 1]`` engine ``k``'s
-    (at ``rows[k]`` of the ``tables`` they share)."""
+    """Where chunks ``cids`` lie, those of ``bounds[k]:bounds[k + 1]`` engine ``k``'s, in
+    the ``tables`` they share (``rows[k]``: engine ``k``'s
+    :class:`~atari_zarr.storage.chunk_tables.Rows` there)."""
     counts = np.diff(bounds)
-    chunk_base = np.repeat([r.chunk_base for r in rows], counts)
-    shard_base = np.repeat([r.shard_base for r in rows], counts)
-    cps = np.repeat([e.grid.chunks_per_shard for e in engines], counts)  # type: ignore[union-attr]
+    chunk_base, shard_base, _, cps = (np.repeat(rows[:, i], counts) for i in range(4))
     shard_rows = shard_base + cids // cps
     unknown = np.flatnonzero(~tables.known[shard_rows])
     if unknown.size:  # shards read for the first time: each engine learns its own
         part = np.searchsorted(starts, unknown, side="right") - 1
         for k in np.unique(part).tolist():
-            engines[k].learn(shard_rows[unknown[part == k]] - rows[k].shard_base)
+            engines[k].learn(shard_rows[unknown[part == k]] - rows[k, 1])
     return tables.locate(chunk_base + cids, shard_rows)

@@ -98,8 +98,20 @@ class EpisodeIndex:
             terminated=np.zeros(0, dtype=bool),
             first_episode=np.zeros(len(self.stores), dtype=np.int64),
         )
+        # per store: 1 where its episodes come from its table, 0 where not, -1 unknown
+        self._in_table = np.full(len(self.stores), -1, dtype=np.int8)
         self._lock = threading.Lock()
         after_fork(self._renew_lock)
+
+    def answers(self, groups: Sequence[int]) -> bool:
+        """Whether the index answers for the stores ``groups`` (opened): each takes its
+        episodes from its table, not from per-step arrays (one array step, once known)."""
+        flags = self._in_table[groups]
+        if (flags < 0).any():
+            for g in np.asarray(groups)[flags < 0].tolist():
+                self._in_table[g] = bool(self.stores[g].episodes_in_table)
+            flags = self._in_table[groups]
+        return bool((flags == 1).all())
 
     def _renew_lock(self) -> None:
         """In a forked child: a lock a reading thread of the parent held stays held."""

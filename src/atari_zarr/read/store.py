@@ -589,9 +589,9 @@ def items_of(which: np.ndarray) -> dict[int, Any]:
 
 
 def _indexed(stores: Sequence[StoreReader], groups: list[int], index: Any) -> bool:
-    """True when ``index`` answers for every store of ``groups``: each of them takes
-    its episodes from its table (not from per-step arrays)."""
-    return index is not None and all(stores[g].episodes_in_table for g in groups)
+    """True when ``index`` answers for every store of ``groups`` (opened): each of them
+    takes its episodes from its table (not from per-step arrays)."""
+    return index is not None and bool(index.answers(groups))
 
 
 def read_items(

@@ -26,7 +26,7 @@ Examples
 >>> _ = (root / "s0").write_bytes(b"..chunk0chunk1")
 >>> tables = ChunkTables()
 >>> tables.join(LocalBytes(root), lambda s: f"s{s}", chunks_per_shard=2, n_shards=1)
-Rows(chunk_base=0, shard_base=0, member=0)
+Rows(chunk_base=0, shard_base=0, member=0, chunks_per_shard=2)
 >>> entries, known = tables.views(0, 0, chunks_per_shard=2, n_shards=1)
 >>> entries[:] = [[2, 6], [8, 6]]; known[0] = True
 >>> loc = tables.locate(np.array([1, 0]), np.array([0, 0]))
@@ -59,6 +59,8 @@ class Rows(NamedTuple):
     shard_base: int
     #: Its number among the arrays that joined (the row of its counters).
     member: int
+    #: Chunks per shard.
+    chunks_per_shard: int
 
 
 class Located(NamedTuple):
@@ -140,7 +142,7 @@ class ChunkTables:
                 self._arrays = self._grown(old, shards, self._chunks)
             member = len(self._counts)
             self._counts = np.concatenate((self._counts, np.zeros((1, 2), dtype=np.int64)))
-            return Rows(chunk_base, shard_base, member)
+            return Rows(chunk_base, shard_base, member, cps)
 
     def count(self, members: np.ndarray, chunks: np.ndarray, nbytes: np.ndarray) -> None:
         """Chunks ``chunks[i]`` of ``nbytes[i]`` stored bytes decoded for array
