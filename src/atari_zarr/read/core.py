@@ -106,7 +106,8 @@ class ItemDataset(torch.utils.data.Dataset):
         self._set_members(list(members))
 
     def _set_members(self, members: list[Member]) -> None:
-        self.__dict__.pop("_index", None)  # the episode index of other members
+        for name in self._rebuilt:  # made from other members
+            self.__dict__.pop(name, None)
         #: The stores, each with its items, weight and game_id.
         self.members = members
         #: Global item number of each store's first item.
@@ -133,7 +134,7 @@ class ItemDataset(torch.utils.data.Dataset):
         return "transitions" if self._items.identity else "windows"
 
     #: Attributes made again from the members after unpickling (not pickled).
-    _rebuilt: tuple[str, ...] = ("_index",)
+    _rebuilt: tuple[str, ...] = ("_index", "_stores", "_all_opened")
 
     @property
     def _episode_index(self) -> EpisodeIndex | None:
@@ -162,10 +163,15 @@ class ItemDataset(torch.utils.data.Dataset):
         self.close()
 
     def _opened(self, which: Any) -> list[StoreReader]:
-        """Every store, those numbered ``which`` opened (together)."""
-        stores = [m.store for m in self.members]
-        open_stores([stores[g] for g in which])
-        return stores
+        """Every store, those numbered ``which`` opened (together); once all of them are
+        (a store stays opened), no store is asked again."""
+        stores = self.__dict__.get("_stores")
+        if stores is None:
+            stores = self.__dict__["_stores"] = [m.store for m in self.members]
+        if not self.__dict__.get("_all_opened"):
+            open_stores([stores[g] for g in which])
+            self.__dict__["_all_opened"] = all(s.opened for s in stores)
+        return stores  # type: ignore[no-any-return]
 
     # -- indexing ---------------------------------------------------------------------
     def __len__(self) -> int:
