@@ -320,8 +320,6 @@ class ChunkEngine:
             and isinstance(self.bytes, LocalBytes)
             and not self.bytes.remote
         )
-        # every chunk's (offset, length) in its shard, for :meth:`locate`: in the tables
-        # given (a mixture's) or its own, joined on first use and filled a shard at a time
         #: What a compiled loop needs alike of the arrays it decodes in one run (decoded
         #: chunk bytes, crc32c or not); None where :meth:`locate` finds nothing.
         self.loop_kind = (
@@ -329,6 +327,8 @@ class ChunkEngine:
             if self.locatable and self.grid is not None
             else None
         )
+        # every chunk's (offset, length) in its shard, for :meth:`locate`: in the tables
+        # given (a mixture's) or its own, joined on first use and filled a shard at a time
         self._tables = tables
         self._joined: tuple[ChunkTables, Rows] | None = None
         #: The crc32c its writer recorded for each object (None: none recorded).
