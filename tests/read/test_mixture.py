@@ -331,3 +331,37 @@ def test_240_stores_read_under_a_low_limit_of_open_files(many_urls: list[str]) -
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["files"] > 256 * 4 and got["peak_fds"] < 256
+
+
+def test_two_threads_reading_a_fresh_mixture_get_their_own_stores_rows(
+    many_urls: list[str],
+) -> None:
+    """Two threads draw random batches from a mixture none of whose stores is open yet:
+    the stores open, join the shared chunk tables and move their actions and rewards
+    onto the step axis while the other thread reads. Every item's frames, next frames
+    and action are its own store's row's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mix = MultiGameDataset(many_urls)
+
+    def read(seed: int) -> list[tuple[np.ndarray, dict]]:
+        rng = np.random.default_rng(seed)
+        out = []
+        for _ in range(12):
+            idx = rng.choice(len(mix), 64, replace=False)
+            out.append((idx, mix[idx]))
+        return out
+
+    with ThreadPoolExecutor(2) as pool:
+        done = [f.result() for f in [pool.submit(read, s) for s in (1, 2)]]
+    tables = mix.members[0].store.frames.engine.rows()[0]
+    assert all(m.store.frames.engine.rows()[0] is tables for m in mix.members if m.store.opened)
+    for idx, b in (pair for batches in done for pair in batches):
+        store = np.searchsorted(mix.offsets, idx, side="right") - 1
+        row = idx - mix.offsets[store]
+        np.testing.assert_array_equal(b["observation"].numpy(), frame_of(store * NAME + row))
+        own = [
+            int(mix.members[g].store.action[np.array([r])][0])
+            for g, r in zip(store, row, strict=True)
+        ]
+        assert b["action"].tolist() == own
