@@ -189,7 +189,7 @@ def test_light_modules_import_no_converter_dask_or_torch(module: str) -> None:
 READ_LINES = [
     ["mixing", "dataset", "windows", "core"],
     ["stream", "units", "member", "store", "arrays"],
-    ["columns", "chunks", "batch"],
+    ["step_axis", "columns", "chunks", "batch"],
     [
         "options",
         "budget",

@@ -47,6 +47,7 @@ from atari_zarr.read.items import Items, item_rows
 from atari_zarr.read.member import Member, open_stores
 from atari_zarr.read.mixture import draw_mixture, tag_items
 from atari_zarr.read.options import ReadOptions
+from atari_zarr.read.step_axis import StepAxis
 from atari_zarr.read.store import StoreReader, plan_items, read_items
 from atari_zarr.resources import process_memory
 
@@ -134,7 +135,7 @@ class ItemDataset(torch.utils.data.Dataset):
         return "transitions" if self._items.identity else "windows"
 
     #: Attributes made again from the members after unpickling (not pickled).
-    _rebuilt: tuple[str, ...] = ("_index", "_stores", "_all_opened")
+    _rebuilt: tuple[str, ...] = ("_index", "_axis", "_stores", "_all_opened")
 
     @property
     def _episode_index(self) -> EpisodeIndex | None:
@@ -145,6 +146,16 @@ class ItemDataset(torch.utils.data.Dataset):
         if index is None:
             index = self.__dict__["_index"] = EpisodeIndex([m.store for m in self.members])
         return index  # type: ignore[no-any-return]
+
+    @property
+    def _step_axis(self) -> StepAxis | None:
+        """The stores' actions and rewards on one axis (several stores), made on first use."""
+        if len(self.members) == 1:
+            return None
+        axis = self.__dict__.get("_axis")
+        if axis is None:
+            axis = self.__dict__["_axis"] = StepAxis([m.store for m in self.members])
+        return axis  # type: ignore[no-any-return]
 
     def __getstate__(self) -> dict[str, Any]:
         # each store pickles as what opens it again (one known by its entry, unopened)
@@ -201,6 +212,7 @@ class ItemDataset(torch.utils.data.Dataset):
             real=real,
             windowed=not first.identity,
             index=self._episode_index,
+            axis=self._step_axis,
         )
         if self.game_ids is None:
             return td

@@ -6,8 +6,8 @@ end of its rows costs a few array operations per store, and over hundreds of sto
 those cost more than the batch's decoding. The index lays every opened store's
 episode ends on one axis of rows (store ``g``'s row ``r`` is row ``offsets[g] + r``),
 so these values for a whole batch are one ``searchsorted`` and a few gathers, whatever
-the number of stores it touches. Their actions and rewards lie on the same axis
-(:attr:`EpisodeIndex.steps`, a :class:`~atari_zarr.read.step_axis.StepAxis`).
+the number of stores it touches. Their actions and rewards lie on the same axis in a
+:class:`~atari_zarr.read.step_axis.StepAxis`.
 
 A store joins the index when a batch first touches it (a mixture known by its catalog
 opens its stores on first need): the index is then made again from every store
@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 from atari_zarr.forks import after_fork
-from atari_zarr.read.step_axis import StepAxis
 
 __all__ = ["EpisodeIndex", "RowEpisodes"]
 
@@ -88,8 +87,6 @@ class EpisodeIndex:
         self.offsets = np.cumsum([0, *(len(s) for s in self.stores)], dtype=np.int64)
         #: Rows of each store.
         self.lengths = np.diff(self.offsets)
-        #: Their actions and rewards, on the same axis.
-        self.steps = StepAxis(self.stores)
         none = np.zeros(0, dtype=np.int64)
         self._table = _Table(
             included=np.zeros(len(self.stores), dtype=bool),

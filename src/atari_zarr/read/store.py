@@ -62,6 +62,7 @@ from atari_zarr.read.columns import StepColumn, open_step_columns
 from atari_zarr.read.episode_index import EpisodeIndex
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import BufferPool
+from atari_zarr.read.step_axis import StepAxis
 from atari_zarr.storage.engine import DEFAULT_REMEDY
 from atari_zarr.storage.filesystem import get_fs
 from atari_zarr.storage.paths import is_url, redact
@@ -601,6 +602,7 @@ def read_items(
     *,
     windowed: bool | None = None,
     index: EpisodeIndex | None = None,
+    axis: StepAxis | None = None,
     **how: Any,
 ) -> TensorDict:
     """One TED batch of items of any of ``stores``: ``length`` consecutive rows of one
@@ -612,8 +614,9 @@ def read_items(
     ``length``, ``stack`` and ``real`` are :func:`plan_items`'s; ``windowed`` gives
     the window layout even for ``length == 1`` (default: ``length > 1``). With the
     stores' ``index`` (:class:`~atari_zarr.read.episode_index.EpisodeIndex`), a batch
-    of several stores takes its episode values with one lookup for all of them, and
-    only actions and rewards store by store.
+    of several stores takes its episode values with one lookup for all of them; with
+    their ``axis`` (:class:`~atari_zarr.read.step_axis.StepAxis`) its actions and
+    rewards with one gather, else store by store.
     """
     quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
     which = np.asarray(which, dtype=np.int64)
@@ -639,7 +642,7 @@ def read_items(
     window = length > 1 if windowed is None else windowed
     if not one and _indexed(stores, groups, index):
         assert index is not None
-        steps = _indexed_steps(stores, index, which, safe, sel_of, window)
+        steps = _indexed_steps(stores, index, axis, which, safe, sel_of, window)
     else:
         parts = {g: stores[g].step_values(safe[sel_of[g]].ravel(), window) for g in groups}
         steps = {name: _joined(parts, name, sel_of, b, length) for name in parts[g0]}
@@ -678,20 +681,20 @@ def _joined(
 def _indexed_steps(
     stores: Sequence[StoreReader],
     index: EpisodeIndex,
+    axis: StepAxis | None,
     which: np.ndarray,
     safe: np.ndarray,
     sel_of: dict[int, Any],
     window: bool,
 ) -> dict[str, np.ndarray]:
     """The per-step values of rows ``safe`` (``(B, length)``) of stores ``which``:
-    the episode values from ``index`` at once, actions and rewards from its step axis
-    (:class:`~atari_zarr.read.step_axis.StepAxis`) at once where every store touched is
-    on it, else store by store, as ``return_to_go``."""
+    the episode values from ``index`` at once, actions and rewards from ``axis`` at once
+    where every store touched is on it, else store by store, as ``return_to_go``."""
     b, length = safe.shape
     each = np.repeat(which, length)
     got = index.lookup(each, safe.ravel())
     # actions and rewards in one gather where every store touched is on the axis
-    steps = index.steps.values(each, safe.ravel(), ["action", "reward"]) or {}
+    steps = (axis.values(each, safe.ravel(), ["action", "reward"]) if axis else None) or {}
     per_store = [
         *(["action", "reward"] if not steps else []),
         *(["return_to_go"] if window else []),
