@@ -30,7 +30,6 @@ does not recognise through zarr-python.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import threading
 import weakref
@@ -774,14 +773,14 @@ def decode_across(
     (from 8 chunks up, where ``split``).
 
     A mixture's batch touches a chunk or two of each of hundreds of stores: one call a
-    store would cost more than its decoding. Where the stores share their chunk tables
-    (:class:`~atari_zarr.storage.chunk_tables.ChunkTables`, a mixture's), the chunks of
-    all of them are located with a few array steps; otherwise each store's engine
-    locates its own. All are decoded together, and each engine counts its own and
-    reads what did not decode the careful way. Returns False, having decoded nothing,
-    where that does not apply (no loop, a remote store, destinations that are not
+    store would cost more than its decoding. The stores share their chunk tables
+    (:class:`~atari_zarr.storage.chunk_tables.ChunkTables`, a mixture's), so the chunks
+    of all of them are located with a few array steps and counted in one. All are
+    decoded together, and each engine reads what did not decode the careful way.
+    Returns False, having decoded nothing, where that does not apply (no loop, a remote
+    store, destinations that are not
     :class:`~atari_zarr.storage.chunk_loop.Destinations`, stores whose chunks differ in
-    size or checksum).
+    size or checksum, stores that do not share their chunk tables).
     """
     loop = chunk_loop()
     n = len(cids)
@@ -802,22 +801,15 @@ def decode_across(
         return False
     joined = [e.rows() for e in engines]
     tables = joined[0][0]
-    shared = len(engines) > 1 and all(j[0] is tables for j in joined)
-    if shared:
-        # (chunk base, shard base, member, chunks per shard) of each store, one array
-        rows = np.array([j[1] for j in joined], dtype=np.int64).reshape(-1, 4)
-        located = _locate_across(tables, engines, rows, cids, starts, bounds)
+    if any(j[0] is not tables for j in joined):
+        return False  # stores of no one mixture: each decodes its own
+    # (chunk base, shard base, member, chunks per shard) of each store, one array
+    rows = np.array([j[1] for j in joined], dtype=np.int64).reshape(-1, 4)
+    if len(engines) == 1:
+        located = engines[0].locate(cids)
+        assert located is not None  # the engine is locatable
     else:
-        parts = [
-            e.locate(cids[a:b])
-            for e, (a, b) in zip(engines, itertools.pairwise(bounds), strict=True)
-        ]
-        found = [p for p in parts if p is not None]  # every engine is locatable
-        located = Located(
-            np.concatenate([p.src for p in found]),
-            np.concatenate([p.srclen for p in found]),
-            [p.keep for p in found],
-        )
+        located = _locate_across(tables, engines, rows, cids, starts, bounds)
     threads = first.threads if split and n >= _LOOP_SPLIT_MIN_CHUNKS else 1
     status = loop.run_parts(
         located.src,
@@ -831,17 +823,12 @@ def decode_across(
     ok = status == 0
     failed = np.add.reduceat(~ok, starts)
     nbytes = np.add.reduceat(np.where(ok, located.srclen, 0), starts)
-    counts = np.diff(bounds)
-    if shared:  # every store's count in one step
-        whole = failed == 0
-        tables.count(rows[whole, 2], counts[whole], nbytes[whole])
-    for k in np.flatnonzero(failed if shared else np.ones(len(engines), bool)).tolist():
+    whole = failed == 0  # every store's count in one step
+    tables.count(rows[whole, 2], np.diff(bounds)[whole], nbytes[whole])
+    for k in np.flatnonzero(failed).tolist():
         a, b = bounds[k], bounds[k + 1]
-        if failed[k]:
-            part = Located(located.src[a:b], located.srclen[a:b], located.keep)
-            engines[k].settle(cids[a:b], dests[a:b], part, status[a:b])
-        else:
-            engines[k].count_decoded(b - a, int(nbytes[k]))
+        part = Located(located.src[a:b], located.srclen[a:b], located.keep)
+        engines[k].settle(cids[a:b], dests[a:b], part, status[a:b])
     return True
 
 

@@ -135,27 +135,33 @@ class ItemDataset(torch.utils.data.Dataset):
         return "transitions" if self._items.identity else "windows"
 
     #: Attributes made again from the members after unpickling (not pickled).
-    _rebuilt: tuple[str, ...] = ("_index", "_axis", "_stores", "_all_opened")
+    _rebuilt: tuple[str, ...] = ("_index", "_axis", "_store_list", "_all_opened")
+
+    def _made(self, name: str, make: Callable[[], Any]) -> Any:
+        """``make()``, kept under ``name`` (one of :attr:`_rebuilt`) once made."""
+        made = self.__dict__.get(name)
+        if made is None:
+            made = self.__dict__[name] = make()
+        return made
+
+    @property
+    def _stores(self) -> list[StoreReader]:
+        """Every member's store, in order."""
+        return self._made("_store_list", lambda: [m.store for m in self.members])  # type: ignore[no-any-return]
 
     @property
     def _episode_index(self) -> EpisodeIndex | None:
         """The stores' episodes on one axis (several stores), made on first use."""
         if len(self.members) == 1:
             return None
-        index = self.__dict__.get("_index")
-        if index is None:
-            index = self.__dict__["_index"] = EpisodeIndex([m.store for m in self.members])
-        return index  # type: ignore[no-any-return]
+        return self._made("_index", lambda: EpisodeIndex(self._stores))  # type: ignore[no-any-return]
 
     @property
     def _step_axis(self) -> StepAxis | None:
         """The stores' actions and rewards on one axis (several stores), made on first use."""
         if len(self.members) == 1:
             return None
-        axis = self.__dict__.get("_axis")
-        if axis is None:
-            axis = self.__dict__["_axis"] = StepAxis([m.store for m in self.members])
-        return axis  # type: ignore[no-any-return]
+        return self._made("_axis", lambda: StepAxis(self._stores))  # type: ignore[no-any-return]
 
     def __getstate__(self) -> dict[str, Any]:
         # each store pickles as what opens it again (one known by its entry, unopened)
@@ -176,13 +182,11 @@ class ItemDataset(torch.utils.data.Dataset):
     def _opened(self, which: Any) -> list[StoreReader]:
         """Every store, those numbered ``which`` opened (together); once all of them are
         (a store stays opened), no store is asked again."""
-        stores = self.__dict__.get("_stores")
-        if stores is None:
-            stores = self.__dict__["_stores"] = [m.store for m in self.members]
+        stores = self._stores
         if not self.__dict__.get("_all_opened"):
             open_stores([stores[g] for g in which])
             self.__dict__["_all_opened"] = all(s.opened for s in stores)
-        return stores  # type: ignore[no-any-return]
+        return stores
 
     # -- indexing ---------------------------------------------------------------------
     def __len__(self) -> int:

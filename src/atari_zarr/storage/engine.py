@@ -60,7 +60,6 @@ __all__ = [
     "ChunkEngine",
     "ChunkGrid",
     "EncodedChunk",
-    "Located",
     "background_decoder",
     "blosc_decoder",
     "corrupt_chunk",
@@ -807,8 +806,9 @@ class ChunkEngine:
             return
         assert self.grid is not None
         cps = self.grid.chunks_per_shard
-        for s, index in self.indexes(shards).items():
-            table, known = self._chunk_table()
+        indexes = self.indexes(shards)
+        table, known = self._chunk_table()
+        for s, index in indexes.items():
             table[s * cps : (s + 1) * cps] = MISSING if index is None else index
             known[s] = True
 
