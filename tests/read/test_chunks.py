@@ -24,7 +24,7 @@ from atari_zarr.layout import (
 )
 from atari_zarr.read import chunk_cache
 from atari_zarr.read.budget import Budget
-from atari_zarr.read.chunks import ChunkReader, read_rows_of
+from atari_zarr.read.chunks import ChunkReader, ReaderSet, read_rows_of
 from atari_zarr.read.options import ReadOptions
 
 FRAME_CODECS = ARRAYS[OBSERVATION].compressors()
@@ -448,6 +448,104 @@ def test_a_mixtures_shared_cache_far_smaller_than_its_stores_stops_admitting(tmp
     for _ in range(20):
         batch(32)
     assert sum(r.stats["decoded"] for r in readers) == decoded
+
+
+def _readers_of(tmp_path, k, *, n=512, own=()):
+    """``k`` stores of ``n`` rows and their readers, those of ``own`` with caches of
+    their own, the others sharing one budget: (data, readers)."""
+    shared = ReadOptions(frame_cache_bytes=16 * 8 * 6 * 5, budget=Budget())
+    alone = ReadOptions(frame_cache_bytes=16 * 8 * 6 * 5)
+    data, readers = [], []
+    for g in range(k):
+        a = _array(zarr.storage.LocalStore(tmp_path / f"r{g}.zarr"), n)
+        d = _frames(n, seed=g)[:, :6, :5].copy()
+        a[:] = d
+        data.append(d)
+        opts = alone if g in own else shared
+        readers.append(ChunkReader(a, where=f"r{g}", options=opts, decode_ahead=False))
+    return data, readers
+
+
+def _read_together(readers, data, rng, n=512, size=64):
+    """One batch of random rows of random readers through ``readers`` (a ReaderSet or
+    a list), checked against the data and against each reader reading alone."""
+    k = len(data)
+    which, rows = rng.integers(0, k, size), rng.integers(0, n, size)
+    out = np.empty((size, 6, 5), dtype=np.uint8)
+    read_rows_of(readers, which, rows, out)
+    np.testing.assert_array_equal(out, np.stack([data[w][r] for w, r in zip(which, rows)]))
+    return which, rows, out
+
+
+def test_a_reader_set_reads_each_readers_rows_and_asks_for_each_reader_once(tmp_path):
+    """Six stores read together through a ReaderSet: a batch's rows are each store's
+    own, as the readers read them alone and as a list of readers reads them. The set
+    asks for each reader once over 30 batches, and again after the shared cache loses
+    a reader (one closed: its token changes), whose new token it then holds."""
+    data, readers = _readers_of(tmp_path, 6)
+    asked = []
+
+    def reader_of(g):
+        asked.append(g)
+        return readers[g]
+
+    together = ReaderSet(6, reader_of)
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        which, rows, out = _read_together(together, data, rng)
+        sel = which == 3
+        np.testing.assert_array_equal(out[sel], readers[3].read(rows[sel]))
+        again = np.empty_like(out)
+        np.testing.assert_array_equal(read_rows_of(readers, which, rows, again), out)
+    assert sorted(asked) == list(range(6))
+    before = readers[2]._token
+    readers[2].close()
+    assert readers[2]._token != before
+    asked.clear()
+    for _ in range(10):
+        _read_together(together, data, rng)
+    assert sorted(asked) == list(range(6))
+    held, tokens = together.tokens(np.arange(6))
+    assert tokens.tolist() == [r._token for r in readers]
+    assert held.cache is readers[0]._cache
+
+
+def test_a_reader_set_reads_a_reader_of_another_cache_by_itself(tmp_path):
+    """A reader of a cache of its own, in a set whose others share one: batches that
+    touch it read each reader by itself, the others together, all with their rows."""
+    data, readers = _readers_of(tmp_path, 3, own=(1,))
+    together = ReaderSet(3, readers.__getitem__)
+    rng = np.random.default_rng(8)
+    for _ in range(10):
+        _read_together(together, data, rng)
+    assert together.tokens(np.array([0, 2, 2])) is not None
+    assert together.tokens(np.array([0, 1])) is None
+    assert readers[1].stats["decoded"] > 0
+
+
+def test_a_reader_set_takes_its_readers_again_in_a_forked_child(tmp_path):
+    """A child forked after the set read reads its readers' rows through caches of its
+    own (new tokens), never through what the parent's set held."""
+    data, readers = _readers_of(tmp_path, 4)
+    together = ReaderSet(4, readers.__getitem__)
+    rng = np.random.default_rng(9)
+    _read_together(together, data, rng)
+    parent_cache = together.tokens(np.arange(4))[0].cache
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            for _ in range(5):
+                _read_together(together, data, rng)
+            held, tokens = together.tokens(np.arange(4))
+            mine = held.cache is readers[0]._cache and held.cache is not parent_cache
+            code = 0 if mine and tokens.tolist() == [r._token for r in readers] else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _read_together(together, data, rng)
+    assert together.tokens(np.arange(4))[0].cache is parent_cache
 
 
 def test_a_cache_that_holds_a_share_of_its_array_always_admits(tmp_path):

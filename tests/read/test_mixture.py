@@ -365,3 +365,29 @@ def test_two_threads_reading_a_fresh_mixture_get_their_own_stores_rows(
             for g, r in zip(store, row, strict=True)
         ]
         assert b["action"].tolist() == own
+
+
+def test_a_mixture_asks_each_store_for_its_frame_reader_once(many_urls: list[str]) -> None:
+    """Over 20 random batches a mixture asks each store it touches for its frame
+    reader once: what a batch needs of it (its cache token, where its chunks lie) is
+    kept, and every item's frames are still its own store's row's."""
+    mix = MultiGameDataset(many_urls)
+    frames = mix._frame_readers
+    asked: list[int] = []
+    reader_of = frames.reader_of
+
+    def counted(g: int):  # type: ignore[no-untyped-def]
+        asked.append(g)
+        return reader_of(g)
+
+    frames.reader_of = counted
+    gen = torch.Generator().manual_seed(3)
+    touched: set[int] = set()
+    for _ in range(20):
+        b = mix.sample(64, generator=gen)
+        store = np.searchsorted(mix.offsets, b["index"].numpy(), side="right") - 1
+        touched |= set(store.tolist())
+        np.testing.assert_array_equal(
+            b["observation"].numpy(), frame_of(store * NAME + b["row"].numpy())
+        )
+    assert sorted(asked) == sorted(touched) and len(touched) > 100

@@ -135,6 +135,9 @@ class ChunkCache:
         self.probe_every = ADMIT_EVERY
         self._refused = 0
         self._next_token = 0
+        #: Readers gone so far (:meth:`unregister`): a token taken before it changed
+        #: may no longer be its reader's. Tokens are never given twice.
+        self.departures = 0
         # tokens of readers collected by the garbage collector, left at the next call
         self._gone: list[int] = []
         self._keys = np.zeros(0, dtype=np.int64)  # sorted keys of the cached chunks
@@ -165,6 +168,7 @@ class ChunkCache:
             if self._limits.pop(token, None) is None:
                 return
             self._chunks.pop(token, None)
+            self.departures += 1
             self._evict(np.flatnonzero((self._key_of >> TOKEN_SHIFT) == token))
             self._resize()
 

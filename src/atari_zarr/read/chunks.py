@@ -35,7 +35,7 @@ import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import zarr
@@ -59,7 +59,7 @@ from atari_zarr.storage.engine import (
     blosc_decoder,
 )
 
-__all__ = ["ChunkReader", "decode_across", "read_rows_of"]
+__all__ = ["ChunkReader", "ReaderSet", "decode_across", "read_rows_of"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -678,16 +678,153 @@ class ChunkReader:
             work(0, n)
 
 
+class _Tokens(NamedTuple):
+    """What a batch read across readers asks of each, as arrays: taken when a reader
+    first takes part (:func:`_taken`), valid while its cache loses no reader."""
+
+    #: The decoded-chunk cache the readers share (None: none seen yet).
+    cache: ChunkCache | None
+    #: The cache's :attr:`~atari_zarr.read.chunk_cache.ChunkCache.departures` then.
+    departures: int
+    #: By reader number: its token in ``cache``; -1 not asked yet, -2 read by itself.
+    token: np.ndarray
+    #: The readers by token.
+    readers: dict[int, ChunkReader]
+    #: The chunk tables the locatable readers share, and their loop kind.
+    tables: ChunkTables | None
+    kind: Any
+    #: By token: the reader's :class:`~atari_zarr.storage.chunk_tables.Rows` in
+    #: ``tables``, -1 where its chunks are not located there.
+    rows: np.ndarray
+
+    def current(self) -> bool:
+        """True while every token taken is still its reader's."""
+        return self.cache is not None and self.cache.departures == self.departures
+
+    def of(self, which: np.ndarray) -> tuple[_Tokens, np.ndarray] | None:
+        """These tokens and the token of each of ``which``, or None where a reader of
+        ``which`` reads by itself."""
+        tok = self.token[which]
+        return (self, tok) if tok.size and int(tok.min()) >= 0 else None
+
+
+def _taken(
+    held: _Tokens | None, n: int, numbers: list[int], reader_of: Callable[[int], ChunkReader]
+) -> _Tokens:
+    """``held`` (of ``n`` readers) with readers ``numbers`` taken in too: those that
+    share its cache by their tokens, those whose chunks are also located in its chunk
+    tables by their rows there."""
+    if held is None or (held.cache is not None and not held.current()):
+        held = _Tokens(None, 0, np.full(n, -1, np.int64), {}, None, None, np.full((0, 4), -1))
+    cache, departures, tables, kind = held.cache, held.departures, held.tables, held.kind
+    token, readers, found = held.token.copy(), dict(held.readers), {}
+    for g in numbers:
+        if token[g] != -1:
+            continue
+        r = reader_of(g)
+        if r._forked:
+            with r._lock:
+                r._own_cache()
+        if cache is None and r._cache is not None:
+            cache = r._cache
+            departures = cache.departures  # before the first token is taken
+        if r._cache is None or r._cache is not cache:
+            token[g] = -2
+            continue
+        t = token[g] = r._token
+        readers[t] = r
+        e = r.engine
+        if e.loop_kind is not None and kind in (None, e.loop_kind):
+            at_tables, at = e.rows()
+            if tables is None:
+                tables, kind = at_tables, e.loop_kind
+            if at_tables is tables:
+                found[t] = at
+    rows = held.rows
+    if found:
+        rows = np.full((max(len(rows), max(found) + 1), 4), -1, dtype=np.int64)
+        rows[: len(held.rows)] = held.rows
+        rows[list(found)] = list(found.values())
+    return _Tokens(cache, departures, token, readers, tables, kind, rows)
+
+
+class ReaderSet:
+    """Chunk readers by number (a mixture's stores' frame readers) read together by
+    :func:`read_rows_of`, with what a batch across them asks of each kept as arrays.
+
+    A reader is asked for (``reader_of(number)``) the first time a batch touches it;
+    its cache token and where its chunks lie are kept, so a batch touching hundreds of
+    readers does no step per reader. What is kept is taken again after the shared
+    cache loses a reader (a reader closed: its token changes) and in a forked child.
+
+    Parameters
+    ----------
+    n : int
+        Number of readers.
+    reader_of : callable
+        ``reader_of(number)``: that reader.
+
+    Examples
+    --------
+    >>> import zarr
+    >>> from zarr.codecs import BloscCodec
+    >>> from atari_zarr.read.options import ReadOptions
+    >>> opts = ReadOptions(frame_cache_bytes=1 << 20).divided(2)  # one cache group
+    >>> arrays = []
+    >>> for k in range(2):
+    ...     a = zarr.create_array({}, shape=(64,), chunks=(8,), dtype="int16",
+    ...                           compressors=[BloscCodec()])
+    ...     a[:] = np.arange(64) + 100 * k
+    ...     arrays.append(a)
+    >>> readers = [ChunkReader(a, where=f"memory://{k}", options=opts)
+    ...            for k, a in enumerate(arrays)]
+    >>> both = ReaderSet(2, readers.__getitem__)
+    >>> out = np.empty(3, dtype="int16")
+    >>> read_rows_of(both, np.array([1, 0, 1]), np.array([5, 9, 63]), out).tolist()
+    [105, 9, 163]
+    """
+
+    def __init__(self, n: int, reader_of: Callable[[int], ChunkReader]) -> None:
+        self.n = int(n)
+        self.reader_of = reader_of
+        self._lock = threading.Lock()
+        self._held: _Tokens | None = None
+        after_fork(self._forget)
+
+    def _forget(self) -> None:
+        """In a forked child: the readers make their own caches, with new tokens."""
+        self._lock = threading.Lock()
+        self._held = None
+
+    def tokens(self, which: np.ndarray) -> tuple[_Tokens, np.ndarray] | None:
+        """What is kept, and the token of each reader of ``which`` (numbers), readers
+        asked for where they are new; None where one of them reads by itself."""
+        held = self._held
+        if held is not None and held.current():
+            got = held.of(which)
+            if got is not None:
+                return got
+        with self._lock:
+            held = self._held
+            new = which if held is None or not held.current() else which[held.token[which] == -1]
+            if new.size:
+                held = self._held = _taken(held, self.n, np.unique(new).tolist(), self.reader_of)
+        assert held is not None  # taken above where there was nothing
+        return held.of(which)
+
+
 def read_rows_of(
-    readers: Sequence[ChunkReader], which: np.ndarray, rows: np.ndarray, out: np.ndarray
+    readers: ReaderSet | Sequence[ChunkReader], which: np.ndarray, rows: np.ndarray, out: np.ndarray
 ) -> np.ndarray:
     """``out[i] = readers[which[i]].read(rows[i])``: rows of many arrays in one call.
 
     Where the readers touched share one cache (a mixture's stores), the chunks are
-    looked up with one search and the rows gathered with one ``np.take``, so a
-    batch's cost beyond its decodes is a few array operations whatever the number of
-    readers it touches; a reader with chunks to decode is called once for them.
-    Otherwise each reader touched reads its own rows.
+    looked up with one search and the rows gathered with one ``np.take``, and the
+    chunks to decode are decoded together (:func:`decode_across`), so a batch's cost
+    beyond its decodes is a few array operations whatever the number of readers it
+    touches. ``readers`` is a :class:`ReaderSet` (what it keeps of each reader is
+    taken once) or a sequence (taken at each call). Otherwise each reader touched
+    reads its own rows.
 
     Examples
     --------
@@ -709,66 +846,59 @@ def read_rows_of(
     """
     which = np.asarray(which, dtype=np.int64)
     rows = np.asarray(rows, dtype=np.int64)
-    touched = np.unique(which).tolist()
-    for k in touched:
-        if readers[k]._forked:
-            with readers[k]._lock:
-                readers[k]._own_cache()
-    first = readers[touched[0]] if touched else None
-    cache = first._cache if first is not None else None
-    g = first.grid if first is not None else None
-    if (
-        cache is not None
-        and g is not None
-        and all(
-            r._cache is cache and r.grid is not None and r.grid.chunk_rows == g.chunk_rows
-            for r in [readers[k] for k in touched]
-        )
-    ):
-        cr = g.chunk_rows
-        tokens = np.zeros(len(readers), dtype=np.int64)
-        touched_tokens = [readers[k]._token for k in touched]
-        tokens[touched] = touched_tokens
-        keys = (tokens[which] << np.int64(TOKEN_SHIFT)) | (rows // cr)
+    if which.size == 0:
+        return out
+    if isinstance(readers, ReaderSet):
+        got, reader_of = readers.tokens(which), readers.reader_of
+    else:
+        reader_of = readers.__getitem__
+        got = _taken(None, len(readers), np.unique(which).tolist(), reader_of).of(which)
+    if got is not None:
+        held, tok = got
+        cache = held.cache
+        assert cache is not None
+        shape = cache.chunk_shape
+        cr = shape[0]
+        keys = (tok << np.int64(TOKEN_SHIFT)) | (rows // cr)
         uniq, inverse = np.unique(keys, return_inverse=True)
-        by_token = dict(zip(touched_tokens, [readers[k] for k in touched], strict=True))
 
         def decode(keys: list[int], dests: Sequence[np.ndarray]) -> None:
             toks, cids = split_keys(keys)
-            if decode_across(by_token, toks, cids, dests):
+            if decode_across(held, toks, cids, dests):
                 return
             for t in np.unique(toks).tolist():
                 sel = np.flatnonzero(toks == t).tolist()
                 part = (
                     dests.take(sel) if isinstance(dests, Destinations) else [dests[i] for i in sel]
                 )
-                by_token[t]._decode_into(cids[sel].tolist(), part)
+                held.readers[t]._decode_into(cids[sel].tolist(), part)
 
         with cache.lock:
             slots = cache.admitted_slots(uniq, decode)
             if slots is not None:
                 assert cache.slab is not None
-                flat = cache.slab.reshape(-1, *g.row_shape)
+                flat = cache.slab.reshape(-1, *shape[1:])
                 np.take(flat, slots[inverse] * cr + rows % cr, axis=0, out=out, mode="clip")
                 return out
         # more chunks than half the cache, or misses the cache does not admit
-        read_passing(cache, uniq, inverse, rows % cr, decode, out, g.chunk_shape)
+        read_passing(cache, uniq, inverse, rows % cr, decode, out, shape)
         return out
-    for k in touched:
+    for k in np.unique(which).tolist():
         sel = np.flatnonzero(which == k)
-        out[sel] = readers[k].read(rows[sel])
+        out[sel] = reader_of(k).read(rows[sel])
     return out
 
 
 def decode_across(
-    readers: dict[int, ChunkReader],
+    readers: dict[int, ChunkReader] | _Tokens,
     tokens: np.ndarray,
     cids: Any,
     dests: Any,
     *,
     split: bool = True,
 ) -> bool:
-    """Chunks of many readers (reader ``readers[tokens[i]]``'s chunk ``cids[i]``) decoded
+    """Chunks of many readers (reader ``readers[tokens[i]]``'s chunk ``cids[i]``; by
+    token, or what :func:`read_rows_of` keeps of them by token) decoded
     into ``dests`` by one compiled-loop run, split between the first reader's threads
     (from 8 chunks up, where ``split``).
 
@@ -793,23 +923,39 @@ def decode_across(
         tokens, cids, dests = tokens[order], cids[order], dests.take(order)
     starts = np.flatnonzero(np.concatenate(([True], tokens[1:] != tokens[:-1])))
     bounds = [*starts.tolist(), n]
-    engines = [readers[t].engine for t in tokens[starts].tolist()]
-    first = readers[int(tokens[0])]
+    at = tokens[starts]
+    if isinstance(readers, _Tokens):  # kept as arrays: no step per reader
+        by_token, tables = readers.readers, readers.tables
+        if tables is None or int(at.max()) >= len(readers.rows):
+            return False
+        rows = readers.rows[at]
+        if bool((rows[:, 0] < 0).any()):
+            return False
+    else:
+        by_token = readers
+        engines = [readers[t].engine for t in at.tolist()]
+        kind = engines[0].loop_kind
+        if kind is None or not all(e.loop_kind == kind for e in engines):
+            return False
+        joined = [e.rows() for e in engines]
+        tables = joined[0][0]
+        if any(j[0] is not tables for j in joined):
+            return False  # stores of no one mixture: each decodes its own
+        # (chunk base, shard base, member, chunks per shard) of each store, one array
+        rows = np.array([j[1] for j in joined], dtype=np.int64).reshape(-1, 4)
+    first = by_token[int(at[0])]
     g = first.grid
-    kind = engines[0].loop_kind
-    if g is None or kind is None or not all(e.loop_kind == kind for e in engines):
+    if g is None:
         return False
-    joined = [e.rows() for e in engines]
-    tables = joined[0][0]
-    if any(j[0] is not tables for j in joined):
-        return False  # stores of no one mixture: each decodes its own
-    # (chunk base, shard base, member, chunks per shard) of each store, one array
-    rows = np.array([j[1] for j in joined], dtype=np.int64).reshape(-1, 4)
-    if len(engines) == 1:
-        located = engines[0].locate(cids)
+
+    def engine(k: int) -> ChunkEngine:
+        return by_token[int(at[k])].engine
+
+    if len(at) == 1:
+        located = engine(0).locate(cids)
         assert located is not None  # the engine is locatable
     else:
-        located = _locate_across(tables, engines, rows, cids, starts, bounds)
+        located = _locate_across(tables, engine, rows, cids, starts, bounds)
     threads = first.threads if split and n >= _LOOP_SPLIT_MIN_CHUNKS else 1
     status = loop.run_parts(
         located.src,
@@ -828,13 +974,13 @@ def decode_across(
     for k in np.flatnonzero(failed).tolist():
         a, b = bounds[k], bounds[k + 1]
         part = Located(located.src[a:b], located.srclen[a:b], located.keep)
-        engines[k].settle(cids[a:b], dests[a:b], part, status[a:b])
+        engine(k).settle(cids[a:b], dests[a:b], part, status[a:b])
     return True
 
 
 def _locate_across(
     tables: ChunkTables,
-    engines: list[ChunkEngine],
+    engine: Callable[[int], ChunkEngine],
     rows: np.ndarray,
     cids: np.ndarray,
     starts: np.ndarray,
@@ -850,5 +996,5 @@ def _locate_across(
     if unknown.size:  # shards read for the first time: each engine learns its own
         part = np.searchsorted(starts, unknown, side="right") - 1
         for k in np.unique(part).tolist():
-            engines[k].learn(shard_rows[unknown[part == k]] - rows[k, 1])
+            engine(k).learn(shard_rows[unknown[part == k]] - rows[k, 1])
     return tables.locate(chunk_base + cids, shard_rows)

@@ -41,6 +41,7 @@ from tensordict import TensorDict
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import ARRAYS, OBSERVATION
+from atari_zarr.read.chunks import ReaderSet
 from atari_zarr.read.episode_index import EpisodeIndex
 from atari_zarr.read.indexing import normalize_index
 from atari_zarr.read.items import Items, item_rows
@@ -135,7 +136,7 @@ class ItemDataset(torch.utils.data.Dataset):
         return "transitions" if self._items.identity else "windows"
 
     #: Attributes made again from the members after unpickling (not pickled).
-    _rebuilt: tuple[str, ...] = ("_index", "_axis", "_store_list", "_all_opened")
+    _rebuilt: tuple[str, ...] = ("_index", "_axis", "_frames", "_store_list", "_all_opened")
 
     def _made(self, name: str, make: Callable[[], Any]) -> Any:
         """``make()``, kept under ``name`` (one of :attr:`_rebuilt`) once made."""
@@ -162,6 +163,14 @@ class ItemDataset(torch.utils.data.Dataset):
         if len(self.members) == 1:
             return None
         return self._made("_axis", lambda: StepAxis(self._stores))  # type: ignore[no-any-return]
+
+    @property
+    def _frame_readers(self) -> ReaderSet | None:
+        """The stores' frame readers read together (several stores), made on first use."""
+        if len(self.members) == 1:
+            return None
+        stores = self._stores
+        return self._made("_frames", lambda: ReaderSet(len(stores), lambda g: stores[g].frames))  # type: ignore[no-any-return]
 
     def __getstate__(self) -> dict[str, Any]:
         # each store pickles as what opens it again (one known by its entry, unopened)
@@ -217,6 +226,7 @@ class ItemDataset(torch.utils.data.Dataset):
             windowed=not first.identity,
             index=self._episode_index,
             axis=self._step_axis,
+            frames=self._frame_readers,
         )
         if self.game_ids is None:
             return td

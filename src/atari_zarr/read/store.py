@@ -13,6 +13,7 @@ It imports nothing above it: the dataset, the stream and windows build on it.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -57,7 +58,7 @@ from atari_zarr.layout import (
 from atari_zarr.opening import changed_or_damaged, open_store
 from atari_zarr.place import current_place, quiet_worker_exit
 from atari_zarr.read.batch import FrameBuffer, FramePlan, assemble_batch, steps_before_by_store
-from atari_zarr.read.chunks import ChunkReader, read_rows_of
+from atari_zarr.read.chunks import ChunkReader, ReaderSet, read_rows_of
 from atari_zarr.read.columns import StepColumn, open_step_columns
 from atari_zarr.read.episode_index import EpisodeIndex
 from atari_zarr.read.options import ReadOptions
@@ -603,6 +604,7 @@ def read_items(
     windowed: bool | None = None,
     index: EpisodeIndex | None = None,
     axis: StepAxis | None = None,
+    frames: ReaderSet | None = None,
     **how: Any,
 ) -> TensorDict:
     """One TED batch of items of any of ``stores``: ``length`` consecutive rows of one
@@ -616,7 +618,9 @@ def read_items(
     stores' ``index`` (:class:`~atari_zarr.read.episode_index.EpisodeIndex`), a batch
     of several stores takes its episode values with one lookup for all of them; with
     their ``axis`` (:class:`~atari_zarr.read.step_axis.StepAxis`) its actions and
-    rewards with one gather, else store by store.
+    rewards with one gather, else store by store. With their ``frames``
+    (:class:`~atari_zarr.read.chunks.ReaderSet` of their frame readers), what the
+    gather of frames asks of each store is kept between batches.
     """
     quiet_worker_exit()  # in a DataLoader worker: a quiet exit when broken out of
     which = np.asarray(which, dtype=np.int64)
@@ -631,9 +635,11 @@ def read_items(
         stores[g0].frames.read(buffer.flat(rows), out=buffer.frames)
     else:  # every frame in one gather where the stores share a cache
         each = np.broadcast_to(which[:, None], rows.shape)
-        readers: list[Any] = [None] * len(stores)
-        for g in groups:  # the stores touched (opened)
-            readers[g] = stores[g].frames
+        readers: ReaderSet | list[Any] | None = frames
+        if readers is None:  # taken for this batch alone
+            readers = [None] * len(stores)
+            for g in groups:  # the stores touched (opened)
+                readers[g] = stores[g].frames
         read_rows_of(readers, buffer.flat(each), buffer.flat(rows), buffer.frames)
     offsets = np.arange(length, dtype=np.int64)[None, :]
     safe = starts[:, None] + offsets
@@ -659,9 +665,21 @@ def read_items(
         buffer,
         steps,
         window=window,
-        steps_before=steps_before_by_store({g: stores[g].steps_before for g in groups}, which),
+        # asked of the stores only where the batch's windows count their steps
+        steps_before=(
+            stores[g0].steps_before if one else functools.partial(_steps_before, stores, which)
+        ),
         finals=final,
     )
+
+
+def _steps_before(
+    stores: Sequence[StoreReader], which: np.ndarray, episodes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`StoreReader.steps_before` of ``episodes``, those of item ``i`` asked of
+    store ``which[i]``."""
+    each = {g: stores[g].steps_before for g in np.unique(which).tolist()}
+    return steps_before_by_store(each, which)(episodes)  # type: ignore[no-any-return]
 
 
 def _joined(
