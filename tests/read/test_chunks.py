@@ -133,6 +133,43 @@ def test_missing_inner_chunks_and_missing_shard(tmp_path):
     np.testing.assert_array_equal(reader.read(rows), data[rows])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_rows_the_loop_copies_out_are_the_rows_read_the_old_way(tmp_path, monkeypatch, threads):
+    """Rows of chunks not kept in the cache, copied out as each chunk decodes: the
+    same as decoding whole chunks into the scratch buffer and gathering from it (the
+    way before), with absent chunks (read the careful way, then gathered) and chunks
+    the cache holds among them."""
+    from atari_zarr.storage.chunk_loop import chunk_loop
+
+    n = 64 * 4
+    a = _array(zarr.storage.LocalStore(tmp_path / "p.zarr"), n)
+    data = _frames(n)[:, :6, :5].copy()
+    data[8:24] = 0  # two inner chunks absent from shard 0's index
+    data[128:192] = 0  # shard 2 absent entirely
+    a[:] = data
+    loop = chunk_loop()
+    copied = []
+    real = loop.run_rows
+
+    def run_rows(src, srclen, destsize, copies, **kw):
+        copied.append(int(copies.count.sum()))
+        return real(src, srclen, destsize, copies, **kw)
+
+    monkeypatch.setattr(loop, "run_rows", run_rows)
+    rng = np.random.default_rng(2)
+    batches = [rng.integers(0, n, 300), np.array([9, 130, 200, 8, 191, 23, 24, 0, 0, 255])]
+    reader = ChunkReader(a, where="p", cache_bytes=4 * 8 * 6 * 5, threads=threads)
+    reader.read(np.array([9, 0, 12, 3]))  # chunks 0 and 1 kept: hits in the batches below
+    hits = reader.stats["hits"]
+    got = [reader.read(rows) for rows in batches]
+    assert reader.stats["hits"] > hits and sum(copied) > 0
+    monkeypatch.setattr(loop, "_rows_fn", None)  # the way before: whole chunks, a gather
+    old = ChunkReader(a, where="p", cache_bytes=0, threads=threads)
+    for rows, mine in zip(batches, got, strict=True):
+        np.testing.assert_array_equal(mine, data[rows])
+        np.testing.assert_array_equal(old.read(rows), mine)
+
+
 def test_nonzero_fill_value(tmp_path):
     a = zarr.create_array(
         zarr.storage.LocalStore(tmp_path / "f.zarr"),
@@ -473,7 +510,8 @@ def _read_together(readers, data, rng, n=512, size=64):
     which, rows = rng.integers(0, k, size), rng.integers(0, n, size)
     out = np.empty((size, 6, 5), dtype=np.uint8)
     read_rows_of(readers, which, rows, out)
-    np.testing.assert_array_equal(out, np.stack([data[w][r] for w, r in zip(which, rows)]))
+    want = np.stack([data[w][r] for w, r in zip(which, rows, strict=True)])
+    np.testing.assert_array_equal(out, want)
     return which, rows, out
 
 

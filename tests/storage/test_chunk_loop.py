@@ -14,7 +14,7 @@ from numcodecs import Blosc
 
 from atari_zarr.read.chunks import ChunkReader
 from atari_zarr.storage import chunk_loop as loop_module
-from atari_zarr.storage.chunk_loop import DECODED, Destinations, chunk_loop
+from atari_zarr.storage.chunk_loop import DECODED, Destinations, RowCopies, chunk_loop
 from atari_zarr.storage.engine import ChunkEngine
 
 from ..read.test_chunks import _array, _frames
@@ -110,6 +110,51 @@ def test_parts_on_threads_decode_as_one_call_does():
     np.testing.assert_array_equal(out[::-1], rows)
     assert len(names) == 4 and names.count(threading.current_thread().name) == 1
     assert sum(name.startswith("part_") for name in names) == 3  # the others on the pool
+
+
+def _own_loop():
+    """A loop of the test's own (not the process's, which other readers' threads use)."""
+    return loop_module.ChunkLoop(
+        ctypes.CDLL(str(loop_module._built())),
+        loop_module.libblosc2(),
+        loop_module._crc32c_value(),
+    )
+
+
+@pytest.mark.parametrize("parts", [1, 3])
+def test_rows_copied_out_are_those_of_the_whole_chunks_and_a_damaged_one_copies_none(parts):
+    """run_rows (through run_parts, on one thread or three): the rows each chunk is
+    asked for, duplicates and any order included, land where they are wanted, as the
+    whole chunks decoded by run give them. A chunk with a wrong crc32c copies nothing,
+    its status says so, and its done flag stays unset."""
+    chunks = _frames(8 * 12).reshape(12, 8, -1)  # 12 chunks of 8 rows
+    stored = [_stored(c) for c in chunks]
+    stored[5] = stored[5][:-1] + bytes([stored[5][-1] ^ 1])
+    srcs = [np.frombuffer(s, dtype=np.uint8) for s in stored]
+    src = np.array([s.ctypes.data for s in srcs], dtype=np.uint64)
+    lens = np.array([s.size for s in srcs], dtype=np.int64)
+    rng = np.random.default_rng(3)
+    chunk, within = rng.integers(0, 12, 200), rng.integers(0, 8, 200)
+    out = np.zeros((200, chunks.shape[2]), dtype=np.uint8)
+    done = np.zeros(12, dtype=bool)
+    order = np.array([7, 0, 5, 11, 3, 9, 1, 10, 2, 8, 4, 6])  # decoded in another order
+    scratch = np.zeros((12 * 8, chunks.shape[2]), dtype=np.uint8)
+    copies = RowCopies.of(chunk, within, np.arange(12), out, done=done)
+    dests = Destinations(scratch, np.arange(12) * 8, 8, copies).take(order)
+    loop = _own_loop()
+    with ThreadPoolExecutor(2) as pool:
+        status = loop.run_parts(
+            src[order], lens[order], dests, chunks[0].nbytes, checksum=True,
+            executor=pool, parts=parts,
+        )  # fmt: skip
+    assert status.tolist() == [DECODED if c != 5 else 2 for c in order]
+    assert done.tolist() == [c != 5 for c in range(12)]
+    good = chunk != 5
+    np.testing.assert_array_equal(out[good], chunks[chunk[good], within[good]])
+    assert not out[~good].any() and not scratch.any()  # nothing went to the places
+    _, whole = _run(loop, stored, chunks[0].nbytes, checksum=True)  # the whole chunks
+    whole = whole.reshape(12, 8, -1)
+    np.testing.assert_array_equal(out[good], whole[chunk[good], within[good]])
 
 
 def test_destinations_are_views_and_addresses_of_one_array():
@@ -210,8 +255,8 @@ def test_a_mixture_batch_is_one_loop_run_with_the_rows_read_store_by_store(tmp_p
     runs = []
     real = chunks_module.decode_across
 
-    def counted(readers, *args, **kw):
-        runs.append((len(readers), real(readers, *args, **kw)))
+    def counted(readers, tokens, *args, **kw):
+        runs.append((len(np.unique(tokens)), real(readers, tokens, *args, **kw)))
         return runs[-1][1]
 
     monkeypatch.setattr(chunks_module, "decode_across", counted)

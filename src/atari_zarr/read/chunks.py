@@ -50,7 +50,7 @@ from atari_zarr.read.chunk_cache import (
 from atari_zarr.read.options import ReadOptions
 from atari_zarr.read.pool import resident
 from atari_zarr.resources import cpu_count
-from atari_zarr.storage.chunk_loop import Destinations, chunk_loop
+from atari_zarr.storage.chunk_loop import Destinations, RowCopies, chunk_loop
 from atari_zarr.storage.chunk_tables import ChunkTables, Located
 from atari_zarr.storage.engine import (
     ChunkEngine,
@@ -92,10 +92,13 @@ def read_passing(
     """Rows of chunks ``keys`` into ``out``, none of them taken into the cache.
 
     Row ``i`` is row ``within[i]`` of chunk ``keys[inverse[i]]``. The chunks ``cache``
-    holds are copied from it, the others decoded by ``decode(keys, dests)`` into this
-    thread's scratch buffer for this batch only. The recent hit rate of the cache is
-    told of the hits (:meth:`~atari_zarr.read.chunk_cache.ChunkCache.note_hits`), which
-    are returned.
+    holds are copied from it, the others decoded by ``decode(keys, dests)``: where
+    the compiled loop decodes them, each into a buffer that stays in the processor's
+    cache, whose rows wanted are copied straight to ``out``
+    (:attr:`~atari_zarr.storage.chunk_loop.Destinations.copies`); otherwise into this
+    thread's scratch buffer, for this batch only, and gathered from there. The recent
+    hit rate of the cache is told of the hits
+    (:meth:`~atari_zarr.read.chunk_cache.ChunkCache.note_hits`), which are returned.
     """
     buf = _scratch((len(keys), *chunk_shape), out.dtype)
     todo = np.arange(len(keys))
@@ -107,10 +110,19 @@ def read_passing(
             todo = np.flatnonzero(slot < 0)
             cache.note_hits(len(keys) - len(todo), len(keys))
     rows = chunk_shape[0]
-    decode(keys[todo].tolist(), Destinations.slots(buf, todo))
-    np.take(
-        buf.reshape(-1, *chunk_shape[1:]), inverse * rows + within, axis=0, out=out, mode="clip"
-    )
+    dests = Destinations.slots(buf, todo)
+    done = None
+    if len(todo) and out.flags.c_contiguous and out.dtype == buf.dtype:
+        done = np.zeros(len(keys), dtype=bool)
+        dests.copies = RowCopies.of(inverse, within, todo, out, done=done)
+    decode(keys[todo].tolist(), dests)
+    flat = buf.reshape(-1, *chunk_shape[1:])
+    if done is None or not done.any():
+        np.take(flat, inverse * rows + within, axis=0, out=out, mode="clip")
+    else:  # the rows of chunks the loop did not copy out: cache hits, chunks read again
+        rest = np.flatnonzero(~done[inverse])
+        if rest.size:
+            out[rest] = flat[inverse[rest] * rows + within[rest]]
     return len(keys) - len(todo)
 
 
@@ -960,7 +972,7 @@ def decode_across(
     status = loop.run_parts(
         located.src,
         located.srclen,
-        dests.addresses(),
+        dests,
         g.chunk_nbytes,
         checksum=g.checksum,
         executor=first._executor() if threads > 1 else None,

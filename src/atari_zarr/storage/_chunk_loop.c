@@ -12,6 +12,7 @@
 #include <Python.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #if defined(_WIN32)
 #define EXPORT __declspec(dllexport)
@@ -31,6 +32,36 @@ static uint32_t le32(const uint8_t *p) {
            ((uint32_t)p[3] << 24);
 }
 
+/* Check chunk s (len bytes: a Blosc buffer, then its crc32c where crc is not NULL)
+ * and decode it into destsize bytes at dest; its status. */
+static int8_t decode_one(decompress_fn decompress, void *ctx, crc_fn crc, const uint8_t *s,
+                         int64_t len, void *dest, int32_t destsize) {
+    if (s == NULL) {
+        return TOO_SHORT; /* not located: the caller reads it another way */
+    }
+    if (crc != NULL) {
+        if (len < 20) {
+            return TOO_SHORT;
+        }
+        if (crc(s, (size_t)(len - 4)) != le32(s + len - 4)) {
+            return BAD_CRC;
+        }
+        len -= 4;
+    } else if (len < 16) {
+        return TOO_SHORT;
+    }
+    if ((int64_t)le32(s + 12) != len || len > INT32_MAX) {
+        return NOT_WHOLE;
+    }
+    if ((int32_t)le32(s + 4) != destsize) {
+        return WRONG_SIZE;
+    }
+    if (decompress(ctx, s, (int32_t)len, dest, destsize) != destsize) {
+        return NO_DECODE;
+    }
+    return OK;
+}
+
 /*
  * Chunk i is srclen[i] bytes at address src[i]: a Blosc buffer, followed by its crc32c
  * (little-endian) when crc is not NULL. It decodes into destsize bytes at dest[i].
@@ -42,33 +73,38 @@ EXPORT int64_t atari_zarr_decode_chunks(decompress_fn decompress, void *ctx, crc
                                         int8_t *status) {
     int64_t bad = 0;
     for (int64_t i = 0; i < n; i++) {
-        const uint8_t *s = (const uint8_t *)(uintptr_t)src[i];
-        int64_t len = srclen[i];
-        int8_t st = OK;
-        if (s == NULL) {
-            st = TOO_SHORT; /* not located: the caller reads it another way */
-        } else if (crc != NULL) {
-            if (len < 20) {
-                st = TOO_SHORT;
-            } else if (crc(s, (size_t)(len - 4)) != le32(s + len - 4)) {
-                st = BAD_CRC;
+        status[i] = decode_one(decompress, ctx, crc, (const uint8_t *)(uintptr_t)src[i],
+                               srclen[i], (void *)(uintptr_t)dest[i], destsize);
+        bad += status[i] != OK;
+    }
+    return bad;
+}
+
+/*
+ * As atari_zarr_decode_chunks, but only some rows of each chunk are wanted: chunk i
+ * decodes into the destsize bytes at scratch (reused, so it stays in the processor's
+ * cache), and its rows within[p], for p in first[i] .. first[i] + count[i] - 1, are
+ * copied (row_bytes each) to address out[p]. A chunk not decoded copies nothing.
+ */
+EXPORT int64_t atari_zarr_decode_rows(decompress_fn decompress, void *ctx, crc_fn crc,
+                                      int64_t n, const uint64_t *src, const int64_t *srclen,
+                                      int32_t destsize, uint8_t *scratch, const int64_t *first,
+                                      const int64_t *count, const int64_t *within,
+                                      const uint64_t *out, int64_t row_bytes, int8_t *status) {
+    int64_t bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int8_t st = decode_one(decompress, ctx, crc, (const uint8_t *)(uintptr_t)src[i],
+                               srclen[i], scratch, destsize);
+        for (int64_t p = first[i]; st == OK && p < first[i] + count[i]; p++) {
+            if (within[p] < 0 || (within[p] + 1) * row_bytes > (int64_t)destsize) {
+                st = WRONG_SIZE; /* rows the chunk does not have: read another way */
             }
-            len -= 4;
-        } else if (len < 16) {
-            st = TOO_SHORT;
         }
-        if (st == OK && (int64_t)le32(s + 12) != len) {
-            st = NOT_WHOLE;
-        }
-        if (st == OK && (int32_t)le32(s + 4) != destsize) {
-            st = WRONG_SIZE;
-        }
-        if (st == OK && len > INT32_MAX) {
-            st = NOT_WHOLE;
-        }
-        if (st == OK &&
-            decompress(ctx, s, (int32_t)len, (void *)(uintptr_t)dest[i], destsize) != destsize) {
-            st = NO_DECODE;
+        if (st == OK) {
+            for (int64_t p = first[i]; p < first[i] + count[i]; p++) {
+                memcpy((void *)(uintptr_t)out[p], scratch + within[p] * row_bytes,
+                       (size_t)row_bytes);
+            }
         }
         status[i] = st;
         bad += st != OK;

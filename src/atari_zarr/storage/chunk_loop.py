@@ -46,6 +46,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, overload
 
@@ -53,7 +54,7 @@ import numpy as np
 
 from atari_zarr.storage.blosc import LibBlosc2, libblosc2
 
-__all__ = ["DECODED", "ChunkLoop", "Destinations", "chunk_loop"]
+__all__ = ["DECODED", "ChunkLoop", "Destinations", "RowCopies", "chunk_loop"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -82,6 +83,12 @@ class ChunkLoop:
         fn.restype = ctypes.c_int64
         self._fn, self._blosc, self._crc = fn, blosc, crc
         self._decompress = blosc.decompress_ctx
+        rows = getattr(loop, "atari_zarr_decode_rows", None)  # None: a loop built before it
+        if rows is not None:
+            rows.argtypes = [ptr, ptr, ptr, ctypes.c_int64, ptr, ptr, ctypes.c_int32]
+            rows.argtypes += [ptr, ptr, ptr, ptr, ptr, ctypes.c_int64, ptr]
+            rows.restype = ctypes.c_int64
+        self._rows_fn = rows
 
     def run(
         self,
@@ -125,36 +132,173 @@ class ChunkLoop:
             )
         return status
 
+    def run_rows(
+        self,
+        src: np.ndarray,
+        srclen: np.ndarray,
+        destsize: int,
+        copies: RowCopies,
+        *,
+        checksum: bool,
+    ) -> np.ndarray:
+        """Check and decode chunk ``i`` as :meth:`run` does, but into a buffer of this
+        thread's that stays in the processor's cache, and copy out only the rows
+        ``copies`` wants of it; ``copies.done`` is set for each chunk copied out.
+
+        Returns
+        -------
+        numpy.ndarray
+            ``int8`` status of each chunk, :data:`DECODED` where it decoded (and its
+            rows were copied).
+        """
+        if self._rows_fn is None:
+            raise RuntimeError("this build of the chunk loop has no row copies: reinstall")
+        n = len(src)
+        src = np.ascontiguousarray(src, dtype=np.uint64)
+        srclen = np.ascontiguousarray(srclen, dtype=np.int64)
+        first = np.ascontiguousarray(copies.first, dtype=np.int64)
+        count = np.ascontiguousarray(copies.count, dtype=np.int64)
+        if len(srclen) != n or len(first) != n or len(count) != n:
+            raise ValueError(f"{n} sources, {len(srclen)} lengths and {len(first)} row lists")
+        status = np.empty(n, dtype=np.int8)
+        if n:
+            scratch = _thread_scratch(destsize)
+            self._rows_fn(
+                self._decompress,
+                self._blosc.context(),
+                self._crc if checksum else None,
+                n,
+                src.ctypes.data,
+                srclen.ctypes.data,
+                int(destsize),
+                scratch.ctypes.data,
+                first.ctypes.data,
+                count.ctypes.data,
+                copies.within.ctypes.data,
+                copies.out.ctypes.data,
+                copies.row_bytes,
+                status.ctypes.data,
+            )
+            copies.done[copies.origin[status == DECODED]] = True
+        return status
+
     def run_parts(
         self,
         src: np.ndarray,
         srclen: np.ndarray,
-        dest: np.ndarray,
+        dests: Destinations | np.ndarray,
         destsize: int,
         *,
         checksum: bool,
         executor: Executor | None = None,
         parts: int = 1,
     ) -> np.ndarray:
-        """:meth:`run` with the chunks split into ``parts`` runs of about equal encoded
-        bytes: the first on the calling thread, the others on ``executor``'s threads,
-        all at once."""
+        """:meth:`run` into ``dests`` (addresses, or :class:`Destinations`; with
+        :attr:`Destinations.copies`, :meth:`run_rows`), the chunks split into
+        ``parts`` runs of about equal encoded bytes: the first on the calling thread,
+        the others on ``executor``'s threads, all at once."""
         n = len(src)
+        copies = dests.copies if isinstance(dests, Destinations) else None
+        if copies is not None and self._rows_fn is not None:
+
+            def run(a: int, b: int) -> np.ndarray:
+                part = copies.take(slice(a, b))
+                return self.run_rows(src[a:b], srclen[a:b], destsize, part, checksum=checksum)
+
+        else:
+            at = dests.addresses() if isinstance(dests, Destinations) else dests
+
+            def run(a: int, b: int) -> np.ndarray:
+                return self.run(src[a:b], srclen[a:b], at[a:b], destsize, checksum=checksum)
+
         if executor is None or parts <= 1 or n < 2:
-            return self.run(src, srclen, dest, destsize, checksum=checksum)
+            return run(0, n)
         parts = min(parts, n)
         # decoding time follows the encoded bytes more than the count of chunks
         cum = np.cumsum(srclen, dtype=np.float64)
         cuts = np.searchsorted(cum, cum[-1] * np.arange(1, parts) / parts).tolist()
         bounds = [0, *cuts, n]
-        futs = [
-            executor.submit(self.run, src[a:b], srclen[a:b], dest[a:b], destsize, checksum=checksum)
-            for a, b in itertools.pairwise(bounds[1:])
-        ]
-        first = self.run(
-            src[: bounds[1]], srclen[: bounds[1]], dest[: bounds[1]], destsize, checksum=checksum
-        )
+        futs = [executor.submit(run, a, b) for a, b in itertools.pairwise(bounds[1:])]
+        first = run(0, bounds[1])
         return np.concatenate([first, *(f.result() for f in futs)])
+
+
+_local = threading.local()
+
+
+def _thread_scratch(nbytes: int) -> np.ndarray:
+    """This thread's buffer of at least ``nbytes``, reused from call to call."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.size < nbytes:
+        buf = _local.scratch = np.empty(nbytes, dtype=np.uint8)
+    return buf  # type: ignore[no-any-return]
+
+
+@dataclass(frozen=True)
+class RowCopies:
+    """Rows of decoded chunks wanted elsewhere, copied out as each chunk decodes
+    (:meth:`ChunkLoop.run_rows`): chunk ``i``'s rows ``within[p]``, for ``p`` in
+    ``first[i] : first[i] + count[i]``, go to address ``out[p]``, ``row_bytes``
+    each, and ``done[origin[i]]`` is set once they are.
+
+    Examples
+    --------
+    >>> out = np.zeros((3, 2), dtype=np.uint8)
+    >>> row = out.strides[0]
+    >>> c = RowCopies.of(np.array([1, 0, 1]), np.array([0, 1, 1]), np.array([0, 1]),
+    ...                  out, done=np.zeros(2, dtype=bool))
+    >>> c.first.tolist(), c.count.tolist(), c.within.tolist()
+    ([0, 1], [1, 2], [1, 0, 1])
+    >>> (c.out - out.ctypes.data).tolist() == [row, 0, 2 * row]
+    True
+    """
+
+    first: np.ndarray
+    count: np.ndarray
+    origin: np.ndarray
+    within: np.ndarray
+    out: np.ndarray
+    row_bytes: int
+    done: np.ndarray
+
+    @classmethod
+    def of(
+        cls,
+        chunk: np.ndarray,
+        within: np.ndarray,
+        chunks: np.ndarray,
+        out: np.ndarray,
+        *,
+        done: np.ndarray,
+    ) -> RowCopies:
+        """Row ``j`` of ``out`` (C-contiguous) is row ``within[j]`` of chunk
+        ``chunk[j]``: the copies of the chunks numbered ``chunks``, in that order."""
+        order = np.argsort(chunk, kind="stable")
+        count = np.bincount(chunk, minlength=len(done))
+        first = np.cumsum(count) - count
+        row_bytes = int(out.strides[0]) if out.ndim else int(out.itemsize)
+        at = np.uint64(out.ctypes.data) + (order * row_bytes).astype(np.uint64)
+        return cls(
+            first[chunks],
+            count[chunks],
+            np.asarray(chunks, dtype=np.int64),
+            np.ascontiguousarray(within[order], dtype=np.int64),
+            at,
+            row_bytes,
+            done,
+        )
+
+    def take(self, which: Any) -> RowCopies:
+        """The copies of chunks ``which`` (positions, or a slice)."""
+        return RowCopies(
+            self.first[which],
+            self.count[which],
+            self.origin[which],
+            self.within,
+            self.out,
+            self.row_bytes,
+            self.done,
+        )
 
 
 class Destinations(Sequence[np.ndarray]):
@@ -184,12 +328,18 @@ class Destinations(Sequence[np.ndarray]):
     [7, 7, 0, 0, 0, 0]
     """
 
-    def __init__(self, rows: np.ndarray, starts: Any, chunk_rows: int) -> None:
+    def __init__(
+        self, rows: np.ndarray, starts: Any, chunk_rows: int, copies: RowCopies | None = None
+    ) -> None:
         if not rows.flags.c_contiguous:
             raise ValueError("decoded chunks go to a C-contiguous array")
         self.rows = rows
         self.starts = np.asarray(starts, dtype=np.int64).reshape(-1)
         self.chunk_rows = int(chunk_rows)
+        #: Where only some rows of each chunk are wanted: those rows, copied out by the
+        #: loop as it decodes (the chunk then never reaches its place here). A chunk
+        #: decoded any other way fills its place, and its ``done`` stays unset.
+        self.copies = copies
 
     @classmethod
     def slots(cls, chunks: np.ndarray, at: Any) -> Destinations:
@@ -218,15 +368,16 @@ class Destinations(Sequence[np.ndarray]):
 
     def __getitem__(self, i: int | slice) -> np.ndarray | Destinations:
         if isinstance(i, slice):
-            return Destinations(self.rows, self.starts[i], self.chunk_rows)
+            copies = None if self.copies is None else self.copies.take(i)
+            return Destinations(self.rows, self.starts[i], self.chunk_rows, copies)
         at = int(self.starts[i])
         return self.rows[at : at + self.chunk_rows]
 
     def take(self, which: Any) -> Destinations:
         """The places of chunks ``which`` (positions in this sequence)."""
-        return Destinations(
-            self.rows, self.starts[np.asarray(which, dtype=np.int64)], self.chunk_rows
-        )
+        which = np.asarray(which, dtype=np.int64)
+        copies = None if self.copies is None else self.copies.take(which)
+        return Destinations(self.rows, self.starts[which], self.chunk_rows, copies)
 
     def addresses(self) -> np.ndarray:
         """``uint64`` address of each chunk's first byte."""
