@@ -908,3 +908,29 @@ def test_stream_arguments_and_states_never_fail_silently(small_store: str) -> No
         with pytest.raises(InvalidArgumentError, match=match) as err:
             ds.stream(64, seed=0, unit_rows=512, **kwargs)
         assert "\n" not in str(err.value)
+
+
+def test_a_streams_first_batch_loads_no_decoder_module_it_does_not_need(pong_store) -> None:  # type: ignore[no-untyped-def]
+    """A local stream of a converted store decodes its units, their edges and its
+    per-step columns through the chunk loop and c-blosc2's own call, both loaded with
+    the loop: its first batch never waits for python-blosc2's module to import (about
+    80 ms), and its values are the store's."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from atari_zarr import AtariZarrDataset
+ds = AtariZarrDataset({pong_store.url!r})
+batch = next(iter(ds.stream(64, seed=0)))
+rows = batch["index"].numpy()
+store = ds.members[0].store
+assert (batch["action"].numpy() == store.action[rows]).all()
+assert (batch["observation"].numpy() == store.observation[rows]).all()
+print("blosc2" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

@@ -285,3 +285,39 @@ def test_decode_into_a_remote_store_fetches_as_before(tmp_path):
     np.testing.assert_array_equal(dests[0], data[40:48])
     np.testing.assert_array_equal(dests[2], data[288:296])
     assert engine.stats["requests"] > 0
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(64, 128), (67, 101), (64, 70)])
+def test_a_spans_partial_and_halo_chunks_are_copied_out_by_the_loop(tmp_path, lo, hi):
+    """With the chunk loop, the rows of a span's chunks that lie partly in it and the
+    halo rows of the chunks just outside come out of one call that copies them as each
+    chunk decodes (no chunk decoded one by one), with an absent chunk among them read
+    as its fill value: the rows the per-chunk way (no loop) gives."""
+    from atari_zarr.storage.chunk_loop import chunk_loop
+
+    a, data = make(zarr.storage.LocalStore(tmp_path / "s.zarr"))
+    data[56:64] = 0  # chunk 7, just before shard 1, absent (all fill value)
+    a[56:64] = 0
+    loop = chunk_loop()
+    assert loop is not None and loop.copies_rows
+    halo = np.array([lo - 3, lo - 2, lo - 1, hi, hi + 1])
+    engine = ChunkEngine(a, where="s")
+    one_by_one = []
+    real = engine.decode
+
+    def decode(chunk, out, *args):  # type: ignore[no-untyped-def]
+        one_by_one.append(chunk.cid)
+        return real(chunk, out, *args)
+
+    engine.decode = decode  # type: ignore[method-assign]
+    span, extra = engine.fetch_span(lo, hi, sorted({int(r) // 8 for r in halo}))
+    out = np.zeros((hi - lo, 6, 5), dtype=np.uint8)
+    got = engine.decode_span(lo, hi, out, span, halo, extra, loop=loop)
+    np.testing.assert_array_equal(out, data[lo:hi])
+    np.testing.assert_array_equal(got, data[halo])
+    assert set(one_by_one) <= {7}  # only the absent chunk, read as its fill value
+    before = ChunkEngine(a, where="s")  # the way before: chunk by chunk
+    span, extra = before.fetch_span(lo, hi, sorted({int(r) // 8 for r in halo}))
+    old = np.zeros_like(out)
+    np.testing.assert_array_equal(before.decode_span(lo, hi, old, span, halo, extra), got)
+    np.testing.assert_array_equal(old, out)

@@ -13,9 +13,12 @@ chunks; this module decides which chunks a batch of rows needs and keeps them:
   are decoded on the calling thread: each decoding call hands the GIL over twice, and
   two threads making calls that short read fewer chunks than one
   (``docs/benchmarks/cores.md``);
-* a batch whose chunks do not fit the cache decodes into its thread's scratch
-  buffer, reused from batch to batch: fresh memory costs its page faults, about three
-  decodes' time;
+* a batch whose chunks do not fit the cache (or whose misses it does not admit) has
+  the compiled chunk loop copy each chunk's rows wanted straight into the batch as it
+  decodes the chunk, into a buffer of its thread that stays in the processor's cache
+  (:class:`~atari_zarr.storage.chunk_loop.RowCopies`); a chunk read another way (no
+  loop, or the careful way) goes to its thread's scratch buffer, reused from batch to
+  batch, and is gathered from there;
 * **decode ahead**: sequential reads decode the next chunks in the background;
 * **fetch ahead** (:meth:`ChunkReader.fetch_ahead`): the encoded bytes of rows
   that will be read soon are fetched in the background (over a network, ranges of
@@ -48,8 +51,8 @@ from atari_zarr.read.chunk_cache import (
     split_keys,
 )
 from atari_zarr.read.options import ReadOptions
-from atari_zarr.read.pool import resident
 from atari_zarr.resources import cpu_count
+from atari_zarr.storage.blosc import libblosc2_decoder
 from atari_zarr.storage.chunk_loop import Destinations, RowCopies, chunk_loop
 from atari_zarr.storage.chunk_tables import ChunkTables, Located
 from atari_zarr.storage.engine import (
@@ -137,7 +140,10 @@ def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
     buf = getattr(_scratch_local, "buf", None)
     if buf is None or buf.size < nbytes:
-        buf = resident((nbytes,))
+        # grown with room to spare, and its pages left to fault in where written: the
+        # chunk loop copies most rows straight out, so most of it is never written
+        size = nbytes if buf is None else max(nbytes, min(_SCRATCH_KEPT, buf.size * 5 // 4))
+        buf = np.empty(size, dtype=np.uint8)
         _scratch_local.buf = buf
     return buf[:nbytes].view(dtype).reshape(shape)
 
@@ -385,6 +391,18 @@ class ChunkReader:
             for c in cids:
                 yield np.asarray(self.array[int(c) * rows : (int(c) + 1) * rows])
             return
+        if not self.engine.bytes.remote:
+            # through the chunk loop where it decodes this array, else with c-blosc2's own
+            # call: both loaded with the loop, where python-blosc2's module (the default
+            # decoder of a thread alone) costs about 80 ms to import, which a stream's
+            # first batch would wait for. These chunks are few: a chunk is 1 µs slower.
+            decoder = libblosc2_decoder()
+            for c in cids:
+                dest = np.empty(g.chunk_shape, dtype=g.dtype)
+                at = Destinations(dest, [0], g.chunk_rows)
+                self._decode_into([int(c)], at, split=False, decoder=decoder)
+                yield dest
+            return
         chunks: list[EncodedChunk | None] = list(self._sources([int(c) for c in cids]))
         for i, chunk in enumerate(chunks):
             assert chunk is not None
@@ -473,10 +491,11 @@ class ChunkReader:
         if not self.fast or not engine.grid.sharded:  # type: ignore[union-attr]
             out[:] = np.asarray(self.array[lo:hi])
             return engine.read_generic(halo)
-        beside, alone = background_decoder(), blosc_decoder()
 
         def decode(src: Any, dest: np.ndarray) -> Any:
-            return (beside if background() else alone)(src, dest)
+            # asked for only where a chunk is decoded one by one: the chunk loop decodes
+            # a unit's chunks, and loading a decoder's module costs about 80 ms once
+            return (background_decoder() if background() else blosc_decoder())(src, dest)
 
         cr = self.grid.chunk_rows  # type: ignore[union-attr]
         span, around = engine.fetch_span(lo, hi, sorted({int(r) // cr for r in halo.tolist()}))

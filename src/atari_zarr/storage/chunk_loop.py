@@ -132,6 +132,12 @@ class ChunkLoop:
             )
         return status
 
+    @property
+    def copies_rows(self) -> bool:
+        """True where this build of the loop has :meth:`run_rows` (a loop built before
+        it decodes whole chunks only, until the package is installed again)."""
+        return self._rows_fn is not None
+
     def run_rows(
         self,
         src: np.ndarray,
@@ -273,18 +279,32 @@ class RowCopies:
     ) -> RowCopies:
         """Row ``j`` of ``out`` (C-contiguous) is row ``within[j]`` of chunk
         ``chunk[j]``: the copies of the chunks numbered ``chunks``, in that order."""
+        row_bytes = int(out.strides[0]) if out.ndim else int(out.itemsize)
+        at = np.uint64(out.ctypes.data) + (np.arange(len(chunk)) * row_bytes).astype(np.uint64)
+        return cls.to(chunk, within, at, row_bytes, done=done).take(chunks)
+
+    @classmethod
+    def to(
+        cls,
+        chunk: np.ndarray,
+        within: np.ndarray,
+        at: np.ndarray,
+        row_bytes: int,
+        *,
+        done: np.ndarray,
+    ) -> RowCopies:
+        """Row ``within[j]`` of chunk ``chunk[j]`` copied to address ``at[j]``, for every
+        ``j``: the copies of chunks ``0 .. len(done) - 1``, in that order."""
+        chunk = np.asarray(chunk, dtype=np.int64)
         order = np.argsort(chunk, kind="stable")
         count = np.bincount(chunk, minlength=len(done))
-        first = np.cumsum(count) - count
-        row_bytes = int(out.strides[0]) if out.ndim else int(out.itemsize)
-        at = np.uint64(out.ctypes.data) + (order * row_bytes).astype(np.uint64)
         return cls(
-            first[chunks],
-            count[chunks],
-            np.asarray(chunks, dtype=np.int64),
-            np.ascontiguousarray(within[order], dtype=np.int64),
-            at,
-            row_bytes,
+            np.cumsum(count) - count,
+            count,
+            np.arange(len(done), dtype=np.int64),
+            np.ascontiguousarray(np.asarray(within, dtype=np.int64)[order]),
+            np.ascontiguousarray(np.asarray(at, dtype=np.uint64)[order]),
+            int(row_bytes),
             done,
         )
 

@@ -49,7 +49,7 @@ from atari_zarr.forks import after_fork
 from atari_zarr.resources import cpu_count
 from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.blosc import blosc_decoder, libblosc2_decoder
-from atari_zarr.storage.chunk_loop import ChunkLoop, Destinations
+from atari_zarr.storage.chunk_loop import ChunkLoop, Destinations, RowCopies
 from atari_zarr.storage.chunk_tables import ChunkTables, Located, Rows
 from atari_zarr.storage.fetch import LocalBytes, byte_source
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES, KeptBytes, KeptView
@@ -985,21 +985,75 @@ class ChunkEngine:
         assert g is not None
         cr = g.chunk_rows
         nbytes = 0
+        frames = np.empty((len(rows), *g.row_shape), dtype=g.dtype)
+        extra = extra if len(rows) else []
         if loop is not None and out.flags.c_contiguous:
             span = self._decode_whole(lo, hi, out, span, loop)
+            span, extra = self._decode_rows(lo, hi, out, span, rows, extra, frames, loop)
         for chunk in span:
             c = chunk.cid
             a, b = max(c * cr, lo), min((c + 1) * cr, hi)
             nbytes += self.decode(chunk, out[a - lo : b - lo], a - c * cr, decoder)
-        frames = np.empty((len(rows), *g.row_shape), dtype=g.dtype)
-        if len(rows):
+        if len(extra):
             block = np.empty(g.chunk_shape, dtype=g.dtype)
             for chunk in extra:
                 nbytes += self.decode(chunk, block, 0, decoder)
                 sel = np.flatnonzero(rows // cr == chunk.cid)
                 frames[sel] = block[rows[sel] - chunk.cid * cr]
-        self.count_decoded(len(span) + (len(extra) if len(rows) else 0), nbytes)
+        self.count_decoded(len(span) + len(extra), nbytes)
         return frames
+
+    def _decode_rows(
+        self,
+        lo: int,
+        hi: int,
+        out: np.ndarray,
+        span: Sequence[EncodedChunk],
+        rows: np.ndarray,
+        extra: Sequence[EncodedChunk],
+        frames: np.ndarray,
+        loop: ChunkLoop,
+    ) -> tuple[list[EncodedChunk], list[EncodedChunk]]:
+        """The rows of ``span``'s chunks that lie partly in ``[lo, hi)`` (into ``out``)
+        and rows ``rows`` of the chunks ``extra`` (into ``frames``), copied out by
+        ``loop`` as it decodes each chunk, in one call (:meth:`ChunkLoop.run_rows
+        <atari_zarr.storage.chunk_loop.ChunkLoop.run_rows>`); the chunks it did not
+        decode (and those absent), returned to decode one by one."""
+        g = self.grid
+        assert g is not None
+        cr = g.chunk_rows
+        parts = [c for c in span if c.data is not None]
+        more = [c for c in extra if c.data is not None]
+        chunks = parts + more
+        if not chunks or not loop.copies_rows or not frames.flags.c_contiguous:
+            return list(span), list(extra)
+        located = self.locate(np.array([c.cid for c in chunks], dtype=np.int64))
+        if located is None:
+            return list(span), list(extra)
+        row_bytes = g.chunk_nbytes // cr
+        chunk, within, at = [], [], []
+        for k, c in enumerate(parts):
+            r = np.arange(max(c.cid * cr, lo), min((c.cid + 1) * cr, hi), dtype=np.int64)
+            chunk.append(np.full(len(r), k))
+            within.append(r - c.cid * cr)
+            at.append(out.ctypes.data + (r - lo) * row_bytes)
+        for k, c in enumerate(more, start=len(parts)):
+            sel = np.flatnonzero(rows // cr == c.cid)
+            chunk.append(np.full(len(sel), k))
+            within.append(rows[sel] - c.cid * cr)
+            at.append(frames.ctypes.data + sel * row_bytes)
+        done = np.zeros(len(chunks), dtype=bool)
+        copies = RowCopies.to(
+            np.concatenate(chunk), np.concatenate(within), np.concatenate(at), row_bytes, done=done
+        )
+        loop.run_rows(located.src, located.srclen, g.chunk_nbytes, copies, checksum=g.checksum)
+        self.count_decoded(int(done.sum()), int(located.srclen[done].sum()))
+        left = [c for c, d in zip(chunks, done, strict=True) if not d]
+        n = len(parts) - int(done[: len(parts)].sum())  # the first n of left are span's
+        return (
+            [*(c for c in span if c.data is None), *left[:n]],
+            [*(c for c in extra if c.data is None), *left[n:]],
+        )
 
     def _decode_whole(
         self, lo: int, hi: int, out: np.ndarray, span: Sequence[EncodedChunk], loop: ChunkLoop
