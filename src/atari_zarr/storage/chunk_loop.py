@@ -158,7 +158,10 @@ class ChunkLoop:
             rows were copied).
         """
         if self._rows_fn is None:
-            raise RuntimeError("this build of the chunk loop has no row copies: reinstall")
+            raise RuntimeError(
+                "the chunk loop built here has no row copies (atari_zarr_decode_rows), or "
+                "they failed its check; install atari-zarr again to rebuild it"
+            )
         n = len(src)
         src = np.ascontiguousarray(src, dtype=np.uint64)
         srclen = np.ascontiguousarray(srclen, dtype=np.int64)
@@ -474,3 +477,18 @@ def _self_test(loop: ChunkLoop) -> None:
         t.join()
     if results != [True, True]:
         raise ValueError("decoded known chunks wrongly")
+    if loop.copies_rows:  # rows copied out as chunks decode: checked the same way
+        out = np.zeros((4, 1000), dtype=np.uint8)
+        done = np.zeros(3, dtype=bool)
+        chunk, within = np.array([2, 0, 1, 2]), np.array([69, 3, 0, 0])
+        rows = want.reshape(3, 70, 1000)
+        copies = RowCopies.of(chunk, within, np.arange(3), out, done=done)
+        status = loop.run_rows(addrs, lens, want.shape[1], copies, checksum=True)
+        good = chunk != 1
+        if not (
+            status.tolist() == [DECODED, 2, DECODED]
+            and done.tolist() == [True, False, True]
+            and np.array_equal(out[good], rows[chunk[good], within[good]])
+        ):
+            log.debug("chunks decode whole: the loop's row copies failed their check")
+            loop._rows_fn = None
