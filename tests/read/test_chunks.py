@@ -139,7 +139,9 @@ def test_rows_the_loop_copies_out_are_the_rows_read_the_old_way(tmp_path, monkey
     same as decoding whole chunks into the scratch buffer and gathering from it (the
     way before), with absent chunks (read the careful way, then gathered) and chunks
     the cache holds among them."""
-    from atari_zarr.storage.chunk_loop import chunk_loop
+    import ctypes
+
+    from atari_zarr.storage import chunk_loop as loop_module
 
     n = 64 * 4
     a = _array(zarr.storage.LocalStore(tmp_path / "p.zarr"), n)
@@ -147,7 +149,13 @@ def test_rows_the_loop_copies_out_are_the_rows_read_the_old_way(tmp_path, monkey
     data[8:24] = 0  # two inner chunks absent from shard 0's index
     data[128:192] = 0  # shard 2 absent entirely
     a[:] = data
-    loop = chunk_loop()
+    # a loop of this test's own (the process's may serve other readers' threads)
+    loop = loop_module.ChunkLoop(
+        ctypes.CDLL(str(loop_module._built())),
+        loop_module.libblosc2(),
+        loop_module._crc32c_value(),
+    )
+    monkeypatch.setattr("atari_zarr.read.chunks.chunk_loop", lambda: loop)
     copied = []
     real = loop.run_rows
 
@@ -155,7 +163,7 @@ def test_rows_the_loop_copies_out_are_the_rows_read_the_old_way(tmp_path, monkey
         copied.append(int(copies.count.sum()))
         return real(src, srclen, destsize, copies, **kw)
 
-    monkeypatch.setattr(loop, "run_rows", run_rows)
+    loop.run_rows = run_rows  # type: ignore[method-assign]
     rng = np.random.default_rng(2)
     batches = [rng.integers(0, n, 300), np.array([9, 130, 200, 8, 191, 23, 24, 0, 0, 255])]
     reader = ChunkReader(a, where="p", cache_bytes=4 * 8 * 6 * 5, threads=threads)
@@ -163,7 +171,7 @@ def test_rows_the_loop_copies_out_are_the_rows_read_the_old_way(tmp_path, monkey
     hits = reader.stats["hits"]
     got = [reader.read(rows) for rows in batches]
     assert reader.stats["hits"] > hits and sum(copied) > 0
-    monkeypatch.setattr(loop, "_rows_fn", None)  # the way before: whole chunks, a gather
+    loop._rows_fn = None  # the way before: whole chunks, a gather
     old = ChunkReader(a, where="p", cache_bytes=0, threads=threads)
     for rows, mine in zip(batches, got, strict=True):
         np.testing.assert_array_equal(mine, data[rows])
