@@ -797,22 +797,7 @@ class ReaderSet:
 
     Examples
     --------
-    >>> import zarr
-    >>> from zarr.codecs import BloscCodec
-    >>> from atari_zarr.read.options import ReadOptions
-    >>> opts = ReadOptions(frame_cache_bytes=1 << 20).divided(2)  # one cache group
-    >>> arrays = []
-    >>> for k in range(2):
-    ...     a = zarr.create_array({}, shape=(64,), chunks=(8,), dtype="int16",
-    ...                           compressors=[BloscCodec()])
-    ...     a[:] = np.arange(64) + 100 * k
-    ...     arrays.append(a)
-    >>> readers = [ChunkReader(a, where=f"memory://{k}", options=opts)
-    ...            for k, a in enumerate(arrays)]
-    >>> both = ReaderSet(2, readers.__getitem__)
-    >>> out = np.empty(3, dtype="int16")
-    >>> read_rows_of(both, np.array([1, 0, 1]), np.array([5, 9, 63]), out).tolist()
-    [105, 9, 163]
+    :func:`read_rows_of`'s example reads two arrays through one.
     """
 
     def __init__(self, n: int, reader_of: Callable[[int], ChunkReader]) -> None:
@@ -850,8 +835,9 @@ def read_rows_of(
     """``out[i] = readers[which[i]].read(rows[i])``: rows of many arrays in one call.
 
     Where the readers touched share one cache (a mixture's stores), the chunks are
-    looked up with one search and the rows gathered with one ``np.take``, and the
-    chunks to decode are decoded together (:func:`decode_across`), so a batch's cost
+    looked up with one search and the rows gathered with one ``np.take`` (or copied
+    out by the chunk loop as it decodes, :func:`read_passing`), and the chunks to
+    decode are decoded together (:func:`decode_across`), so a batch's cost
     beyond its decodes is a few array operations whatever the number of readers it
     touches. ``readers`` is a :class:`ReaderSet` (what it keeps of each reader is
     taken once) or a sequence (taken at each call). Otherwise each reader touched
@@ -874,6 +860,9 @@ def read_rows_of(
     >>> out = np.empty(3, dtype="int16")
     >>> read_rows_of(readers, np.array([1, 0, 1]), np.array([5, 9, 63]), out).tolist()
     [105, 9, 163]
+    >>> both = ReaderSet(2, readers.__getitem__)  # what it asks of each reader, kept
+    >>> read_rows_of(both, np.array([0, 1]), np.array([63, 0]), out[:2]).tolist()
+    [63, 100]
     """
     which = np.asarray(which, dtype=np.int64)
     rows = np.asarray(rows, dtype=np.int64)

@@ -978,8 +978,10 @@ class ChunkEngine:
         ``span`` and ``extra`` as :meth:`fetch_span` returned them for these rows and
         for the chunks of ``rows``; ``decoder`` as for :meth:`decode`. With ``loop``
         (:func:`~atari_zarr.storage.chunk_loop.chunk_loop`), a local store's whole chunks
-        of the span are decoded by it in one call: the GIL is released once, not once a
-        chunk, so the thread beside this one runs on.
+        of the span are decoded by it in one call, and the rows wanted of the others
+        (the span's partial chunks, ``extra``) copied out by it in one more: the GIL is
+        released once a call, not once a chunk, so the thread beside this one runs on.
+        Only absent chunks and those the loop did not decode go one by one.
         """
         g = self.grid
         assert g is not None
