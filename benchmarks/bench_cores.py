@@ -30,7 +30,11 @@ items (so a side that gains by using a second core shows it):
   ``sample()``; ``dataset sample``: ``AtariZarrDataset.sample(256)``, both at frame
   stack 1 and a decoded-frame cache of 2% of the frames (what the default gives a 50M
   run: every batch decodes); ``... warm``: the same with the default cache, which
-  holds the whole store (every batch gathers from it).
+  holds the whole store (every batch gathers from it); ``... 50M``: the same on a
+  store of a whole 50M run (``--fullsize``, built by ``bench_fullsize.py --checkpoints
+  50 --sizes 50 --keep``; left out where it is missing), default options. These
+  measures also count the process's voluntary context switches per batch over 500
+  more batches (``switches``): how often its threads wait for each other.
 
 The result goes to ``benchmarks/results/cores-<time>.json`` and a markdown table of
 the ratios to stdout.
@@ -61,7 +65,11 @@ MEASURES = (
     "dataset sample",
     "drop-in prefetch warm",
     "dataset sample warm",
+    "drop-in prefetch 50M",
+    "dataset sample 50M",
 )
+#: The measures that read the 50M store of ``--fullsize``.
+FULLSIZE = ("drop-in prefetch 50M", "dataset sample 50M")
 #: Each target: (name, numerator, denominator, ratio it must reach).
 TARGETS = (
     ("random TED-256 at a 2% cache vs Lance 2.1 take", "random 2%", "lance 2.1", 2.0),
@@ -85,6 +93,12 @@ TARGETS = (
         0.9,
     ),
     ("the same, the store in the cache", "drop-in prefetch warm", "dataset sample warm", 0.9),
+    (
+        "the same on a 50M store, default options",
+        "drop-in prefetch 50M",
+        "dataset sample 50M",
+        0.9,
+    ),
 )
 BUDGET = 1 << 30  # the mixture's decoded-frame budget
 FRAME_BYTES = 84 * 84
@@ -146,17 +160,37 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
     elif measure.startswith("drop-in prefetch"):
         from atari_zarr.torchrl import AtariZarrExperienceReplay
 
-        root = Path(data["store"]).parents[1]
-        opts = ReadOptions() if measure.endswith("warm") else two_percent
+        full = measure in FULLSIZE
+        root = Path(data["fullsize" if full else "store"]).parents[1]
+        opts = ReadOptions() if full or measure.endswith("warm") else two_percent
         rb = AtariZarrExperienceReplay(
             "Pong/1", batch_size=256, root=root, download=False, prefetch=4, options=opts
         )
         rate, cpu = _timed(lambda: len(rb.sample()), seconds, warm)
+        return {"rate": rate, "cpu_s_per_1m": cpu, "switches": _switches(rb.sample)}
     else:  # dataset sample
-        opts = ReadOptions() if measure.endswith("warm") else two_percent
-        ds = AtariZarrDataset(data["store"], options=opts)
+        full = measure in FULLSIZE
+        opts = ReadOptions() if full or measure.endswith("warm") else two_percent
+        ds = AtariZarrDataset(data["fullsize" if full else "store"], options=opts)
         rate, cpu = _timed(lambda: len(ds.sample(256, generator=gen)), seconds, warm)
+        return {
+            "rate": rate,
+            "cpu_s_per_1m": cpu,
+            "switches": _switches(lambda: ds.sample(256, generator=gen)),
+        }
     return {"rate": rate, "cpu_s_per_1m": cpu}
+
+
+def _switches(step: Any, batches: int = 500) -> float:
+    """Voluntary context switches of this process per ``step()`` (a batch), over
+    ``batches`` more of them: how often its threads wait for each other (the GIL, a
+    batch handed over)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+    for _ in range(batches):
+        step()
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - before) / batches
 
 
 def run_child(measure: str, data: dict, args: argparse.Namespace) -> dict:
@@ -174,13 +208,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warm", type=float, default=5.0)
     p.add_argument("--epochs", type=int, default=5, help="stream epochs, the first included")
     p.add_argument("--measures", default=",".join(MEASURES))
+    p.add_argument(
+        "--fullsize",
+        default=str(HERE / ".cache" / "fullsize" / "zarr_50" / "Pong" / "1.zarr"),
+        help="a store of a whole 50M run, for the measures that name 50M",
+    )
     args = p.parse_args(argv)
     from bench_before_after import build
 
     data = build(args.steps, args.stores)
     meta = json.loads((Path(data["store"]).parents[2] / "built.json").read_text())
-    data.update(trl_path=meta["trl_path"], stores=args.stores)
+    data.update(trl_path=meta["trl_path"], stores=args.stores, fullsize=args.fullsize)
     measures = [m for m in args.measures.split(",") if m]
+    if not (Path(args.fullsize) / "zarr.json").is_file():
+        left = [m for m in measures if m in FULLSIZE]
+        measures = [m for m in measures if m not in FULLSIZE]
+        if left:
+            print(
+                f"{args.fullsize}: no store there, so {', '.join(left)} are left out; build "
+                "it with `python benchmarks/bench_fullsize.py --checkpoints 50 --sizes 50 --keep`",
+                file=sys.stderr,
+            )
     runs: dict[str, list[dict]] = {m: [] for m in measures}
     for r in range(args.rounds):
         order = measures if r % 2 == 0 else measures[::-1]

@@ -322,6 +322,69 @@ def test_batches_drawn_ahead_come_from_one_named_thread_in_order(root):
     assert _prefetchers() <= before
 
 
+def test_batches_drawn_ahead_carry_their_info_before_the_caller_takes_them(root):
+    """With ``prefetch``, the prefetch thread sets a batch's ``info`` in it (what TorchRL's
+    ``sample()`` did on the caller's thread): the batches waiting in the queue already
+    hold their ``"index"``, and ``sample()`` gives each with the info it was drawn with."""
+    gen = torch.Generator().manual_seed(3)
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, prefetch=3, generator=gen)
+    data, info = ds.sample(return_info=True)
+    assert torch.equal(data["index"], info["index"])
+    waiting = [future.result() for future in list(ds._prefetch_queue)]
+    assert len(waiting) == 3
+    for batch, batch_info in waiting:
+        assert torch.equal(batch["index"], batch_info["index"])
+    for batch, batch_info in waiting:  # taken in the order they were drawn
+        got, got_info = ds.sample(return_info=True)
+        assert got is batch and got_info is batch_info
+    ds.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        ds.sample()
+
+
+def test_batches_drawn_ahead_without_replacement_follow_the_epochs(root):
+    """A sampler without replacement with ``prefetch``: the same batches as without it,
+    every row once an epoch, across the end of an epoch (where TorchRL stops drawing
+    ahead until the sampler starts the next one)."""
+
+    def batches(**kwargs) -> list[torch.Tensor]:
+        ds = AtariZarrExperienceReplay(
+            "Pong/1",
+            batch_size=64,
+            root=root,
+            replacement=False,
+            generator=torch.Generator().manual_seed(5),
+            **kwargs,
+        )
+        n = len(ds)
+        out = [ds.sample()["index"] for _ in range(2 * -(-n // 64) + 1)]
+        ds.shutdown()
+        return out
+
+    plain, ahead = batches(), batches(prefetch=2)
+    assert len(plain) == len(ahead)
+    for want, got in zip(plain, ahead, strict=True):
+        assert torch.equal(want, got)
+    n = int(sum(len(b) for b in plain[: len(plain) // 2]))
+    first_epoch = torch.cat(ahead)[:n]
+    assert torch.equal(first_epoch.sort().values, torch.arange(n))
+
+
+def test_a_batch_size_other_than_the_constructors_is_drawn_as_torchrl_draws_it(root):
+    """``sample(batch_size=...)`` other than the constructor's, with ``prefetch``: TorchRL's
+    own path (one warning, the batch of that size once the queue is empty)."""
+    ds = AtariZarrExperienceReplay("Pong/1", batch_size=8, root=root, prefetch=2)
+    assert len(ds.sample()) == 8
+    with pytest.warns(UserWarning, match="conflicting batch_sizes"):
+        sizes = [len(ds.sample(4)) for _ in range(4)]
+    assert sizes[-1] == 4 and set(sizes) <= {4, 8}
+    # the batches TorchRL's path queued come out with their info set all the same
+    for _ in range(4):
+        data, info = ds.sample(return_info=True)
+        assert torch.equal(data["index"], info["index"])
+    ds.shutdown()
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_draws_ahead_with_a_thread_of_its_own(root):
     """The parent's prefetch thread does not cross a fork: the child's ``sample()`` starts
