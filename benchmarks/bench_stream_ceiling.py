@@ -1,0 +1,157 @@
+"""The epoch stream against 10x TorchRL's random-256, beside what the machine's memory allows.
+
+One command::
+
+    python benchmarks/bench_stream_ceiling.py --torchrl-rate 54457
+
+It measures, on this machine:
+
+* how fast memory copies: ``np.copyto`` of 256 MB on one thread and on two;
+* the stream's gather alone: batches of 256 transitions (2 frames each, frame stack 1)
+  taken with ``np.take`` out of a slab the size of the stream's (260 MB), into memory
+  reused from batch to batch, as the stream gathers them;
+* the stream itself: ``stream(256)`` over the real Pong play of
+  ``benchmarks/stream_data.py`` (``--steps`` transitions), ``--epochs`` epochs, each
+  epoch's time and how long its first batch waited.
+
+From these it prints the bytes ``--epochs`` epochs move through memory (their gathers,
+and the decoded frames written into the slab), the time that takes at the two-thread
+copy rate, and the time 10x ``--torchrl-rate`` (TorchRL's random-256 in transitions
+per second, as ``bench_cores.py`` measures it) leaves for those epochs. The result goes
+to ``benchmarks/results/stream-ceiling-<time>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+FRAME = (84, 84)
+FRAME_BYTES = 84 * 84
+
+
+def copy_rate(threads: int, nbytes: int = 256 << 20, repeats: int = 7) -> float:
+    """Bytes per second ``np.copyto`` copies, split between ``threads`` threads."""
+    src = np.ones(nbytes, dtype=np.uint8)
+    dst = np.empty_like(src)
+    dst[:] = 0  # its pages resident before the clock starts
+    cuts = np.linspace(0, nbytes, threads + 1).astype(np.int64)
+
+    def part(i: int) -> None:
+        np.copyto(dst[cuts[i] : cuts[i + 1]], src[cuts[i] : cuts[i + 1]])
+
+    times = []
+    for _ in range(repeats):
+        others = [threading.Thread(target=part, args=(i,)) for i in range(1, threads)]
+        t = time.perf_counter()
+        for th in others:
+            th.start()
+        part(0)
+        for th in others:
+            th.join()
+        times.append(time.perf_counter() - t)
+    return nbytes / statistics.median(times)
+
+
+def gather_seconds(slab_frames: int, batch: int = 256, batches: int = 400) -> float:
+    """Median seconds of one batch's gather: ``batch`` items of 2 frames each out of a
+    slab of ``slab_frames`` frames, into reused memory."""
+    slab = np.ones((slab_frames, *FRAME), dtype=np.uint8)
+    out = np.empty((2 * batch, *FRAME), dtype=np.uint8)
+    rng = np.random.default_rng(0)
+    times = []
+    for _ in range(batches):
+        first = rng.integers(0, slab_frames - 1, batch)
+        at = np.stack([first, first + 1], axis=1).ravel()
+        t = time.perf_counter()
+        np.take(slab, at, axis=0, out=out, mode="clip")
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def stream_epochs(store: str, epochs: int) -> list[dict[str, float]]:
+    """Each epoch of ``stream(256)``: its seconds and its first batch's wait."""
+    import torch
+
+    torch.set_num_threads(1)
+    from atari_zarr import AtariZarrDataset
+
+    stream = AtariZarrDataset(store).stream(256, seed=0)
+    out = []
+    for epoch in range(epochs):
+        stream.set_epoch(epoch)
+        t = time.perf_counter()
+        first, items = None, 0
+        for batch in stream:
+            if first is None:
+                first = time.perf_counter() - t
+            items += len(batch)
+        out.append({"seconds": time.perf_counter() - t, "first_batch": first or 0.0})
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=100_000)
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument(
+        "--torchrl-rate",
+        type=float,
+        required=True,
+        help="TorchRL's random-256, transitions/s (bench_cores.py's 'torchrl random-256')",
+    )
+    args = p.parse_args(argv)
+    from stream_data import build_run
+
+    meta = build_run("Pong", args.steps)
+    n = int(meta["n"])
+    one, two = copy_rate(1), copy_rate(2)
+    # the stream's slab: (window + 1 + units ahead) slots of a unit and its edges
+    slab_frames = (4 + 1 + 4) * (4096 + 2)
+    gather = gather_seconds(slab_frames)
+    epochs = stream_epochs(str(meta["store"]), args.epochs)
+    batches = -(-n // 256)
+    moved = args.epochs * (batches * 256 * 2 * FRAME_BYTES + n * FRAME_BYTES)
+    budget = args.epochs * n / (10 * args.torchrl_rate)
+    wall = sum(e["seconds"] for e in epochs)
+    print(f"copy: {one / 1e9:.1f} GB/s on one thread, {two / 1e9:.1f} GB/s on two")
+    print(
+        f"the stream's gather alone: {gather * 1e3:.3f} ms a batch "
+        f"({2 * 256 * FRAME_BYTES / gather / 1e9:.1f} GB/s)"
+    )
+    for i, e in enumerate(epochs):
+        print(
+            f"epoch {i}: {e['seconds'] * 1e3:.0f} ms, its first batch after "
+            f"{e['first_batch'] * 1e3:.0f} ms"
+        )
+    print(
+        f"{args.epochs} epochs: {wall * 1e3:.0f} ms ({args.epochs * n / wall:,.0f}/s, "
+        f"{args.epochs * n / wall / args.torchrl_rate:.2f}x TorchRL); they move "
+        f"{moved / 1e9:.1f} GB through memory, {moved / two * 1e3:.0f} ms at the two-thread "
+        f"copy rate, of the {budget * 1e3:.0f} ms that 10x TorchRL allows"
+    )
+    from result_file import save_result
+
+    out = save_result(
+        "stream-ceiling",
+        args=vars(args),
+        copy_bytes_per_s={"1 thread": one, "2 threads": two},
+        gather_seconds_per_batch=gather,
+        epochs=epochs,
+        bytes_moved=moved,
+        seconds_at_two_thread_copy=moved / two,
+        seconds_allowed_at_10x=budget,
+    )
+    print(out)
+
+
+if __name__ == "__main__":
+    main()
