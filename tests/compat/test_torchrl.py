@@ -385,6 +385,21 @@ def test_a_batch_size_other_than_the_constructors_is_drawn_as_torchrl_draws_it(r
     ds.shutdown()
 
 
+def test_a_transform_that_reshapes_the_batch_fails_as_torchrl_says_with_prefetch_too(root):
+    """TorchRL's ``sample()`` cannot set the info in a batch a transform reshaped, and says
+    so; drawn ahead, the batch fails the same way when the caller takes it."""
+    said = []
+    for prefetch in (None, 2):
+        ds = AtariZarrExperienceReplay(
+            "Pong/1", batch_size=8, root=root, prefetch=prefetch, transform=lambda td: td[:4]
+        )
+        with pytest.raises(RuntimeError, match="Failed to set the metadata") as info:
+            ds.sample()
+        said.append(str(info.value))
+        ds.shutdown()
+    assert said[0] == said[1]
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_draws_ahead_with_a_thread_of_its_own(root):
     """The parent's prefetch thread does not cross a fork: the child's ``sample()`` starts

@@ -71,17 +71,29 @@ def _with_info(data: Any, info: dict, *, device: Any = None) -> _Drawn:
     (an ``"index"`` of several dimensions stacked)."""
     if device is not None:
         info = tree_map(lambda x: x.to(device) if hasattr(x, "to") else x, info)
-    if is_tensor_collection(data) and not is_tensorclass(data):
+    if not is_tensor_collection(data):
+        raise RuntimeError("Cannot include info in non-tensordict data")  # TorchRL's words
+    if not is_tensorclass(data):
         locked = data.is_locked
         if locked:
             data.unlock_()
         for key, value in info.items():
             if key == "index" and isinstance(value, tuple):
                 value = torch.stack(value, -1)
-            value = _to_torch(value, data.device)
-            if value.ndim < data.ndim:
-                value = expand_as_right(value, data)
-            data.set(key, value)
+            try:
+                value = _to_torch(value, data.device)
+                if value.ndim < data.ndim:
+                    value = expand_as_right(value, data)
+                data.set(key, value)
+            except RuntimeError as error:  # TorchRL's words, for a transform's reshaping
+                raise RuntimeError(
+                    "Failed to set the metadata (e.g., indices or weights) in the sampled "
+                    "tensordict within TensorDictReplayBuffer.sample. This is probably caused "
+                    "by a shape mismatch (one of the transforms has probably modified the "
+                    "shape of the output tensordict). You can always recover these items from "
+                    "the `sample` method from a regular ReplayBuffer instance with the "
+                    "'return_info' flag set to True."
+                ) from error
         if locked:
             data.lock_()
     return _Drawn(data, info)
