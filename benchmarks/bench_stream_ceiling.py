@@ -113,10 +113,14 @@ def main(argv: list[str] | None = None) -> None:
 
     meta = build_run("Pong", args.steps)
     n = int(meta["n"])
+    from atari_zarr.read.units import DEFAULT_SHUFFLE_BUFFER, DEFAULT_UNITS_AHEAD, slot_frames
+
     one, two = copy_rate(1), copy_rate(2)
-    # the stream's slab: (window + 1 + units ahead) slots of a unit and its edges
-    slab_frames = (4 + 1 + 4) * (4096 + 2)
-    gather = gather_seconds(slab_frames)
+    # the default stream's slab: (window + 1 + units ahead) slots, each a unit (a shard
+    # of 4,096 rows) with the frames just outside it
+    unit_rows = 4096
+    window = max(1, DEFAULT_SHUFFLE_BUFFER // unit_rows)
+    gather = gather_seconds((window + 1 + DEFAULT_UNITS_AHEAD) * slot_frames(unit_rows))
     epochs = stream_epochs(str(meta["store"]), args.epochs)
     batches = -(-n // 256)
     moved = args.epochs * (batches * 256 * 2 * FRAME_BYTES + n * FRAME_BYTES)
