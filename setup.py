@@ -2,10 +2,12 @@
 
 The chunk loop (``src/atari_zarr/storage/_chunk_loop.c``, called through ctypes by
 ``atari_zarr.storage.chunk_loop``) checks and decodes many chunks in one call with the
-GIL released. It uses Python's stable ABI, so one wheel serves every Python from 3.11.
-Where no compiler is found the install goes on without it, and chunks decode one call
-each.
+GIL released, and gathers many rows on several threads at once. It uses Python's stable
+ABI, so one wheel serves every Python from 3.11. Where no compiler is found the install
+goes on without it: chunks decode one call each, and rows are gathered by NumPy.
 """
+
+import sys
 
 from setuptools import Extension, setup
 
@@ -16,6 +18,8 @@ setup(
             sources=["src/atari_zarr/storage/_chunk_loop.c"],
             py_limited_api=True,
             define_macros=[("Py_LIMITED_API", "0x030B0000")],
+            # the row gather's threads (part of libc on glibc 2.34 and later)
+            libraries=[] if sys.platform == "win32" else ["pthread"],
             optional=True,
         )
     ],

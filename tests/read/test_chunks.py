@@ -139,8 +139,6 @@ def test_rows_the_loop_copies_out_are_the_rows_read_the_old_way(tmp_path, monkey
     same as decoding whole chunks into the scratch buffer and gathering from it (the
     way before), with absent chunks (read the careful way, then gathered) and chunks
     the cache holds among them."""
-    import ctypes
-
     from atari_zarr.storage import chunk_loop as loop_module
 
     n = 64 * 4
@@ -151,7 +149,7 @@ def test_rows_the_loop_copies_out_are_the_rows_read_the_old_way(tmp_path, monkey
     a[:] = data
     # a loop of this test's own (the process's may serve other readers' threads)
     loop = loop_module.ChunkLoop(
-        ctypes.CDLL(str(loop_module._built())),
+        loop_module.built_library(),
         loop_module.libblosc2(),
         loop_module._crc32c_value(),
     )

@@ -334,6 +334,55 @@ def test_units_decode_beside_the_loop_without_the_gil(
     assert (looped["bytes"] >= len(ds) * 84 * 84 // 2) == compiled, looped
 
 
+@pytest.mark.parametrize("k", [1, 3])
+def test_frames_gathered_on_the_thread_are_those_numpy_gathers(
+    small_store: str, monkeypatch, k: int
+) -> None:
+    """A batch's frames are gathered on a thread of their own while the next batch is
+    planned: every batch, key by key, is the one the gather on the calling thread (the
+    way before, numpy's) gives, and every frame went through the thread."""
+    from atari_zarr.storage import row_gather
+
+    ds = AtariZarrDataset(small_store, frame_stack=k)
+    threaded = {"frames": 0}
+    real_submit = row_gather.Gatherer.submit
+
+    def submit(self, src, index, out):  # type: ignore[no-untyped-def]
+        threaded["frames"] += len(out) if self.threaded else 0
+        return real_submit(self, src, index, out)
+
+    monkeypatch.setattr(row_gather.Gatherer, "submit", submit)
+    on_thread = list(ds.stream(256, seed=2, unit_rows=1024, shuffle_buffer=3000))
+    assert threaded["frames"] >= len(ds) * 2
+    monkeypatch.setattr(row_gather, "_calls", lambda: None)
+    by_numpy = list(ds.stream(256, seed=2, unit_rows=1024, shuffle_buffer=3000))
+    assert len(on_thread) == len(by_numpy) == -(-len(ds) // 256)
+    for a, b in zip(on_thread, by_numpy, strict=True):
+        for key in b.keys(include_nested=True, leaves_only=True):
+            assert torch.equal(a[key], b[key]), key
+    assert_same(ds, on_thread[:3])
+
+
+def test_the_gathering_thread_ends_with_the_epoch_and_when_it_is_left(small_store: str) -> None:
+    from tests.storage.test_row_gather import TASKS, _rows_threads
+
+    if not TASKS.is_dir():
+        pytest.skip("threads' names from /proc")
+    before = _rows_threads()
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(256, seed=2, unit_rows=1024)
+    batches = iter(stream)
+    kept = [next(batches) for _ in range(3)]
+    assert _rows_threads() == before + 1
+    batches.close()  # the job stopped mid-epoch
+    assert _rows_threads() == before
+    # the rest of the epoch: not the batch planned ahead but never handed out
+    rest = rows_of(list(stream))
+    assert sorted([*rows_of(kept).tolist(), *rest.tolist()]) == list(range(len(ds)))
+    assert _rows_threads() == before
+    assert_same(ds, kept)  # batches held stay as they were
+
+
 def test_same_seed_same_order_and_shuffle_false_is_stored_order(small_store: str) -> None:
     ds = AtariZarrDataset(small_store)
     a = rows_of(list(ds.stream(256, seed=4, unit_rows=1024)))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -91,7 +90,7 @@ def test_parts_on_threads_decode_as_one_call_does():
     names: list[str] = []
     # a loop of this test's own (not the process's, which other readers' threads may use)
     loop = loop_module.ChunkLoop(
-        ctypes.CDLL(str(loop_module._built())),
+        loop_module.built_library(),
         loop_module.libblosc2(),
         loop_module._crc32c_value(),
     )
@@ -115,7 +114,7 @@ def test_parts_on_threads_decode_as_one_call_does():
 def _own_loop():
     """A loop of the test's own (not the process's, which other readers' threads use)."""
     return loop_module.ChunkLoop(
-        ctypes.CDLL(str(loop_module._built())),
+        loop_module.built_library(),
         loop_module.libblosc2(),
         loop_module._crc32c_value(),
     )

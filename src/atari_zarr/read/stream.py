@@ -290,9 +290,8 @@ class EpochStream(torch.utils.data.IterableDataset):
             keep=keep,
         )
         try:
-            while True:
-                td = reader.take(self.batch_size)
-                if td is None or (self.drop_last and len(td) < self.batch_size):
+            for td in reader.batches(self.batch_size):
+                if self.drop_last and len(td) < self.batch_size:
                     break
                 self.positions[consumer] = self.positions.get(consumer, 0) + len(td)
                 yield td

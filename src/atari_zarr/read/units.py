@@ -9,8 +9,9 @@ grow with the stores; a store no unit in flight comes from costs nothing here.
 store's units in one list, item numbers global, which the epoch plan
 (:mod:`atari_zarr.read.epoch`) permutes and splits. How units are fetched ahead and
 decoded into the slab's slots with the frames just outside them, and how
-:meth:`UnitReader.take` gathers batches from the slab (one ``np.take``, never a second
-copy of the frames), is ``docs/streaming.md``'s "How it works".
+:meth:`UnitReader.batches` gathers batches from the slab (one gather, never a second
+copy of the frames, on a thread of its own while the next batch is planned:
+:mod:`~atari_zarr.storage.row_gather`), is ``docs/streaming.md``'s "How it works".
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from tensordict import TensorDict
@@ -39,6 +41,7 @@ from atari_zarr.read.items import Items, item_rows
 from atari_zarr.read.member import Member
 from atari_zarr.read.pool import BufferPool, resident
 from atari_zarr.read.store import StoreReader
+from atari_zarr.storage.row_gather import Gatherer, PendingGather, gatherer
 
 __all__ = [
     "DEFAULT_SHUFFLE_BUFFER",
@@ -306,6 +309,19 @@ class StreamMemory:
         self.__init__()  # type: ignore[misc]
 
 
+class _Gathering(NamedTuple):
+    """A batch planned, its frames on their way (:meth:`UnitReader._finish`)."""
+
+    plan: FramePlan
+    buffer: FrameBuffer
+    frames: PendingGather
+    steps: dict[str, np.ndarray]
+    finals: tuple[np.ndarray, np.ndarray] | None
+    stores: np.ndarray
+    #: The first segment its items come from (its units stay until it is done).
+    oldest: int
+
+
 class UnitReader:
     """One consumer's items, of one store or several, taken ``n`` at a time as TED batches.
 
@@ -362,6 +378,8 @@ class UnitReader:
         self.remaining = max(0, stop - start)
         self.units_ahead = units_ahead
         self.decoders = decoders
+        #: The thread that gathers batches' frames (started with the first batch).
+        self.gatherer: Gatherer | None = None
         #: Whether the loop that gathers batches waits for a unit (then nothing runs
         #: beside the decoding, and the faster decoder, which holds the GIL, decodes).
         self.waiting = False
@@ -391,6 +409,8 @@ class UnitReader:
         self.next_seg = seg
         self.next_fetch = plan.needed(seg).start if seg < m else m
         self.pending: deque[list[Any]] = deque()  # [segment, positions, items, head]
+        #: Batches whose frames are being gathered, oldest first.
+        self.gathering: list[_Gathering] = []
         self.skip = skip
 
     # -- units --------------------------------------------------------------------------
@@ -485,6 +505,8 @@ class UnitReader:
 
     def _release(self) -> None:
         oldest = self.pending[0][0] if self.pending else self.next_seg
+        # units a batch still being gathered reads stay
+        oldest = min([oldest, *(g.oldest for g in self.gathering)])
         last = len(self.plan.units) - 1
         for j in [j for j in self.slot_of if j not in self.futures]:
             if min(j + self.plan.window - 1, last) < oldest:
@@ -508,8 +530,25 @@ class UnitReader:
             self._submit()
         return have
 
-    def take(self, n: int) -> TensorDict | None:
-        """Up to ``n`` items (fewer at the end), or None when this consumer is done."""
+    def batches(self, n: int) -> Iterator[TensorDict]:
+        """This consumer's items, ``n`` at a time (fewer in the last batch).
+
+        Each batch's frames are gathered on threads that need no GIL
+        (:func:`~atari_zarr.storage.row_gather.start_gather`) while this thread plans
+        the next batch, and while the caller uses this one.
+        """
+        current = self._start(n)
+        while current is not None:
+            following = self._start(n)  # planned while current's frames are gathered
+            batch = self._finish(current)
+            self._release()
+            self._submit()
+            yield batch
+            current = following
+
+    def _start(self, n: int) -> _Gathering | None:
+        """Plan the next batch of up to ``n`` items and start gathering its frames (None:
+        this consumer is done)."""
         n = min(n, self.remaining)
         if n <= 0:
             return None
@@ -517,6 +556,7 @@ class UnitReader:
         if n <= 0:
             return None
         slots, local, got = [], [], 0
+        oldest = self.pending[0][0]
         while got < n:
             _, pos, items, head = self.pending[0]
             step = min(n - got, len(pos) - head)
@@ -527,21 +567,21 @@ class UnitReader:
                 self.pending.popleft()
             else:
                 self.pending[0][3] = head + step
-        batch = self._assemble(np.concatenate(slots), np.concatenate(local))
         self.remaining -= n
-        self._release()
-        self._submit()
-        return batch
+        gathering = self._plan_batch(np.concatenate(slots), np.concatenate(local), oldest)
+        self.gathering.append(gathering)
+        return gathering
 
-    def _assemble(self, slots: np.ndarray, local: np.ndarray) -> TensorDict:
-        """The batch of items ``local`` (item numbers within their unit) of ``slots``."""
+    def _plan_batch(self, slots: np.ndarray, local: np.ndarray, oldest: int) -> _Gathering:
+        """Items ``local`` (item numbers within their unit) of ``slots``: their steps,
+        and their frames on their way (:meth:`_finish` completes the batch)."""
         k, length, b = self.k, self.length, len(slots)
         held = self.slots
         stores = held.store[slots]
         starts, real = item_rows(self.items, stores, held.items[slots] + local)
         off = starts - held.lo[slots]  # column of each item's first row in its slot
         # per-step values: one flat index into the slots' columns
-        base = slots * self.slots.cols
+        base = slots * held.cols
         last = base + off + (length - 1 if real is None else real - 1)
         cols = {name: col.reshape(-1) for name, col in held.col.items()}
         plan = FramePlan(
@@ -558,10 +598,11 @@ class UnitReader:
         # halo in front holds the k - 1 frames before the unit
         at = (slots * self.ext + off)[:, None] + np.arange(length + k, dtype=np.int64)[None, :]
         flat = held.slab.reshape(-1, *FRAME_SHAPE)
-        # one gather of every distinct frame into reused memory (frames that do not
-        # exist are zeroed by assemble_batch). mode='clip': with the default mode
-        # numpy gathers into a temporary buffer first
-        np.take(flat, buffer.flat(at), axis=0, out=buffer.frames, mode="clip")
+        # one gather of every distinct frame into reused memory, on a thread of its own
+        # (frames that do not exist are zeroed by assemble_batch, once it is done)
+        if self.gatherer is None:
+            self.gatherer = gatherer()
+        frames = self.gatherer.submit(flat, buffer.flat(at), buffer.frames)
         steps_at = off[:, None] + np.arange(length, dtype=np.int64)[None, :]
         if plan.padded:
             steps_at = np.where(
@@ -570,15 +611,22 @@ class UnitReader:
         fi = (base[:, None] + steps_at).ravel()
         steps = {name: cols[name].take(fi) for name in step_fields(self.windowed)}
         finals = self._finals_of(plan, slots, last - base) if held.finals else None
+        return _Gathering(plan, buffer, frames, steps, finals, stores, oldest)
+
+    def _finish(self, gathering: _Gathering) -> TensorDict:
+        """The batch of ``gathering`` once its frames are in."""
+        gathering.frames.wait()
+        self.gathering.remove(gathering)
+        stores = gathering.stores
         batch = assemble_batch(
-            plan,
-            buffer,
-            steps,
+            gathering.plan,
+            gathering.buffer,
+            gathering.steps,
             window=self.windowed,
             steps_before=steps_before_by_store(
                 {g: self._store(g).steps_before for g in np.unique(stores).tolist()}, stores
             ),
-            finals=finals,
+            finals=gathering.finals,
         )
         return batch if self.tag is None else self.tag(batch, stores)
 
@@ -599,6 +647,11 @@ class UnitReader:
         return np.asarray(items, dtype=np.int64), np.stack(frames)
 
     def close(self) -> None:
+        for gathering in list(self.gathering):  # nothing may read the slab once it is given
+            gathering.frames.wait()
+        self.gathering.clear()
+        if self.gatherer is not None:
+            self.gatherer.close()
         pool, self.pool_threads = self.pool_threads, None
         if pool is not None:
             # in-flight requests end on their own deadline; nothing waits for them

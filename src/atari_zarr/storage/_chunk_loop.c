@@ -1,7 +1,8 @@
 /*
  * Check and decode many stored chunks in one call: the loop of
  * atari_zarr.storage.chunk_loop, loaded with ctypes (which releases the GIL for the
- * whole call, so threads decode at once).
+ * whole call, so threads decode at once). Also a thread that gathers rows while its
+ * owner goes on (atari_zarr.storage.row_gather).
  *
  * The loop uses no Python API: c-blosc2's blosc2_decompress_ctx and crc32c's
  * crc32c_value are passed in as function pointers, taken from the libraries
@@ -10,8 +11,12 @@
  * imports it too.
  */
 #include <Python.h>
+#if !defined(_WIN32)
+#include <pthread.h>
+#endif
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(_WIN32)
@@ -111,6 +116,137 @@ EXPORT int64_t atari_zarr_decode_rows(decompress_fn decompress, void *ctx, crc_f
     }
     return bad;
 }
+
+#if !defined(_WIN32)
+/* A gather: rows a .. b - 1 of out are rows index[a .. b - 1] of src. */
+typedef struct {
+    const uint8_t *src;
+    int64_t src_rows, row_bytes;
+    const int64_t *index;
+    int64_t a, b;
+    uint8_t *out;
+} gather_part;
+
+static void gather_run(const gather_part *p) {
+    for (int64_t i = p->a; i < p->b; i++) {
+        int64_t r = p->index[i];
+        r = r < 0 ? 0 : r >= p->src_rows ? p->src_rows - 1 : r; /* numpy's mode='clip' */
+        memcpy(p->out + i * p->row_bytes, p->src + r * p->row_bytes, (size_t)p->row_bytes);
+    }
+}
+
+#define QUEUED 8
+
+/*
+ * A thread that gathers rows for its owner, one gather after another, while the owner
+ * goes on: gathers are queued (at most QUEUED at once) and numbered from 1, and the
+ * owner waits for a number. Started by atari_zarr_gatherer_new, stopped by
+ * atari_zarr_gatherer_free, which lets it finish what is queued first. Only the
+ * process that started it may call these: in a process forked from it the thread does
+ * not exist (and the lock may be held), so there the gatherer is left alone.
+ */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t queued, finished_one;
+    pthread_t thread;
+    gather_part queue[QUEUED];
+    int64_t submitted, finished;
+    int stop;
+} gatherer;
+
+static void *gatherer_main(void *arg) {
+    gatherer *g = (gatherer *)arg;
+    pthread_mutex_lock(&g->lock);
+    for (;;) {
+        while (g->finished == g->submitted && !g->stop) {
+            pthread_cond_wait(&g->queued, &g->lock);
+        }
+        if (g->finished == g->submitted) {
+            break; /* stopped, and nothing is left */
+        }
+        gather_part part = g->queue[g->finished % QUEUED];
+        pthread_mutex_unlock(&g->lock);
+        gather_run(&part);
+        pthread_mutex_lock(&g->lock);
+        g->finished++;
+        pthread_cond_broadcast(&g->finished_one);
+    }
+    pthread_mutex_unlock(&g->lock);
+    return NULL;
+}
+
+/* A gatherer and its thread; NULL where either cannot be had. */
+EXPORT void *atari_zarr_gatherer_new(void) {
+    gatherer *g = (gatherer *)calloc(1, sizeof(gatherer));
+    if (g == NULL) {
+        return NULL;
+    }
+    if (pthread_mutex_init(&g->lock, NULL) != 0) {
+        free(g);
+        return NULL;
+    }
+    pthread_cond_init(&g->queued, NULL);
+    pthread_cond_init(&g->finished_one, NULL);
+    if (pthread_create(&g->thread, NULL, gatherer_main, g) != 0) {
+        pthread_cond_destroy(&g->queued);
+        pthread_cond_destroy(&g->finished_one);
+        pthread_mutex_destroy(&g->lock);
+        free(g);
+        return NULL;
+    }
+#if defined(__GLIBC__)
+    pthread_setname_np(g->thread, "atari_zarr-rows"); /* as ps and top show it */
+#endif
+    return g;
+}
+
+/*
+ * Queue the gather of rows index[0 .. n - 1] of src (src_rows rows, row_bytes each)
+ * into out, waiting first while QUEUED gathers are queued; its number, for
+ * atari_zarr_gatherer_wait. Until that wait returns, the caller keeps src, index and
+ * out alive, does not read out and does not write src.
+ */
+EXPORT int64_t atari_zarr_gatherer_submit(void *handle, const uint8_t *src, int64_t src_rows,
+                                          int64_t row_bytes, const int64_t *index, int64_t n,
+                                          uint8_t *out) {
+    gatherer *g = (gatherer *)handle;
+    pthread_mutex_lock(&g->lock);
+    while (g->submitted - g->finished >= QUEUED) {
+        pthread_cond_wait(&g->finished_one, &g->lock);
+    }
+    g->queue[g->submitted % QUEUED] = (gather_part){src, src_rows, row_bytes, index, 0, n, out};
+    int64_t number = ++g->submitted;
+    pthread_cond_signal(&g->queued);
+    pthread_mutex_unlock(&g->lock);
+    return number;
+}
+
+/* Return once gather `number` (and every one before it) is done. */
+EXPORT void atari_zarr_gatherer_wait(void *handle, int64_t number) {
+    gatherer *g = (gatherer *)handle;
+    pthread_mutex_lock(&g->lock);
+    while (g->finished < number) {
+        pthread_cond_wait(&g->finished_one, &g->lock);
+    }
+    pthread_mutex_unlock(&g->lock);
+}
+
+/* Finish what is queued, stop the thread and free the gatherer. */
+EXPORT void atari_zarr_gatherer_free(void *handle) {
+    gatherer *g = (gatherer *)handle;
+    pthread_mutex_lock(&g->lock);
+    g->stop = 1;
+    pthread_cond_signal(&g->queued);
+    pthread_mutex_unlock(&g->lock);
+    pthread_join(g->thread, NULL);
+    pthread_cond_destroy(&g->queued);
+    pthread_cond_destroy(&g->finished_one);
+    pthread_mutex_destroy(&g->lock);
+    free(g);
+}
+#else
+EXPORT void *atari_zarr_gatherer_new(void) { return NULL; } /* the caller gathers itself */
+#endif
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,

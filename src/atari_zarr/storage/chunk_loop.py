@@ -54,7 +54,7 @@ import numpy as np
 
 from atari_zarr.storage.blosc import LibBlosc2, libblosc2
 
-__all__ = ["DECODED", "ChunkLoop", "Destinations", "RowCopies", "chunk_loop"]
+__all__ = ["DECODED", "ChunkLoop", "Destinations", "RowCopies", "built_library", "chunk_loop"]
 
 log = logging.getLogger("atari_zarr")
 
@@ -417,7 +417,7 @@ def chunk_loop() -> ChunkLoop | None:
         blosc = libblosc2()
         if blosc is None:
             raise ImportError("c-blosc2 is not loaded through ctypes")
-        loop = ChunkLoop(ctypes.CDLL(str(_built())), blosc, _crc32c_value())
+        loop = ChunkLoop(built_library(), blosc, _crc32c_value())
         _self_test(loop)
     except Exception as exc:
         log.debug("chunks decode one call each: %s", exc)
@@ -425,11 +425,20 @@ def chunk_loop() -> ChunkLoop | None:
     return loop
 
 
-def _built() -> Path:
+@functools.cache
+def built_library() -> ctypes.CDLL:
+    """The compiled ``_chunk_loop`` library, loaded with :mod:`ctypes` (its decoding
+    loop here, its row gather in :mod:`~atari_zarr.storage.row_gather`).
+
+    Raises
+    ------
+    ImportError
+        The package was installed without it (no compiler).
+    """
     spec = importlib.util.find_spec(_MODULE)
     if spec is None or spec.origin is None:
         raise ImportError("the chunk loop was not built with the package")
-    return Path(spec.origin)
+    return ctypes.CDLL(str(Path(spec.origin)))
 
 
 def _crc32c_value() -> int:
