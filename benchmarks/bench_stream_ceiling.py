@@ -8,8 +8,10 @@ It measures, on this machine:
 
 * how fast memory copies: ``np.copyto`` of 256 MB on one thread and on two;
 * the stream's gather alone: batches of 256 transitions (2 frames each, frame stack 1)
-  taken with ``np.take`` out of a slab the size of the stream's (260 MB), into memory
-  reused from batch to batch, as the stream gathers them;
+  taken out of a slab the size of the stream's (260 MB), into memory reused from batch
+  to batch, as the stream gathers them: with ``np.take`` on the calling thread, and
+  with the gathering thread of ``atari_zarr.storage.row_gather`` while the calling
+  thread waits (and so copies rows too: two threads);
 * the stream itself: ``stream(256)`` over the real Pong play of
   ``benchmarks/stream_data.py`` (``--steps`` transitions), ``--epochs`` epochs, each
   epoch's time and how long its first batch waited.
@@ -61,20 +63,27 @@ def copy_rate(threads: int, nbytes: int = 256 << 20, repeats: int = 7) -> float:
     return nbytes / statistics.median(times)
 
 
-def gather_seconds(slab_frames: int, batch: int = 256, batches: int = 400) -> float:
-    """Median seconds of one batch's gather: ``batch`` items of 2 frames each out of a
-    slab of ``slab_frames`` frames, into reused memory."""
+def gather_seconds(slab_frames: int, batch: int = 256, batches: int = 400) -> dict[str, float]:
+    """Median seconds of one batch's gather, ``np.take`` and the gathering thread (the
+    caller waiting): ``batch`` items of 2 frames each out of a slab of ``slab_frames``
+    frames, into reused memory."""
+    from atari_zarr.storage.row_gather import gatherer
+
     slab = np.ones((slab_frames, *FRAME), dtype=np.uint8)
     out = np.empty((2 * batch, *FRAME), dtype=np.uint8)
     rng = np.random.default_rng(0)
-    times = []
-    for _ in range(batches):
-        first = rng.integers(0, slab_frames - 1, batch)
-        at = np.stack([first, first + 1], axis=1).ravel()
-        t = time.perf_counter()
-        np.take(slab, at, axis=0, out=out, mode="clip")
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    times: dict[str, list[float]] = {"np.take": [], "gathering thread": []}
+    with gatherer() as rows:
+        for _ in range(batches):
+            first = rng.integers(0, slab_frames - 1, batch)
+            at = np.stack([first, first + 1], axis=1).ravel()
+            t = time.perf_counter()
+            np.take(slab, at, axis=0, out=out, mode="clip")
+            times["np.take"].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            rows.submit(slab, at, out).wait()
+            times["gathering thread"].append(time.perf_counter() - t)
+    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def stream_epochs(store: str, epochs: int) -> list[dict[str, float]]:
@@ -127,10 +136,11 @@ def main(argv: list[str] | None = None) -> None:
     budget = args.epochs * n / (10 * args.torchrl_rate)
     wall = sum(e["seconds"] for e in epochs)
     print(f"copy: {one / 1e9:.1f} GB/s on one thread, {two / 1e9:.1f} GB/s on two")
-    print(
-        f"the stream's gather alone: {gather * 1e3:.3f} ms a batch "
-        f"({2 * 256 * FRAME_BYTES / gather / 1e9:.1f} GB/s)"
-    )
+    for name, seconds in gather.items():
+        print(
+            f"the stream's gather alone, {name}: {seconds * 1e3:.3f} ms a batch "
+            f"({2 * 256 * FRAME_BYTES / seconds / 1e9:.1f} GB/s)"
+        )
     for i, e in enumerate(epochs):
         print(
             f"epoch {i}: {e['seconds'] * 1e3:.0f} ms, its first batch after "

@@ -34,11 +34,13 @@ def _frames(n: int, seed: int = 0) -> np.ndarray:
 
 
 def test_rows_gathered_on_the_thread_are_the_rows_np_take_gives() -> None:
-    """Twenty gathers queued at once (more than the thread queues: submit waits), rows
-    out of range clipped, waited for in reverse order: each is ``np.take``'s."""
+    """Twenty gathers queued at once (more than the thread queues: submit waits), one of
+    them empty, rows out of range clipped, waited for in reverse order (the waiter
+    copies rows too): each is ``np.take``'s."""
     src = _frames(1000)
     rng = np.random.default_rng(1)
     indexes = [rng.integers(-5, 1010, int(rng.integers(1, 600))) for _ in range(20)]
+    indexes[7] = np.zeros(0, dtype=np.int64)
     outs = [np.zeros((len(i), 7, 5), dtype=np.uint8) for i in indexes]
     with gatherer() as rows:
         assert rows.threaded

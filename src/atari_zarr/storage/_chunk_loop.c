@@ -13,6 +13,8 @@
 #include <Python.h>
 #if !defined(_WIN32)
 #include <pthread.h>
+#include <sched.h>
+#include <time.h>
 #endif
 #include <stddef.h>
 #include <stdint.h>
@@ -118,58 +120,155 @@ EXPORT int64_t atari_zarr_decode_rows(decompress_fn decompress, void *ctx, crc_f
 }
 
 #if !defined(_WIN32)
-/* A gather: rows a .. b - 1 of out are rows index[a .. b - 1] of src. */
+/* A gather: row i of out is row index[i] of src, for i < n; `claimed` rows of it have
+ * been taken by a thread, `done` rows copied. */
 typedef struct {
     const uint8_t *src;
     int64_t src_rows, row_bytes;
     const int64_t *index;
-    int64_t a, b;
+    int64_t n;
     uint8_t *out;
-} gather_part;
+    int64_t claimed, done;
+} gather_job;
 
-static void gather_run(const gather_part *p) {
-    for (int64_t i = p->a; i < p->b; i++) {
-        int64_t r = p->index[i];
-        r = r < 0 ? 0 : r >= p->src_rows ? p->src_rows - 1 : r; /* numpy's mode='clip' */
-        memcpy(p->out + i * p->row_bytes, p->src + r * p->row_bytes, (size_t)p->row_bytes);
+static void gather_rows_of(const gather_job *j, int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; i++) {
+        int64_t r = j->index[i];
+        r = r < 0 ? 0 : r >= j->src_rows ? j->src_rows - 1 : r; /* numpy's mode='clip' */
+        memcpy(j->out + i * j->row_bytes, j->src + r * j->row_bytes, (size_t)j->row_bytes);
     }
 }
 
 #define QUEUED 8
+#define BLOCK_ROWS 32 /* rows a thread claims at once: 225 KB of Atari frames */
 
 /*
  * A thread that gathers rows for its owner, one gather after another, while the owner
  * goes on: gathers are queued (at most QUEUED at once) and numbered from 1, and the
- * owner waits for a number. Started by atari_zarr_gatherer_new, stopped by
- * atari_zarr_gatherer_free, which lets it finish what is queued first. Only the
- * process that started it may call these: in a process forked from it the thread does
- * not exist (and the lock may be held), so there the gatherer is left alone.
+ * owner waits for a number. An owner that waits does not sleep while rows of what it
+ * waits for are left: it copies them too, so both cores gather. Started by
+ * atari_zarr_gatherer_new, stopped by atari_zarr_gatherer_free, which lets it finish
+ * what is queued first. Only the process that started it may call these: in a process
+ * forked from it the thread does not exist (and the lock may be held), so there the
+ * gatherer is left alone.
  */
 typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t queued, finished_one;
     pthread_t thread;
-    gather_part queue[QUEUED];
+    gather_job queue[QUEUED];
     int64_t submitted, finished;
     int stop;
+    int sleeping; /* the thread waits on `queued` */
+    int waiters;  /* callers that wait on `finished_one` */
 } gatherer;
+
+/*
+ * Waking a thread that sleeps costs the waker a system call (on the 2-core VMs of
+ * docs/benchmarks/cores.md, about 100 us: more than a batch's planning). So nobody
+ * sleeps while a short wait will do: the thread, out of work, looks again every
+ * IDLE_POLL_NS for IDLE_NS before it sleeps (a stream submits a batch every few hundred
+ * microseconds), and a caller waiting for rows another thread is copying yields for up
+ * to SPIN_NS (a block is copied in tens of microseconds); only then does either sleep,
+ * and only then is it signalled.
+ */
+#define IDLE_POLL_NS 20000L
+#define IDLE_NS 2000000L
+#define SPIN_NS 200000L
+
+static int64_t now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+/* With the lock held: count the gathers all of whose rows are done, in order, as
+ * finished, and wake the callers that sleep waiting for one. */
+static void gather_finish(gatherer *g) {
+    int finished = 0;
+    while (g->finished < g->submitted &&
+           g->queue[g->finished % QUEUED].done == g->queue[g->finished % QUEUED].n) {
+        g->finished++;
+        finished = 1;
+    }
+    if (finished && g->waiters) {
+        pthread_cond_broadcast(&g->finished_one);
+    }
+}
+
+/*
+ * With the lock held: claim a block of rows of the oldest gather numbered below `upto`
+ * that has rows unclaimed, copy them without the lock, and count them done. 0 where no
+ * rows were left.
+ */
+static int gather_block(gatherer *g, int64_t upto) {
+    for (int64_t k = g->finished; k < g->submitted && k < upto; k++) {
+        gather_job *j = &g->queue[k % QUEUED];
+        if (j->claimed < j->n) {
+            int64_t a = j->claimed;
+            int64_t b = a + BLOCK_ROWS < j->n ? a + BLOCK_ROWS : j->n;
+            j->claimed = b;
+            pthread_mutex_unlock(&g->lock);
+            gather_rows_of(j, a, b);
+            pthread_mutex_lock(&g->lock);
+            j->done += b - a;
+            gather_finish(g);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* With the lock held: until gather `number` is finished, copy its rows and those of
+ * the gathers before it, then wait for the blocks other threads are copying. */
+static void gather_until(gatherer *g, int64_t number) {
+    int64_t spin_from = 0;
+    while (g->finished < number) {
+        if (gather_block(g, number)) {
+            spin_from = 0;
+            continue;
+        }
+        if (spin_from == 0) {
+            spin_from = now_ns();
+        }
+        if (now_ns() - spin_from < SPIN_NS) {
+            pthread_mutex_unlock(&g->lock);
+            sched_yield();
+            pthread_mutex_lock(&g->lock);
+            continue;
+        }
+        g->waiters++;
+        pthread_cond_wait(&g->finished_one, &g->lock);
+        g->waiters--;
+    }
+}
 
 static void *gatherer_main(void *arg) {
     gatherer *g = (gatherer *)arg;
     pthread_mutex_lock(&g->lock);
+    int64_t idle_from = 0;
     for (;;) {
-        while (g->finished == g->submitted && !g->stop) {
-            pthread_cond_wait(&g->queued, &g->lock);
+        if (gather_block(g, INT64_MAX)) {
+            idle_from = 0;
+            continue;
         }
-        if (g->finished == g->submitted) {
+        if (g->stop && g->finished == g->submitted) {
             break; /* stopped, and nothing is left */
         }
-        gather_part part = g->queue[g->finished % QUEUED];
-        pthread_mutex_unlock(&g->lock);
-        gather_run(&part);
-        pthread_mutex_lock(&g->lock);
-        g->finished++;
-        pthread_cond_broadcast(&g->finished_one);
+        if (idle_from == 0) {
+            idle_from = now_ns();
+        }
+        if (!g->stop && now_ns() - idle_from < IDLE_NS) {
+            struct timespec pause = {0, IDLE_POLL_NS};
+            pthread_mutex_unlock(&g->lock);
+            nanosleep(&pause, NULL);
+            pthread_mutex_lock(&g->lock);
+            continue;
+        }
+        g->sleeping = 1;
+        pthread_cond_wait(&g->queued, &g->lock);
+        g->sleeping = 0;
+        idle_from = 0;
     }
     pthread_mutex_unlock(&g->lock);
     return NULL;
@@ -202,32 +301,36 @@ EXPORT void *atari_zarr_gatherer_new(void) {
 
 /*
  * Queue the gather of rows index[0 .. n - 1] of src (src_rows rows, row_bytes each)
- * into out, waiting first while QUEUED gathers are queued; its number, for
- * atari_zarr_gatherer_wait. Until that wait returns, the caller keeps src, index and
- * out alive, does not read out and does not write src.
+ * into out, copying rows of those queued first while QUEUED gathers are; its number,
+ * for atari_zarr_gatherer_wait. Until that wait returns, the caller keeps src, index
+ * and out alive, does not read out and does not write src. It takes the lock only
+ * briefly, so it may be called holding the GIL (the gathering thread never takes it).
  */
 EXPORT int64_t atari_zarr_gatherer_submit(void *handle, const uint8_t *src, int64_t src_rows,
                                           int64_t row_bytes, const int64_t *index, int64_t n,
                                           uint8_t *out) {
     gatherer *g = (gatherer *)handle;
     pthread_mutex_lock(&g->lock);
-    while (g->submitted - g->finished >= QUEUED) {
-        pthread_cond_wait(&g->finished_one, &g->lock);
+    if (g->submitted - g->finished >= QUEUED) {
+        gather_until(g, g->submitted - QUEUED + 1);
     }
-    g->queue[g->submitted % QUEUED] = (gather_part){src, src_rows, row_bytes, index, 0, n, out};
+    gather_job *j = &g->queue[g->submitted % QUEUED];
+    *j = (gather_job){src, src_rows, row_bytes, index, n, out, 0, 0};
     int64_t number = ++g->submitted;
-    pthread_cond_signal(&g->queued);
+    gather_finish(g); /* an empty gather is finished at once, in its turn */
+    if (g->sleeping) {
+        pthread_cond_signal(&g->queued);
+    }
     pthread_mutex_unlock(&g->lock);
     return number;
 }
 
-/* Return once gather `number` (and every one before it) is done. */
+/* Return once gather `number` (and every one before it) is done, copying rows of them
+ * meanwhile where some are left. */
 EXPORT void atari_zarr_gatherer_wait(void *handle, int64_t number) {
     gatherer *g = (gatherer *)handle;
     pthread_mutex_lock(&g->lock);
-    while (g->finished < number) {
-        pthread_cond_wait(&g->finished_one, &g->lock);
-    }
+    gather_until(g, number);
     pthread_mutex_unlock(&g->lock);
 }
 
@@ -236,7 +339,7 @@ EXPORT void atari_zarr_gatherer_free(void *handle) {
     gatherer *g = (gatherer *)handle;
     pthread_mutex_lock(&g->lock);
     g->stop = 1;
-    pthread_cond_signal(&g->queued);
+    pthread_cond_signal(&g->queued); /* asleep, or soon to see `stop` */
     pthread_mutex_unlock(&g->lock);
     pthread_join(g->thread, NULL);
     pthread_cond_destroy(&g->queued);

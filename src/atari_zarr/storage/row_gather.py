@@ -54,7 +54,9 @@ class _Calls:
         ptr, i64 = ctypes.c_void_p, ctypes.c_int64
         self.new = library.atari_zarr_gatherer_new
         self.new.argtypes, self.new.restype = [], ptr
-        self.submit = library.atari_zarr_gatherer_submit
+        # queuing takes microseconds: called keeping the GIL (a PyDLL's call), so the
+        # caller does not wait to take it back from the threads that run meanwhile
+        self.submit = ctypes.PyDLL(library._name).atari_zarr_gatherer_submit
         self.submit.argtypes = [ptr, ptr, i64, i64, ptr, i64, ptr]
         self.submit.restype = i64
         self.wait = library.atari_zarr_gatherer_wait
