@@ -309,6 +309,26 @@ class StreamMemory:
         self.__init__()  # type: ignore[misc]
 
 
+class _Segment:
+    """A segment's items in the order they leave, with what their batches need
+    (:meth:`UnitReader._segment_items`), and how many were taken."""
+
+    def __init__(self, number: int, items: dict[str, np.ndarray], head: int) -> None:
+        self.number = number
+        self.items = items
+        self.size = len(items["slot"])
+        self.head = head
+
+    @property
+    def left(self) -> int:
+        return self.size - self.head
+
+    def take(self, n: int) -> dict[str, np.ndarray]:
+        """The next ``n`` items (views)."""
+        a, self.head = self.head, self.head + n
+        return {name: values[a : self.head] for name, values in self.items.items()}
+
+
 class _Gathering(NamedTuple):
     """A batch planned, its frames on their way (:meth:`UnitReader._finish`)."""
 
@@ -408,7 +428,8 @@ class UnitReader:
         seg, skip = plan.locate(start)
         self.next_seg = seg
         self.next_fetch = plan.needed(seg).start if seg < m else m
-        self.pending: deque[list[Any]] = deque()  # [segment, positions, items, head]
+        #: Segments whose items are not all taken yet, in the order they leave.
+        self.pending: deque[_Segment] = deque()
         #: Batches whose frames are being gathered, oldest first.
         self.gathering: list[_Gathering] = []
         self.skip = skip
@@ -504,7 +525,7 @@ class UnitReader:
                     self.waiting = False
 
     def _release(self) -> None:
-        oldest = self.pending[0][0] if self.pending else self.next_seg
+        oldest = self.pending[0].number if self.pending else self.next_seg
         # units a batch still being gathered reads stay
         oldest = min([oldest, *(g.oldest for g in self.gathering)])
         last = len(self.plan.units) - 1
@@ -517,25 +538,59 @@ class UnitReader:
 
     # -- items ----------------------------------------------------------------------------
     def _fill(self, n: int) -> int:
-        have = sum(len(p[1]) - p[3] for p in self.pending)
+        have = sum(seg.left for seg in self.pending)
         while have < n and self.next_seg < len(self.plan.units):
             s = self.next_seg
             self._wait(self.plan.needed(s))
             pos, local = self.plan.segment(s, self.segs.__getitem__)
-            entry = [s, pos, local, self.skip]
-            have += len(pos) - self.skip
+            segment = _Segment(s, self._segment_items(self.slot_by_pos[pos], local), self.skip)
+            have += segment.left
             self.skip = 0
-            self.pending.append(entry)
+            self.pending.append(segment)
             self.next_seg += 1
             self._submit()
         return have
 
+    def _segment_items(self, slots: np.ndarray, local: np.ndarray) -> dict[str, np.ndarray]:
+        """What the batches of a segment's items need, for all of them at once (a
+        segment holds thousands of items, a batch a few hundred): items ``local`` (item
+        numbers within their unit) of ``slots``, whose units are decoded."""
+        length = self.length
+        held = self.slots
+        stores = held.store[slots]
+        starts, real = item_rows(self.items, stores, held.items[slots] + local)
+        off = starts - held.lo[slots]  # column of each item's first row in its slot
+        # per-step values: one flat index into the slots' columns
+        base = slots * held.cols
+        last = base + off + (length - 1 if real is None else real - 1)
+        cols = {name: col.reshape(-1) for name, col in held.col.items()}
+        steps_at = off[:, None] + np.arange(length, dtype=np.int64)[None, :]
+        if real is not None and (real < length).any():  # padding: the item's first row
+            steps_at = np.where(np.arange(length)[None, :] < real[:, None], steps_at, off[:, None])
+        fi = base[:, None] + steps_at
+        items = {
+            "slot": slots,
+            "store": stores,
+            "start": starts,
+            "first": cols["first"].take(base + off),
+            "last_done": cols["terminated"].take(last) | cols["truncated"].take(last),
+            "n_rows": self.n_rows[stores],
+            # slab row of the oldest frame of each item is its first row's column: the
+            # halo in front holds the k - 1 frames before the unit
+            "frame": slots * self.ext + off,
+            "last_col": last - base,
+            **{f"step {name}": cols[name].take(fi) for name in step_fields(self.windowed)},
+        }
+        if real is not None:
+            items["real"] = real
+        return items
+
     def batches(self, n: int) -> Iterator[TensorDict]:
         """This consumer's items, ``n`` at a time (fewer in the last batch).
 
-        Each batch's frames are gathered on threads that need no GIL
-        (:func:`~atari_zarr.storage.row_gather.start_gather`) while this thread plans
-        the next batch, and while the caller uses this one.
+        Each batch's frames are gathered on a thread that needs no GIL
+        (:class:`~atari_zarr.storage.row_gather.Gatherer`) while this thread plans the
+        next batch, and while the caller uses this one.
         """
         current = self._start(n)
         while current is not None:
@@ -555,63 +610,54 @@ class UnitReader:
         n = min(n, self._fill(n))
         if n <= 0:
             return None
-        slots, local, got = [], [], 0
-        oldest = self.pending[0][0]
+        parts, got = [], 0
+        oldest = self.pending[0].number
         while got < n:
-            _, pos, items, head = self.pending[0]
-            step = min(n - got, len(pos) - head)
-            slots.append(self.slot_by_pos[pos[head : head + step]])
-            local.append(items[head : head + step])
+            segment = self.pending[0]
+            step = min(n - got, segment.left)
+            parts.append(segment.take(step))
             got += step
-            if head + step == len(pos):
+            if not segment.left:
                 self.pending.popleft()
-            else:
-                self.pending[0][3] = head + step
         self.remaining -= n
-        gathering = self._plan_batch(np.concatenate(slots), np.concatenate(local), oldest)
+        items = (
+            parts[0]
+            if len(parts) == 1
+            else {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
+        )
+        gathering = self._plan_batch(items, oldest)
         self.gathering.append(gathering)
         return gathering
 
-    def _plan_batch(self, slots: np.ndarray, local: np.ndarray, oldest: int) -> _Gathering:
-        """Items ``local`` (item numbers within their unit) of ``slots``: their steps,
-        and their frames on their way (:meth:`_finish` completes the batch)."""
-        k, length, b = self.k, self.length, len(slots)
-        held = self.slots
-        stores = held.store[slots]
-        starts, real = item_rows(self.items, stores, held.items[slots] + local)
-        off = starts - held.lo[slots]  # column of each item's first row in its slot
-        # per-step values: one flat index into the slots' columns
-        base = slots * held.cols
-        last = base + off + (length - 1 if real is None else real - 1)
-        cols = {name: col.reshape(-1) for name, col in held.col.items()}
+    def _plan_batch(self, items: dict[str, np.ndarray], oldest: int) -> _Gathering:
+        """A batch of ``items`` (:meth:`_segment_items`): their steps, and their frames on
+        their way (:meth:`_finish` completes the batch)."""
+        k, length = self.k, self.length
+        slots = items["slot"]
         plan = FramePlan(
-            starts=starts,
+            starts=items["start"],
             length=length,
             stack=k,
-            first=cols["first"].take(base + off),
-            last_done=cols["terminated"].take(last) | cols["truncated"].take(last),
-            n_rows=self.n_rows[stores],
-            valid=real,
+            first=items["first"],
+            last_done=items["last_done"],
+            n_rows=items["n_rows"],
+            valid=items.get("real"),
         )
-        buffer = FrameBuffer(self.pool, b, length, k, FRAME_SHAPE)
-        # slab row of the oldest frame of each item is its first row's column: the
-        # halo in front holds the k - 1 frames before the unit
-        at = (slots * self.ext + off)[:, None] + np.arange(length + k, dtype=np.int64)[None, :]
-        flat = held.slab.reshape(-1, *FRAME_SHAPE)
+        buffer = FrameBuffer(self.pool, len(slots), length, k, FRAME_SHAPE)
+        at = items["frame"][:, None] + np.arange(length + k, dtype=np.int64)[None, :]
+        flat = self.slots.slab.reshape(-1, *FRAME_SHAPE)
         # one gather of every distinct frame into reused memory, on a thread of its own
         # (frames that do not exist are zeroed by assemble_batch, once it is done)
         if self.gatherer is None:
             self.gatherer = gatherer()
         frames = self.gatherer.submit(flat, buffer.flat(at), buffer.frames)
-        steps_at = off[:, None] + np.arange(length, dtype=np.int64)[None, :]
-        if plan.padded:
-            steps_at = np.where(
-                np.arange(length)[None, :] < plan.real[:, None], steps_at, off[:, None]
-            )
-        fi = (base[:, None] + steps_at).ravel()
-        steps = {name: cols[name].take(fi) for name in step_fields(self.windowed)}
-        finals = self._finals_of(plan, slots, last - base) if held.finals else None
-        return _Gathering(plan, buffer, frames, steps, finals, stores, oldest)
+        # views of the segment's values: no two batches share an item
+        steps = {name: items[f"step {name}"].ravel() for name in step_fields(self.windowed)}
+        if self.slots.finals:
+            finals = self._finals_of(plan, slots, items["last_col"])
+        else:
+            finals = None
+        return _Gathering(plan, buffer, frames, steps, finals, items["store"], oldest)
 
     def _finish(self, gathering: _Gathering) -> TensorDict:
         """The batch of ``gathering`` once its frames are in."""
