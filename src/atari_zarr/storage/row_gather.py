@@ -6,8 +6,9 @@ which meanwhile does nothing else; that copy was the larger part of a batch's ti
 (``docs/benchmarks/cores.md``). A :class:`Gatherer` is a thread of the compiled loop
 (``atari_zarr_gatherer_*`` in ``_chunk_loop.c``) that copies the rows while the
 calling thread goes on: :meth:`Gatherer.submit` queues a gather and returns at once,
-and the :class:`PendingGather` it returns waits for it. The thread takes no GIL, so no
-Python thread ever waits for it to hand the GIL over.
+and the :class:`PendingGather` it returns waits for it, copying the rows still left
+itself meanwhile, so both cores gather. The thread takes no GIL, so no Python thread
+ever waits for it to hand the GIL over.
 
 The thread is bounded (one per gatherer), named ``atari_zarr-rows``, and stopped by
 :meth:`Gatherer.close` once what is queued is done. In a process forked from the one
