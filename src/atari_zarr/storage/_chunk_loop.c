@@ -258,7 +258,9 @@ static void *gatherer_main(void *arg) {
         if (idle_from == 0) {
             idle_from = now_ns();
         }
-        if (!g->stop && now_ns() - idle_from < IDLE_NS) {
+        /* stopped, rows still being copied by a waiter: nobody would signal `queued`
+         * once they are done, so look again rather than sleep */
+        if (g->stop || now_ns() - idle_from < IDLE_NS) {
             struct timespec pause = {0, IDLE_POLL_NS};
             pthread_mutex_unlock(&g->lock);
             nanosleep(&pause, NULL);
