@@ -363,6 +363,46 @@ def test_frames_gathered_on_the_thread_are_those_numpy_gathers(
     assert_same(ds, on_thread[:3])
 
 
+def test_single_transitions_from_the_segments_values_equal_the_planned_batches(
+    odd_store: str, monkeypatch
+) -> None:
+    """Single transitions (no stack, no final frames kept) are built from values their
+    segment computed: every batch equals, key by key and in key order, the batch planned
+    one by one as before, frames after episodes' ends and after the store's last row
+    zeroed; and equals random access."""
+    from atari_zarr.read.units import UnitReader
+
+    ds = AtariZarrDataset(odd_store)
+    built = {"batches": 0}
+    real_plan = UnitReader._plan_transitions
+
+    def plan(self, items, oldest):  # type: ignore[no-untyped-def]
+        built["batches"] += 1
+        return real_plan(self, items, oldest)
+
+    monkeypatch.setattr(UnitReader, "_plan_transitions", plan)
+    lean = list(ds.stream(256, seed=4, unit_rows=1024, shuffle_buffer=3000))
+    assert built["batches"] == len(lean) == -(-len(ds) // 256)
+    real_init = UnitReader.__init__
+
+    def one_by_one(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        real_init(self, *args, **kwargs)
+        self.lean = False
+
+    monkeypatch.setattr(UnitReader, "__init__", one_by_one)
+    planned = list(ds.stream(256, seed=4, unit_rows=1024, shuffle_buffer=3000))
+    assert built["batches"] == len(lean)  # the second epoch planned batch by batch
+    for a, b in zip(lean, planned, strict=True):
+        keys = list(b.keys(include_nested=True, leaves_only=True))
+        assert list(a.keys(include_nested=True, leaves_only=True)) == keys
+        for key in keys:
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+    both = torch.cat(lean)
+    ends = both["next", "done"][:, 0] | (both["index"] == len(ds) - 1)
+    assert ends.sum() > 10 and not both["next", "observation"][ends].any()
+    assert_same(ds, lean[:3])
+
+
 def test_the_gathering_thread_ends_with_the_epoch_and_when_it_is_left(small_store: str) -> None:
     from tests.storage.test_row_gather import TASKS, _rows_threads
 

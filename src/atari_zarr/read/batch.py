@@ -53,6 +53,7 @@ __all__ = [
     "step_fields",
     "steps_before_by_store",
     "ted_batch",
+    "transition_batch",
 ]
 
 
@@ -315,6 +316,39 @@ def ted_batch(
     entries["next"] = _tensordict(nxt, size)
     for key, value in (extra or {}).items():
         entries[key] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    return _tensordict(entries, size)
+
+
+def transition_batch(
+    observation: torch.Tensor, next_observation: torch.Tensor, steps: Mapping[str, np.ndarray]
+) -> TensorDict:
+    """:func:`ted_batch` of single transitions whose per-step values are ready as they
+    are kept: ``(B,)`` arrays of :data:`STEP_FIELDS`' dtypes, with ``index`` (the rows)
+    and ``done`` (terminated or truncated). The tensors share their memory: nothing else
+    may use the arrays (a stream's segment gives each item to one batch).
+
+    Examples
+    --------
+    >>> z = torch.zeros(2, 84, 84, dtype=torch.uint8)
+    >>> steps = dict(action=np.array([1, 2]), reward=np.array([0.0, 1.0], np.float32),
+    ...              terminated=np.array([False, True]), truncated=np.zeros(2, bool),
+    ...              episode=np.array([0, 0]), index=np.array([5, 6]))
+    >>> want = ted_batch(z, z, **steps)
+    >>> got = transition_batch(z, z, {**steps, "done": np.array([False, True])})
+    >>> list(got.keys(True)) == list(want.keys(True)) and bool((got == want).all())
+    True
+    """
+    size = torch.Size((len(steps["action"]),))
+    col = (-1, 1)
+    entries: dict[str, Any] = {"observation": observation}
+    for name in ("action", "episode", "index"):
+        entries[name] = torch.from_numpy(steps[name])
+    for name in ("done", "terminated", "truncated"):
+        entries[name] = torch.zeros((*size, 1), dtype=torch.bool)
+    nxt: dict[str, Any] = {"observation": next_observation}
+    for name in ("reward", "terminated", "truncated", "done"):
+        nxt[name] = torch.from_numpy(steps[name].reshape(col))
+    entries["next"] = _tensordict(nxt, size)
     return _tensordict(entries, size)
 
 

@@ -35,6 +35,7 @@ from atari_zarr.read.batch import (
     assemble_batch,
     step_fields,
     steps_before_by_store,
+    transition_batch,
 )
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items, item_rows
@@ -332,7 +333,8 @@ class _Segment:
 class _Gathering(NamedTuple):
     """A batch planned, its frames on their way (:meth:`UnitReader._finish`)."""
 
-    plan: FramePlan
+    #: None: single transitions (:meth:`UnitReader._plan_transitions`).
+    plan: FramePlan | None
     buffer: FrameBuffer
     frames: PendingGather
     steps: dict[str, np.ndarray]
@@ -407,6 +409,9 @@ class UnitReader:
         #: Frames held per unit: the stacks before it, the unit, the items' rows after it.
         self.ext = slot_frames(units.span, self.k, self.length)
         self.windowed = not self.items[0].identity
+        #: Single transitions of one frame each (the default): their batches are built
+        #: from values the segment computed (:meth:`_segment_items`), not planned one by one.
+        self.lean = not self.windowed and self.length == 1 and self.k == 1
         #: Memory of the batches handed out, reused once no tensor refers to it.
         self.pool = memory.pool if memory is not None else BufferPool()
         # window units mixed, one more whose last items wait in a partly taken batch,
@@ -583,6 +588,12 @@ class UnitReader:
         }
         if real is not None:
             items["real"] = real
+        elif self.lean:
+            items["step done"] = items["step terminated"] | items["step truncated"]
+            # a next frame exists unless the step ends its episode or its store
+            items["next ok"] = ~items["last_done"] & (starts + 1 < items["n_rows"])
+            for name in [*step_fields(False), "done"]:
+                items[f"step {name}"] = items[f"step {name}"].reshape(-1)
         return items
 
     def batches(self, n: int) -> Iterator[TensorDict]:
@@ -632,6 +643,8 @@ class UnitReader:
     def _plan_batch(self, items: dict[str, np.ndarray], oldest: int) -> _Gathering:
         """A batch of ``items`` (:meth:`_segment_items`): their steps, and their frames on
         their way (:meth:`_finish` completes the batch)."""
+        if self.lean and not self.slots.finals:
+            return self._plan_transitions(items, oldest)
         k, length = self.k, self.length
         slots = items["slot"]
         plan = FramePlan(
@@ -659,22 +672,48 @@ class UnitReader:
             finals = None
         return _Gathering(plan, buffer, frames, steps, finals, items["store"], oldest)
 
+    def _plan_transitions(self, items: dict[str, np.ndarray], oldest: int) -> _Gathering:
+        """:meth:`_plan_batch` of single transitions (:attr:`lean`), none of whose
+        episodes kept a final frame: observations and next observations are each one
+        frame, gathered into two blocks, and the per-step values are the segment's."""
+        n = len(items["slot"])
+        buffer = FrameBuffer(self.pool, n, 1, 1, FRAME_SHAPE)
+        at = np.concatenate([items["frame"], items["frame"] + 1])  # observations, then next
+        if self.gatherer is None:
+            self.gatherer = gatherer()
+        frames = self.gatherer.submit(self.slots.slab.reshape(-1, *FRAME_SHAPE), at, buffer.frames)
+        names = ("action", "reward", "terminated", "truncated", "episode", "done")
+        steps = {name: items[f"step {name}"] for name in names}
+        steps["index"], steps["next ok"] = items["start"], items["next ok"]
+        return _Gathering(None, buffer, frames, steps, None, items["store"], oldest)
+
     def _finish(self, gathering: _Gathering) -> TensorDict:
         """The batch of ``gathering`` once its frames are in."""
         gathering.frames.wait()
         self.gathering.remove(gathering)
         stores = gathering.stores
-        batch = assemble_batch(
-            gathering.plan,
-            gathering.buffer,
-            gathering.steps,
-            window=self.windowed,
-            steps_before=steps_before_by_store(
-                {g: self._store(g).steps_before for g in np.unique(stores).tolist()}, stores
-            ),
-            finals=gathering.finals,
-        )
+        if gathering.plan is None:  # single transitions (_plan_transitions)
+            steps, buffer = gathering.steps, gathering.buffer
+            missing = np.flatnonzero(~steps.pop("next ok"))
+            if len(missing):
+                buffer.frames[buffer.batch + missing] = 0
+            batch = transition_batch(*buffer.views(False), steps)
+        else:
+            batch = assemble_batch(
+                gathering.plan,
+                gathering.buffer,
+                gathering.steps,
+                window=self.windowed,
+                steps_before=self._steps_before(stores) if self.windowed else None,
+                finals=gathering.finals,
+            )
         return batch if self.tag is None else self.tag(batch, stores)
+
+    def _steps_before(self, stores: np.ndarray) -> Any:
+        """``steps_before`` of the stores of a batch's items (:func:`assemble_batch`)."""
+        return steps_before_by_store(
+            {g: self._store(g).steps_before for g in np.unique(stores).tolist()}, stores
+        )
 
     def _finals_of(
         self, plan: FramePlan, slots: np.ndarray, last: np.ndarray
