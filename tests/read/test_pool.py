@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
+import pytest
 import torch
 
 from atari_zarr.read.pool import BufferPool, resident
@@ -55,6 +58,50 @@ def test_a_resident_buffer_is_mapped_populated_and_lives_with_its_array():
     assert int(view.sum()) == 7 * view.size
     small = resident((4, 4), np.int32)
     assert small.base is None and small.dtype == np.int32
+
+
+def _resident_bytes(a: np.ndarray) -> int:
+    """Bytes of the mapping holding ``a`` that are in memory (``/proc/self/smaps``)."""
+    at, found = a.ctypes.data, None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                found = lo <= at < hi
+            elif found and line.startswith("Rss:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no mapping holds the array")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
+@pytest.mark.parametrize("advice", ["populate-write", "refused"])
+def test_a_large_resident_buffer_is_made_resident_by_a_thread_per_core(
+    monkeypatch, advice: str
+) -> None:
+    """Split between threads (two cores here), every page is in memory before it is
+    written; where the kernel refuses the advice, the mapping is populated as before."""
+    import threading
+
+    from atari_zarr.read import pool
+
+    monkeypatch.setattr(pool, "cpu_count", lambda: 2)
+    if advice == "refused":
+        monkeypatch.setattr(pool, "_MADV_POPULATE_WRITE", 10_000)  # EINVAL
+    started = []
+    real_start = threading.Thread.start
+
+    def start(self):  # type: ignore[no-untyped-def]
+        started.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    big = resident((10_000, 84, 84))  # 70 MB: two parts
+    assert len(started) == 1  # one thread beside the caller
+    assert _resident_bytes(big) >= big.nbytes
+    assert not big.any() and big.flags.writeable
+    big[-1] = 3
+    assert int(big[-1].sum()) == 3 * 84 * 84
 
 
 def test_a_block_held_by_a_batch_is_not_given_out_again():
