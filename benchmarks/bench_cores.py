@@ -35,6 +35,15 @@ items (so a side that gains by using a second core shows it):
   50 --sizes 50 --keep``; left out where it is missing), default options. These
   measures also count the process's voluntary context switches per batch over 500
   more batches (``switches``): how often its threads wait for each other.
+* ``paired drop-in 50M`` (and ``paired drop-in``, at a 2% cache): both sides of the
+  drop-in's ratio in one process over one dataset (the drop-in's own, so one cache),
+  in blocks of about a second that alternate, the drop-in's block ending once the
+  batches it drew ahead are in: the same warm-up, cache and moment of the machine on
+  both sides. A 50M store's first seconds learn shard indexes and fill the cache, and
+  this VM's speed moves by up to 40% between processes.
+* ``thread hand-over``: two threads passing one turn back and forth through a
+  ``threading.Event`` each, hand-overs per second: what each of those waits costs
+  here (the prefetch thread's batch reaches the caller through such a wait).
 
 The result goes to ``benchmarks/results/cores-<time>.json`` and a markdown table of
 the ratios to stdout.
@@ -46,6 +55,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -67,9 +77,21 @@ MEASURES = (
     "dataset sample warm",
     "drop-in prefetch 50M",
     "dataset sample 50M",
+    "paired drop-in",
+    "paired drop-in 50M",
+    "thread hand-over",
 )
 #: The measures that read the 50M store of ``--fullsize``.
-FULLSIZE = ("drop-in prefetch 50M", "dataset sample 50M")
+FULLSIZE = ("drop-in prefetch 50M", "dataset sample 50M", "paired drop-in 50M")
+#: Measures of both sides at once: (row, measure, ratio it must reach).
+PAIRED = (
+    (
+        "drop-in prefetch vs AtariZarrDataset.sample, a 2% cache, in one process",
+        "paired drop-in",
+        0.9,
+    ),
+    ("the same on a 50M store, default options, in one process", "paired drop-in 50M", 0.9),
+)
 #: Each target: (name, numerator, denominator, ratio it must reach).
 TARGETS = (
     ("random TED-256 at a 2% cache vs Lance 2.1 take", "random 2%", "lance 2.1", 2.0),
@@ -168,6 +190,76 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
         )
         rate, cpu = _timed(lambda: len(rb.sample()), seconds, warm)
         return {"rate": rate, "cpu_s_per_1m": cpu, "switches": _switches(rb.sample)}
+    elif measure.startswith("paired drop-in"):
+        from atari_zarr.torchrl import AtariZarrExperienceReplay
+
+        full = measure in FULLSIZE
+        root = Path(data["fullsize" if full else "store"]).parents[1]
+        rb = AtariZarrExperienceReplay(
+            "Pong/1",
+            batch_size=256,
+            root=root,
+            download=False,
+            prefetch=4,
+            options=ReadOptions() if full else two_percent,
+        )
+        ds = rb.storage.dataset
+
+        def drop_in() -> int:
+            return len(rb.sample())
+
+        def drained() -> int:  # the batches it drew ahead are in: its block paid for them
+            for queued in list(rb._prefetch_queue):
+                queued.result()
+            return 0
+
+        sides: dict[str, Any] = {
+            "drop-in": (drop_in, drained),
+            "sample": (lambda: len(ds.sample(256, generator=gen)), lambda: 0),
+        }
+        spent = {name: [0, 0.0, 0.0] for name in sides}  # items, wall, cpu
+        block = max(0.25, seconds / 5)
+        for timed in (False, True):  # warm, then measured
+            for i in range(max(2, int((seconds if timed else warm) / block))):
+                name = ("drop-in", "sample")[i % 2]
+                step, finish = sides[name]
+                items, t0, c0 = 0, time.perf_counter(), time.process_time()
+                while time.perf_counter() - t0 < block:
+                    items += step()
+                finish()
+                if timed:
+                    spent[name][0] += items
+                    spent[name][1] += time.perf_counter() - t0
+                    spent[name][2] += time.process_time() - c0
+        rates = {name: v[0] / v[1] for name, v in spent.items()}
+        return {
+            "rate": rates["drop-in"],
+            "peer_rate": rates["sample"],
+            "cpu_s_per_1m": spent["drop-in"][2] / spent["drop-in"][0] * 1e6,
+            "peer_cpu_s_per_1m": spent["sample"][2] / spent["sample"][0] * 1e6,
+        }
+    elif measure == "thread hand-over":
+        import threading
+
+        turns = 4000
+        mine, theirs = threading.Event(), threading.Event()
+
+        def other() -> None:
+            for _ in range(turns):
+                theirs.wait()
+                theirs.clear()
+                mine.set()
+
+        th = threading.Thread(target=other)
+        th.start()
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(turns):
+            theirs.set()
+            mine.wait()
+            mine.clear()
+        wall, used = time.perf_counter() - t0, time.process_time() - c0
+        th.join()
+        return {"rate": 2 * turns / wall, "cpu_s_per_1m": used / (2 * turns) * 1e6}
     else:  # dataset sample
         full = measure in FULLSIZE
         opts = ReadOptions() if full or measure.endswith("warm") else two_percent
@@ -247,6 +339,18 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {name} | {med[ours]:,.0f} ({rounds}) | {med[peer]:,.0f} | "
                 f"{med[ours] / med[peer]:.2f}x | >= {want}x | {cpu[ours]:.1f} / {cpu[peer]:.1f} |"
             )
+    for name, measure, want in PAIRED:
+        if measure in runs:
+            ratios = [x["rate"] / x["peer_rate"] for x in runs[measure]]
+            peer = statistics.median(x["peer_rate"] for x in runs[measure])
+            print(
+                f"| {name} | {med[measure]:,.0f} (ratios {', '.join(f'{r:.2f}' for r in ratios)}) "
+                f"| {peer:,.0f} | {statistics.median(ratios):.2f}x | >= {want}x | "
+                f"{cpu[measure]:.1f} / "
+                f"{statistics.median(x['peer_cpu_s_per_1m'] for x in runs[measure]):.1f} |"
+            )
+    if "thread hand-over" in med:
+        print(f"a hand-over between two threads: {1e6 / med['thread hand-over']:.0f} us")
     from result_file import save_result
 
     out = save_result("cores", args=vars(args), data=data, runs=runs, medians=med, cpu_s_per_1m=cpu)
