@@ -8,8 +8,9 @@ It measures, on this machine:
 
 * how fast memory copies: ``np.copyto`` of 256 MB on one thread and on two;
 * the stream's gather alone: batches of 256 transitions (2 frames each, frame stack 1)
-  taken out of a slab the size of the stream's (260 MB), into memory reused from batch
-  to batch, as the stream gathers them: with ``np.take`` on the calling thread, and
+  taken out of a slab the size and kind of the stream's (260 MB, ``resident``), into
+  memory reused from batch to batch, as the stream gathers them: with ``np.take`` on
+  the calling thread, and
   with the gathering thread of ``atari_zarr.storage.row_gather`` while the calling
   thread waits (and so copies rows too: two threads);
 * the stream itself: ``stream(256)`` over the real Pong play of
@@ -67,16 +68,20 @@ def gather_seconds(slab_frames: int, batch: int = 256, batches: int = 400) -> di
     """Median seconds of one batch's gather, ``np.take`` and the gathering thread (the
     caller waiting): ``batch`` items of 2 frames each out of a slab of ``slab_frames``
     frames, into reused memory."""
+    from atari_zarr.read.pool import resident
     from atari_zarr.storage.row_gather import gatherer
 
-    slab = np.ones((slab_frames, *FRAME), dtype=np.uint8)
+    # memory as the stream's slab is (4 KB pages, made resident at once): np.ones of
+    # this size may get transparent huge pages, on which a random row is cheaper to find
+    slab = resident((slab_frames, *FRAME))
+    slab[:] = 1
     out = np.empty((2 * batch, *FRAME), dtype=np.uint8)
     rng = np.random.default_rng(0)
     times: dict[str, list[float]] = {"np.take": [], "gathering thread": []}
     with gatherer() as rows:
         for _ in range(batches):
             first = rng.integers(0, slab_frames - 1, batch)
-            at = np.stack([first, first + 1], axis=1).ravel()
+            at = np.concatenate([first, first + 1])  # observations, then next ones
             t = time.perf_counter()
             np.take(slab, at, axis=0, out=out, mode="clip")
             times["np.take"].append(time.perf_counter() - t)
