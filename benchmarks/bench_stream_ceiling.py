@@ -13,9 +13,12 @@ It measures, on this machine:
   the calling thread, and
   with the gathering thread of ``atari_zarr.storage.row_gather`` while the calling
   thread waits (and so copies rows too: two threads);
+* the slab made resident: one ``MAP_POPULATE`` mapping (one thread) against
+  ``atari_zarr.read.pool.resident`` (a thread per core);
 * the stream itself: ``stream(256)`` over the real Pong play of
   ``benchmarks/stream_data.py`` (``--steps`` transitions), ``--epochs`` epochs, each
-  epoch's time and how long its first batch waited.
+  epoch's time and how long its first batch waited, and the CPU each of its threads
+  used in the epochs after the first (Linux).
 
 From these it prints the bytes ``--epochs`` epochs move through memory (their gathers,
 and the decoded frames written into the slab), the time that takes at the two-thread
@@ -27,6 +30,7 @@ to ``benchmarks/results/stream-ceiling-<time>.json``.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import threading
@@ -91,17 +95,70 @@ def gather_seconds(slab_frames: int, batch: int = 256, batches: int = 400) -> di
     return {name: statistics.median(v) for name, v in times.items()}
 
 
-def stream_epochs(store: str, epochs: int) -> list[dict[str, float]]:
-    """Each epoch of ``stream(256)``: its seconds and its first batch's wait."""
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds each thread of this process used so far, by thread (Linux's
+    ``/proc/self/task``; empty elsewhere). A thread that ended is not there."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # Python's own threads keep the process's name: the stream's are those that decode
+        role = "loop" if task.name == str(os.getpid()) else name.replace("python", "decoding")
+        out[f"{role} {task.name}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def resident_seconds(nbytes: int, repeats: int = 5) -> dict[str, float]:
+    """Median seconds to make ``nbytes`` resident: one ``MAP_POPULATE`` mapping (one
+    thread), and ``atari_zarr.read.pool.resident`` (a thread per core where it can)."""
+    import mmap
+
+    from atari_zarr.read.pool import resident
+
+    times: dict[str, list[float]] = {"MAP_POPULATE, one thread": [], "resident": []}
+    for _ in range(repeats):
+        t = time.perf_counter()
+        m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
+        times["MAP_POPULATE, one thread"].append(time.perf_counter() - t)
+        m.close()
+        t = time.perf_counter()
+        a = resident((nbytes,))
+        times["resident"].append(time.perf_counter() - t)
+        del a
+    return {name: statistics.median(v) for name, v in times.items()}
+
+
+def stream_epochs(store: str, epochs: int) -> tuple[list[dict[str, float]], dict[str, float]]:
+    """Each epoch of ``stream(256)``: its seconds and its first batch's wait; and the CPU
+    seconds of the epochs after the first, by thread (the loop's, the gathering thread
+    ``atari_zarr-rows``, the decoding threads), summed over those epochs. A thread's CPU is
+    read every 10 ms by a watcher (the threads of an epoch end with it)."""
     import torch
 
     torch.set_num_threads(1)
     from atari_zarr import AtariZarrDataset
 
     stream = AtariZarrDataset(store).stream(256, seed=0)
+    seen: dict[str, float] = {}  # the last CPU seen of each thread
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.wait(0.01):
+            seen.update(thread_cpu())
+
     out = []
+    start: dict[str, float] = {}
+    watcher = threading.Thread(target=watch, name="watcher", daemon=True)
     for epoch in range(epochs):
         stream.set_epoch(epoch)
+        if epoch == 1:
+            seen.update(thread_cpu())
+            start = dict(seen)
+            watcher.start()
         t = time.perf_counter()
         first, items = None, 0
         for batch in stream:
@@ -109,7 +166,16 @@ def stream_epochs(store: str, epochs: int) -> list[dict[str, float]]:
                 first = time.perf_counter() - t
             items += len(batch)
         out.append({"seconds": time.perf_counter() - t, "first_batch": first or 0.0})
-    return out
+    stop.set()
+    if watcher.is_alive():
+        watcher.join()
+    seen.update(thread_cpu())
+    cpu: dict[str, float] = {}
+    for key, used in seen.items():
+        role = key.rsplit(" ", 1)[0]
+        if role != "watcher":
+            cpu[role] = cpu.get(role, 0.0) + used - start.get(key, 0.0)
+    return out, cpu
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,7 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     unit_rows = 4096
     window = max(1, DEFAULT_SHUFFLE_BUFFER // unit_rows)
     gather = gather_seconds((window + 1 + DEFAULT_UNITS_AHEAD) * slot_frames(unit_rows))
-    epochs = stream_epochs(str(meta["store"]), args.epochs)
+    slab_bytes = (window + 1 + DEFAULT_UNITS_AHEAD) * slot_frames(unit_rows) * FRAME_BYTES
+    populate = resident_seconds(slab_bytes)
+    epochs, cpu = stream_epochs(str(meta["store"]), args.epochs)
     batches = -(-n // 256)
     moved = args.epochs * (batches * 256 * 2 * FRAME_BYTES + n * FRAME_BYTES)
     budget = args.epochs * n / (10 * args.torchrl_rate)
@@ -146,6 +214,13 @@ def main(argv: list[str] | None = None) -> None:
             f"the stream's gather alone, {name}: {seconds * 1e3:.3f} ms a batch "
             f"({2 * 256 * FRAME_BYTES / seconds / 1e9:.1f} GB/s)"
         )
+    for name, seconds in populate.items():
+        print(f"the slab ({slab_bytes / 1e6:.0f} MB) made resident, {name}: {seconds * 1e3:.0f} ms")
+    later = max(1, args.epochs - 1)
+    print(
+        f"CPU a later epoch: {sum(cpu.values()) / later * 1e3:.0f} ms, "
+        + ", ".join(f"{role} {used / later * 1e3:.0f} ms" for role, used in sorted(cpu.items()))
+    )
     for i, e in enumerate(epochs):
         print(
             f"epoch {i}: {e['seconds'] * 1e3:.0f} ms, its first batch after "
@@ -164,7 +239,10 @@ def main(argv: list[str] | None = None) -> None:
         args=vars(args),
         copy_bytes_per_s={"1 thread": one, "2 threads": two},
         gather_seconds_per_batch=gather,
+        slab_bytes=slab_bytes,
+        resident_seconds=populate,
         epochs=epochs,
+        later_epochs_cpu_s_by_thread=cpu,
         bytes_moved=moved,
         seconds_at_two_thread_copy=moved / two,
         seconds_allowed_at_10x=budget,

@@ -52,9 +52,10 @@ def resident(shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
     and the same memory mapped populated (Linux's ``MAP_POPULATE``) at 2.8 GB/s: a
     stream's first epoch, which writes its slab of units for the first time, spent
     most of its time in those faults. Those pages are made resident on every core
-    (:func:`_populate`): a stream's slab of 260 MB in 42 to 47 ms on two cores, against
-    103 to 109 ms on one. Where ``MAP_POPULATE`` does not exist, or below 1 MB, this is
-    ``np.empty``. The memory is freed with the array.
+    (:func:`_populate`): a stream's slab of 260 MB in 42 to 48 ms on two cores, against
+    78 to 109 ms on one (``benchmarks/bench_stream_ceiling.py``). Where
+    ``MAP_POPULATE`` does not exist, or below 1 MB, this is ``np.empty``. The memory is
+    freed with the array.
 
     Examples
     --------
