@@ -104,6 +104,22 @@ def test_a_large_resident_buffer_is_made_resident_by_a_thread_per_core(
     assert int(big[-1].sum()) == 3 * 84 * 84
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/self/smaps is Linux's")
+def test_where_no_thread_starts_the_caller_makes_every_part_resident(monkeypatch) -> None:
+    import threading
+
+    from atari_zarr.read import pool
+
+    monkeypatch.setattr(pool, "cpu_count", lambda: 2)
+
+    def start(self):  # type: ignore[no-untyped-def]
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    big = resident((10_000, 84, 84))
+    assert _resident_bytes(big) >= big.nbytes and not big.any()
+
+
 def test_a_block_held_by_a_batch_is_not_given_out_again():
     """Blocks are plain arrays, whose count of references shows a batch holding one."""
     pool = BufferPool(keep=2)

@@ -100,12 +100,15 @@ def _populate(nbytes: int) -> mmap.mmap | None:
         if libc.madvise(base + cuts[i], cuts[i + 1] - cuts[i], _MADV_POPULATE_WRITE):
             failed.append(ctypes.get_errno())
 
-    others = [
-        threading.Thread(target=part, args=(i,), name="atari_zarr-populate", daemon=True)
-        for i in range(1, parts)
-    ]
-    for th in others:
-        th.start()
+    others = []
+    for i in range(1, parts):
+        th = threading.Thread(target=part, args=(i,), name="atari_zarr-populate", daemon=True)
+        try:
+            th.start()
+        except RuntimeError:  # no thread to be had: this part on the calling thread
+            part(i)
+            continue
+        others.append(th)
     part(0)
     for th in others:
         th.join()
