@@ -53,7 +53,6 @@ __all__ = [
     "step_fields",
     "steps_before_by_store",
     "ted_batch",
-    "transition_batch",
 ]
 
 
@@ -191,6 +190,13 @@ class FrameBuffer:
         """``(B, L + k)`` values as one array in the order of :attr:`frames`."""
         return per_frame.T.ravel() if self._columns else per_frame.ravel()
 
+    def zero_missing(self, exists: np.ndarray) -> None:
+        """Zero the frames whose ``(B, L + k)`` flag in ``exists`` is False (frames that
+        do not exist: before an episode, after its end or its store's last row)."""
+        flat = self.flat(exists)
+        if not flat.all():
+            self.frames[~flat] = 0
+
     def views(self, window: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Observation and next observation: ``[B, (L,) (k,) *frame]`` views of the frames.
 
@@ -319,39 +325,6 @@ def ted_batch(
     return _tensordict(entries, size)
 
 
-def transition_batch(
-    observation: torch.Tensor, next_observation: torch.Tensor, steps: Mapping[str, np.ndarray]
-) -> TensorDict:
-    """:func:`ted_batch` of single transitions whose per-step values are ready as they
-    are kept: ``(B,)`` arrays of :data:`STEP_FIELDS`' dtypes, with ``index`` (the rows)
-    and ``done`` (terminated or truncated). The tensors share their memory: nothing else
-    may use the arrays (a stream's segment gives each item to one batch).
-
-    Examples
-    --------
-    >>> z = torch.zeros(2, 84, 84, dtype=torch.uint8)
-    >>> steps = dict(action=np.array([1, 2]), reward=np.array([0.0, 1.0], np.float32),
-    ...              terminated=np.array([False, True]), truncated=np.zeros(2, bool),
-    ...              episode=np.array([0, 0]), index=np.array([5, 6]))
-    >>> want = ted_batch(z, z, **steps)
-    >>> got = transition_batch(z, z, {**steps, "done": np.array([False, True])})
-    >>> list(got.keys(True)) == list(want.keys(True)) and bool((got == want).all())
-    True
-    """
-    size = torch.Size((len(steps["action"]),))
-    col = (-1, 1)
-    entries: dict[str, Any] = {"observation": observation}
-    for name in ("action", "episode", "index"):
-        entries[name] = torch.from_numpy(steps[name])
-    for name in ("done", "terminated", "truncated"):
-        entries[name] = torch.zeros((*size, 1), dtype=torch.bool)
-    nxt: dict[str, Any] = {"observation": next_observation}
-    for name in ("reward", "terminated", "truncated", "done"):
-        nxt[name] = torch.from_numpy(steps[name].reshape(col))
-    entries["next"] = _tensordict(nxt, size)
-    return _tensordict(entries, size)
-
-
 def _tensordict(entries: dict[str, Any], size: torch.Size) -> TensorDict:
     """A TensorDict of entries whose shapes are known to be right.
 
@@ -421,9 +394,7 @@ def assemble_batch(
         Kept frames after an episode's end, one per item of ``items``, placed after
         each such item's last real row.
     """
-    valid = buffer.flat(plan.valid)
-    if not valid.all():
-        buffer.frames[~valid] = 0
+    buffer.zero_missing(plan.valid)
     if finals is not None and len(finals[0]):
         items, frames = finals
         which = np.full((buffer.batch, buffer.width), -1, dtype=np.int64)

@@ -35,7 +35,7 @@ from atari_zarr.read.batch import (
     assemble_batch,
     step_fields,
     steps_before_by_store,
-    transition_batch,
+    ted_batch,
 )
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items, item_rows
@@ -589,10 +589,15 @@ class UnitReader:
         if real is not None:
             items["real"] = real
         elif self.lean:
-            items["step done"] = items["step terminated"] | items["step truncated"]
-            # a next frame exists unless the step ends its episode or its store
-            items["next ok"] = ~items["last_done"] & (starts + 1 < items["n_rows"])
-            for name in [*step_fields(False), "done"]:
+            # an observation exists; its next frame unless the step ends its episode or
+            # its store (FramePlan's rule for one frame and one step)
+            items["exists"] = np.column_stack(
+                [
+                    np.ones(len(starts), dtype=bool),
+                    ~items["last_done"] & (starts + 1 < items["n_rows"]),
+                ]
+            )
+            for name in step_fields(False):
                 items[f"step {name}"] = items[f"step {name}"].reshape(-1)
         return items
 
@@ -657,13 +662,8 @@ class UnitReader:
             valid=items.get("real"),
         )
         buffer = FrameBuffer(self.pool, len(slots), length, k, FRAME_SHAPE)
-        at = items["frame"][:, None] + np.arange(length + k, dtype=np.int64)[None, :]
-        flat = self.slots.slab.reshape(-1, *FRAME_SHAPE)
-        # one gather of every distinct frame into reused memory, on a thread of its own
-        # (frames that do not exist are zeroed by assemble_batch, once it is done)
-        if self.gatherer is None:
-            self.gatherer = gatherer()
-        frames = self.gatherer.submit(flat, buffer.flat(at), buffer.frames)
+        # frames that do not exist are zeroed by assemble_batch, once they are in
+        frames = self._gather(items, buffer)
         # views of the segment's values: no two batches share an item
         steps = {name: items[f"step {name}"].ravel() for name in step_fields(self.windowed)}
         if self.slots.finals:
@@ -676,16 +676,22 @@ class UnitReader:
         """:meth:`_plan_batch` of single transitions (:attr:`lean`), none of whose
         episodes kept a final frame: observations and next observations are each one
         frame, gathered into two blocks, and the per-step values are the segment's."""
-        n = len(items["slot"])
-        buffer = FrameBuffer(self.pool, n, 1, 1, FRAME_SHAPE)
-        at = np.concatenate([items["frame"], items["frame"] + 1])  # observations, then next
+        buffer = FrameBuffer(self.pool, len(items["slot"]), 1, 1, FRAME_SHAPE)
+        frames = self._gather(items, buffer)
+        names = ("action", "reward", "terminated", "truncated", "episode")
+        steps = {name: items[f"step {name}"] for name in names}
+        # which frames exist goes with the steps to _finish, which zeroes the others
+        steps["index"], steps["exists"] = items["start"], items["exists"]
+        return _Gathering(None, buffer, frames, steps, None, items["store"], oldest)
+
+    def _gather(self, items: dict[str, np.ndarray], buffer: FrameBuffer) -> PendingGather:
+        """Start gathering every distinct frame of ``items`` (frame ``t`` of an item is
+        slab row ``frame + t``) into ``buffer``'s reused memory, on the gathering thread."""
+        at = items["frame"][:, None] + np.arange(buffer.width, dtype=np.int64)[None, :]
         if self.gatherer is None:
             self.gatherer = gatherer()
-        frames = self.gatherer.submit(self.slots.slab.reshape(-1, *FRAME_SHAPE), at, buffer.frames)
-        names = ("action", "reward", "terminated", "truncated", "episode", "done")
-        steps = {name: items[f"step {name}"] for name in names}
-        steps["index"], steps["next ok"] = items["start"], items["next ok"]
-        return _Gathering(None, buffer, frames, steps, None, items["store"], oldest)
+        flat = self.slots.slab.reshape(-1, *FRAME_SHAPE)
+        return self.gatherer.submit(flat, buffer.flat(at), buffer.frames)
 
     def _finish(self, gathering: _Gathering) -> TensorDict:
         """The batch of ``gathering`` once its frames are in."""
@@ -694,10 +700,18 @@ class UnitReader:
         stores = gathering.stores
         if gathering.plan is None:  # single transitions (_plan_transitions)
             steps, buffer = gathering.steps, gathering.buffer
-            missing = np.flatnonzero(~steps.pop("next ok"))
-            if len(missing):
-                buffer.frames[buffer.batch + missing] = 0
-            batch = transition_batch(*buffer.views(False), steps)
+            buffer.zero_missing(steps.pop("exists"))
+            obs, nxt = buffer.views(False)
+            batch = ted_batch(
+                obs,
+                nxt,
+                action=steps["action"],
+                reward=steps["reward"],
+                terminated=steps["terminated"],
+                truncated=steps["truncated"],
+                episode=steps["episode"],
+                index=steps["index"],
+            )
         else:
             batch = assemble_batch(
                 gathering.plan,
