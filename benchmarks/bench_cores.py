@@ -37,10 +37,13 @@ items (so a side that gains by using a second core shows it):
   more batches (``switches``): how often its threads wait for each other.
 * ``paired drop-in 50M`` (and ``paired drop-in``, at a 2% cache): both sides of the
   drop-in's ratio in one process over one dataset (the drop-in's own, so one cache),
-  in blocks of about a second that alternate, the drop-in's block ending once the
-  batches it drew ahead are in: the same warm-up, cache and moment of the machine on
-  both sides. A 50M store's first seconds learn shard indexes and fill the cache, and
-  this VM's speed moves by up to 40% between processes.
+  in blocks of a quarter of a second that take turns, the drop-in's block ending once
+  the batches it drew ahead are in: the same warm-up, cache and moment of the machine
+  on both sides. A 50M store's first seconds learn shard indexes and fill the cache,
+  and this VM's speed moves by up to 40% between processes. A third side takes its
+  turn too: TorchRL's own ``TensorDictReplayBuffer`` over the same storage, without
+  ``prefetch`` (``no prefetch``): what TorchRL's ``sample()`` costs around the read,
+  apart from the hand-over of batches drawn ahead.
 * ``thread hand-over``: two threads passing one turn back and forth through a
   ``threading.Event`` each, hand-overs per second: what each of those waits costs
   here (the prefetch thread's batch reaches the caller through such a wait).
@@ -213,15 +216,20 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
                 queued.result()
             return 0
 
+        from torchrl.data import TensorDictReplayBuffer
+
+        # TorchRL's own buffer over the same storage, drawing on the caller's thread
+        plain = TensorDictReplayBuffer(storage=rb.storage, batch_size=256)
         sides: dict[str, Any] = {
             "drop-in": (drop_in, drained),
             "sample": (lambda: len(ds.sample(256, generator=gen)), lambda: 0),
+            "no prefetch": (lambda: len(plain.sample()), lambda: 0),
         }
         spent = {name: [0, 0.0, 0.0] for name in sides}  # items, wall, cpu
-        block = max(0.25, seconds / 5)
+        block = 0.25  # short blocks: both sides see the same seconds of this VM
         for timed in (False, True):  # warm, then measured
-            for i in range(max(2, int((seconds if timed else warm) / block))):
-                name = ("drop-in", "sample")[i % 2]
+            for i in range(max(3, int(len(sides) * (seconds if timed else warm) / block))):
+                name = list(sides)[i % len(sides)]
                 step, finish = sides[name]
                 items, t0, c0 = 0, time.perf_counter(), time.process_time()
                 while time.perf_counter() - t0 < block:
@@ -237,6 +245,7 @@ def child(measure: str, data: dict[str, Any], seconds: float, warm: float, epoch
             "peer_rate": rates["sample"],
             "cpu_s_per_1m": spent["drop-in"][2] / spent["drop-in"][0] * 1e6,
             "peer_cpu_s_per_1m": spent["sample"][2] / spent["sample"][0] * 1e6,
+            "no_prefetch_rate": rates["no prefetch"],
         }
     elif measure == "thread hand-over":
         import threading
@@ -348,6 +357,11 @@ def main(argv: list[str] | None = None) -> None:
                 f"| {peer:,.0f} | {statistics.median(ratios):.2f}x | >= {want}x | "
                 f"{cpu[measure]:.1f} / "
                 f"{statistics.median(x['peer_cpu_s_per_1m'] for x in runs[measure]):.1f} |"
+            )
+            plain = [x["no_prefetch_rate"] / x["peer_rate"] for x in runs[measure]]
+            print(
+                f"| ... TorchRL's buffer without prefetch | (ratios "
+                f"{', '.join(f'{r:.2f}' for r in plain)}) | | {statistics.median(plain):.2f}x | | |"
             )
     if "thread hand-over" in med:
         print(f"a hand-over between two threads: {1e6 / med['thread hand-over']:.0f} us")

@@ -51,8 +51,11 @@ __all__ = [
     "item_fields",
     "step_entry",
     "step_fields",
+    "step_value",
+    "step_values",
     "steps_before_by_store",
     "ted_batch",
+    "ted_tensordict",
 ]
 
 
@@ -241,10 +244,11 @@ STEP_ENTRIES: dict[str | tuple[str, str], tuple[str, ...]] = {
 }
 
 
-def step_entry(
+def step_value(
     key: str | tuple[str, str], steps: Mapping[str, np.ndarray], shape: tuple[int, ...]
-) -> torch.Tensor:
-    """The entry ``key`` of :data:`STEP_ENTRIES` of a batch of ``shape``, from its step values.
+) -> np.ndarray:
+    """The values of entry ``key`` of :data:`STEP_ENTRIES` of a batch of ``shape``, from
+    its step values, as a NumPy array (:func:`step_entry` is its tensor).
 
     Ids are int64; rewards and flags get a trailing dimension of 1, as TorchRL's losses
     expect; ``done``, ``terminated`` and ``truncated`` at the top are False (a stored
@@ -253,24 +257,53 @@ def step_entry(
     Examples
     --------
     >>> steps = {"terminated": np.array([False, True]), "truncated": np.array([True, False])}
-    >>> step_entry(("next", "done"), steps, (2,)).flatten().tolist()
+    >>> step_value(("next", "done"), steps, (2,)).flatten().tolist()
     [True, True]
-    >>> step_entry("done", {}, (2,)).shape
-    torch.Size([2, 1])
+    >>> step_value("done", {}, (2,)).shape
+    (2, 1)
     """
     col = (*shape, 1)
     if not isinstance(key, tuple):
         if key in ("done", "terminated", "truncated"):
-            return torch.zeros(col, dtype=torch.bool)
-        return torch.from_numpy(np.asarray(steps[key], dtype=np.int64).reshape(shape))
+            return np.zeros(col, dtype=bool)
+        return np.asarray(steps[key], dtype=np.int64).reshape(shape)
     name = key[1]
     if name == "reward":
-        return torch.from_numpy(np.array(steps[name], dtype=np.float32, copy=True).reshape(col))
+        return np.array(steps[name], dtype=np.float32, copy=True).reshape(col)
     if name == "done":
-        return step_entry(("next", "terminated"), steps, shape) | step_entry(
+        return step_value(("next", "terminated"), steps, shape) | step_value(
             ("next", "truncated"), steps, shape
         )
-    return torch.from_numpy(np.ascontiguousarray(steps[name], dtype=bool).reshape(col))
+    return np.ascontiguousarray(steps[name], dtype=bool).reshape(col)
+
+
+def step_entry(
+    key: str | tuple[str, str], steps: Mapping[str, np.ndarray], shape: tuple[int, ...]
+) -> torch.Tensor:
+    """The entry ``key`` of :data:`STEP_ENTRIES` of a batch of ``shape``: the tensor of
+    :func:`step_value`.
+
+    Examples
+    --------
+    >>> step_entry("done", {}, (2,)).shape
+    torch.Size([2, 1])
+    """
+    return torch.from_numpy(step_value(key, steps, shape))
+
+
+def step_values(steps: Mapping[str, np.ndarray], shape: tuple[int, ...]) -> dict[Any, np.ndarray]:
+    """Every entry of :data:`STEP_ENTRIES` (:func:`step_value`), by key: what
+    :func:`ted_tensordict` takes. Computed once for many items, the values of a batch
+    of them are slices along the first axis.
+
+    Examples
+    --------
+    >>> values = step_values({"action": [1, 2], "reward": [0.0, 1.0], "terminated": [0, 1],
+    ...                       "truncated": [0, 0], "episode": [0, 0], "index": [5, 6]}, (2,))
+    >>> values["next", "done"][1:].tolist(), values["index"][1:].tolist()
+    ([[True]], [6])
+    """
+    return {key: step_value(key, steps, shape) for key in STEP_ENTRIES}
 
 
 def ted_batch(
@@ -303,7 +336,6 @@ def ted_batch(
     ([False, True], torch.Size([2, 1]))
     """
     shape = tuple(np.shape(action))
-    size = torch.Size(shape)
     steps = {
         "action": action,
         "reward": reward,
@@ -312,13 +344,35 @@ def ted_batch(
         "episode": episode,
         "index": index,
     }
+    return ted_tensordict(observation, next_observation, step_values(steps, shape), extra)
+
+
+def ted_tensordict(
+    observation: torch.Tensor,
+    next_observation: torch.Tensor,
+    values: Mapping[Any, np.ndarray],
+    extra: dict[str, Any] | None = None,
+) -> TensorDict:
+    """The TED TensorDict of a batch from its frames and its :func:`step_values` (or
+    slices of them, all of one batch size): the layout :func:`ted_batch` builds.
+
+    Examples
+    --------
+    >>> z = torch.zeros(2, 84, 84, dtype=torch.uint8)
+    >>> values = step_values({"action": [1, 2], "reward": [0.0, 1.0], "terminated": [0, 1],
+    ...                       "truncated": [0, 0], "episode": [0, 0], "index": [5, 6]}, (2,))
+    >>> td = ted_tensordict(z, z, values)
+    >>> td["next", "done"].flatten().tolist(), td.batch_size
+    ([False, True], torch.Size([2]))
+    """
+    size = torch.Size(values["action"].shape)
     entries: dict[str, Any] = {"observation": observation}
     nxt: dict[str, Any] = {"observation": next_observation}
     for key in STEP_ENTRIES:
         if isinstance(key, tuple):
-            nxt[key[1]] = step_entry(key, steps, shape)
+            nxt[key[1]] = torch.from_numpy(values[key])
         else:
-            entries[key] = step_entry(key, steps, shape)
+            entries[key] = torch.from_numpy(values[key])
     entries["next"] = _tensordict(nxt, size)
     for key, value in (extra or {}).items():
         entries[key] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -135,7 +136,7 @@ def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     Valid until the thread's next call: the caller copies out of it before
     returning.
     """
-    nbytes = int(np.prod(shape)) * dtype.itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > _SCRATCH_KEPT:
         return np.empty(shape, dtype=dtype)
     buf = getattr(_scratch_local, "buf", None)

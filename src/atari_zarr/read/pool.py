@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import mmap
 import sys
 import threading
@@ -160,7 +161,8 @@ class BufferPool:
     def take(self, shape: tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
         """An array of ``shape`` and ``dtype`` (contents undefined) that nothing else uses."""
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        # math.prod: numpy's reduction of a tuple costs ~10 us, a batch's Python time
+        nbytes = math.prod(shape) * dtype.itemsize
         with self._lock:
             block = self._free_block(nbytes)
             if block is None:

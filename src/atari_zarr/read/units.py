@@ -30,12 +30,14 @@ from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
 from atari_zarr.layout import FRAME_SHAPE
 from atari_zarr.read.batch import (
+    STEP_ENTRIES,
     FrameBuffer,
     FramePlan,
     assemble_batch,
     step_fields,
+    step_values,
     steps_before_by_store,
-    ted_batch,
+    ted_tensordict,
 )
 from atari_zarr.read.epoch import EpochPlan, unit_bounds
 from atari_zarr.read.items import Items, item_rows
@@ -308,6 +310,10 @@ class StreamMemory:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__()  # type: ignore[misc]
+
+
+#: The item field holding each TED entry of single transitions (:func:`step_values`).
+_TED = {key: "ted " + (key if isinstance(key, str) else "/".join(key)) for key in STEP_ENTRIES}
 
 
 class _Segment:
@@ -599,6 +605,10 @@ class UnitReader:
             )
             for name in step_fields(False):
                 items[f"step {name}"] = items[f"step {name}"].reshape(-1)
+            # every TED entry of every item, once: a batch takes slices (_finish)
+            steps = {name: items[f"step {name}"] for name in step_fields(False)}
+            values = step_values({**steps, "index": starts}, (len(starts),))
+            items.update({_TED[key]: value for key, value in values.items()})
         return items
 
     def batches(self, n: int) -> Iterator[TensorDict]:
@@ -678,10 +688,10 @@ class UnitReader:
         frame, gathered into two blocks, and the per-step values are the segment's."""
         buffer = FrameBuffer(self.pool, len(items["slot"]), 1, 1, FRAME_SHAPE)
         frames = self._gather(items, buffer)
-        names = ("action", "reward", "terminated", "truncated", "episode")
-        steps = {name: items[f"step {name}"] for name in names}
-        # which frames exist goes with the steps to _finish, which zeroes the others
-        steps["index"], steps["exists"] = items["start"], items["exists"]
+        # the batch's slices of its segment's TED entries (step_values), and which frames
+        # exist, to _finish, which zeroes the others
+        steps = {name: items[name] for name in _TED.values()}
+        steps["exists"] = items["exists"]
         return _Gathering(None, buffer, frames, steps, None, items["store"], oldest)
 
     def _gather(self, items: dict[str, np.ndarray], buffer: FrameBuffer) -> PendingGather:
@@ -702,16 +712,7 @@ class UnitReader:
             steps, buffer = gathering.steps, gathering.buffer
             buffer.zero_missing(steps.pop("exists"))
             obs, nxt = buffer.views(False)
-            batch = ted_batch(
-                obs,
-                nxt,
-                action=steps["action"],
-                reward=steps["reward"],
-                terminated=steps["terminated"],
-                truncated=steps["truncated"],
-                episode=steps["episode"],
-                index=steps["index"],
-            )
+            batch = ted_tensordict(obs, nxt, {key: steps[name] for key, name in _TED.items()})
         else:
             batch = assemble_batch(
                 gathering.plan,
