@@ -64,6 +64,11 @@ def _frame_reads(dataset, monkeypatch) -> list[int]:
     ids=["prioritized", "prioritized-slice-traj", "prioritized-slice-end"],
 )
 def test_priorities_steer_the_drop_ins_samples(root, monkeypatch, make):
+    # TorchRL's samplers draw from torch's global generator, their sum tree in float32:
+    # a start of weight 1e-6 ** 0.7 among starts of 10 ** 0.7 is drawn now and then, and
+    # a slice sampler then draws 8 rows of it (1/8 of a batch). Seeded, the draw is the
+    # same every run; the share is taken over all five batches.
+    torch.manual_seed(0)
     dataset = AtariZarrExperienceReplay("Pong/1", root=root, batch_size=64, sampler=make(2000))
     reads = _frame_reads(dataset, monkeypatch)
     episode = dataset.episodes
@@ -72,17 +77,20 @@ def test_priorities_steer_the_drop_ins_samples(root, monkeypatch, make):
     # all the weight on the rows of two episodes
     chosen = torch.isin(episode, torch.tensor([3, 7]))
     dataset.update_priority(torch.arange(2000), chosen.float() * 10 + 1e-6)
+    drawn = []
     for _ in range(5):
         sample = dataset.sample()
         assert len(reads) == 1 and reads.pop() <= len(sample) * 2
         rows = sample["index"].view(-1)
-        assert chosen[rows].float().mean() > 0.95
+        drawn.append(rows)
+        assert chosen[rows].float().mean() > 0.8  # one stray slice of 8 rows at most
         assert torch.equal(sample["episode"], episode[rows])
         if isinstance(dataset.sampler, PrioritizedSliceSampler):
             ends = torch.nonzero(sample[TRUNCATED].view(-1)).view(-1) + 1
             for piece in torch.tensor_split(torch.arange(len(rows)), ends[:-1].tolist()):
                 assert torch.equal(rows[piece], rows[piece[0]] + torch.arange(len(piece)))
                 assert (episode[rows[piece]] == episode[rows[piece[0]]]).all()
+    assert chosen[torch.cat(drawn)].float().mean() > 0.95
 
 
 def test_priorities_dump_and_load_with_the_drop_in(root, tmp_path):
