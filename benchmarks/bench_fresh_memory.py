@@ -49,12 +49,12 @@ GIB = 1 << 30
 
 def touch(nbytes: int) -> float:
     """Seconds to map ``nbytes`` and make it resident on one thread (then unmapped)."""
-    from atari_zarr.read.pool import _libc
+    from atari_zarr.read.pool import _MADV_POPULATE_WRITE, _libc
 
     memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     base = np.frombuffer(memory, dtype=np.uint8).ctypes.data
     t = time.perf_counter()
-    if _libc().madvise(base, nbytes, 23):  # MADV_POPULATE_WRITE
+    if _libc().madvise(base, nbytes, _MADV_POPULATE_WRITE):
         raise OSError("madvise(MADV_POPULATE_WRITE) refused: Linux 5.14 or later")
     seconds = time.perf_counter() - t
     memory.close()
