@@ -89,6 +89,27 @@ def test_any_flipped_byte_is_caught(copy, where):
     assert res.returncode == 1 and "problem(s) found" in res.stderr
 
 
+def test_an_index_entry_running_past_its_object_is_reported(copy):
+    """A crafted entry (valid index crc32c) with a chunk's offset and a length past the
+    end of the shard: the bytes there (the last chunk's, whose own crc32c holds) stop
+    short of it, which is damage, never another chunk's frames taken for its own."""
+    import numpy as np
+
+    from atari_zarr.shard_format import crc_bytes
+
+    _, path = copy
+    target = path / OBSERVATION / "c" / "1" / "0" / "0"
+    raw = target.read_bytes()
+    entries = np.frombuffer(raw, "<u8", count=2 * 256).reshape(-1, 2).copy()
+    last = int(np.argmax(entries[:, 0]))  # the chunk stored last, ending the object
+    entries[3] = [entries[last, 0], entries[last, 1] + 10]
+    index = entries.tobytes()
+    target.write_bytes(index + crc_bytes(index) + raw[len(index) + 4 :])
+    text = verify_store(str(path)).format()
+    assert f"{OBSERVATION}: " in text and "is cut short" in text, text
+    assert "The store is damaged; convert it again with --overwrite." in text
+
+
 def test_an_unfinished_store_is_never_called_damaged(copy):
     _, path = copy
     doc = json.loads((path / "zarr.json").read_text())

@@ -310,6 +310,7 @@ def _inspect(engine: ChunkEngine, lo: int, hi: int) -> tuple[np.ndarray | None, 
     cr, cps = g.chunk_rows, g.chunks_per_shard
     cids = list(range(lo // cr, (hi - 1) // cr + 1))
     problems: list[tuple[int | None, str]] = []
+    sizes: list[int | None] = [None] * len(cids)  # each chunk's length in its shard's index
     if g.sharded:
         shards = sorted({c // cps for c in cids})
         raws = engine.get([engine.index_range(s) for s in shards], merge=False)
@@ -324,6 +325,7 @@ def _inspect(engine: ChunkEngine, lo: int, hi: int) -> tuple[np.ndarray | None, 
         if problems:
             return None, problems
         located = [engine.chunk_in(c, indexes[c // cps]) for c in cids]
+        sizes = [n for _, _, n in located]
         wanted = [
             (i, ByteRange(k, o, o + n))
             for i, (k, o, n) in enumerate(located)
@@ -335,10 +337,12 @@ def _inspect(engine: ChunkEngine, lo: int, hi: int) -> tuple[np.ndarray | None, 
     else:
         data = engine.get([ByteRange.whole(g.object_key(c)) for c in cids], merge=False)
     out = np.empty((len(cids) * cr, *g.row_shape), dtype=g.dtype)
-    for i, (c, d) in enumerate(zip(cids, data, strict=True)):
+    for i, (c, d, size) in enumerate(zip(cids, data, sizes, strict=True)):
         dest = out[i * cr : (i + 1) * cr]
         if d is None:
             dest[...] = g.fill_value
+        elif size is not None and len(d) != size:  # an entry past the end of its object
+            problems.append((c, "is cut short"))
         elif what := decode_chunk(d, dest, checksum=g.checksum, chunk_nbytes=g.chunk_nbytes):
             problems.append((c, what))
     return out[lo - cids[0] * cr : hi - cids[0] * cr], problems

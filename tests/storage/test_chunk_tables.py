@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import zarr
 
+from atari_zarr.errors import StoreCorruptError
 from atari_zarr.read.chunks import ChunkReader, read_rows_of
 from atari_zarr.read.options import ReadOptions
+from atari_zarr.shard_format import crc_bytes
 from atari_zarr.storage.chunk_tables import ChunkTables
 from atari_zarr.storage.engine import ChunkEngine
 from atari_zarr.storage.fetch import LocalBytes
@@ -121,3 +124,182 @@ def test_a_mixture_batch_locates_every_store_with_one_call(tmp_path, monkeypatch
     # each store's chunks counted as its own (one batch, the cache empty before it)
     for k, r in enumerate(readers):
         assert r.stats["decoded"] == len(np.unique(rows[which == k] // 8)), k
+
+
+def _craft_index(path, entries: np.ndarray) -> None:
+    """Write ``entries`` as the shard index at the start of ``path``, with a valid crc32c
+    (in place: the object keeps its size, so no map of it is cut short)."""
+    raw = np.ascontiguousarray(entries, dtype="<u8").tobytes()
+    with open(path, "r+b") as f:
+        f.write(raw + crc_bytes(raw))
+
+
+def test_an_entry_that_wraps_around_past_2_64_is_not_located(tmp_path):
+    """``(2**64 - 50, 60)`` with a valid index crc32c: ``off + size`` wraps around to 10 in
+    uint64, which fits any shard; it must get no address (the compiled loop would read
+    before the map), and the careful way names the object."""
+    [a] = _stores(tmp_path, 1)
+    path = tmp_path / "0.zarr" / "c" / "1" / "0" / "0"
+    engine = ChunkEngine(a, where="0")
+    entries = engine.indexes([1])[1].copy()
+    for off in (50, 1 << 40):
+        entries[3] = [2**64 - off, off + 10]
+        _craft_index(path, entries)
+        engine = ChunkEngine(a, where="0")
+        located = engine.locate(np.arange(8, 16))  # array steps (more than a few chunks)
+        assert located.src[3] == 0 and located.srclen[3] == 0
+        assert (located.src[[0, 1, 2, 4, 5, 6, 7]] != 0).all()
+        with pytest.raises(StoreCorruptError, match=r"chunk 11 .*'c/1/0/0'.* is cut short"):
+            ChunkReader(a, where="0", cache_bytes=0).read(np.arange(64, 128, 3))
+
+
+# A shard index filled with crafted entries (each with a valid crc32c), read by every
+# path of the engine, in a process of its own: a crash is a return code here, not a dead
+# test worker. One result line per read, flushed, so the last one shows where it died.
+_FUZZ_READS = r"""
+import hashlib, json, os, sys
+import numpy as np, zarr
+from atari_zarr.errors import StoreCorruptError
+from atari_zarr.read.chunks import ChunkReader
+from atari_zarr.shard_format import crc_bytes
+import atari_zarr.read.chunks as chunks
+
+root, cases, mode = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
+if mode == "pure":  # no compiled loop: chunks decode one call each
+    chunks.chunk_loop = lambda: None
+path = os.path.join(root, "c", "1", "0", "0")
+
+
+def unit(lo, hi, halo):
+    def read(r):
+        out = np.empty((hi - lo, 6, 5), np.uint8)
+        return np.concatenate([out, r.read_unit(lo, hi, out, np.array(halo))])
+    return read
+
+
+reads = {
+    "scattered": lambda r: r.read(np.r_[np.arange(0, 256, 3)[::-1], [70, 66]]),
+    "few": lambda r: r.read(np.array([90, 75])),
+    "range": lambda r: r.read(np.arange(64, 128)),
+    "unit": unit(64, 128, [63, 128]),
+    "part": unit(72, 120, [71, 121]),
+}
+for i, entries in enumerate(cases):
+    raw = np.array([int(x) for x in entries], dtype="<u8").tobytes()
+    with open(path, "r+b") as f:
+        f.write(raw + crc_bytes(raw))
+    array = zarr.open_array(zarr.storage.LocalStore(root, read_only=True), mode="r")
+    for name, read in reads.items():
+        reader = ChunkReader(array, where=root, cache_bytes=0, threads=2)
+        try:
+            got = read(reader)
+            out = {"data": hashlib.sha256(np.ascontiguousarray(got).tobytes()).hexdigest()}
+        except StoreCorruptError as exc:
+            out = {"error": str(exc)}
+        except Exception as exc:
+            out = {"other": f"{type(exc).__name__}: {exc}"}
+        finally:
+            reader.close()
+        print(json.dumps({"case": i, "read": name, **out}), flush=True)
+"""
+
+_READ_ROWS = {  # the rows each read of _FUZZ_READS gives, in order
+    "scattered": np.r_[np.arange(0, 256, 3)[::-1], [70, 66]],
+    "few": np.array([90, 75]),
+    "range": np.arange(64, 128),
+    "unit": np.r_[np.arange(64, 128), [63, 128]],
+    "part": np.r_[np.arange(72, 120), [71, 121]],
+}
+
+
+def _crafted_entry(rng: np.random.Generator, good: np.ndarray, shard_bytes: int) -> list[int]:
+    """One index entry a hostile writer might craft, of many kinds."""
+    top = 2**64
+    near = int(2 ** rng.uniform(0, 48))  # how far below 2**64
+    off, size = (int(x) for x in good[rng.integers(len(good))])
+    kind = rng.integers(10)
+    return [
+        [top - near, near + int(rng.integers(1, 200))],  # wraps around to a small end
+        [top - near, int(rng.integers(0, top, dtype=np.uint64))],
+        [top - 1, top - 1],  # Zarr's marker of an absent chunk
+        [top - 1, size],  # half the marker
+        [off, top - 1],
+        [off, shard_bytes - off + int(rng.integers(1, 100))],  # past the end of the shard
+        [off, 0],
+        [shard_bytes, 0],
+        [int(rng.integers(0, shard_bytes)), int(rng.integers(0, shard_bytes))],
+        [int(rng.integers(0, top, dtype=np.uint64)), int(rng.integers(0, top, dtype=np.uint64))],
+    ][kind]
+
+
+@pytest.mark.slow
+def test_a_crafted_shard_index_never_crashes_and_reads_right_or_names_the_object(tmp_path):
+    """Seeded fuzzing of a real shard's index (a valid crc32c each time): offsets and
+    lengths near 2**64, absent markers whole and half, entries past the shard, lengths 0,
+    random ones. Read by every path (scattered rows, a few, a range, a stream's unit,
+    part of one), with the compiled loop and without, each in a process of its own: the
+    process never crashes, and each read gives the right rows (an absent chunk: the fill
+    value) or one line, a ``StoreCorruptError`` naming the shard's object."""
+    import hashlib
+    import json
+    import subprocess
+    import sys
+
+    [a] = _stores(tmp_path, 1)
+    data = a[:]
+    path = tmp_path / "0.zarr" / "c" / "1" / "0" / "0"
+    shard_bytes = path.stat().st_size
+    good = ChunkEngine(a, where="0").indexes([1])[1].copy()
+    rng = np.random.default_rng(73)
+    cases, expected = [], []
+    for _ in range(120):
+        entries = good.astype(object).tolist()
+        for k in rng.choice(8, size=int(rng.integers(1, 4)), replace=False).tolist():
+            entries[k] = _crafted_entry(rng, good, shard_bytes)
+        cases.append([str(x) for pair in entries for x in pair])
+        absent = [k for k in range(8) if entries[k] == [2**64 - 1] * 2]
+        crafted = [k for k in range(8) if entries[k] != good[k].tolist() and k not in absent]
+        want = data.copy()
+        for k in absent:
+            want[64 + 8 * k : 72 + 8 * k] = 0  # a chunk never written: the fill value
+        row = {}
+        for name, rows in _READ_ROWS.items():
+            chunks_read = {int(r) // 8 - 8 for r in rows if 64 <= r < 128}
+            if chunks_read & set(crafted):
+                row[name] = None  # damage: named
+            else:
+                row[name] = hashlib.sha256(np.ascontiguousarray(want[rows]).tobytes()).hexdigest()
+        expected.append(row)
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    outcomes = {}
+    for mode in ("compiled", "pure"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                _FUZZ_READS,
+                str(tmp_path / "0.zarr"),
+                str(tmp_path / "cases.json"),
+                mode,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,  # a hang guard only
+            check=False,
+        )
+        lines = [json.loads(line) for line in proc.stdout.splitlines()]
+        last = lines[-1] if lines else None
+        assert proc.returncode == 0, (mode, proc.returncode, last, proc.stderr[-2000:])
+        assert len(lines) == len(cases) * len(_READ_ROWS)
+        for got in lines:
+            want = expected[got["case"]][got["read"]]
+            entries = cases[got["case"]]
+            assert "other" not in got, (mode, entries, got)
+            if want is None:
+                message = got.get("error", "")
+                assert "'c/1/0/0'" in message and "\n" not in message, (mode, entries, got)
+            else:
+                assert got.get("data") == want, (mode, entries, got)
+            outcomes[mode, got["case"], got["read"]] = "data" if "data" in got else "error"
+    # both paths agree on every read
+    assert all(v == outcomes["pure", c, r] for (m, c, r), v in outcomes.items() if m == "compiled")

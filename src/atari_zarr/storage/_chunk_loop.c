@@ -46,6 +46,11 @@ static int8_t decode_one(decompress_fn decompress, void *ctx, crc_fn crc, const 
     if (s == NULL) {
         return TOO_SHORT; /* not located: the caller reads it another way */
     }
+    /* the caller checked the bytes lie in their map; a length that could not (negative,
+     * or running past the end of the address space) is refused here all the same */
+    if (len < 0 || (uintptr_t)len > UINTPTR_MAX - (uintptr_t)s) {
+        return TOO_SHORT;
+    }
     if (crc != NULL) {
         if (len < 20) {
             return TOO_SHORT;
@@ -103,7 +108,8 @@ EXPORT int64_t atari_zarr_decode_rows(decompress_fn decompress, void *ctx, crc_f
         int8_t st = decode_one(decompress, ctx, crc, (const uint8_t *)(uintptr_t)src[i],
                                srclen[i], scratch, destsize);
         for (int64_t p = first[i]; st == OK && p < first[i] + count[i]; p++) {
-            if (within[p] < 0 || (within[p] + 1) * row_bytes > (int64_t)destsize) {
+            /* a division, not (within + 1) * row_bytes, which a large row could overflow */
+            if (row_bytes <= 0 || within[p] < 0 || within[p] >= (int64_t)destsize / row_bytes) {
                 st = WRONG_SIZE; /* rows the chunk does not have: read another way */
             }
         }

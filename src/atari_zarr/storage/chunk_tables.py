@@ -193,8 +193,9 @@ class ChunkTables:
         learned) lie in memory, their shards mapped as need be.
 
         A chunk whose entry is absent, whose shard is absent, or whose entry does not
-        fit inside its shard's object gets address 0: the caller reads it the careful
-        way, which names what is wrong.
+        fit inside its shard's object (checked without overflow: any offset and length
+        a crafted index may hold) gets address 0: the caller reads it the careful way,
+        which names what is wrong.
         """
         arrays = self._arrays
         n = len(shard_rows)
@@ -212,8 +213,10 @@ class ChunkTables:
         off, size = entry[:, 0], entry[:, 1]
         # an entry learned in other arrays (grown meanwhile) reads as not learned here
         unlearned = ~arrays.known[shard_rows]
-        # MISSING entries wrap around in off + size: they are excluded by themselves
-        bad = (off == MISSING) | (off + size > ends) | (base == 0) | unlearned
+        # never ``off + size``: a crafted entry (2**64 - 50, 60) wraps around to 10 in
+        # uint64 and would pass, sending the compiled loop before its map
+        bad = (off == MISSING) | (off > ends) | (size > ends - np.minimum(off, ends))
+        bad |= (base == 0) | unlearned
         src = base + off
         src[bad] = 0
         srclen = size.astype(np.int64)

@@ -517,14 +517,18 @@ class ChunkEngine:
         return out
 
     def chunk_in(self, c: int, index: np.ndarray | None) -> tuple[str, int | None, int | None]:
-        """``(key, offset, length)`` of chunk ``c`` given its shard's index (None: absent)."""
+        """``(key, offset, length)`` of chunk ``c`` given its shard's index (None: absent,
+        its entry Zarr's marker of an absent chunk, both ``2**64 - 1``)."""
         g = self.grid
         assert g is not None
         cps = g.chunks_per_shard
         key = g.object_key(c // cps)
-        if index is None or index[c % cps, 0] == MISSING:
+        off, size = index[c % cps].tolist() if index is not None else (MISSING, MISSING)
+        if off == MISSING and size == MISSING:
             return key, None, None
-        return key, int(index[c % cps, 0]), int(index[c % cps, 1])
+        # any other entry is fetched as it says (half an absent marker too): what does not
+        # fit its object comes back cut short, and is named
+        return key, int(off), int(size)
 
     # -- fetching -----------------------------------------------------------------------
     def fetch(self, cids: Sequence[int]) -> list[EncodedChunk]:
@@ -611,7 +615,10 @@ class ChunkEngine:
             present = rows[rows[:, 0] != MISSING]
             if not len(present):
                 return None
-            a, b = int(present[:, 0].min()), int((present[:, 0] + present[:, 1]).max())
+            # the ends saturate at 2**64 - 1: a crafted entry must not wrap around in
+            # uint64 to a short range (it is then fetched cut short, and named)
+            ends = present[:, 0] + np.minimum(present[:, 1], MISSING - present[:, 0])
+            a, b = int(present[:, 0].min()), int(ends.max())
             return ByteRange(key, a, b)
 
         # round 1: the whole shard, unknown indexes, and what known indexes locate
@@ -730,11 +737,12 @@ class ChunkEngine:
                 slow_cids.append(int(c))
                 slow_dests.append(dest)
                 continue
-            off = int(index[at, 0])
-            data = mm[off : off + int(index[at, 1])]
+            off, size = int(index[at, 0]), int(index[at, 1])
+            data = mm[off : off + size]
             body = data[:-4]
             if (
-                len(data) < 20
+                len(data) != size  # past the end of the object: a slice stops short there
+                or len(data) < 20
                 or crc(body) != int.from_bytes(data[-4:], "little")
                 or int.from_bytes(body[4:8], "little") != want
                 or int.from_bytes(body[12:16], "little") != len(body)
@@ -789,7 +797,7 @@ class ChunkEngine:
         maps, addrs = self.bytes.mapped_at([g.object_key(s) for s in shards])
         src, srclen = [], []
         for c, s, mm, addr in zip(cids, shards, maps, addrs, strict=True):
-            off, size = table[c].tolist()
+            off, size = table[c].tolist()  # Python ints: off + size never wraps around
             if addr == 0 or not known[s] or off == MISSING or off + size > len(mm):
                 src.append(0)
                 srclen.append(0)
