@@ -911,7 +911,9 @@ def test_a_state_loads_only_into_its_stores_in_their_order_with_its_weights(
     assert names == ["Pong/1", "Breakout/1"] and len(state["weights"]) == 2
     assert all(i["content"] and i["rows"] == len(mix) // 2 for i in state["members"])
     swapped = MultiGameDataset([breakout, pong], weights=[0.3, 0.7])
-    with pytest.raises(InvalidArgumentError, match=r"store 0's name 'Pong/1', here 'Breakout/1'") as err:
+    with pytest.raises(
+        InvalidArgumentError, match=r"store 0's name 'Pong/1', here 'Breakout/1'"
+    ) as err:
         swapped.stream(50, seed=2, unit_rows=256).load_state_dict(state)
     assert "\n" not in str(err.value) and "same order" in str(err.value)
     reweighted = MultiGameDataset([pong, breakout], weights=[0.5, 0.5])
@@ -1023,3 +1025,142 @@ print("blosc2" in sys.modules)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------- #
+# a user's fork in the middle of a stream
+# --------------------------------------------------------------------------- #
+
+
+def _flat(batch: TensorDict) -> dict[str, np.ndarray]:
+    """Every entry of a batch as an array, by its key."""
+    return {
+        "/".join(k) if isinstance(k, tuple) else k: batch[k].numpy().copy()
+        for k in batch.keys(include_nested=True, leaves_only=True)
+    }
+
+
+def _in_child(work: Any, out: str) -> int:
+    """Fork: the child runs ``work()`` and writes what it returns (JSON) into ``out``; the
+    parent's answer is the child's pid."""
+    import json
+    import os
+
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            with open(out, "w") as f:
+                json.dump(work(), f)
+            code = 0
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _child_done(pid: int, timeout: float = 300) -> int:
+    """The child's exit code; a child that hangs (a guard, never a time limit) is killed."""
+    import os
+    import signal
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return -999  # hung
+
+
+def _wrong_items(batch: TensorDict, want: dict[str, np.ndarray]) -> dict[str, int]:
+    """Per entry of ``batch``: its items that differ from ``want``'s, byte for byte."""
+    got = _flat(batch)
+    assert got.keys() == want.keys()
+    return {
+        key: int((got[key] != value).reshape(len(value), -1).any(axis=1).sum())
+        if got[key].shape == value.shape
+        else -1
+        for key, value in want.items()
+    }
+
+
+@pytest.mark.slow
+def test_a_child_forked_in_the_middle_of_a_stream_reads_its_next_batch_exactly(
+    small_store: str, tmp_path
+) -> None:
+    """A user's ``os.fork()`` between two batches: the next batch's frames were queued
+    on the parent's gathering thread, which the child does not have. The child's next
+    batch is the one the same epoch gives without a fork, byte for byte, and so are the
+    parent's (six forks, each while a batch of 2,048 stacks of 4 frames is gathered)."""
+    import json
+
+    ds = AtariZarrDataset(small_store, frame_stack=4)
+    reference = [_flat(b) for b in ds.stream(2048, seed=3)]
+    assert len(reference) == 3
+    for trial in range(3):
+        it = iter(ds.stream(2048, seed=3))
+        for n in range(2):
+            mine = next(it)
+            out = str(tmp_path / f"{trial}-{n}.json")
+            pid = _in_child(lambda it=it, n=n: _wrong_items(next(it), reference[n + 1]), out)
+            assert _child_done(pid) == 0
+            with open(out) as f:
+                wrong = json.load(f)
+            assert not any(wrong.values()), (trial, n, wrong)
+            assert not any(_wrong_items(mine, reference[n]).values())
+        assert not any(_wrong_items(next(it), reference[2]).values())
+
+
+@pytest.mark.slow
+def test_a_child_forked_while_units_load_loads_them_again(
+    small_store: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork while the parent's threads load units (one of them holding the decoding
+    semaphore): in the child those threads do not exist, so the units they were loading
+    would be waited for for ever. The child loads them again and reads the rest of the
+    epoch as it is without a fork; the parent too, once its loads go on."""
+    import json
+    import os
+    import threading
+
+    from atari_zarr.read.units import UnitReader
+
+    ds = AtariZarrDataset(small_store, frame_stack=4)
+    options = {"seed": 5, "unit_rows": 512, "shuffle_buffer": 512}
+    reference = [_flat(b) for b in ds.stream(256, **options)]
+    parent, go, holding, release = (
+        os.getpid(),
+        threading.Event(),
+        threading.Event(),
+        threading.Event(),
+    )
+    real = UnitReader._load
+
+    def load(self: UnitReader, j: int, slot: int) -> None:
+        if os.getpid() == parent and j >= 2:  # the parent's loads after the first batch wait
+            go.wait()
+            with self.decoders:  # one of them holds the decoding semaphore meanwhile
+                holding.set()
+                release.wait()
+        real(self, j, slot)
+
+    monkeypatch.setattr(UnitReader, "_load", load)
+    it = iter(ds.stream(256, **options))
+    assert not any(_wrong_items(next(it), reference[0]).values())
+    go.set()
+    assert holding.wait(timeout=300)  # a hang guard
+    out = str(tmp_path / "rest.json")
+    pid = _in_child(
+        lambda: [_wrong_items(b, want) for b, want in zip(it, reference[1:], strict=True)], out
+    )
+    code = _child_done(pid)
+    release.set()
+    assert code == 0
+    with open(out) as f:
+        wrong = json.load(f)
+    assert len(wrong) == len(reference) - 1 and not any(any(w.values()) for w in wrong)
+    rest = [_wrong_items(b, want) for b, want in zip(it, reference[1:], strict=True)]
+    assert not any(any(w.values()) for w in rest)

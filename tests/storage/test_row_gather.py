@@ -1,5 +1,6 @@
 """The gathering thread: the rows ``np.take`` gives, off the caller's thread; one named
-thread, stopped when closed; left alone in a forked child."""
+thread, stopped when closed; left alone in a forked child, which gathers again what the
+parent had queued."""
 
 from __future__ import annotations
 
@@ -84,8 +85,9 @@ def test_one_named_thread_per_gatherer_stopped_when_it_closes() -> None:
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @needs_tasks
 def test_a_forked_child_leaves_the_parents_thread_alone_and_gathers_on_its_own() -> None:
-    """The child has none of the parent's threads: its copy of the gatherer gathers with
-    numpy and is forgotten, not waited for, when closed; a new one starts a thread."""
+    """The child has none of the parent's threads: its copy of the gatherer forgets the
+    parent's (never waited for) and starts its own at its next gather, stopped when
+    closed; a new one starts a thread too."""
     src, index = _frames(800), np.arange(799, -1, -3)
     want = np.take(src, index, axis=0)
     rows = gatherer()
@@ -98,7 +100,8 @@ def test_a_forked_child_leaves_the_parents_thread_alone_and_gathers_on_its_own()
             alone = _rows_threads() == 0 and not rows.threaded
             mine = np.zeros_like(want)
             rows.submit(src, index, mine).wait()
-            rows.close()  # would wait forever for a thread that is not there
+            alone = alone and rows.threaded and _rows_threads() == 1  # the child's own
+            rows.close()  # the child's thread; the parent's would be waited for for ever
             with gatherer() as own:
                 started = own.threaded and _rows_threads() == 1
                 again = np.zeros_like(want)
@@ -118,6 +121,41 @@ def test_a_forked_child_leaves_the_parents_thread_alone_and_gathers_on_its_own()
     rows.submit(src, index, again).wait()  # the parent's thread still works
     rows.close()
     np.testing.assert_array_equal(again, want)
+
+
+def test_a_gather_queued_before_a_fork_is_gathered_whole_in_the_child() -> None:
+    """A gather queued on the parent's thread behind six large ones, the process forked
+    at once: the thread had copied none of its rows, or some, and it does not exist in
+    the child. The child's wait gathers them again: its rows are ``np.take``'s."""
+    src = np.random.default_rng(1).integers(0, 256, (2048, 84, 84), dtype=np.uint8)
+    index = np.random.default_rng(2).integers(0, len(src), 1000)
+    want = np.take(src, index, axis=0)
+    ahead = np.empty((6000, 84, 84), dtype=np.uint8)  # 42 MB a gather, the thread busy
+    rows = gatherer()
+    for trial in range(3):
+        busy = [rows.submit(src, np.arange(6000) % len(src), ahead) for _ in range(6)]
+        out = np.zeros_like(want)
+        pending = rows.submit(src, index, out)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            code = 1
+            try:
+                pending.wait()
+                code = 0 if np.array_equal(out, want) else 2
+            finally:
+                os._exit(code)
+        pending.wait()
+        del busy
+        deadline = time.monotonic() + 120  # a hang guard
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child did not finish within 120 s")
+        assert os.waitstatus_to_exitcode(done[1]) == 0, trial
+        np.testing.assert_array_equal(out, want)
+    rows.close()
 
 
 def test_without_the_compiled_loop_numpy_gathers_the_same_rows(monkeypatch) -> None:

@@ -14,7 +14,6 @@ and the figures.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -284,7 +283,7 @@ class EpochStream(torch.utils.data.IterableDataset):
             start=start,
             stop=int(items[consumer]) if self.drop_last else plan.rows,
             units_ahead=self.units_ahead,
-            decoders=threading.BoundedSemaphore(max(1, cpu_count() - 1)),
+            decoders=max(1, cpu_count() - 1),
             tag=self._tagger(),
             memory=self._memory,
             keep=keep,

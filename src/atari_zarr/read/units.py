@@ -28,6 +28,7 @@ from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
 from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.forks import after_fork
 from atari_zarr.layout import FRAME_SHAPE
 from atari_zarr.read.batch import (
     STEP_ENTRIES,
@@ -290,6 +291,11 @@ class StreamMemory:
         self._held: tuple[bool, Slots] | None = None
         #: The blocks batches are gathered into.
         self.pool = BufferPool()
+        after_fork(self._renew_lock)
+
+    def _renew_lock(self) -> None:
+        """In a forked child: a lock another thread of the parent held stays held."""
+        self._lock = threading.Lock()
 
     def take(self, shape: tuple[Any, ...], *, keep: bool) -> Slots | None:
         """The slots held if they have ``shape`` and were kept units or not as ``keep``
@@ -367,7 +373,7 @@ class UnitReader:
         The items of the plan to emit (its position, and where it stops).
     units_ahead : int
         Units fetched and decoded ahead of the one being read.
-    decoders : threading.BoundedSemaphore
+    decoders : int
         Decoding threads allowed at once.
     tag : callable, optional
         ``tag(batch, stores)``: the batch as the mixture gives it, ``stores`` the store
@@ -390,7 +396,7 @@ class UnitReader:
         start: int,
         stop: int,
         units_ahead: int,
-        decoders: threading.BoundedSemaphore,
+        decoders: int,
         tag: Any = None,
         memory: StreamMemory | None = None,
         keep: bool = False,
@@ -405,7 +411,9 @@ class UnitReader:
         self.n_rows = np.array([len(s) for s in self.stores], dtype=np.int64)
         self.remaining = max(0, stop - start)
         self.units_ahead = units_ahead
-        self.decoders = decoders
+        self._decoding = max(1, int(decoders))
+        #: Held while a unit decodes (requests fly without it).
+        self.decoders = threading.BoundedSemaphore(self._decoding)
         #: The thread that gathers batches' frames (started with the first batch).
         self.gatherer: Gatherer | None = None
         #: Whether the loop that gathers batches waits for a unit (then nothing runs
@@ -444,6 +452,20 @@ class UnitReader:
         #: Batches whose frames are being gathered, oldest first.
         self.gathering: list[_Gathering] = []
         self.skip = skip
+        #: Units whose loads a forked child redoes: their threads were the parent's.
+        self.stranded: set[int] = set()
+        after_fork(self._after_fork)
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's threads that load units are not here, so a
+        unit still on its way (queued, or part written) would be waited for for ever;
+        each is loaded again, whole, by the child (:meth:`_submit`). A thread of the
+        parent may have held the decoding semaphore: the child takes a new one."""
+        self.stranded.update(self.futures)
+        self.futures = {}
+        self.pool_threads = None
+        self.decoders = threading.BoundedSemaphore(self._decoding)
+        self.waiting = False
 
     # -- units --------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -455,6 +477,10 @@ class UnitReader:
         self.free.append(len(self.slots.loaded) - 1)
 
     def _submit(self) -> None:
+        if self.stranded:  # forked: the units the parent's threads were loading, again
+            for j in sorted(self.stranded):
+                self.futures[j] = self._threads().submit(self._load, j, self.slot_of[j])
+            self.stranded.clear()
         m = len(self.plan.units)
         horizon = min(m, self.next_seg + 1 + self.units_ahead)
         while self.next_fetch < horizon:
@@ -473,14 +499,18 @@ class UnitReader:
                         break  # read ahead later, when a slot is free
                     self._grow()  # the unit the next segment needs must have a slot
                 slot = self.free.pop()
-            if self.pool_threads is None:
-                self.pool_threads = ThreadPoolExecutor(
-                    max(1, self.units_ahead), thread_name_prefix="atari_zarr-stream"
-                )
             self.slot_of[j] = slot
             self.slot_by_pos[j] = slot
-            self.futures[j] = self.pool_threads.submit(self._load, j, slot)
+            self.futures[j] = self._threads().submit(self._load, j, slot)
             self.next_fetch += 1
+
+    def _threads(self) -> ThreadPoolExecutor:
+        """The threads that load units, started with the first."""
+        if self.pool_threads is None:
+            self.pool_threads = ThreadPoolExecutor(
+                max(1, self.units_ahead), thread_name_prefix="atari_zarr-stream"
+            )
+        return self.pool_threads
 
     def _store(self, g: int) -> StoreReader:
         """Store ``g``, opened when a unit of it is first read (then checked against the
@@ -540,7 +570,7 @@ class UnitReader:
         # units a batch still being gathered reads stay
         oldest = min([oldest, *(g.oldest for g in self.gathering)])
         last = len(self.plan.units) - 1
-        for j in [j for j in self.slot_of if j not in self.futures]:
+        for j in [j for j in self.slot_of if j not in self.futures and j not in self.stranded]:
             if min(j + self.plan.window - 1, last) < oldest:
                 slot = self.slot_of.pop(j)
                 if not self.keep:  # kept units keep their slots

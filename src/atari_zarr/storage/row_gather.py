@@ -13,8 +13,11 @@ ever waits for it to hand the GIL over.
 The thread is bounded (one per gatherer), named ``atari_zarr-rows``, and stopped by
 :meth:`Gatherer.close` once what is queued is done. In a process forked from the one
 that started it, the thread does not exist: there the gatherer forgets it
-(:func:`~atari_zarr.forks.after_fork`), never waits for it nor stops it, and gathers
-with numpy; :func:`gatherer` starts another.
+(:func:`~atari_zarr.forks.after_fork`), never waits for it nor stops it, and starts a
+thread of the child's own at its next gather. A gather the parent had queued (a
+stream's next batch, say) may have been copied in part, or not at all, when the
+process forked: in the child its :meth:`PendingGather.wait` gathers it again, whole,
+with numpy, so the child's rows are exactly the parent's.
 
 Where the loop was not built or fails its self-check (or the arrays are not
 C-contiguous rows of one dtype), :meth:`Gatherer.submit` gathers with ``np.take``
@@ -103,16 +106,28 @@ class PendingGather:
         self._owner = owner
         self._number = number
         self._arrays: tuple[np.ndarray, ...] | None = arrays
+        #: The owner's forks when queued: another count means a forked child, where the
+        #: thread it was queued on never ran.
+        self._forks = owner._forks if owner is not None else 0
+
+    @property
+    def _stranded(self) -> bool:
+        """Queued on the thread of a process this one was forked from."""
+        return self._owner is not None and self._owner._forks != self._forks
 
     def wait(self) -> None:
         """Return once every row is in ``out`` (at once after the first time)."""
-        owner, self._owner = self._owner, None
-        if owner is not None:
+        stranded, owner, self._owner = self._stranded, self._owner, None
+        if stranded and self._arrays:
+            # the parent's thread copied some rows, or none, before the fork: all again
+            src, index, out = self._arrays
+            np.take(src, index, axis=0, out=out, mode="clip")
+        elif owner is not None:
             owner._wait(self._number)
         self._arrays = None
 
     def __del__(self) -> None:
-        if self._owner is not None:
+        if self._owner is not None and not self._stranded:  # stranded: nobody reads out
             self.wait()
 
 
@@ -126,12 +141,19 @@ class Gatherer:
     def __init__(self, calls: _Calls | None) -> None:
         self._calls = calls
         self._handle = calls.new() if calls is not None else None
+        #: Forks since it was made (a gather queued before one is redone in the child).
+        self._forks = 0
+        #: A thread to start at the next gather (forked from a process that had one).
+        self._restart = False
         after_fork(self._forget)
 
     def _forget(self) -> None:
         """In a forked child: the thread is the parent's alone (and its lock may be held
-        for ever), so it is never waited for nor stopped here."""
+        for ever), so it is never waited for nor stopped here; the gathers queued on
+        it are redone by their waits, and the next gather starts the child's thread."""
+        self._restart = self._restart or bool(self._handle)
         self._handle = None
+        self._forks += 1
 
     @property
     def threaded(self) -> bool:
@@ -147,6 +169,9 @@ class Gatherer:
         ``np.take`` before this returns.
         """
         index = np.ascontiguousarray(index, dtype=np.int64)
+        if self._restart and self._calls is not None:  # forked: a thread of this process
+            self._restart = False
+            self._handle = self._calls.new()
         if not (
             self.threaded
             and src.flags.c_contiguous
@@ -179,6 +204,7 @@ class Gatherer:
     def close(self) -> None:
         """Finish what is queued and stop the thread."""
         handle, self._handle = self._handle, None
+        self._restart = False
         if handle:
             assert self._calls is not None
             self._calls.free(handle)
