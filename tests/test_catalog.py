@@ -641,3 +641,46 @@ def test_ls_of_a_cache_shows_its_subsets_and_the_stores_as_they_are(pong_store, 
     meta.write_text(json.dumps(doc))
     rows = {r["url"][len(str(home)) + 1 :]: r["status"] for r in list_stores(str(home))}
     assert rows == {"Pong/1.zarr": "incomplete", "subsets/checkpoints-0/Pong/1.zarr": "complete"}
+
+
+def test_a_store_converted_again_with_other_frames_has_another_content_id(tmp_path) -> None:
+    """The same per-step data with other frames, converted again to the same place: the
+    content id stayed the same, so a stream's state and a pickled dataset of the old
+    store were taken by the new one (and a catalog entry still held)."""
+    import pickle
+    import shutil
+
+    import numpy as np
+    from atari_zarr_testkit import fixture_frame
+
+    from atari_zarr import AtariZarrDataset
+    from atari_zarr.catalog import check_entry, content_id
+    from atari_zarr.errors import StoreChangedError
+
+    def converted(frames: Callable[[int], np.ndarray] | None) -> str:
+        shutil.rmtree(tmp_path / "src", ignore_errors=True)
+        shutil.rmtree(tmp_path / "dst", ignore_errors=True)
+        write_fixture_run(
+            str(tmp_path / "src"), "Pong", "1", capacity=400, steps=600, seed=3, frames=frames
+        )
+        [store] = convert(str(tmp_path / "src"), str(tmp_path / "dst"), progress=False)
+        return str(store.url)
+
+    url = converted(None)
+    old = AtariZarrDataset(url)
+    stream = old.stream(64, seed=0, unit_rows=256)
+    next(iter(stream))
+    state, handed, was = stream.state_dict(), pickle.dumps(old), dict(old.metadata)
+    assert converted(lambda k: 255 - fixture_frame(k)) == url
+    new = AtariZarrDataset(url)
+    assert not np.array_equal(new[5]["observation"], old[5]["observation"])
+    for same in ("counts", "episodes", "conversion", "source", "plan_digest", "command"):
+        assert new.metadata[same] == was[same]
+    assert content_id(new.metadata) != content_id(was)
+    with pytest.raises(InvalidArgumentError, match="store 0's content") as err:
+        new.stream(64, seed=0, unit_rows=256).load_state_dict(state)
+    assert "\n" not in str(err.value)
+    with pytest.raises(StoreChangedError, match="was replaced since"):
+        pickle.loads(handed)
+    with pytest.warns(UserWarning, match="changed since its root's catalog.json"):
+        assert not check_entry({"content": content_id(was)}, new.metadata, url)  # type: ignore[typeddict-item]

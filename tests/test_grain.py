@@ -122,3 +122,62 @@ def test_grain_batches_of_indices_are_read_with_read_batch(pong_store) -> None:
         seen.extend(rows.tolist())
         np.testing.assert_array_equal(batch["observation"], local[rows]["observation"].numpy())
     assert sorted(seen) == list(range(len(source))) and seen != sorted(seen)
+
+
+def test_an_index_is_never_rounded_nor_coerced(pong_store) -> None:
+    """``src[1.5]`` read record 1, ``_getitems([1.5, 2])`` records 1 and 2, ``src["3"]``
+    record 3 and ``src[True]`` record 1: the source cast every index to int64 where the
+    dataset refuses it. Now both refuse the same indices with the same errors."""
+    source = AtariZarrSource(pong_store.url, frame_stack=1)
+    ds = AtariZarrDataset(pong_store.url, frame_stack=1)
+    for bad in (1.5, "3", True, np.float32(2.0), None):
+        with pytest.raises((TypeError, IndexError)) as ours:
+            source[bad]
+        with pytest.raises(type(ours.value)) as theirs:
+            ds[bad]
+        assert str(ours.value) == str(theirs.value) and "\n" not in str(ours.value)
+    for bad in ([1.5, 2], ["3"], np.array([0.0, 1.0]), [len(ds)]):
+        for read in (source._getitems, source.read_batch):
+            with pytest.raises((TypeError, IndexError)) as ours:
+                read(bad)
+            with pytest.raises(type(ours.value)) as theirs:
+                ds[bad]
+            assert str(ours.value) == str(theirs.value)
+    with pytest.raises(TypeError, match="one record"):
+        source[[1, 2]]  # several records: _getitems or read_batch
+    # what the dataset takes, the source takes: numpy integers, negative ones
+    _same(source[np.int64(-1)], ds[-1])
+    assert [int(r["index"]) for r in source._getitems(np.array([4, -2]))] == [4, len(ds) - 2]
+
+
+def test_a_pickled_source_refuses_a_store_replaced_since(tmp_path: Path) -> None:
+    """A source pickled into a Grain worker kept only its URLs and read whatever store
+    was there by then, while its process read the old one. Now it carries which store
+    it opened, and a worker that finds another refuses in one line, as the datasets do."""
+    import shutil
+
+    from atari_zarr_testkit import write_fixture_run
+
+    from atari_zarr import convert
+    from atari_zarr.errors import StoreChangedError
+
+    for name, seed in (("a", 1), ("b", 2)):
+        write_fixture_run(str(tmp_path / name), "Pong", "1", capacity=64, steps=300, seed=seed)
+    [store] = convert(str(tmp_path / "a"), str(tmp_path / "out"), progress=False)
+    for urls in (store.url, [store.url, store.url]):
+        for window in (None, 4):
+            source = AtariZarrSource(urls, frame_stack=2, window=window)
+            unopened = pickle.dumps(source)
+            len(source)  # opened here, as Grain does to learn its length
+            handed = pickle.dumps(source)
+            again = pickle.loads(handed)  # the same store: reopened, silently
+            _same(again[3], source._open()[3])
+    shutil.rmtree(store.url)
+    convert(str(tmp_path / "b"), str(tmp_path / "out"), progress=False)
+    with pytest.raises(StoreChangedError) as info:
+        len(pickle.loads(handed))
+    text = str(info.value)
+    assert "\n" not in text and "was replaced since this dataset was opened" in text
+    # a source never opened where it was pickled has nothing to compare: it opens the
+    # store that is there
+    assert len(pickle.loads(unopened)) == len(AtariZarrSource(urls, frame_stack=2, window=4))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 from typing import Any
 
 import numpy as np
@@ -137,13 +138,31 @@ def recorded(array: zarr.Array) -> np.ndarray | None:
     return np.frombuffer(raw, dtype="<u4")
 
 
-def record(group: zarr.Group) -> None:
-    """Record the fingerprints of every array of ``group`` (and of its subgroups)."""
-    for _, array in group.arrays():
+def record(group: zarr.Group) -> str:
+    """Record the fingerprints of every array of ``group`` (and of its subgroups).
+
+    Returns
+    -------
+    str
+        The SHA-256 of all of them, array by array in name order (each array's path,
+        then its crc32c): what the store's ``objects_digest`` attribute holds, so that
+        its content id (:func:`atari_zarr.catalog.content_id`) covers every object,
+        the frames' included, at no cost to a reader.
+    """
+    digest = hashlib.sha256()
+    _record(group, digest)
+    return digest.hexdigest()
+
+
+def _record(group: zarr.Group, digest: Any) -> None:
+    for _, array in sorted(group.arrays(), key=lambda a: a[0]):
         if _layout(array) is not None:
-            array.update_attributes({FINGERPRINTS_KEY: encode(compute(array))})
-    for _, sub in group.groups():
-        record(sub)
+            crcs = compute(array)
+            array.update_attributes({FINGERPRINTS_KEY: encode(crcs)})
+            digest.update(f"{array.path}\0{len(crcs)}\0".encode())
+            digest.update(np.asarray(crcs, dtype="<u4").tobytes())
+    for _, sub in sorted(group.groups(), key=lambda g: g[0]):
+        _record(sub, digest)
 
 
 def mismatches(array: zarr.Array) -> list[tuple[int, str, int, int]]:

@@ -60,6 +60,7 @@ __all__ = [
     "FORMAT_VERSION",
     "FRAME_SHAPE",
     "MAX_OBJECTS_PER_FOLDER",
+    "OBJECTS_DIGEST",
     "OBSERVATION",
     "OPTIONAL_ARRAYS",
     "RETURN_TO_GO",
@@ -92,6 +93,10 @@ WORK_SUFFIX = ".converting"
 #: Attribute of a recording in progress: ``{"transitions": n, "episodes": e}``, the
 #: prefix of whole episodes that has been flushed and will not change.
 FLUSHED_KEY = "flushed"
+#: Attribute of a complete store: the SHA-256 of the crc32c recorded of every object of
+#: every array (:func:`atari_zarr.fingerprints.record`), so that the content id, a digest
+#: of the attributes, changes with any object the writer wrote, frames included.
+OBJECTS_DIGEST = "objects_digest"
 #: Height and width of a preprocessed Atari frame (DQN: 84x84 grayscale).
 FRAME_SHAPE = (84, 84)
 
@@ -465,13 +470,16 @@ def mark_complete(group: zarr.Group, extra_attrs: dict[str, Any]) -> None:
     The marker is written last, by itself, so a store that a crash interrupted
     anywhere before it never looks complete. Before it, the crc32c of every object
     is recorded (:mod:`atari_zarr.fingerprints`), so that an object copied in from
-    another store or conversion is caught by the readers and by ``verify``.
+    another store or conversion is caught by the readers and by ``verify``, and their
+    digest under :data:`OBJECTS_DIGEST`.
     """
     from atari_zarr.fingerprints import record
 
-    record(group)
+    objects = record(group)
     meta = dict(cast("dict[str, Any]", group.attrs[ATTRS_KEY]))
     meta.update(redact_tree(extra_attrs))
+    # the content id digests these attributes: with this, the frames' objects too
+    meta[OBJECTS_DIGEST] = objects
     meta["complete"] = False
     group.attrs[ATTRS_KEY] = meta
     with warnings.catch_warnings():

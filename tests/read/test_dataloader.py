@@ -89,6 +89,17 @@ def test_getitems_is_the_batched_path(converted):
     assert stacked["index"].tolist() == [4, 2]
 
 
+def test_getitems_never_rounds_nor_casts_an_index(converted):
+    """``__getitems__([1.5, 2])`` read rows 1 and 2 (cast to int64 before the check)."""
+    store, _ = converted
+    ds = AtariZarrDataset(store.url)
+    for bad in ([1.5, 2], ["3"], [2.0]):
+        with pytest.raises(TypeError, match="indices must be integers") as err:
+            ds.__getitems__(bad)
+        assert "\n" not in str(err.value)
+    assert ds.__getitems__((4, -1))["index"].tolist() == [4, len(ds) - 1]
+
+
 def test_pickle_keeps_frame_stack(converted):
     store, _ = converted
     ds = pickle.loads(pickle.dumps(AtariZarrDataset(store.url, frame_stack=3)))

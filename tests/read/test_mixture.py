@@ -173,6 +173,29 @@ def test_weights_by_game_and_uniform_over_games(tmp_path: Path) -> None:
     np.testing.assert_allclose(windows.weights[:2], 0.5 * lengths[:2] / lengths[:2].sum())
 
 
+def test_huge_and_tiny_weights_are_weights_like_any_other(tmp_path: Path) -> None:
+    """weights=[1e308, 1e308] passed the checks, then their sum overflowed: a numpy
+    warning and a raw torch ``invalid multinomial distribution`` on sample. Weights
+    are relative: any finite ones 0 or more weigh as their ratios say."""
+    import warnings
+
+    urls = [write_store(str(tmp_path / f"s{i}.zarr"), 50, seed=i, max_len=9) for i in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow warning either
+        for weights, want in [
+            ([1e308, 1e308], [0.5, 0.5]),
+            ([1.5e308, 0.5e308], [0.75, 0.25]),
+            ([5e-324, 5e-324], [0.5, 0.5]),  # the smallest double: no division by 0
+        ]:
+            mix = MultiGameDataset(urls, weights=weights)
+            np.testing.assert_allclose(mix.weights, want)
+            drawn = mix.sample(2000, generator=torch.Generator().manual_seed(0))["index"]
+            share = (drawn.numpy() >= mix.offsets[1]).mean()
+            assert abs(share - want[1]) < 0.05
+            stream = mix.stream(20, seed=0)
+            assert sorted(torch.cat([b["index"] for b in stream]).tolist()) == list(range(100))
+
+
 def test_store_weights_refuse_what_names_no_game() -> None:
     stores, games, lengths = ["Pong/1", "Qbert/1"], ["Pong", "Qbert"], [10, 5]
     for bad, match in [

@@ -66,7 +66,9 @@ class AtariZarrSource:
     Notes
     -----
     The stores open on first use, in each process (a pickled source reopens them there,
-    and refuses a store replaced since). Reads are serialized by a lock: Grain may call
+    and refuses a store replaced since it opened them where it was pickled). An index
+    is checked as the datasets check it: never rounded, nor cast from a string or a
+    bool. Reads are serialized by a lock: Grain may call
     ``__getitem__`` from several threads, and a batch (``_getitems``) is read with one
     frame fetch.
     """
@@ -115,11 +117,32 @@ class AtariZarrSource:
         return len(self._open())
 
     def __getitem__(self, index: int) -> dict[str, Any]:
-        return self._getitems([index])[0]
+        rows, scalar = self._rows(index)
+        if not scalar:
+            raise TypeError(
+                f"a source's [] reads one record, at an integer index; got {index!r:.60}. "
+                f"Read several with _getitems(indices) or read_batch(indices)"
+            )
+        return _records(self._read(rows), 1)[0]
 
     def _getitems(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The records at ``indices``, read as one batch (one frame fetch)."""
-        return _records(self.read_batch(indices), len(indices))
+        rows, _ = self._rows(indices)
+        return _records(self._read(rows), len(rows))
+
+    def _rows(self, index: Any) -> tuple[np.ndarray, bool]:
+        """The rows ``index`` selects, checked as the dataset checks them (never rounded,
+        nor cast from a string or a bool): :func:`~atari_zarr.read.indexing.normalize_index`."""
+        from atari_zarr.read.indexing import normalize_index
+
+        dataset = self._open()
+        return normalize_index(index, len(dataset), dataset.where, unit=dataset._unit)
+
+    def _read(self, rows: np.ndarray) -> dict[str, Any]:
+        dataset = self._open()
+        with self._lock:
+            batch = dataset[rows]
+        return batch.numpy()  # type: ignore[no-any-return]
 
     def read_batch(self, indices: Sequence[int] | np.ndarray) -> dict[str, Any]:
         """The records at ``indices`` as one batch: a nested dict of numpy arrays whose
@@ -136,18 +159,17 @@ class AtariZarrSource:
         >>> batch["observation"].shape, batch["next"]["reward"].shape
         ((3, 4, 84, 84), (3, 1))
         """
-        dataset = self._open()
         # numpy rows, as sample() draws them: no torch op (and none of its thread pool's
         # stalls beside other processes) on the way
-        rows = np.asarray(indices, dtype=np.int64)
-        with self._lock:
-            batch = dataset[rows]
-        return batch.numpy()  # type: ignore[no-any-return]
+        rows, _ = self._rows(indices)
+        return self._read(rows)
 
     def __getstate__(self) -> dict[str, Any]:
-        # the stores open again where unpickled (a Grain worker process)
+        # the stores open again where unpickled (a Grain worker process). A dataset
+        # opened here pickles as the datasets do (URLs, and which store each one was),
+        # so a worker that finds a store replaced since refuses it
         state = dict(self.__dict__)
-        state["_dataset"], state["_lock"] = None, None
+        state["_lock"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

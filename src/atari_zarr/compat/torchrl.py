@@ -12,15 +12,19 @@ TorchRL's class method by method. It needs the ``torchrl`` extra (``pip install
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import json
 import logging
+import math
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection, is_tensorclass
 from tensordict.utils import expand_as_right
@@ -28,7 +32,7 @@ from torch.utils._pytree import tree_map
 
 from atari_zarr.catalog import complete_stores, name_to_url
 from atari_zarr.compat.torchrl_storage import AtariZarrStorage, PreprocessedStorage, refuse
-from atari_zarr.errors import import_optional
+from atari_zarr.errors import InvalidArgumentError, import_optional
 from atari_zarr.forks import after_fork
 from atari_zarr.pull import Request, open_request
 from atari_zarr.read.dataset import AtariZarrDataset
@@ -38,17 +42,22 @@ from atari_zarr.storage.deadline import Timeout
 # MissingDependencyError naming the extra when TorchRL is not installed
 import_optional("torchrl", extra="torchrl", purpose="atari_zarr.torchrl")
 
+from tensordict.nn.utils import _set_dispatch_td_nn_modules  # noqa: E402
 from torchrl.data.datasets.common import BaseDatasetExperienceReplay  # noqa: E402
-from torchrl.data.replay_buffers.replay_buffers.base import _run_after_futures  # noqa: E402
+from torchrl.data.replay_buffers.replay_buffers.base import (  # noqa: E402
+    _run_after_futures,
+    _storage_index,
+)
 from torchrl.data.replay_buffers.samplers import (  # noqa: E402
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
 )
-from torchrl.data.replay_buffers.utils import _to_torch  # noqa: E402
+from torchrl.data.replay_buffers.utils import INT_CLASSES, _to_torch  # noqa: E402
 from torchrl.data.replay_buffers.writers import ImmutableDatasetWriter  # noqa: E402
 
 __all__ = [
+    "AHEAD_FILE",
     "REGISTRY_PREFIX",
     "AtariZarrExperienceReplay",
     "AtariZarrStorage",
@@ -102,6 +111,82 @@ def _with_info(data: Any, info: dict, *, device: Any = None) -> _Drawn:
 def _prefetch_pool() -> ThreadPoolExecutor:
     """The one thread that draws a drop-in's batches ahead."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="atari_zarr-prefetch")
+
+
+#: The file of a dump (``dumps``) holding the batches drawn ahead (``prefetch``): the
+#: rows and sampling info of each, never its frames (``loads`` reads them again).
+AHEAD_FILE = "atari_zarr_prefetch.json"
+_AHEAD_FORMAT = 1
+# what a sampler's info holds (indices, flags, weights): kept exactly through JSON
+_AHEAD_DTYPES = frozenset(
+    {"bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64"}
+)
+
+
+def _encode_info(info: dict, where: str) -> list[dict[str, Any]]:
+    """The JSON of a drawn batch's sampling info: each entry's key, and its tensor (or
+    tuple of tensors: a multi-dimensional ``index``) as dtype, shape and values."""
+    entries = []
+    for key, value in info.items():
+        parts = list(value) if isinstance(value, tuple) else [value]
+        arrays = []
+        for part in parts:
+            array = part.detach().cpu().numpy() if isinstance(part, torch.Tensor) else None
+            if array is None or str(array.dtype) not in _AHEAD_DTYPES:
+                raise InvalidArgumentError(
+                    f"cannot dump to {where}: a batch drawn ahead carries sampling info "
+                    f"{key!r} of {type(part).__name__} {getattr(part, 'dtype', '')}, which "
+                    f"is saved only as a tensor of numbers; dump the replay buffer before it "
+                    f"draws ahead (without prefetch), or use its state_dict()"
+                )
+            arrays.append(
+                {
+                    "dtype": str(array.dtype),
+                    "shape": list(array.shape),
+                    "values": array.ravel().tolist(),
+                }
+            )
+        entries.append(
+            {
+                "key": list(key) if isinstance(key, tuple) else key,
+                "tuple": isinstance(value, tuple),
+                "arrays": arrays,
+            }
+        )
+    return entries
+
+
+def _decode_info(entries: Any) -> dict:
+    """The sampling info :func:`_encode_info` wrote (ValueError: it is not that)."""
+    if not isinstance(entries, list):
+        raise ValueError("a batch's info is not a list")
+    info: dict[Any, Any] = {}
+    for entry in entries:
+        key, arrays = entry.get("key"), entry.get("arrays")
+        if isinstance(key, list) and key and all(isinstance(k, str) for k in key):
+            key = tuple(key)
+        elif not isinstance(key, str):
+            raise ValueError(f"an info key {key!r} is not a string or a list of them")
+        if not isinstance(arrays, list) or not arrays:
+            raise ValueError(f"info {key!r} has no values")
+        parts = []
+        for a in arrays:
+            dtype, shape, values = a.get("dtype"), a.get("shape"), a.get("values")
+            if dtype not in _AHEAD_DTYPES or not isinstance(values, list):
+                raise ValueError(f"info {key!r} is not a tensor of numbers")
+            if not isinstance(shape, list) or not all(
+                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+            ):
+                raise ValueError(f"info {key!r} has shape {shape!r}")
+            if math.prod(shape) != len(values):
+                raise ValueError(f"info {key!r} has {len(values)} values for shape {shape}")
+            parts.append(torch.from_numpy(np.asarray(values, dtype=dtype).reshape(shape)))
+        if entry.get("tuple") is not True and len(parts) != 1:
+            raise ValueError(f"info {key!r} has {len(parts)} tensors")
+        info[key] = tuple(parts) if entry.get("tuple") is True else parts[0]
+    if "index" not in info:
+        raise ValueError("a batch has no index")
+    return info
 
 
 class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
@@ -424,22 +509,99 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         The sampler's state (a prioritized sampler's priorities, a sampler without
         replacement's epoch), the writer's, the generator's, the transforms' and the
         batch size are written by TorchRL; the storage writes which store they belong
-        to, never its frames, and batches drawn ahead (``prefetch``) are not saved.
-        :meth:`loads` reads them back into a dataset over the same store.
+        to, never its frames. The batches drawn ahead (``prefetch``), which the sampler
+        has already drawn, are written as their rows and sampling info
+        (:data:`AHEAD_FILE`), never their frames. :meth:`loads` reads them back into a
+        dataset over the same store, the batches drawn ahead read again from it: the
+        batches that follow are those the saved buffer gives.
         """
         super().dumps(path)
 
     def loads(self, path: Any) -> None:
-        """Load what :meth:`dumps` saved; a dump of another store is refused in one line."""
-        super().loads(path)
+        """Load what :meth:`dumps` saved; a dump of another store is refused in one line.
+
+        The batches drawn ahead when it was saved are read again from the store and
+        come first, in their order; a buffer made without ``prefetch`` refuses a dump
+        that has some (their rows would be lost to the epoch)."""
+        self._ahead_saved: list[dict] = []
+        try:
+            super().loads(path)  # the store checked first (its storage's loads)
+            batches = [self._again(info, path) for info in self._ahead_saved]
+        finally:
+            self._ahead_saved = []
+        with self._futures_lock:  # emptied by TorchRL's loads: these come first
+            for drawn in batches:
+                future: Future[_Drawn] = Future()
+                future.set_result(drawn)
+                self._prefetch_queue.append(future)
 
     # batches drawn ahead hold frames: TorchRL pickles them into the dump, which a
-    # store-backed dataset neither writes nor unpickles
+    # store-backed dataset neither writes nor unpickles. Their rows and info are saved
+    # instead: the sampler has drawn them, so without them their rows would be lost
     def _dump_prefetch_state(self, path: Path, prefetch_state: Any) -> None:
-        return None
+        file = Path(path) / AHEAD_FILE
+        queue = prefetch_state.get("queue") or ()
+        doc = {
+            "format": _AHEAD_FORMAT,
+            "prefetch": int(prefetch_state.get("capacity") or 0),
+            "batches": [_encode_info(info, str(file)) for _, info in queue],
+        }
+        file.write_text(json.dumps(doc) + "\n")
 
     def _load_prefetch_state(self, path: Path) -> None:
+        file = Path(path) / AHEAD_FILE
+        try:
+            doc = json.loads(file.read_text())
+        except FileNotFoundError:  # a dump of before: nothing was drawn ahead, or lost
+            return None
+        except (OSError, ValueError) as err:
+            raise InvalidArgumentError(
+                f"{file} cannot be read as the JSON dumps() writes ({err}); dump the replay "
+                f"buffer again"
+            ) from None
+        try:
+            if not isinstance(doc, dict) or doc.get("format") != _AHEAD_FORMAT:
+                raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}")
+            batches = doc.get("batches")
+            if not isinstance(batches, list):
+                raise ValueError("no list of batches")
+            infos = [_decode_info(entries) for entries in batches]
+        except (ValueError, TypeError, AttributeError) as err:
+            raise InvalidArgumentError(
+                f"{file} is not the batches drawn ahead that dumps() writes ({err}); dump the "
+                f"replay buffer again"
+            ) from None
+        if infos and not self._prefetch:
+            raise InvalidArgumentError(
+                f"{file} holds {len(infos)} batches drawn ahead (the buffer was saved with "
+                f"prefetch={doc.get('prefetch')}), which the sampler had already drawn, but "
+                f"this buffer draws none ahead: make it with prefetch={doc.get('prefetch')} "
+                f"to load the dump"
+            )
+        self._ahead_saved = infos
         return None
+
+    def _again(self, info: dict, path: Any) -> _Drawn:
+        """A batch drawn ahead and saved by :meth:`dumps`, read again from the store as
+        TorchRL's ``_sample`` reads a batch once its sampler has drawn it."""
+        index = info["index"]
+        n = len(self._storage)
+        for part in index if isinstance(index, tuple) else (index,):
+            if part.numel() and (part.dtype.is_floating_point or part.min() < 0 or part.max() >= n):
+                raise InvalidArgumentError(
+                    f"{Path(path) / AHEAD_FILE} holds a batch drawn ahead of rows outside "
+                    f"the {n} of {self.data_path}; dump the replay buffer again"
+                )
+        with self._replay_lock:
+            data = self._storage.get(_storage_index(index, self._storage))
+        if not isinstance(index, INT_CLASSES):
+            data = self._collate_fn(data)
+        if self._transform is not None and len(self._transform):
+            is_td = is_tensor_collection(data)
+            unlocked = data.unlock_() if is_td else contextlib.nullcontext()
+            with unlocked, _set_dispatch_td_nn_modules(is_td):
+                data = self._transform(data)
+        return _with_info(data, info, device=getattr(self.storage, "device", None))
 
     def preprocess(
         self,

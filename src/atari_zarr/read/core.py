@@ -243,7 +243,8 @@ class ItemDataset(torch.utils.data.Dataset):
         Use it with ``collate_fn=collate_batch`` (the default collate would split the
         batch back into items).
         """
-        return self[np.asarray(indices, dtype=np.int64)]
+        # checked as any index (never cast first: 1.5 would be row 1)
+        return self[np.asarray(indices)]
 
     def locate(self, idx: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(store, item within it)`` of each index (any index ``__getitem__`` takes)."""

@@ -217,6 +217,8 @@ def store_probabilities(
     [0.5, 0.0, 0.5]
     >>> store_probabilities([10, 30], None).tolist()
     [0.25, 0.75]
+    >>> store_probabilities([10, 30], [1e308, 1e308]).tolist()
+    [0.5, 0.5]
     """
     sizes = np.asarray(lengths, dtype=np.int64)
     labels = list(names) if names is not None else [f"store {i}" for i in range(sizes.size)]
@@ -227,10 +229,13 @@ def store_probabilities(
             f"({labels}); got {None if weights is None else list(weights)}"
         )
     w = np.where(sizes > 0, w, 0.0)
-    if w.sum() <= 0:
+    if not w.size or w.max() <= 0:
         raise InvalidArgumentError(
             f"no store can be drawn: every store is empty or has weight 0 ({labels})"
         )
+    # weights are relative: scaled to a largest of 1 first, finite ones as large as 1e308
+    # sum without overflow, and ones as small as the smallest double without underflow
+    w = w / w.max()
     return w / w.sum()
 
 
