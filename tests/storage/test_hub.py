@@ -299,3 +299,38 @@ def test_a_server_that_resolves_branches_only_is_read_by_the_branch(
         _same(remote[0:32], AtariZarrDataset(pong_store.url)[0:32])
         by_commit = [p for _, p, st in hub.log if f"/resolve/{hub.sha['org/atari']}/" in p]
     assert len(by_commit) == 1  # asked once by commit, then by the branch
+
+
+def test_a_password_in_the_endpoint_is_never_written_to_disk_or_printed(
+    pong_store, repo: Path, home: Path, tmp_path: Path
+) -> None:
+    """An endpoint with user info (``HF_ENDPOINT`` or ``storage_options["endpoint"]``):
+    the object cache's folders are named by host and port alone, and no file under the
+    cache, nor anything a command prints, holds the password."""
+    import os
+
+    secret = "hf_UrlSecret0xDEAD"
+    hf_home = tmp_path / "hf-home"
+    with HubEmulator({"org/atari": repo}) as hub:
+        endpoint = hub.endpoint.replace("http://", f"http://me:{secret}@")
+        remote = AtariZarrDataset(URL, storage_options={"endpoint": endpoint, "token": False})
+        _same(remote[0:40], AtariZarrDataset(pong_store.url)[0:40])
+        env = {**os.environ, "ATARI_ZARR_HOME": str(home), "HF_ENDPOINT": endpoint}
+        env.update(HF_HOME=str(hf_home), HF_TOKEN="")
+        printed = ""
+        for args in (("info", URL), ("verify", URL, "--no-progress")):
+            shutil.rmtree(home / "objects", ignore_errors=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "atari_zarr", "-v", *args],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert done.returncode == 0, done.stderr
+            printed += done.stdout + done.stderr
+    assert "127.0.0.1" in printed  # the endpoint was used, and shown without its user info
+    assert secret not in printed
+    written = [p for d in (home, hf_home) if d.exists() for p in d.rglob("*")]
+    assert [p for p in written if p.is_file() and "observation" in p.as_posix()]
+    assert not [p for p in written if secret in p.as_posix() or "me_" in p.name]
+    assert not [p for p in written if p.is_file() and secret.encode() in p.read_bytes()]
