@@ -334,3 +334,37 @@ def test_a_password_in_the_endpoint_is_never_written_to_disk_or_printed(
     assert [p for p in written if p.is_file() and "observation" in p.as_posix()]
     assert not [p for p in written if secret in p.as_posix() or "me_" in p.name]
     assert not [p for p in written if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.parametrize("bound", ["100", "4K", "50K"])
+def test_an_object_cache_smaller_than_an_object_reads_through(
+    pong_store, repo: Path, home: Path, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    """A bound below one object (or a few): every read comes back exact, never "not a
+    Zarr store" nor an object "evicted as fast as it was fetched"."""
+    monkeypatch.setenv("ATARI_ZARR_OBJECT_CACHE_SIZE", bound)
+    local = AtariZarrDataset(pong_store.url, frame_stack=4)
+    rows = np.random.default_rng(1).integers(0, len(local), 64)
+    with HubEmulator({"org/atari": repo}) as hub:
+        remote = AtariZarrDataset(URL, storage_options=hub.storage_options(), frame_stack=4)
+        _same(remote[rows], local[rows])
+        _same(remote[0:300], local[0:300])
+
+
+@pytest.mark.parametrize("bound", ["nan", "inf", "-5G", "lots"])
+def test_an_object_cache_size_that_is_no_size_is_one_line(
+    repo: Path, home: Path, bound: str
+) -> None:
+    import os
+
+    env = {**os.environ, "ATARI_ZARR_HOME": str(home), "ATARI_ZARR_OBJECT_CACHE_SIZE": bound}
+    with HubEmulator({"org/atari": repo}) as hub:
+        done = subprocess.run(
+            [sys.executable, "-m", "atari_zarr", "info", URL, "-s", f"endpoint={hub.endpoint}"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"ATARI_ZARR_OBJECT_CACHE_SIZE={bound!r}" in done.stderr
