@@ -15,7 +15,7 @@ import pytest
 from atari_zarr_testkit.hub import HubEmulator
 
 from atari_zarr import AtariZarrDataset, ReadOptions
-from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
+from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError, StoreCorruptError
 from atari_zarr.storage.hub import parse_hf_url, retry_after
 
 pytest.importorskip("huggingface_hub")
@@ -368,3 +368,42 @@ def test_an_object_cache_size_that_is_no_size_is_one_line(
     assert done.returncode != 0 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
     assert f"ATARI_ZARR_OBJECT_CACHE_SIZE={bound!r}" in done.stderr
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["index", "chunk"])
+def test_a_damaged_kept_object_is_fetched_again_and_the_hubs_damage_is_said(
+    pong_store, repo: Path, home: Path, where: str
+) -> None:
+    """A kept object whose chunk fails its crc32c is thrown away and fetched once more
+    (the rows come back exact); where the Hub's own copy fails too, the error says so."""
+    local = AtariZarrDataset(pong_store.url)
+    key = "Pong/1.zarr/observation/c/0/0/0"
+    with HubEmulator({"org/atari": repo}) as hub:
+        AtariZarrDataset(URL, storage_options=hub.storage_options())[0:40]
+        [kept] = [p for p in (home / "objects").rglob("observation/c/0/0/0") if p.is_file()]
+        # in the shard's index, or in a chunk's bytes: a crc32c fails
+        at = 100 if where == "index" else kept.stat().st_size // 2
+        _flip(kept, at)
+        before = [p for _, p, _ in hub.log].count(
+            f"/datasets/org/atari/resolve/{hub.sha['org/atari']}/{key}"
+        )
+        again = AtariZarrDataset(URL, storage_options=hub.storage_options())
+        _same(again[:], local[:])
+        resolves = [p for _, p, _ in hub.log].count(
+            f"/datasets/org/atari/resolve/{hub.sha['org/atari']}/{key}"
+        )
+        assert resolves == before + 1
+        # the Hub's own copy damaged (its checksum the damaged bytes'): said, once fetched anew
+        _flip(repo / key, at)
+        _flip(kept, at)
+        with pytest.raises(StoreCorruptError) as err:
+            AtariZarrDataset(URL, storage_options=hub.storage_options())[:]
+    message = str(err.value)
+    assert "fetched again from the Hub" in message and "\n" not in message
+    assert "hf://datasets/org/atari/Pong/1.zarr" in message

@@ -155,3 +155,23 @@ def test_a_bound_below_one_object_reads_through(
         np.testing.assert_array_equal(zarr.open_array(cached, mode="r", zarr_format=3)[:], data)
         kept = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")]
         assert sum(p.stat().st_size for p in kept if not p.name.endswith(".lock")) <= 1024
+
+
+def test_a_kept_copy_that_fails_its_check_is_thrown_away_or_named(tmp_path: Path) -> None:
+    """``discard``: the kept copy goes and the next read fetches it again; one that cannot
+    be removed is named in one line, the store never called damaged for it."""
+    from atari_zarr.errors import StoreWriteError
+
+    remote, data = _remote()
+    cached = _cached(remote, tmp_path, fetched := [])
+    array = zarr.open_array(cached, mode="r", zarr_format=3)
+    np.testing.assert_array_equal(array[:], data)
+    kept = tmp_path / "host/datasets/org/x/0123abcd/c/0/0"
+    assert "the Hub's copy is damaged" in cached.discard("c/0/0") and not kept.exists()
+    np.testing.assert_array_equal(array[0:4], data[0:4])
+    assert fetched.count("c/0/0") == 2 and kept.is_file()
+    kept.unlink()
+    kept.mkdir()  # what cannot be unlinked, whoever the user is
+    with pytest.raises(StoreWriteError) as err:
+        cached.discard("c/0/0")
+    assert str(kept) in str(err.value) and "damaged" not in str(err.value)

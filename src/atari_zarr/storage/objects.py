@@ -55,7 +55,7 @@ from typing import Any
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
 
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.errors import InvalidArgumentError, StoreWriteError
 from atari_zarr.forks import after_fork
 from atari_zarr.storage.cache import PART_PREFIX, ReadThroughStore, write_whole
 from atari_zarr.storage.paths import cache_home, is_url
@@ -206,6 +206,8 @@ class ObjectCacheStore(ReadThroughStore):
         self._touched: set[str] = set()
         # objects larger than the bound keeps: read through as byte ranges
         self._unkept: set[str] = set()
+        # the folder of this store's objects, once a read asked for it
+        self._where: str | None = None
         self._state_lock = threading.Lock()
         after_fork(self._after_fork)
 
@@ -274,7 +276,8 @@ class ObjectCacheStore(ReadThroughStore):
         if key.startswith("/") or ".." in parts or "" in parts:
             # what a hostile zarr.json could name: never a path out of the cache
             raise OSError(errno.EINVAL, f"{self.name}/{key}: not an object's key in a store")
-        path = self.root / await self._folder() / key
+        self._where = await self._folder()
+        path = self.root / self._where / key
         if path.is_file():
             self._touch(path)
             return path
@@ -302,6 +305,37 @@ class ObjectCacheStore(ReadThroughStore):
             with self._state_lock:
                 if self._inflight.get(key) is pending:
                     del self._inflight[key]
+
+    def discard(self, key: str) -> str:
+        """Throw away the kept copy of object ``key``, which failed a check (a crc32c):
+        the next read fetches it again. What a message says when the copy fetched again
+        fails too ("" where no copy was kept: the object came from the Hub as it is).
+
+        Raises
+        ------
+        StoreWriteError
+            The kept copy cannot be removed: the message names its file.
+        """
+        if self._through(key) or self._where is None:
+            return ""
+        path = self.root / self._where / key
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreWriteError(
+                f"{self.name}/{key}: the copy kept in the object cache, {path}, fails its "
+                f"check and cannot be removed ({exc.strerror or exc}); remove it (or set "
+                f"{SIZE_ENV}=0 to read without the cache), then read again"
+            ) from None
+        self._touched.discard(str(path))
+        log.info("%s/%s: the copy kept in %s failed its check; fetching it again",
+                 self.name, key, path)  # fmt: skip
+        return (
+            "The copy kept in the object cache was thrown away and the object fetched "
+            "again from the Hub: that copy fails the same check, so the Hub's copy is damaged"
+        )
 
     def _touch(self, path: Path) -> None:
         """Mark ``path`` recently used (once per process: eviction goes by these times)."""
