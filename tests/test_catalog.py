@@ -36,6 +36,7 @@ from atari_zarr.errors import (
     InvalidArgumentError,
     RemoteAccessError,
     RemoteTimeoutError,
+    StoreCorruptError,
     StoreFormatError,
     StoreNotFoundError,
 )
@@ -684,3 +685,47 @@ def test_a_store_converted_again_with_other_frames_has_another_content_id(tmp_pa
         pickle.loads(handed)
     with pytest.warns(UserWarning, match="changed since its root's catalog.json"):
         assert not check_entry({"content": content_id(was)}, new.metadata, url)  # type: ignore[typeddict-item]
+
+
+def test_index_and_card_leave_out_a_store_with_a_link_or_a_missing_object(
+    pong_store_copy, tmp_path
+) -> None:
+    """``index`` (and ``card`` without a catalog) list only the stores whose every
+    object named by their metadata is there and no link is inside: a cheap look (one
+    listing a store); ``verify`` reads the chunks. A catalog that lists a store damaged
+    since is refused by ``card`` in one line."""
+    import shutil
+
+    from atari_zarr.explore.card import card_text
+
+    store = Path(pong_store_copy.url)
+    root = store.parents[1]
+    for run in ("2", "3"):
+        shutil.copytree(store, root / "Pong" / f"{run}.zarr")
+    private = tmp_path / "passwd"
+    private.write_text("root:x:0:0:root:/root:/bin/bash\n")
+    linked = root / "Pong" / "2.zarr" / "action" / "c" / "0"
+    linked.unlink()
+    linked.symlink_to(private)
+    (root / "Pong" / "3.zarr" / "observation" / "c" / "0" / "0" / "0").unlink()
+    with pytest.warns(UserWarning) as caught:
+        doc = write_catalog(str(root))
+        card = card_text(str(root))
+    assert [e["path"] for e in doc["stores"]] == ["Pong/1.zarr"]
+    said = " ".join(str(w.message) for w in caught)
+    assert "2.zarr is left out: action/c/0 is a symbolic link" in said
+    assert "3.zarr is left out: observation/c/0/0/0" in said and "is missing" in said
+    assert "atari-zarr verify" in said
+    assert [line for line in card.splitlines() if line.startswith("| Pong/")] == [
+        line for line in card.splitlines() if line.startswith("| Pong/1 ")
+    ]
+    assert "Pong/2" not in card and "Pong/3" not in card
+    # indexed clean, damaged since: card refuses the catalog's store in one line
+    shutil.rmtree(root / "Pong" / "2.zarr")
+    shutil.rmtree(root / "Pong" / "3.zarr")
+    write_catalog(str(root))
+    (store / "action" / "c" / "0").unlink()
+    (store / "action" / "c" / "0").symlink_to(private)
+    with pytest.raises(StoreCorruptError) as err:
+        card_text(str(root))
+    assert "action/c/0 is a symbolic link" in str(err.value) and "\n" not in str(err.value)

@@ -17,7 +17,13 @@ import pytest
 from atari_zarr_testkit.hub import HubEmulator
 
 from atari_zarr import AtariZarrDataset, MultiGameDataset
-from atari_zarr.errors import InvalidArgumentError, RemoteAccessError
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    RemoteAccessError,
+    StoreCorruptError,
+    StoreExistsError,
+)
+from atari_zarr.explore.card import MARK
 
 hub_lib = pytest.importorskip("huggingface_hub")
 
@@ -59,7 +65,7 @@ def test_a_root_is_published_store_first_catalog_last_and_reads_back_exactly(
     repo = hub.repos["org/atari"]
     for name, local in upload_plan(str(root)).items():
         assert (repo / name).read_bytes() == local.read_bytes(), name
-    (first, stores), (_, last) = hub.commits
+    (_, stores), (_, last) = hub.commits
     assert "catalog.json" not in stores and all(p.startswith("Pong/1.zarr/") for p in stores)
     assert set(last) >= {"catalog.json", "README.md"}
     # the card's front matter passed the Hub's validation (the emulator refuses a bad one)
@@ -190,3 +196,88 @@ def test_some_stores_are_published_with_their_own_catalog_and_card(
     # one row in the card's table (the copy says run 1 in its attributes: its row does too)
     assert sum(line.startswith("| Pong/") for line in card.splitlines()) == 1
     assert "hf://datasets/org/atari/some/Pong/2.zarr" in card
+
+
+def _files(root: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``root`` with its size and modification time."""
+    return {
+        p.relative_to(root).as_posix(): (p.lstat().st_size, p.lstat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def test_a_readme_the_repo_holds_is_replaced_only_with_overwrite(
+    root: Path, tmp_path: Path
+) -> None:
+    """As ``card`` refuses a README it did not write, so does ``publish`` (before anything
+    is sent); ``overwrite=True`` replaces it, and a card of ours is refreshed freely."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "README.md").write_text("# Our dataset\n\nWritten by hand.\n")
+    with HubEmulator({"org/atari": theirs}, write_token=TOKEN) as hub:
+        with pytest.raises(StoreExistsError) as err:
+            publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub))
+        assert "README.md" in str(err.value) and "--overwrite" in str(err.value)
+        assert "\n" not in str(err.value) and not hub.commits
+        assert (theirs / "README.md").read_text().startswith("# Our dataset")
+        publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub), overwrite=True)
+        assert MARK in (theirs / "README.md").read_text()
+        again = publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub))
+    assert again.stores == ("Pong/1.zarr",)
+
+
+def test_only_the_files_a_stores_metadata_names_are_uploaded(root: Path, hub: HubEmulator) -> None:
+    store = root / "Pong" / "1.zarr"
+    (store / "notes.txt").write_text("private notes")
+    (store / "action" / "c" / "old-copy").write_bytes(b"stray")
+    plan = upload_plan(str(root))
+    assert not [p for p in plan if "notes" in p or "old-copy" in p]
+    publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub))
+    repo = hub.repos["org/atari"]
+    assert not (repo / "Pong/1.zarr/notes.txt").exists()
+    assert not (repo / "Pong/1.zarr/action/c/old-copy").exists()
+    sent = {p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()}
+    assert sent == set(plan) | {"catalog.json", "README.md", "learning_curves.png"}
+
+
+@pytest.mark.parametrize("damage", ["link", "missing shard", "crc32c"])
+def test_a_store_that_fails_verify_is_never_published(
+    root: Path, hub: HubEmulator, tmp_path: Path, damage: str
+) -> None:
+    """A link inside a store (to a file of the machine), a frame shard missing, a chunk
+    failing its crc32c: refused in one line before the Hub hears of it."""
+    store = root / "Pong" / "1.zarr"
+    shard = store / "observation" / "c" / "0" / "0" / "0"
+    if damage == "link":
+        private = tmp_path / "passwd"
+        private.write_text("root:x:0:0:root:/root:/bin/bash\n")
+        (store / "action" / "c" / "0").unlink()
+        (store / "action" / "c" / "0").symlink_to(private)
+    elif damage == "missing shard":
+        shard.unlink()
+    else:
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+    before = _files(root)
+    with pytest.raises(StoreCorruptError) as err:
+        publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub))
+    message = str(err.value)
+    assert str(store) in message and "verify" in message and "\n" not in message
+    assert hub.log == [] and "org/atari" not in hub.repos
+    assert _files(root) == before
+
+
+def test_a_publish_the_hub_refuses_leaves_the_root_as_it_was(root: Path, hub: HubEmulator) -> None:
+    before = _files(root)
+    with pytest.raises(RemoteAccessError):
+        publish(
+            str(root),
+            "hf://datasets/org/atari",
+            storage_options={"endpoint": hub.endpoint, "token": "hf_notTheRightOne7"},
+        )
+    assert _files(root) == before and not (root / "catalog.json").exists()
+    # published, the root is still as it was: the repo has the catalog, the root none
+    publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub))
+    assert _files(root) == before
+    assert (hub.repos["org/atari"] / "catalog.json").is_file()

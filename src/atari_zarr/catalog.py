@@ -42,6 +42,7 @@ and lists them again after writing, until what it wrote is what is there.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -62,6 +63,7 @@ __all__ = [
     "CatalogEntry",
     "StoreRow",
     "StoreState",
+    "build_catalog",
     "catalog_entries",
     "check_entry",
     "check_names",
@@ -72,9 +74,11 @@ __all__ = [
     "find_store",
     "list_stores",
     "name_to_url",
+    "object_problems",
     "read_catalog",
     "refresh_catalog",
     "size_text",
+    "store_objects",
     "store_state",
     "write_catalog",
 ]
@@ -458,15 +462,130 @@ def _entry(
     }
 
 
+def store_objects(fs: FileSystem, path: str) -> list[str]:
+    """The files the metadata of the store at ``path`` names, relative to it: its root
+    ``zarr.json``, each group's and array's, and every chunk (or shard) object of every
+    array, as its chunk key encoding spells it. Nothing else belongs to the store.
+
+    Raises
+    ------
+    StoreFormatError
+        The root ``zarr.json`` holds no consolidated metadata of its groups and arrays.
+
+    Examples
+    --------
+    >>> names = store_objects(get_fs(store_url)[0], store_url)
+    >>> names[0], "observation/zarr.json" in names, "observation/c/0/0/0" in names
+    ('zarr.json', True, True)
+    """
+    from zarr.core.metadata.v3 import ArrayV3Metadata
+
+    raw = fs.cat_metadata(f"{path}/{_ROOT_META}")
+    try:
+        meta = json.loads(raw)
+        nodes = meta["consolidated_metadata"]["metadata"]
+        assert isinstance(nodes, dict)
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise StoreFormatError(
+            f"{redact(path)}/{_ROOT_META} holds no consolidated metadata of the store's "
+            f"groups and arrays, as `atari-zarr convert` writes it; convert the store again"
+        ) from None
+    out = [_ROOT_META]
+    for name in sorted(nodes):
+        node = nodes[name]
+        out.append(f"{name}/{_ROOT_META}")
+        if not isinstance(node, dict) or node.get("node_type") != "array":
+            continue
+        try:
+            array = ArrayV3Metadata.from_dict(node)
+            unit = array.chunk_grid.chunk_shape  # type: ignore[attr-defined]
+            grid = [-(-n // c) for n, c in zip(array.shape, unit, strict=True)]
+        except Exception as exc:  # whatever zarr makes of metadata that is not an array's
+            raise StoreFormatError(
+                f"{redact(path)}: array {name!r} has metadata zarr cannot read "
+                f"({type(exc).__name__}); convert the store again"
+            ) from None
+        out += [f"{name}/{array.encode_chunk_key(c)}" for c in itertools.product(*map(range, grid))]
+    return out
+
+
+def object_problems(fs: FileSystem, path: str) -> list[str]:
+    """What a cheap look finds wrong with the complete store at ``path``, one line each: a
+    symbolic link inside it (a local store), or an object its metadata names that is not
+    there. One listing of the store; no chunk is read (``atari-zarr verify`` reads them).
+
+    Examples
+    --------
+    >>> object_problems(get_fs(store_url)[0], store_url)
+    []
+    """
+    try:
+        named = store_objects(fs, path)
+    except StoreFormatError as exc:
+        return [str(exc)]
+    problems = []
+    if not fs.remote:
+        for top, dirs, files in os.walk(path):  # never follows a link
+            for entry in sorted([*dirs, *files]):
+                if os.path.islink(os.path.join(top, entry)):
+                    where = os.path.relpath(os.path.join(top, entry), path)
+                    problems.append(f"{where} is a symbolic link")
+    found = {p[len(path) + 1 :] for p in fs.find(path)}
+    missing = [k for k in named if k not in found]
+    if missing:
+        more = f" and {len(missing) - 1:,} more" if len(missing) > 1 else ""
+        problems.append(f"{missing[0]}{more}, named by its metadata, is missing")
+    return problems
+
+
 def _complete_under(fs: FileSystem, path: str, *, sizes: bool) -> list[CatalogEntry]:
-    """Entries of the complete stores under ``path``, found by listing (no catalog)."""
+    """Entries of the complete stores under ``path``, found by listing (no catalog).
+
+    A store with a link inside or an object missing (:func:`object_problems`) is left
+    out, with a warning: what would open it reads another file, or zeros."""
     fs.invalidate_cache()  # listings as they are now, not as this process saw them
     out = []
     for p in _find_stores(fs, path, depth=3):
         state, attrs = _inspect(fs, p, look_inside=False)
         if state == "complete" and p != path:
+            problems = object_problems(fs, p)
+            if problems:
+                shown = redact(p)
+                warnings.warn(
+                    f"{shown} is left out: {problems[0]}"
+                    f"{f' ({len(problems) - 1} more problems)' if len(problems) > 1 else ''}; "
+                    f"expected a store as convert wrote it. Run `atari-zarr verify {shown}`, "
+                    f"then convert it again (--overwrite)",
+                    stacklevel=3,
+                )
+                continue
             out.append(_entry(fs, p, p[len(path) + 1 :], attrs, sizes))
     return sorted(out, key=lambda e: _natural(e["path"]))
+
+
+def build_catalog(
+    root: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    sizes: bool = True,
+    timeout: Timeout = "default",
+) -> dict[str, Any]:
+    """The catalog :func:`write_catalog` would write for ``root``, written nowhere (what
+    ``publish`` uploads, leaving the local root as it was).
+
+    Examples
+    --------
+    >>> [e["path"] for e in build_catalog(dest_root)["stores"]]
+    ['Pong/1.zarr']
+    """
+    fs, path = get_fs(root, storage_options, timeout=timeout)
+    path = path.rstrip("/")
+    if not fs.exists(path):
+        raise StoreNotFoundError(
+            f"{root} does not exist: expected the DEST of `atari-zarr convert`. Check the path."
+        )
+    check_root(root, storage_options, timeout=timeout)
+    return {"format": CATALOG_FORMAT, "stores": _complete_under(fs, path, sizes=sizes)}
 
 
 def read_catalog(

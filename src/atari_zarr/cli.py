@@ -361,6 +361,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
         license=args.license,
         message=args.message,
         progress=not args.no_progress,
+        overwrite=args.overwrite,
     )
     if not args.quiet:
         print(
@@ -768,6 +769,11 @@ def _publish_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--private", action="store_true", help="create the repo private")
     p.add_argument("--license", default="cc-by-4.0", help="license of the card's front matter")
     p.add_argument("--message", help="the commits' message")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the repo's README.md even when `card` or `publish` did not write it",
+    )
     return p
 
 

@@ -30,18 +30,23 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atari_zarr.catalog import CATALOG, write_catalog
-from atari_zarr.errors import InvalidArgumentError, RemoteAccessError, import_optional
-from atari_zarr.explore.card import CARD, CURVES, card_text, curves_png
+from atari_zarr.catalog import CATALOG, build_catalog, store_objects
+from atari_zarr.errors import (
+    InvalidArgumentError,
+    RemoteAccessError,
+    StoreCorruptError,
+    StoreExistsError,
+    import_optional,
+)
+from atari_zarr.explore.card import CARD, CURVES, MARK, card_text, curves_png
 from atari_zarr.progress import progress_bar
-from atari_zarr.storage.filesystem import quiet_hub_logs
+from atari_zarr.storage.filesystem import get_fs, quiet_hub_logs
 from atari_zarr.storage.hub import parse_hf_url
 from atari_zarr.storage.paths import is_url, local_path, redact
 
@@ -51,6 +56,7 @@ __all__ = [
     "HubLimits",
     "Published",
     "check_hub_limits",
+    "check_stores",
     "publish",
     "upload_plan",
 ]
@@ -127,8 +133,18 @@ def check_hub_limits(paths: Iterable[str], existing: Iterable[str] = ()) -> HubL
 
 def upload_plan(root: str, names: Sequence[str] | None = None) -> dict[str, Path]:
     """Repo path -> local file, of every complete store under ``root`` (or of ``names``,
-    ``"Game/run"``), the catalog and card aside."""
-    from atari_zarr.catalog import complete_store_entries
+    ``"Game/run"``), the catalog and card aside: the files each store's metadata names
+    (:func:`~atari_zarr.catalog.store_objects`), and nothing else in its folder.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A name with no complete store.
+    StoreCorruptError
+        A store with a symbolic link inside or a named object missing, or a named file
+        that is not a regular file: nothing of another place is ever uploaded.
+    """
+    from atari_zarr.catalog import complete_store_entries, object_problems
 
     base = Path(local_path(root))
     available, _ = complete_store_entries(str(base), None)
@@ -140,17 +156,46 @@ def upload_plan(root: str, names: Sequence[str] | None = None) -> dict[str, Path
             f"{', '.join(available) or 'none'}); expected names as 'Game/run'. Pass names of "
             f"complete stores, or convert the others first"
         )
+    fs, _ = get_fs(str(base))
     plan: dict[str, Path] = {}
     for name in chosen:
         store = base / f"{name}.zarr"
-        for folder, dirs, files in os.walk(store):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for file in sorted(files):
-                if file.startswith("."):
-                    continue
-                full = Path(folder) / file
-                plan[full.relative_to(base).as_posix()] = full
+        problems = object_problems(fs, str(store))
+        if problems:
+            raise _unpublishable(store, problems[0], len(problems))
+        for key in store_objects(fs, str(store)):
+            full = store / key
+            if full.is_symlink() or not full.is_file():  # changed since it was looked at
+                raise _unpublishable(store, f"{key} is not a regular file", 1)
+            plan[full.relative_to(base).as_posix()] = full
     return plan
+
+
+def _unpublishable(store: Path, problem: str, count: int) -> StoreCorruptError:
+    more = f" ({count - 1} more problems)" if count > 1 else ""
+    return StoreCorruptError(
+        f"{store} cannot be published: {problem}{more}; expected a store as convert wrote "
+        f"it, and nothing was sent. Run `atari-zarr verify {store}`, convert it again "
+        f"(--overwrite), or publish the others (--names)"
+    )
+
+
+def check_stores(base: Path, stores: Sequence[str], *, progress: bool = False) -> None:
+    """Refuse to publish stores that ``atari-zarr verify`` fails (every chunk read and
+    checked): a reader of the repo would meet the damage, far from its cause.
+
+    Raises
+    ------
+    StoreCorruptError
+        A store fails: its first problem, and the command that lists them all.
+    """
+    from atari_zarr.verify import verify_store
+
+    for store in stores:
+        url = str(base / store)
+        report = verify_store(url, progress=progress)
+        if not report.ok:
+            raise _unpublishable(Path(url), report.problems[0], len(report.problems))
 
 
 def _batches(
@@ -181,6 +226,7 @@ def publish(
     batch_files: int = 1000,
     batch_bytes: int = 8 << 30,
     progress: bool = True,
+    overwrite: bool = False,
 ) -> Published:
     """Upload the complete stores under the local ``root`` to a Hub dataset repo.
 
@@ -207,6 +253,9 @@ def publish(
         Files and bytes per commit at most.
     progress : bool
         Show a progress bar of the bytes.
+    overwrite : bool
+        Replace the repo's ``README.md`` (in the folder published to) even when it is not
+        a card ``atari-zarr`` wrote, as ``atari-zarr card --overwrite`` does.
 
     Returns
     -------
@@ -217,8 +266,15 @@ def publish(
     InvalidArgumentError
         ``root`` is not local, ``repo_url`` not a Hub dataset URL, or the stores do not
         fit the Hub's limits.
+    StoreCorruptError
+        A store fails ``atari-zarr verify`` (a link inside, an object missing, a chunk
+        failing its check): nothing is sent.
+    StoreExistsError
+        The repo holds a ``README.md`` that is not a card of ours (without ``overwrite``).
     RemoteAccessError
         The Hub refused (no token, or one that may not write the repo).
+
+    Nothing is written to ``root``: a publish that fails leaves it as it was.
     """
     hub = import_optional("huggingface_hub", extra="hf", purpose="publishing to the Hub")
     quiet_hub_logs()  # its notes ("No files have been modified ...") reach -v only
@@ -237,7 +293,6 @@ def publish(
     token = options.get("token")
     secrets = {**options, "token": token if isinstance(token, str) else ""}
     base = str(Path(local_path(root)).absolute())
-    write_catalog(base)  # what is complete now, and nothing else
     plan = upload_plan(base, names)
     if not plan:
         raise InvalidArgumentError(
@@ -246,15 +301,25 @@ def publish(
         )
     prefix = f"{where.path}/" if where.path else ""
     stores = tuple(sorted({"/".join(p.split("/")[:2]) for p in plan}))
-    catalog = json.loads((Path(base) / CATALOG).read_text())
-    catalog["stores"] = [e for e in catalog.get("stores", []) if e.get("path") in stores]
+    check_stores(Path(base), stores)  # every chunk checked before anything is sent
+    # what is complete now, of the stores published; written nowhere here (the root stays
+    # as it was whatever the Hub answers): the repo's copy goes up in the last commit
+    with warnings.catch_warnings():
+        # of a store left out of the catalog for its damage: not one published here
+        warnings.simplefilter("ignore")
+        catalog = build_catalog(base)
+    catalog["stores"] = [e for e in catalog["stores"] if e["path"] in stores]
     try:
-        picture: bytes | None = curves_png(base, paths=stores)
+        picture: bytes | None = curves_png(base, entries=catalog["stores"])
     except ImportError:
         picture = None  # matplotlib (the plot extra) draws them; the card goes without
     # the loading lines name the repo as readers spell it (its branch and folder too)
     card = card_text(
-        base, public_url=repo_url, license=license, curves=picture is not None, paths=stores
+        base,
+        public_url=repo_url,
+        license=license,
+        curves=picture is not None,
+        entries=catalog["stores"],
     )
     api = hub.HfApi(endpoint=options.get("endpoint"), token=token)
     what = redact(repo_url, secrets)
@@ -269,6 +334,8 @@ def publish(
         ]
     except hub.errors.HfHubHTTPError as exc:
         raise _refused(what, exc, secrets) from None
+    if prefix + CARD in existing and not overwrite:
+        _check_card(where, options, what)
     extra = [CATALOG, CARD] + ([CURVES] if picture is not None else [])
     limits = check_hub_limits([prefix + p for p in [*plan, *extra]], existing)
     log.info(
@@ -315,6 +382,19 @@ def publish(
         if theirs:
             enable_progress_bars()
     return Published(where.url(), stores, len(plan), total, commits)
+
+
+def _check_card(where: Any, options: dict[str, Any], what: str) -> None:
+    """Refuse to replace the repo's ``README.md`` unless ``atari-zarr`` wrote it (it holds
+    :data:`~atari_zarr.explore.card.MARK`), as ``atari-zarr card`` refuses a root's."""
+    fs, path = get_fs(where.url(), options)
+    found = fs.cat_file(f"{path.rstrip('/')}/{CARD}")
+    if MARK.encode() not in found:
+        raise StoreExistsError(
+            f"{what}/{CARD} exists and is not a card atari-zarr wrote (it has no line "
+            f"{MARK}); nothing was sent. Expected none, or a card of ours to refresh: move "
+            f"it, or pass --overwrite (overwrite=True) to replace it"
+        )
 
 
 def _commit(api: Any, where: Any, ops: list[Any], message: str, what: str, secrets: dict) -> int:

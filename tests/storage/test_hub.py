@@ -15,7 +15,7 @@ import pytest
 from atari_zarr_testkit.hub import HubEmulator
 
 from atari_zarr import AtariZarrDataset, ReadOptions
-from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError
+from atari_zarr.errors import RemoteAccessError, RemoteTimeoutError, StoreCorruptError
 from atari_zarr.storage.hub import parse_hf_url, retry_after
 
 pytest.importorskip("huggingface_hub")
@@ -299,3 +299,111 @@ def test_a_server_that_resolves_branches_only_is_read_by_the_branch(
         _same(remote[0:32], AtariZarrDataset(pong_store.url)[0:32])
         by_commit = [p for _, p, st in hub.log if f"/resolve/{hub.sha['org/atari']}/" in p]
     assert len(by_commit) == 1  # asked once by commit, then by the branch
+
+
+def test_a_password_in_the_endpoint_is_never_written_to_disk_or_printed(
+    pong_store, repo: Path, home: Path, tmp_path: Path
+) -> None:
+    """An endpoint with user info (``HF_ENDPOINT`` or ``storage_options["endpoint"]``):
+    the object cache's folders are named by host and port alone, and no file under the
+    cache, nor anything a command prints, holds the password."""
+    import os
+
+    secret = "hf_UrlSecret0xDEAD"
+    hf_home = tmp_path / "hf-home"
+    with HubEmulator({"org/atari": repo}) as hub:
+        endpoint = hub.endpoint.replace("http://", f"http://me:{secret}@")
+        remote = AtariZarrDataset(URL, storage_options={"endpoint": endpoint, "token": False})
+        _same(remote[0:40], AtariZarrDataset(pong_store.url)[0:40])
+        env = {**os.environ, "ATARI_ZARR_HOME": str(home), "HF_ENDPOINT": endpoint}
+        env.update(HF_HOME=str(hf_home), HF_TOKEN="")
+        printed = ""
+        for args in (("info", URL), ("verify", URL, "--no-progress")):
+            shutil.rmtree(home / "objects", ignore_errors=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "atari_zarr", "-v", *args],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert done.returncode == 0, done.stderr
+            printed += done.stdout + done.stderr
+    assert "127.0.0.1" in printed  # the endpoint was used, and shown without its user info
+    assert secret not in printed
+    written = [p for d in (home, hf_home) if d.exists() for p in d.rglob("*")]
+    assert [p for p in written if p.is_file() and "observation" in p.as_posix()]
+    assert not [p for p in written if secret in p.as_posix() or "me_" in p.name]
+    assert not [p for p in written if p.is_file() and secret.encode() in p.read_bytes()]
+
+
+@pytest.mark.parametrize("bound", ["100", "4K", "50K"])
+def test_an_object_cache_smaller_than_an_object_reads_through(
+    pong_store, repo: Path, home: Path, monkeypatch: pytest.MonkeyPatch, bound: str
+) -> None:
+    """A bound below one object (or a few): every read comes back exact, never "not a
+    Zarr store" nor an object "evicted as fast as it was fetched"."""
+    monkeypatch.setenv("ATARI_ZARR_OBJECT_CACHE_SIZE", bound)
+    local = AtariZarrDataset(pong_store.url, frame_stack=4)
+    rows = np.random.default_rng(1).integers(0, len(local), 64)
+    with HubEmulator({"org/atari": repo}) as hub:
+        remote = AtariZarrDataset(URL, storage_options=hub.storage_options(), frame_stack=4)
+        _same(remote[rows], local[rows])
+        _same(remote[0:300], local[0:300])
+
+
+@pytest.mark.parametrize("bound", ["nan", "inf", "-5G", "lots"])
+def test_an_object_cache_size_that_is_no_size_is_one_line(
+    repo: Path, home: Path, bound: str
+) -> None:
+    import os
+
+    env = {**os.environ, "ATARI_ZARR_HOME": str(home), "ATARI_ZARR_OBJECT_CACHE_SIZE": bound}
+    with HubEmulator({"org/atari": repo}) as hub:
+        done = subprocess.run(
+            [sys.executable, "-m", "atari_zarr", "info", URL, "-s", f"endpoint={hub.endpoint}"],
+            capture_output=True,
+            text=True,
+            env=env,
+        )
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert f"ATARI_ZARR_OBJECT_CACHE_SIZE={bound!r}" in done.stderr
+
+
+def _flip(path: Path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("where", ["index", "chunk"])
+def test_a_damaged_kept_object_is_fetched_again_and_the_hubs_damage_is_said(
+    pong_store, repo: Path, home: Path, where: str
+) -> None:
+    """A kept object whose chunk fails its crc32c is thrown away and fetched once more
+    (the rows come back exact); where the Hub's own copy fails too, the error says so."""
+    local = AtariZarrDataset(pong_store.url)
+    key = "Pong/1.zarr/observation/c/0/0/0"
+    with HubEmulator({"org/atari": repo}) as hub:
+        AtariZarrDataset(URL, storage_options=hub.storage_options())[0:40]
+        [kept] = [p for p in (home / "objects").rglob("observation/c/0/0/0") if p.is_file()]
+        # in the shard's index, or in a chunk's bytes: a crc32c fails
+        at = 100 if where == "index" else kept.stat().st_size // 2
+        _flip(kept, at)
+        before = [p for _, p, _ in hub.log].count(
+            f"/datasets/org/atari/resolve/{hub.sha['org/atari']}/{key}"
+        )
+        again = AtariZarrDataset(URL, storage_options=hub.storage_options())
+        _same(again[:], local[:])
+        resolves = [p for _, p, _ in hub.log].count(
+            f"/datasets/org/atari/resolve/{hub.sha['org/atari']}/{key}"
+        )
+        assert resolves == before + 1
+        # the Hub's own copy damaged (its checksum the damaged bytes'): said, once fetched anew
+        _flip(repo / key, at)
+        _flip(kept, at)
+        with pytest.raises(StoreCorruptError) as err:
+            AtariZarrDataset(URL, storage_options=hub.storage_options())[:]
+    message = str(err.value)
+    assert "fetched again from the Hub" in message and "\n" not in message
+    assert "hf://datasets/org/atari/Pong/1.zarr" in message

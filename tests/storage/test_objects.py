@@ -129,3 +129,49 @@ def test_a_key_out_of_the_store_is_refused(tmp_path: Path) -> None:
         with pytest.raises(OSError, match="not an object's key"):
             asyncio.run(cached.get(key, default_buffer_prototype()))
     assert not fetched and not (tmp_path / "outside").exists()
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf", "-5G", "-1", "1e400", "G", ""])
+def test_a_size_that_is_no_size_is_one_line_naming_the_variable(text: str) -> None:
+    from atari_zarr.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError) as err:
+        parse_size(text)
+    message = str(err.value)
+    assert message.startswith(f"ATARI_ZARR_OBJECT_CACHE_SIZE={text!r}") and "\n" not in message
+    assert "0 turns the cache off" in message and "e.g. 20G" in message
+
+
+def test_a_bound_below_one_object_reads_through(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects larger than the bound are read and served, never kept (nor evicted as fast
+    as they are fetched); those that fit are kept."""
+    remote, data = _remote(40)
+    for bound in ("100", "1K"):
+        monkeypatch.setenv("ATARI_ZARR_OBJECT_CACHE_SIZE", bound)
+        root = tmp_path / bound
+        cached = _cached(remote, root, [])
+        np.testing.assert_array_equal(zarr.open_array(cached, mode="r", zarr_format=3)[:], data)
+        kept = [p for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")]
+        assert sum(p.stat().st_size for p in kept if not p.name.endswith(".lock")) <= 1024
+
+
+def test_a_kept_copy_that_fails_its_check_is_thrown_away_or_named(tmp_path: Path) -> None:
+    """``discard``: the kept copy goes and the next read fetches it again; one that cannot
+    be removed is named in one line, the store never called damaged for it."""
+    from atari_zarr.errors import StoreWriteError
+
+    remote, data = _remote()
+    cached = _cached(remote, tmp_path, fetched := [])
+    array = zarr.open_array(cached, mode="r", zarr_format=3)
+    np.testing.assert_array_equal(array[:], data)
+    kept = tmp_path / "host/datasets/org/x/0123abcd/c/0/0"
+    assert "the Hub's copy is damaged" in cached.discard("c/0/0") and not kept.exists()
+    np.testing.assert_array_equal(array[0:4], data[0:4])
+    assert fetched.count("c/0/0") == 2 and kept.is_file()
+    kept.unlink()
+    kept.mkdir()  # what cannot be unlinked, whoever the user is
+    with pytest.raises(StoreWriteError) as err:
+        cached.discard("c/0/0")
+    assert str(kept) in str(err.value) and "damaged" not in str(err.value)

@@ -33,10 +33,16 @@ from atari_zarr.catalog import (
     CatalogEntry,
     catalog_entries,
     check_root,
+    object_problems,
     size_text,
     store_state,
 )
-from atari_zarr.errors import StoreExistsError, StoreNotFoundError, import_optional
+from atari_zarr.errors import (
+    StoreCorruptError,
+    StoreExistsError,
+    StoreNotFoundError,
+    import_optional,
+)
 from atari_zarr.explore.curves import plot_learning_curves
 from atari_zarr.opening import open_store
 from atari_zarr.sources.registry import kind_of
@@ -94,6 +100,14 @@ def _sources(
                 f"complete stores it lists. Run `atari-zarr index {shown}` to refresh the "
                 f"catalog, then `atari-zarr card` again."
             )
+        fs, where = get_fs(url, options, timeout=timeout)
+        problems = object_problems(fs, where.rstrip("/"))
+        if problems:  # a store opened through it would read another file, or zeros
+            raise StoreCorruptError(
+                f"{redact(url, options)}, which {CATALOG} lists, has {problems[0]}; expected "
+                f"a store as convert wrote it. Run `atari-zarr verify {redact(url, options)}`, "
+                f"convert it again (--overwrite), then `atari-zarr index` and `card` again"
+            )
         meta = open_store(url, options, timeout=timeout).metadata
         kind = kind_of(meta)
         source = meta.get("source") or {}
@@ -129,11 +143,16 @@ def card_text(
     timeout: Timeout = "default",
     curves: bool = True,
     paths: Sequence[str] | None = None,
+    entries: Sequence[CatalogEntry] | None = None,
 ) -> str:
     """The card of ``root`` as Markdown (see the module docstring); ``curves=False``
     leaves out the section that shows :data:`CURVES`; ``paths`` (``"Pong/1.zarr"``, ...)
-    keeps only those stores."""
-    entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
+    keeps only those stores; ``entries``, the catalog's entries of the stores the card
+    shows, which a catalog beside it lists (default: the root's, or what listing finds)."""
+    if entries is not None:
+        entries, indexed = list(entries), True
+    else:
+        entries, indexed = catalog_entries(root, storage_options, timeout=timeout)
     if paths is not None:
         entries = [e for e in entries if e["path"] in set(paths)]
     return _card_text(
@@ -155,11 +174,14 @@ def curves_png(
     *,
     timeout: Timeout = "default",
     paths: Sequence[str] | None = None,
+    entries: Sequence[CatalogEntry] | None = None,
 ) -> bytes:
-    """The learning curves of the stores under ``root`` (of ``paths`` only, where given)
-    as a PNG: one panel per game, one line per run (needs matplotlib: the ``plot`` extra)."""
+    """The learning curves of the stores under ``root`` (of ``paths`` only, where given;
+    of ``entries``, catalog entries, where given) as a PNG: one panel per game, one line
+    per run (needs matplotlib: the ``plot`` extra)."""
     plt = import_optional("matplotlib.pyplot", extra="plot", purpose="a dataset card")
-    entries, _ = catalog_entries(root, storage_options, timeout=timeout)
+    if entries is None:
+        entries, _ = catalog_entries(root, storage_options, timeout=timeout)
     if paths is not None:
         entries = [e for e in entries if e["path"] in set(paths)]
     by_game: dict[str, list[str]] = {}

@@ -51,7 +51,7 @@ from atari_zarr.shard_format import MISSING, check_crc, index_size, parse_index
 from atari_zarr.storage.blosc import blosc_decoder, libblosc2_decoder
 from atari_zarr.storage.chunk_loop import ChunkLoop, Destinations, RowCopies
 from atari_zarr.storage.chunk_tables import ChunkTables, Located, Rows
-from atari_zarr.storage.fetch import LocalBytes, byte_source
+from atari_zarr.storage.fetch import LocalBytes, StoreBytes, byte_source
 from atari_zarr.storage.kept import DEFAULT_KEPT_BYTES, KeptBytes, KeptView
 from atari_zarr.storage.ranges import DEFAULT_COALESCE_GAP, ByteRange, coalesce_ranges
 
@@ -159,6 +159,13 @@ def corrupt_chunk(
         f"{where}: chunk {chunk} of array {name!r} (rows {rows[0]}-{rows[1]}), stored in "
         f"{key!r}{where_bytes}, {what}. The store is damaged; {remedy}"
     )
+
+
+def _noted(err: StoreCorruptError, note: str | None) -> StoreCorruptError:
+    """``err`` with ``note`` (what a copy fetched anew showed) added as its last sentence."""
+    if not note:
+        return err
+    return StoreCorruptError(f"{str(err).rstrip('.')}. {note}")
 
 
 class ChunkGrid:
@@ -460,19 +467,53 @@ class ChunkEngine:
     def _parse_index(self, shard: int, raw: Any) -> np.ndarray:
         g = self.grid
         assert g is not None
+        key = g.object_key(shard)
+        note = None
+        for _ in range(2):
+            try:
+                index = parse_index(
+                    raw, size=g.index_size, where=self.where, name=self.name, key=key,
+                    remedy=self.remedy,
+                )  # fmt: skip
+                self.check_fingerprint(shard, raw)
+                return index  # type: ignore[no-any-return]
+            except StoreCorruptError as err:
+                if note is not None or (note := self._again(key)) is None:
+                    raise self._damaged(_noted(err, note)) from None
+                log.debug("%s: %s; fetching it again", self.where, err)
+                [raw] = self.get([self.index_range(shard)], merge=False)
+                if raw is None:
+                    raise self._damaged(_noted(err, note)) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _again(self, key: str) -> str | None:
+        """Forget what is kept of object ``key``, which failed a check, so that the next
+        read fetches it anew: the bytes kept in memory, and a local cache's copy of the
+        whole object (thrown away). None where nothing comes anew (a local store); else
+        what a message of the same failure then adds ("" where no copy was on disk)."""
+        if not self.bytes.remote:
+            return None
+        self.kept.forget(key)
+        return self.bytes.discard(key) if isinstance(self.bytes, StoreBytes) else ""
+
+    def _fingerprinted(self, coord: int, key: str, raw: Any) -> Any:
+        """The whole object ``raw`` of ``coord`` once its recorded crc32c holds; fetched
+        once more where a copy kept of it fails (a remote store's)."""
         try:
-            index = parse_index(
-                raw,
-                size=g.index_size,
-                where=self.where,
-                name=self.name,
-                key=g.object_key(shard),
-                remedy=self.remedy,
-            )
-            self.check_fingerprint(shard, raw)
+            self.check_fingerprint(coord, raw)
+            return raw
         except StoreCorruptError as err:
-            raise self._damaged(err) from None
-        return index  # type: ignore[no-any-return]
+            note = self._again(key)
+            if note is None:
+                raise self._damaged(err) from None
+            [again] = self.get([ByteRange.whole(key)], merge=False)
+            try:
+                if again is None:
+                    raise err from None
+                self.check_fingerprint(coord, again)
+            except StoreCorruptError as err2:
+                raise self._damaged(_noted(err2, note)) from None
+            return again
 
     def check_fingerprint(self, coord: int, raw: Any) -> None:
         """Refuse object ``coord`` whose crc32c (the last 4 bytes of ``raw``, its shard
@@ -543,12 +584,9 @@ class ChunkEngine:
         if not g.sharded:
             keys = [g.object_key(c) for c in cids]
             data = self.get([ByteRange.whole(k) for k in keys])
-            for c, d in zip(cids, data, strict=True):
+            for i, (c, d) in enumerate(zip(cids, data, strict=True)):
                 if d is not None:
-                    try:
-                        self.check_fingerprint(c, d)
-                    except StoreCorruptError as err:
-                        raise self._damaged(err) from None
+                    data[i] = self._fingerprinted(c, keys[i], d)
             return [
                 EncodedChunk(c, d, k, None, None) for c, d, k in zip(cids, data, keys, strict=True)
             ]
@@ -917,16 +955,20 @@ class ChunkEngine:
         whole = skip == 0 and len(dest) == g.chunk_rows and dest.flags.c_contiguous
         target = dest if whole else np.empty(g.chunk_shape, dtype=g.dtype)
         problem = self._decode_checked(chunk, src, target, decoder)
+        note = ""
         if problem is not None and self.bytes.remote:
-            # over a network, bytes cut short or changed in transit are not damage yet:
-            # the chunk is fetched once more, by itself, and only then judged
+            # over a network, bytes cut short or changed in transit are not damage yet,
+            # nor a local cache's copy of them: the chunk is fetched once more, by
+            # itself (the cache's copy thrown away), and only then judged
             log.debug("%s: chunk %d %s; fetching it again", self.where, chunk.cid, problem)
+            note = self._again(chunk.key) or ""
             again = self._refetch(chunk)
             if again is not None:
                 src = again
                 problem = self._decode_checked(chunk, src, target, decoder)
         if problem is not None:
-            raise self.corrupt(chunk, problem)
+            err = self.corrupt(chunk, problem)
+            raise _noted(err, note) if isinstance(err, StoreCorruptError) else err
         if not whole:
             dest[...] = target[skip : skip + len(dest)]
         return len(src)
@@ -949,7 +991,6 @@ class ChunkEngine:
 
     def _refetch(self, chunk: EncodedChunk) -> Any:
         """The bytes of ``chunk`` fetched again, alone (None: the object is gone)."""
-        self.kept.forget(chunk.key)
         if chunk.offset is not None and chunk.size is not None:
             rng = ByteRange(chunk.key, chunk.offset, chunk.offset + chunk.size)
         else:

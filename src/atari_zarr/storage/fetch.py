@@ -367,6 +367,13 @@ class StoreBytes:
     def forget(self, key: str) -> None:
         """Nothing is kept per object here."""
 
+    def discard(self, key: str) -> str:
+        """Throw away what the store keeps of object ``key`` on local disk (it failed a
+        check): a local cache of whole objects (``discard``) fetches it anew at the next
+        read. What a message of the same failure then adds ("" where nothing was kept)."""
+        discard = getattr(self.store, "discard", None)
+        return str(discard(key)) if discard is not None else ""
+
     async def aget(self, ranges: Sequence[ByteRange]) -> list[Any]:
         """:meth:`get`, on the caller's event loop."""
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest

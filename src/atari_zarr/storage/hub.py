@@ -345,8 +345,11 @@ class HubObjects:
         return _COMMITS.setdefault(known, str(sha))
 
     async def folder(self) -> str:
-        """The folder's place in a local cache: host, repo, commit and path."""
-        host = urllib.parse.urlsplit(self.endpoint).netloc.replace(":", "_") or "hub"
+        """The folder's place in a local cache: host, repo, commit and path.
+
+        The host is the endpoint's name and port alone: user info in the endpoint
+        (``http://user:password@host``) is a credential, never a folder's name."""
+        host = _host_folder(self.endpoint)
         where = self.where
         tail = f"/{where.path}" if where.path else ""
         return f"{host}/{where.repo_type}s/{where.repo_id}/{await self.resolve_commit()}{tail}"
@@ -438,6 +441,24 @@ def _forget_sessions() -> None:
 
 
 after_fork(_forget_sessions)
+
+
+def _host_folder(endpoint: str) -> str:
+    """The folder of an endpoint's objects in a local cache: its host and port, never
+    its user info.
+
+    Examples
+    --------
+    >>> _host_folder("http://me:pw@127.0.0.1:8080"), _host_folder("https://huggingface.co")
+    ('127.0.0.1_8080', 'huggingface.co')
+    """
+    parts = urllib.parse.urlsplit(endpoint)
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the name alone
+        port = None
+    host = (parts.hostname or "").replace(":", "_")  # an IPv6 address's colons
+    return (f"{host}_{port}" if port is not None else host) or "hub"
 
 
 def _check(body: bytes, headers: Any) -> str | None:

@@ -24,7 +24,10 @@ The design, in the order a read meets it:
   process that has added a twentieth of the bound since its last pass scans the cache
   under a lock and removes the least recently used objects down to nine tenths of it.
   An object removed while another process wanted it is fetched again; one being read
-  stays readable (POSIX keeps an unlinked file while it is open).
+  stays readable (POSIX keeps an unlinked file while it is open). An object larger than
+  nine tenths of the bound is never kept: it is served as fetched, then read as byte
+  ranges from the Hub, as with the cache off (a bound below one object reads through).
+  A value that is no size (``nan``, ``inf``, ``-5G``) is refused in one line.
 * ``ATARI_ZARR_OBJECT_CACHE_SIZE=0`` turns it off: reads go to the Hub as byte ranges.
 
 Examples
@@ -40,6 +43,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import math
 import os
 import shutil
 import threading
@@ -51,7 +55,7 @@ from typing import Any
 
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Store
 
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.errors import InvalidArgumentError, StoreWriteError
 from atari_zarr.forks import after_fork
 from atari_zarr.storage.cache import PART_PREFIX, ReadThroughStore, write_whole
 from atari_zarr.storage.paths import cache_home, is_url
@@ -73,16 +77,26 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def parse_size(text: str) -> int:
-    """Bytes in ``"20G"``, ``"500M"``, ``"1048576"`` (units of 1024)."""
+    """Bytes in ``"20G"``, ``"500M"``, ``"1048576"`` (units of 1024; 0 turns the cache off).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Not a finite number of bytes of 0 or more (``nan``, ``inf``, ``-5G``, ``lots``),
+        in one line naming :data:`SIZE_ENV` and its value.
+    """
     value = str(text).strip().upper().removesuffix("B").removesuffix("I")
     number, unit = value.rstrip("KMGT"), value[len(value.rstrip("KMGT")) :]
     try:
         size = float(number) * _UNITS[unit]
     except (ValueError, KeyError):
+        size = math.nan
+    if not math.isfinite(size) or size < 0:
         raise InvalidArgumentError(
-            f"{SIZE_ENV}={text!r} is not a size: expected bytes, or a number with K, M, G or T "
-            f"(e.g. 20G). Set it to the disk space the cache of remote objects may use"
-        ) from None
+            f"{SIZE_ENV}={text!r} is not a size: expected bytes of 0 or more, alone or with "
+            f"K, M, G or T (e.g. 20G; 0 turns the cache off). Set it to the disk space the "
+            f"cache of Hub objects may use, or unset it for the default"
+        )
     return int(size)
 
 
@@ -190,6 +204,10 @@ class ObjectCacheStore(ReadThroughStore):
         self.writable = True
         self._inflight: dict[str, asyncio.Future[Path | bytes | None]] = {}
         self._touched: set[str] = set()
+        # objects larger than the bound keeps: read through as byte ranges
+        self._unkept: set[str] = set()
+        # the folder of this store's objects, once a read asked for it
+        self._where: str | None = None
         self._state_lock = threading.Lock()
         after_fork(self._after_fork)
 
@@ -223,8 +241,13 @@ class ObjectCacheStore(ReadThroughStore):
         return ObjectCacheStore(store, self._fetch, self._folder, self.name, self.root)
 
     # -- reads ----------------------------------------------------------------------------
+    def _through(self, key: str) -> bool:
+        """Whether ``key`` is read from the remote store as byte ranges: the cache off or
+        unwritable, or the object larger than the bound keeps."""
+        return self.bound <= 0 or not self.writable or key in self._unkept
+
     async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
-        if self.bound <= 0 or not self.writable:
+        if self._through(key):
             return await self._store.get(key, prototype, byte_range)
         for _ in range(3):  # an object evicted between finding and reading it comes again
             found = await self.local(key)
@@ -236,10 +259,13 @@ class ObjectCacheStore(ReadThroughStore):
                 continue
             self.hits += 1
             return prototype.buffer.from_bytes(data)
-        raise OSError(errno.ENOENT, f"{self.name}/{key}: evicted as fast as it was fetched")
+        # other processes evict it as fast as it comes (a bound of a few objects shared by
+        # many readers): this range is read through, as with the cache off
+        log.debug("%s/%s: evicted as fast as it was fetched; read through", self.name, key)
+        return await self._store.get(key, prototype, byte_range)
 
     async def exists(self, key: str) -> bool:
-        if self.bound <= 0 or not self.writable:
+        if self._through(key):
             return await self._store.exists(key)
         return await self.local(key) is not None
 
@@ -250,7 +276,8 @@ class ObjectCacheStore(ReadThroughStore):
         if key.startswith("/") or ".." in parts or "" in parts:
             # what a hostile zarr.json could name: never a path out of the cache
             raise OSError(errno.EINVAL, f"{self.name}/{key}: not an object's key in a store")
-        path = self.root / await self._folder() / key
+        self._where = await self._folder()
+        path = self.root / self._where / key
         if path.is_file():
             self._touch(path)
             return path
@@ -278,6 +305,37 @@ class ObjectCacheStore(ReadThroughStore):
             with self._state_lock:
                 if self._inflight.get(key) is pending:
                     del self._inflight[key]
+
+    def discard(self, key: str) -> str:
+        """Throw away the kept copy of object ``key``, which failed a check (a crc32c):
+        the next read fetches it again. What a message says when the copy fetched again
+        fails too ("" where no copy was kept: the object came from the Hub as it is).
+
+        Raises
+        ------
+        StoreWriteError
+            The kept copy cannot be removed: the message names its file.
+        """
+        if self._through(key) or self._where is None:
+            return ""
+        path = self.root / self._where / key
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreWriteError(
+                f"{self.name}/{key}: the copy kept in the object cache, {path}, fails its "
+                f"check and cannot be removed ({exc.strerror or exc}); remove it (or set "
+                f"{SIZE_ENV}=0 to read without the cache), then read again"
+            ) from None
+        self._touched.discard(str(path))
+        log.info("%s/%s: the copy kept in %s failed its check; fetching it again",
+                 self.name, key, path)  # fmt: skip
+        return (
+            "The copy kept in the object cache was thrown away and the object fetched "
+            "again from the Hub: that copy fails the same check, so the Hub's copy is damaged"
+        )
 
     def _touch(self, path: Path) -> None:
         """Mark ``path`` recently used (once per process: eviction goes by these times)."""
@@ -318,11 +376,24 @@ class ObjectCacheStore(ReadThroughStore):
             if data is None:
                 return None
             self.fetched += 1
-            return self._keep(path, data)
+            return self._keep(key, path, data)
         finally:
             os.close(lock)  # releases the flock
 
-    def _keep(self, path: Path, data: bytes) -> Path | bytes:
+    def _keep(self, key: str, path: Path, data: bytes) -> Path | bytes:
+        if len(data) > self.bound * 9 // 10:
+            # an object the next eviction pass would remove at once (the bound is below
+            # one object): served from memory now, read through as ranges from then on
+            self._unkept.add(key)
+            log.info(
+                "%s: an object of %d bytes is larger than %s=%d allows; reading it without "
+                "keeping it",
+                self.name,
+                len(data),
+                SIZE_ENV,
+                self.bound,
+            )
+            return data
         try:
             write_whole(path, data)
         except OSError as exc:
