@@ -981,7 +981,7 @@ def test_pulling_a_part_of_a_cached_whole_run_fetches_nothing(public_copy, tmp_p
     whole = pull(Request.parse("Pong/4"), progress=False, scheduler="synchronous")
     public_copy.proxy.reset()
     assert main(["pull", "Pong/4", "--checkpoints", "3", "-q"]) == 0
-    assert capsys.readouterr().out.strip() == whole.url
+    assert f"AtariZarrDataset({whole.url!r})" in capsys.readouterr().out  # rows of it
     assert public_copy.proxy.requests == 0
     part = pull(Request.parse("Pong/4", checkpoints=[3]), progress=False)
     assert (part.url, part.exact) == (whole.url, False)
@@ -1006,3 +1006,79 @@ def test_the_rank_wait_advises_the_timeout_that_was_given(public_copy, monkeypat
     text = str(info.value)
     assert "waited 1 s for rank 0" in text and "a larger timeout (--timeout" in text, text
     assert "ATARI_ZARR_TIMEOUT" not in text
+
+
+def _opened(line: str) -> Any:
+    """What the Python line a pull prints opens (its imports, then its last expression)."""
+    *imports, expression = line.split("; ")
+    scope: dict[str, Any] = {}
+    exec("; ".join(imports), scope)
+    return eval(expression, scope)
+
+
+def test_pull_asks_the_mirrors_of_the_environment_as_the_drop_ins_do(
+    public_copy, pong_store, monkeypatch, capsys
+):
+    """`pull Pong/1` went to the public copy with ``$ATARI_ZARR_MIRRORS`` set, failed
+    offline and advised setting that mirror: it resolves as the drop-ins do."""
+    from atari_zarr.cli import main
+
+    mirror = str(Path(pong_store.url).parent.parent)
+    monkeypatch.setenv("ATARI_ZARR_MIRRORS", mirror)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{fresh_port()}")  # offline
+    assert main(["pull", "Pong/1", "--no-progress", "--timeout", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"Pong/1 -> {pong_store.url}", out
+    assert main(["pull", "Pong/1", "-q"]) == 0
+    assert capsys.readouterr().out.strip() == pong_store.url
+    assert not (public_copy.proxy.requests or os.path.exists(os.environ["ATARI_ZARR_HOME"]))
+
+
+@pytest.mark.slow
+def test_a_part_served_by_a_cached_whole_run_prints_what_opens_only_the_part(
+    public_copy, tmp_path, capsys
+):
+    """With the whole run cached, `pull --checkpoints 3` printed the whole run's path and
+    `AtariZarrDataset(whole)`: every transition of the run. What it prints (with and
+    without -q) opens exactly what a pull into an empty home stores, and nothing is fetched."""
+    from atari_zarr.cli import main
+
+    whole = pull(Request.parse("Pong/4"), progress=False, scheduler="synchronous")
+    for argv, request in (
+        (["--checkpoints", "3"], Request.parse("Pong/4", checkpoints="3")),
+        (["--checkpoints", "0,3"], Request.parse("Pong/4", checkpoints="0,3")),
+        (
+            ["--dt-buffers", "3", "--dt-steps", "50", "--dt-trajectories", "1"],
+            Request.parse("Pong/4", subset=Subset.decision_transformer(3, 50, 1)),
+        ),
+        (
+            ["--dt-buffers", "50", "--dt-steps", "50", "--dt-trajectories", "1"],
+            Request.parse("Pong/4", subset=Subset.decision_transformer(50, 50, 1)),
+        ),
+    ):
+        public_copy.proxy.reset()
+        assert main(["pull", "Pong/4", *argv, "--no-progress"]) == 0
+        told, line = capsys.readouterr().out.splitlines()
+        assert "taken from the whole run" in told and whole.url in told, told
+        assert main(["pull", "Pong/4", *argv, "-q"]) == 0
+        assert capsys.readouterr().out.strip() == line
+        assert public_copy.proxy.requests == 0  # the whole run serves it
+        exact = pull(request, home=tmp_path / "clean", progress=False, scheduler="synchronous")
+        assert exact.exact and exact.url != whole.url
+        got = _opened(line)
+        if request.subset is None:
+            want = AtariZarrDataset(exact.url)
+            assert len(got) == len(want) < len(AtariZarrDataset(whole.url))
+            for i in range(len(want)):
+                a, b = got[i], want[i]
+                for key in ("observation", "action", ("next", "observation"), ("next", "reward")):
+                    assert (a[key] == b[key]).all(), (argv, i, key)
+        else:  # the trajectories drawn are the rows of the store the rule wrote
+            want = AtariZarrDataset(exact.url)
+            assert len(got.rows) == len(want), argv
+            rows = np.sort(got.rows)
+            for name in ("action", "reward", "terminated"):
+                np.testing.assert_array_equal(
+                    AtariZarrDataset(whole.url).read_steps(rows, [name])[name],
+                    want.read_steps(range(len(want)), [name])[name],
+                )

@@ -372,8 +372,8 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
-    from atari_zarr.listing import loading_line
-    from atari_zarr.pull import RLU_URL, Request, pull
+    from atari_zarr.listing import loading_line, takes_part
+    from atari_zarr.pull import RLU_URL, Request, pull, resolve
 
     subset = _subset(args)
     requests = [
@@ -385,24 +385,40 @@ def _cmd_pull(args: argparse.Namespace) -> int:
         )
         for dataset_id in args.dataset_id
     ]
+    options = parse_storage_options(args.storage_option)
+    where: dict[str, Any] = {
+        "home": args.home,
+        "home_options": options,
+        "source": args.source or RLU_URL,
+        "source_options": parse_storage_options(args.source_storage_option) or None,
+        "scheduler": args.scheduler,
+        "workers": args.workers,
+        "progress": not args.quiet and not args.no_progress,
+        "timeout": _timeout(args),
+    }
     for request in requests:  # each run's shards spread over the scheduler's workers
-        found = pull(
+        # as the drop-ins resolve it: the cache, $ATARI_ZARR_MIRRORS, then the public copy
+        found = resolve(
             request,
-            home=args.home,
-            home_options=parse_storage_options(args.storage_option),
-            overwrite=args.force,
-            source=args.source or RLU_URL,
-            source_options=parse_storage_options(args.source_storage_option) or None,
-            scheduler=args.scheduler,
-            workers=args.workers,
-            progress=not args.quiet and not args.no_progress,
-            timeout=_timeout(args),
+            mirror_options=options,
+            download="force" if args.force else True,
+            **where,
         )
-        if not args.quiet:
+        if not found.exact and not takes_part(request):
+            # a whole run serves it, but no reader's call takes this part from one
+            found = pull(request, part_of_whole=False, **where)
+        line = loading_line(request, found, home_given=args.home is not None)
+        if args.quiet:  # what opens the part: its store, else the line that takes it
+            print(found.url if found.exact else line)
+            continue
+        if found.exact:
             print(f"{request.describe()} -> {found.url}")
-            print(loading_line(request, found, home_given=args.home is not None))
         else:
-            print(found.url)
+            print(
+                f"{request.describe()} -> taken from the whole run {found.url} ({found.origin}; "
+                f"nothing fetched) by the line below"
+            )
+        print(line)
     return 0
 
 
@@ -791,7 +807,8 @@ _PROGRESS = {"convert", "verify", "collect", "demo", "pull", "publish"}
 _QUIET = {
     "verify": "print only problems",
     "ls": "print only the store URLs",
-    "pull": "print only the store's path, no progress",
+    "pull": "print only the store's path (for a part a whole run there serves, the line "
+    "that takes it), no progress",
 }
 
 
