@@ -1082,3 +1082,40 @@ def test_a_part_served_by_a_cached_whole_run_prints_what_opens_only_the_part(
                     AtariZarrDataset(whole.url).read_steps(rows, [name])[name],
                     want.read_steps(range(len(want)), [name])[name],
                 )
+
+
+@pytest.mark.slow
+def test_a_fraction_pull_from_a_server_that_ignores_range(tmp_path, capsys):
+    """`pull --fraction` from ``python -m http.server`` (a ranged GET answered 200 with the
+    whole shard) ended in ``ValueError: memoryview assignment``: it pulls the same store
+    as a conversion of the files themselves."""
+    import shutil
+
+    from atari_zarr_testkit.web import DirectoryServer
+
+    from atari_zarr.cli import main
+
+    old, _ = _two_publications(tmp_path)
+    served = tmp_path / "served" / "Asterix"
+    served.mkdir(parents=True)
+    for path in old.paths.values():
+        shutil.copy(path, served)
+    home = tmp_path / "home"
+    argv = ["Asterix/1", "--checkpoints", "0-1", "--fraction", str(FRACTION)]
+    with DirectoryServer(served.parent) as server:
+        code = main(
+            ["pull", *argv, "--source", server.endpoint_url, "--home", str(home), "-q"]
+            + ["--scheduler", "synchronous"]
+        )
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    [local] = convert(
+        old.game_dir,
+        str(tmp_path / "local"),
+        checkpoints=[0, 1],
+        subset=Subset.fraction_of(FRACTION, order="played"),
+        scheduler="synchronous",
+        progress=False,
+    )
+    got, want = arrays_of(out.strip()), arrays_of(local.url)
+    assert all(np.array_equal(got[name], want[name]) for name in ARRAYS)
