@@ -1119,3 +1119,35 @@ def test_a_fraction_pull_from_a_server_that_ignores_range(tmp_path, capsys):
     )
     got, want = arrays_of(out.strip()), arrays_of(local.url)
     assert all(np.array_equal(got[name], want[name]) for name in ARRAYS)
+
+
+@pytest.mark.slow
+def test_a_damaged_pulled_store_advises_the_pull_that_writes_it_again(
+    public_copy, tmp_path, capsys
+):
+    """A pulled store recorded a `convert` line as its command, so a damaged chunk advised a
+    `convert` that then failed ("already holds a complete store"): it records the `pull`
+    that made it (credentials out), and the advice, `pull ... --force`, repairs it."""
+    import shlex
+
+    from atari_zarr.cli import main
+    from atari_zarr.errors import StoreCorruptError
+
+    home = tmp_path / "home"
+    assert main(["pull", "Pong/4", "--checkpoints", "0", "-q", "--home", str(home)]) == 0
+    url = capsys.readouterr().out.strip()
+    command = zarr.open_group(url, mode="r").attrs[ATTRS_KEY]["command"]
+    assert command == f"atari-zarr pull Pong/4 --checkpoints 0 --home {home}"
+    shard = max((Path(url) / "observation" / "c").rglob("*"), key=lambda p: p.stat().st_size)
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 3] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    ds = AtariZarrDataset(url)
+    with pytest.raises(StoreCorruptError) as info:
+        ds[range(len(ds))]
+    text = str(info.value)
+    advised = f"atari-zarr pull Pong/4 --checkpoints 0 --home {home} --force"
+    assert "\n" not in text and f"pull it again ({advised})" in text, text
+    assert main([*shlex.split(advised)[1:], "-q"]) == 0
+    again = AtariZarrDataset(url)
+    assert len(again[range(len(again))]) == len(ds)

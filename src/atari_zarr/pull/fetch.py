@@ -221,6 +221,11 @@ def pull(
                 progress=progress,
                 timeout=timeout,
                 listed=[run],
+                # the command that pulls it again (a damaged store's remedy), credentials out
+                command=request.command(
+                    home=redact(cache),
+                    source=None if source == RLU_URL else redact(source.rstrip("/")),
+                ),
             )
             _check_converted(store.url, options, request, game, checkpoints, timeout)
         except StoreExistsError:  # finished by another process meanwhile

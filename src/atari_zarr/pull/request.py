@@ -260,8 +260,9 @@ class Request:
             what.append(self.subset.describe())
         return ", ".join(what)
 
-    def command(self) -> str:
-        """The ``atari-zarr pull`` command that fetches this request."""
+    def command(self, **where: Any) -> str:
+        """The ``atari-zarr pull`` command that fetches this request (``where``: more
+        options, such as ``home=``, given after the request's own)."""
         subset = self.subset
         options: dict[str, Any] = {
             "checkpoints": None if self.checkpoints is None else spans(self.checkpoints)
@@ -278,7 +279,7 @@ class Request:
             )
         if subset is not None and subset.seed:
             options["subset_seed"] = subset.seed
-        return command_line("pull", self.dataset_id, **options)
+        return command_line("pull", self.dataset_id, **options, **where)
 
     def source_checkpoints(self) -> tuple[int, ...] | None:
         """The shards a pull converts (None: all): those asked for, or for the Decision
