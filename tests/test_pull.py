@@ -9,6 +9,7 @@ honours) sends it to the emulator, through a proxy that counts what is fetched.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -1151,3 +1152,37 @@ def test_a_damaged_pulled_store_advises_the_pull_that_writes_it_again(
     assert main([*shlex.split(advised)[1:], "-q"]) == 0
     again = AtariZarrDataset(url)
     assert len(again[range(len(again))]) == len(ds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_pull_stopped_by_a_signal_leaves_no_semaphore_behind(public_copy, tmp_path, signum):
+    """A pull on worker processes killed with ``kill -TERM`` left its pool's queues (named
+    semaphores) to Python's resource tracker, which printed "leaked semaphore objects":
+    SIGTERM stops it as Ctrl-C does, in one line, and the same pull then resumes."""
+    proc = subprocess.Popen(
+        [
+            *pause_command(tmp_path, "-shard-", 1),
+            "pull",
+            "Asterix/1",
+            "--scheduler",
+            "processes",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "paused\n", proc.stderr.read()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 128 + signum, err
+    assert "leaked" not in err and "resource_tracker" not in err, err
+    assert err.count("\n") == 1 and ("interrupted" in err or "terminated" in err), err
+    done = pull(Request.parse("Asterix/1"), scheduler="synchronous", progress=False)
+    assert zarr.open_group(done.url, mode="r").attrs[ATTRS_KEY]["complete"]

@@ -18,7 +18,9 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -926,6 +928,30 @@ def _hub_records(verbose: bool) -> Iterator[None]:
             handler.removeFilter(_not_the_hubs)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C's KeyboardInterrupt is."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the command as Ctrl-C does: its ``finally`` blocks run (a process
+    pool shut down, a work area's lock released). Killed by the signal's default action
+    instead, a conversion left its worker pool's queues, named semaphores, to Python's
+    resource tracker, which warned "leaked semaphore objects" after the process ended."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
@@ -950,7 +976,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("storage_option", "source_storage_option"):
         with contextlib.suppress(AtariZarrError):  # a malformed pair is reported below
             secrets[name] = parse_storage_options(getattr(args, name, None) or [])
-    with _redacting(secrets), _one_line_warnings(args.command), _hub_records(args.verbose):
+    with (
+        _terminate_as_interrupt(),
+        _redacting(secrets),
+        _one_line_warnings(args.command),
+        _hub_records(args.verbose),
+    ):
         try:
             code = int(args.func(args))
             sys.stdout.flush()  # a closed pipe shows here, not at exit
@@ -962,6 +993,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
             print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)
             return 1
+        except _Terminated:
+            print(f"atari-zarr {args.command}: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         except KeyboardInterrupt:
             print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)
             return 130
