@@ -9,6 +9,7 @@ honours) sends it to the emulator, through a proxy that counts what is fetched.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -981,7 +982,7 @@ def test_pulling_a_part_of_a_cached_whole_run_fetches_nothing(public_copy, tmp_p
     whole = pull(Request.parse("Pong/4"), progress=False, scheduler="synchronous")
     public_copy.proxy.reset()
     assert main(["pull", "Pong/4", "--checkpoints", "3", "-q"]) == 0
-    assert capsys.readouterr().out.strip() == whole.url
+    assert f"AtariZarrDataset({whole.url!r})" in capsys.readouterr().out  # rows of it
     assert public_copy.proxy.requests == 0
     part = pull(Request.parse("Pong/4", checkpoints=[3]), progress=False)
     assert (part.url, part.exact) == (whole.url, False)
@@ -1006,3 +1007,182 @@ def test_the_rank_wait_advises_the_timeout_that_was_given(public_copy, monkeypat
     text = str(info.value)
     assert "waited 1 s for rank 0" in text and "a larger timeout (--timeout" in text, text
     assert "ATARI_ZARR_TIMEOUT" not in text
+
+
+def _opened(line: str) -> Any:
+    """What the Python line a pull prints opens (its imports, then its last expression)."""
+    *imports, expression = line.split("; ")
+    scope: dict[str, Any] = {}
+    exec("; ".join(imports), scope)
+    return eval(expression, scope)
+
+
+def test_pull_asks_the_mirrors_of_the_environment_as_the_drop_ins_do(
+    public_copy, pong_store, monkeypatch, capsys
+):
+    """`pull Pong/1` went to the public copy with ``$ATARI_ZARR_MIRRORS`` set, failed
+    offline and advised setting that mirror: it resolves as the drop-ins do."""
+    from atari_zarr.cli import main
+
+    mirror = str(Path(pong_store.url).parent.parent)
+    monkeypatch.setenv("ATARI_ZARR_MIRRORS", mirror)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{fresh_port()}")  # offline
+    assert main(["pull", "Pong/1", "--no-progress", "--timeout", "5"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"Pong/1 -> {pong_store.url}", out
+    assert main(["pull", "Pong/1", "-q"]) == 0
+    assert capsys.readouterr().out.strip() == pong_store.url
+    assert not (public_copy.proxy.requests or os.path.exists(os.environ["ATARI_ZARR_HOME"]))
+
+
+@pytest.mark.slow
+def test_a_part_served_by_a_cached_whole_run_prints_what_opens_only_the_part(
+    public_copy, tmp_path, capsys
+):
+    """With the whole run cached, `pull --checkpoints 3` printed the whole run's path and
+    `AtariZarrDataset(whole)`: every transition of the run. What it prints (with and
+    without -q) opens exactly what a pull into an empty home stores, and nothing is fetched."""
+    from atari_zarr.cli import main
+
+    whole = pull(Request.parse("Pong/4"), progress=False, scheduler="synchronous")
+    for argv, request in (
+        (["--checkpoints", "3"], Request.parse("Pong/4", checkpoints="3")),
+        (["--checkpoints", "0,3"], Request.parse("Pong/4", checkpoints="0,3")),
+        (
+            ["--dt-buffers", "3", "--dt-steps", "50", "--dt-trajectories", "1"],
+            Request.parse("Pong/4", subset=Subset.decision_transformer(3, 50, 1)),
+        ),
+        (
+            ["--dt-buffers", "50", "--dt-steps", "50", "--dt-trajectories", "1"],
+            Request.parse("Pong/4", subset=Subset.decision_transformer(50, 50, 1)),
+        ),
+    ):
+        public_copy.proxy.reset()
+        assert main(["pull", "Pong/4", *argv, "--no-progress"]) == 0
+        told, line = capsys.readouterr().out.splitlines()
+        assert "taken from the whole run" in told and whole.url in told, told
+        assert main(["pull", "Pong/4", *argv, "-q"]) == 0
+        assert capsys.readouterr().out.strip() == line
+        assert public_copy.proxy.requests == 0  # the whole run serves it
+        exact = pull(request, home=tmp_path / "clean", progress=False, scheduler="synchronous")
+        assert exact.exact and exact.url != whole.url
+        got = _opened(line)
+        if request.subset is None:
+            want = AtariZarrDataset(exact.url)
+            assert len(got) == len(want) < len(AtariZarrDataset(whole.url))
+            for i in range(len(want)):
+                a, b = got[i], want[i]
+                for key in ("observation", "action", ("next", "observation"), ("next", "reward")):
+                    assert (a[key] == b[key]).all(), (argv, i, key)
+        else:  # the trajectories drawn are the rows of the store the rule wrote
+            want = AtariZarrDataset(exact.url)
+            assert len(got.rows) == len(want), argv
+            rows = np.sort(got.rows)
+            for name in ("action", "reward", "terminated"):
+                np.testing.assert_array_equal(
+                    AtariZarrDataset(whole.url).read_steps(rows, [name])[name],
+                    want.read_steps(range(len(want)), [name])[name],
+                )
+
+
+@pytest.mark.slow
+def test_a_fraction_pull_from_a_server_that_ignores_range(tmp_path, capsys):
+    """`pull --fraction` from ``python -m http.server`` (a ranged GET answered 200 with the
+    whole shard) ended in ``ValueError: memoryview assignment``: it pulls the same store
+    as a conversion of the files themselves."""
+    import shutil
+
+    from atari_zarr_testkit.web import DirectoryServer
+
+    from atari_zarr.cli import main
+
+    old, _ = _two_publications(tmp_path)
+    served = tmp_path / "served" / "Asterix"
+    served.mkdir(parents=True)
+    for path in old.paths.values():
+        shutil.copy(path, served)
+    home = tmp_path / "home"
+    argv = ["Asterix/1", "--checkpoints", "0-1", "--fraction", str(FRACTION)]
+    with DirectoryServer(served.parent) as server:
+        code = main(
+            ["pull", *argv, "--source", server.endpoint_url, "--home", str(home), "-q"]
+            + ["--scheduler", "synchronous"]
+        )
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    [local] = convert(
+        old.game_dir,
+        str(tmp_path / "local"),
+        checkpoints=[0, 1],
+        subset=Subset.fraction_of(FRACTION, order="played"),
+        scheduler="synchronous",
+        progress=False,
+    )
+    got, want = arrays_of(out.strip()), arrays_of(local.url)
+    assert all(np.array_equal(got[name], want[name]) for name in ARRAYS)
+
+
+@pytest.mark.slow
+def test_a_damaged_pulled_store_advises_the_pull_that_writes_it_again(
+    public_copy, tmp_path, capsys
+):
+    """A pulled store recorded a `convert` line as its command, so a damaged chunk advised a
+    `convert` that then failed ("already holds a complete store"): it records the `pull`
+    that made it (credentials out), and the advice, `pull ... --force`, repairs it."""
+    import shlex
+
+    from atari_zarr.cli import main
+    from atari_zarr.errors import StoreCorruptError
+
+    home = tmp_path / "home"
+    assert main(["pull", "Pong/4", "--checkpoints", "0", "-q", "--home", str(home)]) == 0
+    url = capsys.readouterr().out.strip()
+    command = zarr.open_group(url, mode="r").attrs[ATTRS_KEY]["command"]
+    assert command == f"atari-zarr pull Pong/4 --checkpoints 0 --home {home}"
+    shard = max((Path(url) / "observation" / "c").rglob("*"), key=lambda p: p.stat().st_size)
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 3] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    ds = AtariZarrDataset(url)
+    with pytest.raises(StoreCorruptError) as info:
+        ds[range(len(ds))]
+    text = str(info.value)
+    advised = f"atari-zarr pull Pong/4 --checkpoints 0 --home {home} --force"
+    assert "\n" not in text and f"pull it again ({advised})" in text, text
+    assert main([*shlex.split(advised)[1:], "-q"]) == 0
+    again = AtariZarrDataset(url)
+    assert len(again[range(len(again))]) == len(ds)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_pull_stopped_by_a_signal_leaves_no_semaphore_behind(public_copy, tmp_path, signum):
+    """A pull on worker processes killed with ``kill -TERM`` left its pool's queues (named
+    semaphores) to Python's resource tracker, which printed "leaked semaphore objects":
+    SIGTERM stops it as Ctrl-C does, in one line, and the same pull then resumes."""
+    proc = subprocess.Popen(
+        [
+            *pause_command(tmp_path, "-shard-", 1),
+            "pull",
+            "Asterix/1",
+            "--scheduler",
+            "processes",
+            "--workers",
+            "2",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "paused\n", proc.stderr.read()
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        _reap(proc)
+    assert proc.returncode == 128 + signum, err
+    assert "leaked" not in err and "resource_tracker" not in err, err
+    assert err.count("\n") == 1 and ("interrupted" in err or "terminated" in err), err
+    done = pull(Request.parse("Asterix/1"), scheduler="synchronous", progress=False)
+    assert zarr.open_group(done.url, mode="r").attrs[ATTRS_KEY]["complete"]

@@ -18,7 +18,9 @@ import contextlib
 import io
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -373,8 +375,8 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _cmd_pull(args: argparse.Namespace) -> int:
-    from atari_zarr.listing import loading_line
-    from atari_zarr.pull import RLU_URL, Request, pull
+    from atari_zarr.listing import loading_line, takes_part
+    from atari_zarr.pull import RLU_URL, Request, pull, resolve
 
     subset = _subset(args)
     requests = [
@@ -386,24 +388,40 @@ def _cmd_pull(args: argparse.Namespace) -> int:
         )
         for dataset_id in args.dataset_id
     ]
+    options = parse_storage_options(args.storage_option)
+    where: dict[str, Any] = {
+        "home": args.home,
+        "home_options": options,
+        "source": args.source or RLU_URL,
+        "source_options": parse_storage_options(args.source_storage_option) or None,
+        "scheduler": args.scheduler,
+        "workers": args.workers,
+        "progress": not args.quiet and not args.no_progress,
+        "timeout": _timeout(args),
+    }
     for request in requests:  # each run's shards spread over the scheduler's workers
-        found = pull(
+        # as the drop-ins resolve it: the cache, $ATARI_ZARR_MIRRORS, then the public copy
+        found = resolve(
             request,
-            home=args.home,
-            home_options=parse_storage_options(args.storage_option),
-            overwrite=args.force,
-            source=args.source or RLU_URL,
-            source_options=parse_storage_options(args.source_storage_option) or None,
-            scheduler=args.scheduler,
-            workers=args.workers,
-            progress=not args.quiet and not args.no_progress,
-            timeout=_timeout(args),
+            mirror_options=options,
+            download="force" if args.force else True,
+            **where,
         )
-        if not args.quiet:
+        if not found.exact and not takes_part(request):
+            # a whole run serves it, but no reader's call takes this part from one
+            found = pull(request, part_of_whole=False, **where)
+        line = loading_line(request, found, home_given=args.home is not None)
+        if args.quiet:  # what opens the part: its store, else the line that takes it
+            print(found.url if found.exact else line)
+            continue
+        if found.exact:
             print(f"{request.describe()} -> {found.url}")
-            print(loading_line(request, found, home_given=args.home is not None))
         else:
-            print(found.url)
+            print(
+                f"{request.describe()} -> taken from the whole run {found.url} ({found.origin}; "
+                f"nothing fetched) by the line below"
+            )
+        print(line)
     return 0
 
 
@@ -797,7 +815,8 @@ _PROGRESS = {"convert", "verify", "collect", "demo", "pull", "publish"}
 _QUIET = {
     "verify": "print only problems",
     "ls": "print only the store URLs",
-    "pull": "print only the store's path, no progress",
+    "pull": "print only the store's path (for a part a whole run there serves, the line "
+    "that takes it), no progress",
 }
 
 
@@ -915,6 +934,30 @@ def _hub_records(verbose: bool) -> Iterator[None]:
             handler.removeFilter(_not_the_hubs)
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C's KeyboardInterrupt is."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the command as Ctrl-C does: its ``finally`` blocks run (a process
+    pool shut down, a work area's lock released). Killed by the signal's default action
+    instead, a conversion left its worker pool's queues, named semaphores, to Python's
+    resource tracker, which warned "leaked semaphore objects" after the process ended."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers belong to the main thread
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``atari-zarr``; returns the exit code."""
     parser = build_parser()
@@ -939,7 +982,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name in ("storage_option", "source_storage_option"):
         with contextlib.suppress(AtariZarrError):  # a malformed pair is reported below
             secrets[name] = parse_storage_options(getattr(args, name, None) or [])
-    with _redacting(secrets), _one_line_warnings(args.command), _hub_records(args.verbose):
+    with (
+        _terminate_as_interrupt(),
+        _redacting(secrets),
+        _one_line_warnings(args.command),
+        _hub_records(args.verbose),
+    ):
         try:
             code = int(args.func(args))
             sys.stdout.flush()  # a closed pipe shows here, not at exit
@@ -951,6 +999,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
             print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)
             return 1
+        except _Terminated:
+            print(f"atari-zarr {args.command}: terminated", file=sys.stderr)
+            return 128 + signal.SIGTERM
         except KeyboardInterrupt:
             print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)
             return 130

@@ -58,6 +58,9 @@ def store_remedy(meta: dict[str, Any], url: str | None = None) -> str | None:
     'write it again (atari-zarr convert /src /stores --overwrite), or copy the object again...'
     >>> store_remedy(meta, "/elsewhere/Pong/1.zarr")
     'copy the store again from where it was written (by `atari-zarr convert /src /stores`)...'
+    >>> store_remedy({"command": "atari-zarr pull Pong/1 --checkpoints 3 --home /c"},
+    ...              "/c/subsets/checkpoints-3/Pong/1.zarr")
+    'pull it again (atari-zarr pull Pong/1 --checkpoints 3 --home /c --force), or copy the...'
     """
     command = meta.get("command")
     if not isinstance(command, str) or not command:
@@ -66,13 +69,20 @@ def store_remedy(meta: dict[str, Any], url: str | None = None) -> str | None:
         tokens = shlex.split(command)
     except ValueError:
         tokens = command.split()
+    pulled = tokens[1:2] == ["pull"]
     if url is not None and "/" in url.rstrip("/"):
         root = url.rstrip("/").rsplit("/", 2)[0]
+        if pulled and root.rsplit("/", 2)[1:2] == ["subsets"]:
+            root = root.rsplit("/", 2)[0]  # a part's store: {home}/subsets/{label}/...
         if not any(_same_place(t, root) for t in tokens):
             return (
                 f"copy the store again from where it was written (by `{command}`), or write "
                 f"it again into {root} by that command with this root as its destination."
             )
+    if pulled:  # a pull writes over a store in its cache with --force
+        if "--force" not in tokens:
+            command += " --force"
+        return f"pull it again ({command}), or copy the object again if it was transferred."
     if "--overwrite" not in tokens:
         command += " --overwrite"
     return f"write it again ({command}), or copy the object again if it was transferred."

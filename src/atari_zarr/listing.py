@@ -17,7 +17,7 @@ from typing import Any
 from atari_zarr.pull import GAMES, Request, Resolved
 from atari_zarr.subsets import PLAYED
 
-__all__ = ["cache_root", "format_available", "loading_line"]
+__all__ = ["cache_root", "format_available", "loading_line", "takes_part"]
 
 
 def _snake(game: str) -> str:
@@ -37,6 +37,8 @@ def loading_line(request: Request, found: Resolved, *, home_given: bool = False)
     'get_atari_transitions("space_invaders", fraction=0.01, index=1)'
     """
     subset = request.subset
+    if not found.exact:
+        return _part_line(request, found)
     root = f", root={cache_root(found)!r}" if home_given else ""
     if request.whole:
         return (
@@ -60,6 +62,58 @@ def loading_line(request: Request, found: Resolved, *, home_given: bool = False)
             f"None, {subset.trajectories_per_buffer}{seed}{home})"
         )
     return f"from atari_zarr import AtariZarrDataset; AtariZarrDataset({found.url!r})"
+
+
+def takes_part(request: Request) -> bool:
+    """A reader's call takes ``request`` from its whole run's store (:func:`loading_line`):
+    some checkpoints, or one subset rule; not both at once.
+
+    Examples
+    --------
+    >>> takes_part(Request.parse("Pong/1", checkpoints="3")), takes_part(
+    ...     Request.parse("Pong/1", checkpoints="3", fraction=0.5))
+    (True, False)
+    """
+    return request.checkpoints is None or request.subset is None
+
+
+def _part_line(request: Request, found: Resolved) -> str:
+    """The Python line that takes exactly the part ``request`` asks for from the whole
+    run ``found`` (a store of the whole run standing for the part): the drop-in of its
+    rule given that store, or the rows of its checkpoints (an RL Unplugged shard holds
+    whole episodes, so they are the transitions of the checkpoints' own store)."""
+    from atari_zarr.episodes import source_parts
+    from atari_zarr.opening import open_store
+
+    subset, store = request.subset, f"store={found.url!r}"
+    if not takes_part(request):
+        raise ValueError(f"no reader's call takes {request.describe()} from a whole run")
+    if subset is not None and subset.rule == "fraction":
+        order = "" if subset.order == PLAYED else f', order="{subset.order}"'
+        seed = f", seed={subset.seed}" if subset.seed else ""
+        return (
+            "from atari_zarr.compat.d3rlpy import get_atari_transitions; "
+            f'get_atari_transitions("{_snake(request.game)}", fraction={subset.fraction!r}, '
+            f"index={int(request.run) - 1}{order}{seed}, {store})"
+        )
+    if subset is not None:
+        return (
+            "from atari_zarr.compat.decision_transformer import create_dataset; "
+            f'create_dataset({subset.num_buffers}, {subset.num_steps}, "{request.game}", '
+            f"None, {subset.trajectories_per_buffer}, seed={subset.seed}, {store})"
+        )
+    meta = open_store(found.url, found.storage_options).metadata
+    wanted = set(request.checkpoints or ())
+    spans = [
+        f"range({p.first_row}, {p.first_row + p.rows})"
+        for p in source_parts(meta)
+        if p.checkpoint in wanted
+    ]
+    rows = spans[0] if len(spans) == 1 else "[" + ", ".join(f"*{r}" for r in spans) + "]"
+    return (
+        "import torch; from atari_zarr import AtariZarrDataset; "
+        f"torch.utils.data.Subset(AtariZarrDataset({found.url!r}), {rows})"
+    )
 
 
 def cache_root(found: Resolved) -> str:

@@ -87,6 +87,12 @@ def _fraction_rows(fraction: float, checkpoint_rows: int, where: str) -> int:
     return rows
 
 
+def _seed(seed: Any, where: str) -> int:
+    """A subset's seed: a non-negative integer (NumPy's generators take no other),
+    checked before anything is read."""
+    return whole_number(seed, "seed (--subset-seed)", where, low=0)
+
+
 @dataclass(frozen=True)
 class Subset:
     """A rule that chooses episodes of a run (see the module docstring).
@@ -155,7 +161,10 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
                 f'd3rlpy\'s shuffle of each checkpoint, "played": the order of play)'
             )
         _fraction_rows(f, rows or CHECKPOINT_ROWS, where)
-        return cls(FRACTION, fraction=f, seed=int(seed), checkpoint_rows=rows, order=order)
+        seed = _seed(seed, where)
+        if order == PLAYED:
+            seed = 0  # the order of play draws nothing: one rule, one store, whatever the seed
+        return cls(FRACTION, fraction=f, seed=seed, checkpoint_rows=rows, order=order)
 
     @classmethod
     def decision_transformer(
@@ -175,7 +184,7 @@ the selection (e.g. 0.01 for d3rlpy's 1%)
             trajectories_per_buffer=whole_number(
                 trajectories_per_buffer, "trajectories_per_buffer", where
             ),
-            seed=int(seed),
+            seed=_seed(seed, where),
         )
 
     def attributes(self) -> dict[str, Any]:

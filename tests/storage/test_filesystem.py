@@ -353,3 +353,22 @@ def test_huggingface_hubs_retries_reach_only_the_applications_logging(capsys, ca
         retries.warning("Rate limited. Waiting 2s before retry [Retry 1/5].")
     assert capsys.readouterr().err == ""
     assert any("Rate limited" in r.getMessage() for r in caplog.records)
+
+
+def test_a_server_that_ignores_range_is_read_from_the_whole_body(tmp_path: Path) -> None:
+    """``python -m http.server`` answers a ranged GET with 200 and the whole object: a
+    read of a block ended in ``ValueError: memoryview assignment``. The body is kept and
+    every read takes its own bytes from it."""
+    from atari_zarr_testkit.web import DirectoryServer
+
+    blob = np.random.default_rng(3).integers(0, 256, 300_000, dtype=np.uint8).tobytes()
+    (tmp_path / "blob").write_bytes(blob)
+    with DirectoryServer(tmp_path) as server:
+        fs, path = get_fs(f"{server.endpoint_url}/blob", {}, timeout=30)
+        with fs.open(path, block_size=1000) as f:
+            f.seek(5000)
+            assert f.read(3000) == blob[5000:8000]
+            f.seek(299_990)
+            assert f.read(100) == blob[299_990:]
+            f.seek(0)
+            assert f.read() == blob

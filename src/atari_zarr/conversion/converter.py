@@ -139,6 +139,9 @@ class ConvertOptions:
     #: Scans keep the frames they decode for the write pass, so the source is read once
     #: (None: when it is read over a network).
     keep_frames: bool | None = None
+    #: The command recorded in the store (None: the ``convert`` line of these options);
+    #: a pull records its own ``atari-zarr pull`` line.
+    command: str | None = None
 
     def keeps_frames(self, source_url: str) -> bool:
         """Whether scans of the source at ``source_url`` keep their frames."""
@@ -151,6 +154,8 @@ class ConvertOptions:
 
 def _command(kind: SourceKind, source: Any, dest: str, options: ConvertOptions) -> str:
     """The command that makes (or finishes) this store, recorded in its attributes."""
+    if options.command is not None:
+        return options.command
     url = source.url.rstrip("/")
     is_run_dir = url.endswith(f"{source.game}/{source.run}")
     is_game_dir = not is_run_dir and url.endswith(f"/{source.game}")  # RL Unplugged's
@@ -595,6 +600,7 @@ def convert(
     timeout: Timeout = "default",
     keep_frames: bool | None = None,
     listed: Sequence[SourceRun] | None = None,
+    command: str | None = None,
 ) -> list[ConvertedStore]:
     """Convert the runs under ``source`` (DQN Replay or RL Unplugged) into stores under ``dest``.
 
@@ -664,6 +670,9 @@ def convert(
         The runs of ``source`` as a caller already listed and checked them (what
         ``find_runs`` of the source kind gives): those objects are converted, and
         nothing is listed again (``games`` and ``runs`` are then not used).
+    command : str, optional
+        The command the stores record as the one that makes them (default: this
+        conversion's ``atari-zarr convert`` line); a pull records its own, redacted.
 
     Raises
     ------
@@ -710,6 +719,7 @@ def convert(
         return_to_go=return_to_go,
         timeout=resolve_timeout(timeout),
         keep_frames=keep_frames,
+        command=command,
     )
     src_options = storage_options if source_storage_options is None else source_storage_options
     names = list(games or []) or None

@@ -147,6 +147,7 @@ def pull(
     workers: int | None = None,
     progress: bool = True,
     timeout: Timeout = "default",
+    part_of_whole: bool = True,
 ) -> Resolved:
     """Convert ``request`` from RL Unplugged's copy into the cache (unless it is there).
 
@@ -155,7 +156,8 @@ def pull(
     scans keep the frames for the write pass). The store is ``{home}/{Game}/{run}.zarr``
     for a whole run, ``{home}/subsets/{label}/{Game}/{run}.zarr`` otherwise; a part of a
     run whose whole run is in the cache is that store (``exact=False``: the reader takes
-    the part), and nothing is fetched.
+    the part), and nothing is fetched; ``part_of_whole=False`` converts the part's own
+    store even then (for a part no reader's call takes from a whole run).
 
     A pull that finds another process pulling the same store waits for it; one that
     finds an unfinished store resumes it. DataLoader workers and DDP ranks other than
@@ -185,6 +187,7 @@ def pull(
     whole = store_path(cache, request.game, request.run)
     if (
         not overwrite
+        and part_of_whole
         and whole != url
         and store_state(whole, options, timeout=timeout) == "complete"
     ):
@@ -218,6 +221,11 @@ def pull(
                 progress=progress,
                 timeout=timeout,
                 listed=[run],
+                # the command that pulls it again (a damaged store's remedy), credentials out
+                command=request.command(
+                    home=redact(cache),
+                    source=None if source == RLU_URL else redact(source.rstrip("/")),
+                ),
             )
             _check_converted(store.url, options, request, game, checkpoints, timeout)
         except StoreExistsError:  # finished by another process meanwhile

@@ -48,6 +48,8 @@ __all__ = [
 MIRRORS_ENV = "ATARI_ZARR_MIRRORS"
 #: Runs of every game.
 RUNS = (1, 2, 3, 4, 5)
+#: Digits of the longest run id taken (no source numbers its runs past a few).
+MAX_RUN_DIGITS = 18
 
 #: ``True`` fetches what is missing, ``"force"`` fetches again, ``False`` never does.
 Download = bool | Literal["force"]
@@ -189,12 +191,7 @@ class Request:
                 f"dataset id {text!r} is not 'Game/run' (e.g. 'Pong/5') or a game name "
                 f"(e.g. 'pong'); expected one of those"
             )
-        run_s = str(1 if run is None else run).strip()
-        if not (run_s.isascii() and run_s.isdigit()) or int(run_s) < 1:
-            raise InvalidArgumentError(
-                f"run {run!r} of {text!r} is not a positive integer; RL Unplugged's runs are "
-                f"1 to 5 (d3rlpy's index 0 to 4)"
-            )
+        run_s = _run_text(run, text)
         chosen: tuple[int, ...] | None = None
         known = GAMES.get(game_name(game))
         if checkpoints is not None:
@@ -209,6 +206,8 @@ class Request:
                     f"pass one"
                 )
             subset = Subset.fraction_of(fraction, seed=seed, order=order, where=text)
+        if known is not None:
+            _check_buffers(subset, chosen, known, text)
         return cls(game_name(game), str(int(run_s)), chosen, subset, spelled=game)
 
     @property
@@ -261,8 +260,9 @@ class Request:
             what.append(self.subset.describe())
         return ", ".join(what)
 
-    def command(self) -> str:
-        """The ``atari-zarr pull`` command that fetches this request."""
+    def command(self, **where: Any) -> str:
+        """The ``atari-zarr pull`` command that fetches this request (``where``: more
+        options, such as ``home=``, given after the request's own)."""
         subset = self.subset
         options: dict[str, Any] = {
             "checkpoints": None if self.checkpoints is None else spans(self.checkpoints)
@@ -279,7 +279,7 @@ class Request:
             )
         if subset is not None and subset.seed:
             options["subset_seed"] = subset.seed
-        return command_line("pull", self.dataset_id, **options)
+        return command_line("pull", self.dataset_id, **options, **where)
 
     def source_checkpoints(self) -> tuple[int, ...] | None:
         """The shards a pull converts (None: all): those asked for, or for the Decision
@@ -290,6 +290,44 @@ class Request:
         shards = pullable(self).shards
         assert subset.num_buffers is not None
         return tuple(range(max(0, shards - subset.num_buffers), shards))
+
+
+def _run_text(run: int | str | None, text: str) -> str:
+    """``run`` as the digits of a positive integer, or one line (a run id too long to be
+    one is refused before Python's limit on the digits it converts)."""
+    try:
+        run_s = str(1 if run is None else run).strip()
+    except ValueError:  # an int past the digits str() converts: no run id
+        run_s = ""
+    if not (run_s.isascii() and run_s.isdigit()) or len(run_s.lstrip("0")) > MAX_RUN_DIGITS:
+        shown = run_s if len(run_s) <= 20 else f"{run_s[:8]}...({len(run_s)} characters)"
+        raise InvalidArgumentError(
+            f"run {shown or type(run).__name__!r} of {text[:40]!r} is not a positive integer of "
+            f"at most {MAX_RUN_DIGITS} digits; RL Unplugged's runs are 1 to 5 (d3rlpy's index "
+            f"0 to 4)"
+        )
+    if int(run_s) < 1:
+        raise InvalidArgumentError(
+            f"run {run!r} of {text!r} is not a positive integer; RL Unplugged's runs are "
+            f"1 to 5 (d3rlpy's index 0 to 4)"
+        )
+    return run_s
+
+
+def _check_buffers(
+    subset: Subset | None, checkpoints: tuple[int, ...] | None, game: Game, text: str
+) -> None:
+    """Refuse the Decision Transformer's rule asking for more checkpoints than the run
+    has (the table knows how many), before anything is fetched."""
+    if subset is None or subset.num_buffers is None:
+        return
+    there = game.shards if checkpoints is None else len(checkpoints)
+    if subset.num_buffers > there:
+        of = "checkpoints asked" if checkpoints is not None else f"checkpoints of {game.name}"
+        raise InvalidArgumentError(
+            f"num_buffers {subset.num_buffers} (--dt-buffers) for {text} is more than the "
+            f"{there} {of}; expected at most {there}"
+        )
 
 
 def pullable(request: Request) -> Game:
@@ -314,6 +352,7 @@ def pullable(request: Request) -> Game:
             f"{request.dataset_id}: checkpoints {spans(request.checkpoints)} asked, but "
             f"{game.name} has {game.shards} shards (0 to {game.shards - 1}); choose among those"
         )
+    _check_buffers(request.subset, request.checkpoints, game, request.dataset_id)
     return game
 
 

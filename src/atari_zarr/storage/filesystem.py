@@ -73,6 +73,8 @@ from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
+log = logging.getLogger("atari_zarr")
+
 # Other libraries' records (gcsfs logs each failed round of retries with its traceback)
 # reach an application's own logging only (the CLI's with -v): without a handler of
 # theirs, Python's last-resort handler would print them to stderr.
@@ -657,13 +659,20 @@ def disk_full_error(dest: str, exc: BaseException, *, resume: str) -> StoreWrite
 
 
 class _RangeReader(io.RawIOBase):
-    """A read-only remote file: each read is one bounded ranged ``cat_file``."""
+    """A read-only remote file: each read is one bounded ranged ``cat_file``.
+
+    A server that ignores ``Range`` (``python -m http.server``) answers every such read
+    with the whole object: that body is kept and read from, so the object is fetched
+    once, not once a block. Any other answer of the wrong length is one line.
+    """
 
     def __init__(self, fs: FileSystem, path: str, size: int) -> None:
         self._fs = fs
         self.name = path
         self.size = size
         self._pos = 0
+        #: The whole object, once a server answered a range with all of it.
+        self._whole: bytes | None = None
 
     def readable(self) -> bool:
         return True
@@ -683,8 +692,26 @@ class _RangeReader(io.RawIOBase):
         end = min(self._pos + n, self.size)
         if end <= self._pos:
             return b""
-        data = self._fs.cat_file(self.name, self._pos, end)
-        self._pos += len(data)
+        if self._whole is None:
+            data = self._fs.cat_file(self.name, self._pos, end)
+            if len(data) == end - self._pos:
+                self._pos += len(data)
+                return data
+            if len(data) != self.size:
+                raise RemoteAccessError(
+                    f"{self._fs.url(self.name)}: bytes {self._pos}-{end - 1} were asked for "
+                    f"and {len(data):,} bytes came back, neither those {end - self._pos:,} nor "
+                    f"the whole object's {self.size:,}; expected the range. The object may "
+                    f"have changed while it was read: run the command again."
+                )
+            log.info(
+                "%s: the server ignores Range and sent all %d bytes; they are read from memory",
+                self._fs.url(self.name),
+                self.size,
+            )
+            self._whole = data
+        data = self._whole[self._pos : end]
+        self._pos = end
         return data
 
     def readinto(self, buffer: Any) -> int:

@@ -75,3 +75,31 @@ def test_two_spellings_of_one_run_are_refused_naming_both(rlu, tmp_path):
     text = str(info.value)
     assert "\n" not in text and "run_04-00002-of-00003" in text and "run_4-00002-of-00003" in text
     assert "one file per shard" in text
+
+
+def test_a_last_modified_second_is_no_version_and_such_scans_are_never_resumed(tmp_path):
+    """``python -m http.server`` tells a shard's Last-Modified, in whole seconds, and no
+    ETag: a shard replaced by one of the same size within that second looked unchanged,
+    and a resumed pull mixed two publications. Such a shard has no version, so its
+    scans are done again on every run, never resumed."""
+    from atari_zarr_testkit.web import DirectoryServer
+
+    from atari_zarr.conversion.converter import _scan_digest
+    from atari_zarr.sources.registry import Selection
+
+    fixture = write_fixture_rlu(
+        str(tmp_path / "src"), "Asterix", 1, num_shards=50, present=(0, 1), seed=0
+    )
+    served = tmp_path / "served" / "Asterix"
+    served.mkdir(parents=True)
+    for path in fixture.paths.values():
+        shutil.copy(path, served)
+    with DirectoryServer(served.parent) as server:
+        run = RluRun(f"{server.endpoint_url}/Asterix", "Asterix", "1")
+        names = run.names()
+        assert [size for _, size, _ in names] == [
+            (served / name).stat().st_size for name, _, _ in names
+        ]
+        assert [version for _, _, version in names] == [None, None], names
+        selection = Selection(None, None, None, None)
+        assert _scan_digest(run, selection) != _scan_digest(run, selection)

@@ -312,8 +312,8 @@ def _list_shards(fs: Any, path: str, url: str) -> dict[str, list[Shard]]:
         if not match:
             continue
         if entry.get("size") is None or _version(entry) is None:
-            # a web server's listing has neither: ask the object (Content-Length, ETag,
-            # Last-Modified), so that a resume can tell whether the source changed
+            # a web server's listing has neither: ask the object (Content-Length, ETag),
+            # so that a resume can tell whether the source changed
             entry = {**entry, **_details(fs, f"{path}/{name}")}
         size = entry.get("size")
         shard = Shard(
@@ -328,7 +328,10 @@ def _list_shards(fs: Any, path: str, url: str) -> dict[str, list[Shard]]:
     return runs
 
 
-#: Listing fields that change when an object is written again, best first.
+#: Listing fields that change when an object is written again, best first. A
+#: Last-Modified header is none of them: it has whole seconds, and an object replaced
+#: within the same second by one of the same size looks unchanged. A shard that tells
+#: only that has no version, and its scans are never resumed (``_scan_digest``).
 _VERSION_FIELDS = (
     "generation",
     "crc32c",
@@ -336,8 +339,6 @@ _VERSION_FIELDS = (
     "ETag",
     "etag",
     "mtime",
-    "LastModified",
-    "Last-Modified",
 )
 
 
