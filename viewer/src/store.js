@@ -44,7 +44,7 @@ async function request(url, range) {
     throw new ViewerError(
       "cors",
       `The browser refused to read ${url}: its host sent no CORS header allowing this page ` +
-        `(${location.origin === "null" ? "a file:// page" : location.origin}) to read it, or ` +
+        `(${location.protocol === "file:" ? "a file:// page" : location.origin}) to read it, or ` +
         `could not be reached. Serve the store with Access-Control-Allow-Origin (a bucket's ` +
         `CORS configuration), or run \`atari-zarr view\` on a local copy.`,
     );

@@ -38,7 +38,11 @@ __all__ = ["ViewerServer", "page_path", "page_url", "view"]
 PAGE_DIR = Path(__file__).resolve().parents[1] / "viewer"
 #: Where a :class:`ViewerServer` serves the local store (or root) it was given.
 STORE_PREFIX = "/store"
-_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript", ".json": "application/json"}
+_TYPES = {
+    ".html": "text/html; charset=utf-8",
+    ".js": "text/javascript",
+    ".json": "application/json",
+}
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -48,10 +52,18 @@ def page_path() -> Path:
 
 
 def page_url(
-    store: str, *, page: str = "index.html", episode: int | None = None, step: int | None = None
+    store: str,
+    *,
+    page: str = "index.html",
+    path: str | None = None,
+    episode: int | None = None,
+    step: int | None = None,
 ) -> str:
-    """The address of ``page`` opened on ``store`` (and on an episode's step, paused)."""
+    """The address of ``page`` opened on ``store`` (a root's store at ``path``), and on an
+    episode's step, paused."""
     parts = [f"store={urllib.parse.quote(store, safe=':/@')}"]
+    if path is not None:
+        parts.append(f"path={urllib.parse.quote(path, safe='/')}")
     if episode is not None:
         parts.append(f"episode={int(episode)}")
     if step is not None:
@@ -189,8 +201,9 @@ class ViewerServer:
         """Where the store (or root) is served."""
         return self.origin + STORE_PREFIX
 
-    def url(self, store: str | None = None, **where: int | None) -> str:
-        """The page opened on ``store`` (default: the one served), at ``episode``/``step``."""
+    def url(self, store: str | None = None, **where: Any) -> str:
+        """The page opened on ``store`` (default: the one served), at ``path``, ``episode``
+        and ``step`` (:func:`page_url`)."""
         return f"{self.origin}/{page_url(store or self.store_url, **where)}"
 
     def note(self, method: str, path: str, headers: Any, status: int) -> None:
