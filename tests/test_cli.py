@@ -418,3 +418,38 @@ def test_ls_available_passes_s_to_the_cache_and_source_options_to_the_source(
         assert main(["ls", "--available", "--home", "gs://cache/home", *options, "--json"]) == 0
     rows = {r["id"]: r["cached"] for r in json.loads(capsys.readouterr().out)}
     assert rows["Pong/1"] is True and rows["Pong/2"] is False
+
+
+def test_view_serves_the_page_and_the_store_until_stopped(pong_store, tmp_path):
+    """``atari-zarr view STORE --no-browser`` prints the page's URL, opened on the store,
+    and serves both on loopback (ranges answered) until it is stopped; a store that is
+    not there is a one-line error."""
+    import signal
+    import urllib.request
+    from pathlib import Path
+
+    from atari_zarr.explore.viewer import page_path
+
+    command = [sys.executable, "-m", "atari_zarr", "view", pong_store.url, "--no-browser", "-q"]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            url = process.stdout.readline().strip()
+            page, _, where = url.partition("#")
+            assert page.startswith("http://127.0.0.1:") and page.endswith("/index.html"), url
+            store = where.removeprefix("store=")
+            with urllib.request.urlopen(page, timeout=60) as answer:
+                assert answer.read() == page_path().read_bytes()
+            request = urllib.request.Request(f"{store}/zarr.json", headers={"Range": "bytes=0-9"})
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                assert answer.status == 206
+                assert answer.read() == (Path(pong_store.url) / "zarr.json").read_bytes()[:10]
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, errors = process.communicate(timeout=60)  # a hang guard
+    assert process.returncode == 0 and "Traceback" not in errors, errors
+    res = run_cli("view", str(tmp_path / "nothing"), "--no-browser")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
+    assert "nothing does not exist: expected a store" in res.stderr

@@ -193,8 +193,8 @@ class ViewerServer:
     def origin(self) -> str:
         """``http://127.0.0.1:PORT``."""
         assert self._server is not None, "the server is not running"
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        port = self._server.server_address[1]
+        return f"http://127.0.0.1:{port}"
 
     @property
     def store_url(self) -> str:
