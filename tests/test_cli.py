@@ -424,6 +424,7 @@ def test_view_serves_the_page_and_the_store_until_stopped(pong_store, tmp_path):
     """``atari-zarr view STORE --no-browser`` prints the page's URL, opened on the store,
     and serves both on loopback (ranges answered) until it is stopped; a store that is
     not there is a one-line error."""
+    import shutil
     import signal
     import urllib.request
     from pathlib import Path
@@ -450,6 +451,22 @@ def test_view_serves_the_page_and_the_store_until_stopped(pong_store, tmp_path):
             process.send_signal(signal.SIGINT)
             _, errors = process.communicate(timeout=60)  # a hang guard
     assert process.returncode == 0 and "Traceback" not in errors, errors
+    # a root never indexed: its stores are listed for the page, as catalog.json has them
+    root = tmp_path / "root"
+    shutil.copytree(pong_store.url, root / "Pong" / "1.zarr")
+    with subprocess.Popen(
+        [*command[:4], str(root), *command[5:]], stdout=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            store = process.stdout.readline().strip().partition("#store=")[2]
+            with urllib.request.urlopen(f"{store}/catalog.json", timeout=60) as answer:
+                listed = json.loads(answer.read())
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=60)
+    assert [e["path"] for e in listed["stores"]] == ["Pong/1.zarr"]
+    assert not (root / "catalog.json").exists()  # nothing is written to the root
     res = run_cli("view", str(tmp_path / "nothing"), "--no-browser")
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
     assert "nothing does not exist: expected a store" in res.stderr

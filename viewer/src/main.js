@@ -29,6 +29,7 @@ const view = {
   token: 0, // the newest draw; older ones give way
   playId: 0, // the play loop that may advance; any other stops
   shown: 0, // episode rows listed
+  strip: null, // the timeline of the episode shown, drawn once: {key, image}
 };
 
 function setState(state) {
@@ -323,16 +324,29 @@ function drawTimeline() {
   const width = Math.max(1, Math.round(canvas.clientWidth * ratio));
   const height = Math.max(1, Math.round(canvas.clientHeight * ratio));
   if (canvas.width !== width || canvas.height !== height) Object.assign(canvas, { width, height });
+  // the episode's strip is drawn once per episode and size; each step adds only the cursor
+  const key = `${view.store.url} ${view.episode} ${width}x${height}`;
+  if (!view.strip || view.strip.key !== key) view.strip = { key, image: drawStrip(width, height, ratio) };
   const ctx = canvas.getContext("2d");
+  ctx.clearRect(0, 0, width, height);
+  ctx.drawImage(view.strip.image, 0, 0);
+  ctx.fillStyle = "#0a6cbd";
+  ctx.fillRect(((view.step + 0.5) / view.length) * width - ratio, 0, 2 * ratio, height);
+}
+
+function drawStrip(width, height, ratio) {
+  const strip = document.createElement("canvas");
+  Object.assign(strip, { width, height });
+  const ctx = strip.getContext("2d");
   const s = view.steps;
   const n = view.length;
   const x = (i) => ((i + 0.5) / n) * width;
-  ctx.clearRect(0, 0, width, height);
+  const w = Math.max(1, width / n);
   const band = height / 4;
   // actions: one colour per action index
   for (let i = 0; i < n; i++) {
     ctx.fillStyle = `hsl(${(s.action[i] * 47) % 360} 70% 50%)`;
-    ctx.fillRect((i / n) * width, 0, Math.max(1, width / n), band * 0.8);
+    ctx.fillRect((i / n) * width, 0, w, band * 0.8);
   }
   // rewards: bars up (positive) and down (negative) around the middle band
   const mid = band * 2;
@@ -342,7 +356,7 @@ function drawTimeline() {
     if (!s.reward[i]) continue;
     const h = (Math.abs(s.reward[i]) / (top || 1)) * band * 0.9;
     ctx.fillStyle = s.reward[i] > 0 ? "#2da44e" : "#cf222e";
-    ctx.fillRect(x(i) - Math.max(1, width / n) / 2, s.reward[i] > 0 ? mid - h : mid, Math.max(1, width / n), h);
+    ctx.fillRect(x(i) - w / 2, s.reward[i] > 0 ? mid - h : mid, w, h);
   }
   // the return so far, in the bottom band
   let lo = 0, hi = 0;
@@ -353,7 +367,7 @@ function drawTimeline() {
   ctx.beginPath();
   for (let i = 0; i < n; i++) (i ? ctx.lineTo : ctx.moveTo).call(ctx, x(i), y(s.returns[i]));
   ctx.stroke();
-  // the end: terminal or truncated (marks every row that ends an episode in the slice)
+  // the end: terminal or truncated (and the last stored row, where the data stops)
   ctx.font = `${Math.round(12 * ratio)}px system-ui, sans-serif`;
   ctx.textAlign = "right";
   for (let i = 0; i < n; i++) {
@@ -362,9 +376,7 @@ function drawTimeline() {
     ctx.fillRect(x(i) - ratio, 0, 2 * ratio, height);
     ctx.fillText(s.terminated[i] ? "T" : "✂", x(i) - 3 * ratio, band * 1.4);
   }
-  // where the page is
-  ctx.fillStyle = "#0a6cbd";
-  ctx.fillRect(x(view.step) - ratio, 0, 2 * ratio, height);
+  return strip;
 }
 
 // -- playing ------------------------------------------------------------------------------

@@ -122,7 +122,7 @@ export async function openLocation(address) {
         "missing",
         `${url} holds no store: neither ${url}/zarr.json nor ${url}/catalog.json was found. ` +
           `Check the URL (a store ends in {Game}/{run}.zarr; a root holds catalog.json, ` +
-          `written by \`atari-zarr index ROOT\`).`,
+          `written by \`atari-zarr index ROOT\`), and that the files are public.`,
       );
     }
     if (!catalog || !Array.isArray(catalog.stores)) {

@@ -20,6 +20,7 @@ Examples
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -29,6 +30,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from atari_zarr.catalog import CATALOG, catalog_entries
 from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
 from atari_zarr.storage.paths import is_url, local_path
 
@@ -89,7 +91,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, *, head: bool) -> None:
         path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-        file = self.server.viewer.file_for(path)
+        viewer = self.server.viewer
+        file = viewer.file_for(path)
+        if file is None and viewer.catalog is not None and path == f"{STORE_PREFIX}/{CATALOG}":
+            headers = {"Content-Type": "application/json"}
+            self._send(200, headers, viewer.catalog, head=head)
+            return
         if file is None:
             self._send(404, {"Content-Type": "text/plain"}, b"not found", head=head)
             return
@@ -155,6 +162,9 @@ class ViewerServer:
         as a public bucket configured for it does.
     page : bool
         Serve the page (False: the store alone, as a bucket would).
+    catalog : dict, optional
+        What ``/store/catalog.json`` answers where the root has no such file (a local
+        root never indexed: its stores listed by :func:`view`).
 
     Attributes
     ----------
@@ -169,11 +179,13 @@ class ViewerServer:
         port: int = 0,
         cors: bool = False,
         page: bool = True,
+        catalog: dict[str, Any] | None = None,
     ) -> None:
         self.store = None if store is None else Path(store).resolve()
         self.port = int(port)
         self.cors = cors
         self.page = page
+        self.catalog = None if catalog is None else json.dumps(catalog).encode()
         self.log: list[tuple[str, str, str | None, int]] = []
         self._lock = threading.Lock()
         self._server: _Server | None = None
@@ -229,7 +241,8 @@ def view(
 ) -> None:
     """Serve the viewer on loopback, opened on ``store_or_root``, until interrupted.
 
-    A local store or root is served beside the page; a URL (``https://``, ``gs://``,
+    A local store or root is served beside the page (a root without ``catalog.json``
+    with the catalog of its complete stores, listed now); a URL (``https://``, ``gs://``,
     ``hf://``) is read by the page straight from its host, which must allow it (CORS).
 
     Parameters
@@ -246,7 +259,7 @@ def view(
     Raises
     ------
     StoreNotFoundError
-        A local ``store_or_root`` that does not exist.
+        A local ``store_or_root`` that does not exist, or holds no complete store.
     """
     location = str(store_or_root)
     remote = is_url(location) and not location.startswith("file://")
@@ -261,7 +274,17 @@ def view(
             f"{location} does not exist: expected a store (DEST/Pong/1.zarr) or a root of "
             f"stores to view. Check the path, or list the stores with `atari-zarr ls DEST`."
         )
-    with ViewerServer(local, port=port) as server:
+    catalog = None
+    if local is not None and not (local / "zarr.json").is_file():
+        entries, indexed = catalog_entries(str(local), sizes=False)
+        if not entries:
+            raise StoreNotFoundError(
+                f"{location} holds no complete store: expected a store (DEST/Pong/1.zarr) or "
+                f"a root of stores (DEST). List what is there with `atari-zarr ls {location}`."
+            )
+        if not indexed:  # a root never indexed: its stores, listed now
+            catalog = {"format": 1, "stores": entries}
+    with ViewerServer(local, port=port, catalog=catalog) as server:
         url = server.url(location if remote else None)
         print_url(url)
         if browser:
