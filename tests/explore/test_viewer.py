@@ -200,8 +200,8 @@ def test_step_seek_play_and_speed_move_through_the_episode(browser, root):
         page.wait_for(f"Number({FRAME}.dataset.step) >= 3", SETTLE)
         page.evaluate("document.getElementById('play').click()")  # pause
         page.wait_for("document.getElementById('play').textContent === 'Play'", SETTLE)
-        step = int(shown(page)["step"])
-        assert shown(page)["frameSha256"] == sha(frames[step])
+        now = shown(page)  # the step and its frame, read together
+        assert now["frameSha256"] == sha(frames[int(now["step"])])
 
 
 def _flip_a_frame_chunk(store: Path, row: int) -> None:
