@@ -296,6 +296,17 @@ def test_a_root_on_the_hub_lists_its_runs_and_plays_each_kind(browser, root):
             want = ds.episode(episode)["observation"].numpy()[step]
             assert shown(page)["frameSha256"] == sha(want)
         assert any(p.startswith("/cdn/") for _, p, _ in hub.log)  # the redirect was taken
+        # the addresses of buckets and of the Hub, as their hosts serve them over https
+        spelled = page.evaluate(
+            "['gs://b/r/Pong/1.zarr', 's3://b/r', 'hf://datasets/org/atari@v1/Pong/1.zarr',"
+            " 'https://h/r/'].map(atariZarrViewer.httpUrl)"
+        )
+        assert spelled == [
+            "https://storage.googleapis.com/b/r/Pong/1.zarr",
+            "https://b.s3.amazonaws.com/r",
+            "https://huggingface.co/datasets/org/atari/resolve/v1/Pong/1.zarr",
+            "https://h/r",
+        ]
 
 
 def test_the_server_answers_ranges_and_nothing_outside_what_it_serves(root):

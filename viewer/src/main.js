@@ -7,7 +7,7 @@
 // sha256 of the 84x84 frame drawn, read back from the canvas, one byte per pixel) and
 // the body data-state ("loading", "ready", "error") for whoever watches the page.
 
-import { ViewerError, openLocation, openArray, hasArray, requests } from "./store.js";
+import { ViewerError, openLocation, openArray, hasArray, requests, httpUrl } from "./store.js";
 import { episodeTable } from "./episodes.js";
 import { sha256Hex } from "./checksums.js";
 
@@ -450,5 +450,5 @@ document.addEventListener("keydown", (event) => {
 });
 window.addEventListener("resize", () => view.steps && drawTimeline());
 window.addEventListener("hashchange", load);
-window.atariZarrViewer = { requests, view };
+window.atariZarrViewer = { requests, view, httpUrl };
 load();
