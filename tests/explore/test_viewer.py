@@ -10,6 +10,7 @@ import hashlib
 import json
 import math
 import shutil
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -350,3 +351,37 @@ def test_the_committed_bundle_is_built_from_the_sources():
         "esbuild",
         "numcodecs",
     }
+
+
+def _raw_get(origin: str, target: str, **headers: str) -> bytes:
+    """The status line the server answers to ``GET target`` sent as is (bytes no client
+    library would send: a NUL, a path longer than a file name may be); b"" for none."""
+    host, port = origin.removeprefix("http://").split(":")
+    lines = [f"GET {target} HTTP/1.1", "Host: x", "Connection: close"]
+    lines += [f"{key}: {value}" for key, value in headers.items()]
+    with socket.create_connection((host, int(port)), timeout=60) as conn:
+        conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        answer = b""
+        while chunk := conn.recv(65536):
+            answer += chunk
+    return answer.split(b"\r\n", 1)[0]
+
+
+def test_the_server_answers_paths_no_file_may_have(root, tmp_path, capfd):
+    """A path with a NUL, one longer than a file name may be, or a range whose numbers
+    run past any file get an answer (not found, or the whole file), never a dropped
+    connection and a traceback; a link in the store to a file outside it is not followed."""
+    store = tmp_path / "1.zarr"
+    shutil.copytree(root / STORES["dqn-replay"], store)
+    (tmp_path / "secret.txt").write_text("outside the store")
+    (store / "link").symlink_to(tmp_path / "secret.txt")
+    (store / "folder").symlink_to(tmp_path)
+    with ViewerServer(store) as server:
+        for outside in ("/store/link", "/store/folder/secret.txt", "/store/%2Flink"):
+            assert _raw_get(server.origin, outside) == b"HTTP/1.1 404 Not Found", outside
+        assert _raw_get(server.origin, "/store/zarr.json%00.txt") == b"HTTP/1.1 404 Not Found"
+        assert _raw_get(server.origin, "/%00") == b"HTTP/1.1 404 Not Found"
+        assert _raw_get(server.origin, "/store/" + "a" * 5000) == b"HTTP/1.1 404 Not Found"
+        huge = f"bytes={'9' * 5000}-"
+        assert _raw_get(server.origin, "/store/zarr.json", Range=huge) == b"HTTP/1.1 200 OK"
+    assert "Traceback" not in capfd.readouterr().err

@@ -45,7 +45,8 @@ _TYPES = {
     ".js": "text/javascript",
     ".json": "application/json",
 }
-_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# numbers of up to 20 digits (any file size); a longer one is no range a client means
+_RANGE = re.compile(r"^bytes=(\d{0,20})-(\d{0,20})$")
 
 
 def page_path() -> Path:
@@ -100,27 +101,33 @@ class _Handler(BaseHTTPRequestHandler):
         if file is None:
             self._send(404, {"Content-Type": "text/plain"}, b"not found", head=head)
             return
-        data = file.read_bytes()
         headers = {
             "Content-Type": _TYPES.get(file.suffix, "application/octet-stream"),
             "Accept-Ranges": "bytes",
         }
-        wanted = self.headers.get("Range")
-        match = _RANGE.match(wanted or "")
-        if wanted and match and (match.group(1) or match.group(2)):
-            first, last = match.groups()
-            if first:
-                lo, hi = int(first), len(data) if not last else min(len(data), int(last) + 1)
-            else:
-                lo, hi = max(0, len(data) - int(last)), len(data)
-            if lo >= len(data) or lo >= hi:
-                headers["Content-Range"] = f"bytes */{len(data)}"
-                self._send(416, headers, b"", head=head)
-                return
-            headers["Content-Range"] = f"bytes {lo}-{hi - 1}/{len(data)}"
-            self._send(206, headers, data[lo:hi], head=head)
+        try:  # only the bytes asked for are read: a chunk's range of a shard, not the shard
+            with file.open("rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                wanted = _RANGE.match(self.headers.get("Range") or "")
+                if wanted is None or not (wanted.group(1) or wanted.group(2)):
+                    self._send(200, headers, handle.read(), head=head)
+                    return
+                first, last = wanted.groups()
+                if first:
+                    lo, hi = int(first), size if not last else min(size, int(last) + 1)
+                else:
+                    lo, hi = max(0, size - int(last)), size
+                if lo >= size or lo >= hi:
+                    headers["Content-Range"] = f"bytes */{size}"
+                    self._send(416, headers, b"", head=head)
+                    return
+                handle.seek(lo)
+                body = handle.read(hi - lo)
+        except OSError:  # gone since it was found, or not readable: not there for the page
+            self._send(404, {"Content-Type": "text/plain"}, b"not found", head=head)
             return
-        self._send(200, headers, data, head=head)
+        headers["Content-Range"] = f"bytes {lo}-{lo + len(body) - 1}/{size}"
+        self._send(206, headers, body, head=head)
 
     def _send(self, status: int, headers: dict[str, str], body: bytes, *, head: bool) -> None:
         viewer = self.server.viewer
@@ -230,9 +237,12 @@ class ViewerServer:
             base, rel = PAGE_DIR, path[1:] or "index.html"
         else:
             return None
-        file = (base / rel).resolve()
-        if not file.is_relative_to(base) or not file.is_file():
-            return None  # a path out of what is served, ``..`` included, is not there
+        try:  # a NUL, a name longer than the file system takes: no file has that path
+            file = (base / rel).resolve()
+            if not file.is_relative_to(base) or not file.is_file():
+                return None  # a path out of what is served, ``..`` included, is not there
+        except (OSError, ValueError):
+            return None
         return file
 
 
