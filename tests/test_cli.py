@@ -470,3 +470,17 @@ def test_view_serves_the_page_and_the_store_until_stopped(pong_store, tmp_path):
     res = run_cli("view", str(tmp_path / "nothing"), "--no-browser")
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
     assert "nothing does not exist: expected a store" in res.stderr
+
+
+def test_view_on_a_port_in_use_is_a_one_line_error(pong_store):
+    """``atari-zarr view --port P`` where another program listens on P: one line that
+    names the port, not the socket's traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run_cli("view", pong_store.url, "--port", str(port), "--no-browser")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"127.0.0.1:{port} is in use" in res.stderr

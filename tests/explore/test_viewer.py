@@ -24,7 +24,8 @@ from atari_zarr_testkit.rl_unplugged import write_fixture_rlu
 
 from atari_zarr import AtariZarrDataset, convert
 from atari_zarr.catalog import write_catalog
-from atari_zarr.explore.viewer import STORE_PREFIX, ViewerServer, page_path
+from atari_zarr.errors import InvalidArgumentError, StoreFormatError
+from atari_zarr.explore.viewer import STORE_PREFIX, ViewerServer, page_path, view
 from atari_zarr.shard_format import index_size, parse_index
 
 REPO = Path(__file__).resolve().parents[2]
@@ -385,3 +386,22 @@ def test_the_server_answers_paths_no_file_may_have(root, tmp_path, capfd):
         huge = f"bytes={'9' * 5000}-"
         assert _raw_get(server.origin, "/store/zarr.json", Range=huge) == b"HTTP/1.1 200 OK"
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_view_refuses_what_it_cannot_serve_in_one_line(root, tmp_path):
+    """``view`` on a file, on a URL with credentials or a query (no browser sends them with
+    each file's request; they are not echoed), on a port out of range or one in use: an
+    ``AtariZarrError`` that says what to do, not a traceback of the socket."""
+    (tmp_path / "notes.txt").write_text("not a store")
+    with pytest.raises(StoreFormatError, match=r"notes.txt is a file: expected a store"):
+        view(str(tmp_path / "notes.txt"), browser=False)
+    for url in ("https://alice:hunter2@example.org/Pong/1.zarr", "https://h/1.zarr?sig=hunter2"):
+        with pytest.raises(InvalidArgumentError) as caught:
+            view(url, browser=False, print_url=pytest.fail)
+        assert "hunter2" not in str(caught.value) and "Make the store public" in str(caught.value)
+    with pytest.raises(InvalidArgumentError, match=r"port 70000: expected a port from 0 to"):
+        view(str(root), port=70000, browser=False)
+    with ViewerServer(root) as taken:
+        port = int(taken.origin.rsplit(":", 1)[1])
+        with pytest.raises(InvalidArgumentError, match=rf"127.0.0.1:{port} is in use"):
+            view(str(root), port=port, browser=False, print_url=pytest.fail)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from atari_zarr.catalog import CATALOG, catalog_entries
-from atari_zarr.errors import InvalidArgumentError, StoreNotFoundError
+from atari_zarr.errors import InvalidArgumentError, StoreFormatError, StoreNotFoundError
 from atari_zarr.storage.paths import is_url, local_path
 
 __all__ = ["ViewerServer", "page_path", "page_url", "view"]
@@ -190,6 +190,10 @@ class ViewerServer:
     ) -> None:
         self.store = None if store is None else Path(store).resolve()
         self.port = int(port)
+        if not 0 <= self.port <= 65535:
+            raise InvalidArgumentError(
+                f"port {port}: expected a port from 0 to 65535 (0: a free one) on 127.0.0.1."
+            )
         self.cors = cors
         self.page = page
         self.catalog = None if catalog is None else json.dumps(catalog).encode()
@@ -198,7 +202,13 @@ class ViewerServer:
         self._server: _Server | None = None
 
     def __enter__(self) -> ViewerServer:
-        self._server = _Server(("127.0.0.1", self.port), self)
+        try:
+            self._server = _Server(("127.0.0.1", self.port), self)
+        except OSError as exc:
+            raise InvalidArgumentError(
+                f"127.0.0.1:{self.port} is in use, or may not be served ({exc.strerror or exc}): "
+                f"expected a free port. Choose another port, or leave it out for a free one."
+            ) from None
         threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self
 
@@ -270,6 +280,11 @@ def view(
     ------
     StoreNotFoundError
         A local ``store_or_root`` that does not exist, or holds no complete store.
+    StoreFormatError
+        A local ``store_or_root`` that is a file.
+    InvalidArgumentError
+        A URL the page cannot read (not https, gs, s3 or hf; with credentials or a
+        query), or a port out of range or in use.
     """
     location = str(store_or_root)
     remote = is_url(location) and not location.startswith("file://")
@@ -278,7 +293,22 @@ def view(
             f"{location}: the viewer reads stores over https (https://, gs://, s3://, hf://) "
             f"or local paths; copy the store to one of those."
         )
+    if remote:
+        parts = urllib.parse.urlsplit(location)
+        if parts.username is not None or parts.password is not None or parts.query:
+            # the page fetches each file at the store's URL + its name: a browser sends no
+            # user info of a URL, and a query (a signed URL's) grants one file only
+            raise InvalidArgumentError(
+                f"{location}: the viewer reads public stores, by URLs without credentials "
+                f"(user:password@) or a query (?...). Make the store public (or readable "
+                f"by this page: CORS), or copy it here (`atari-zarr pull`) and view the copy."
+            )
     local = None if remote else Path(local_path(location))
+    if local is not None and local.exists() and not local.is_dir():
+        raise StoreFormatError(
+            f"{location} is a file: expected a store (a folder, DEST/Pong/1.zarr) or a root "
+            f"of stores to view. Give the folder, or list the stores with `atari-zarr ls DEST`."
+        )
     if local is not None and not local.is_dir():
         raise StoreNotFoundError(
             f"{location} does not exist: expected a store (DEST/Pong/1.zarr) or a root of "
