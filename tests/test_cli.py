@@ -418,3 +418,69 @@ def test_ls_available_passes_s_to_the_cache_and_source_options_to_the_source(
         assert main(["ls", "--available", "--home", "gs://cache/home", *options, "--json"]) == 0
     rows = {r["id"]: r["cached"] for r in json.loads(capsys.readouterr().out)}
     assert rows["Pong/1"] is True and rows["Pong/2"] is False
+
+
+def test_view_serves_the_page_and_the_store_until_stopped(pong_store, tmp_path):
+    """``atari-zarr view STORE --no-browser`` prints the page's URL, opened on the store,
+    and serves both on loopback (ranges answered) until it is stopped; a store that is
+    not there is a one-line error."""
+    import shutil
+    import signal
+    import urllib.request
+    from pathlib import Path
+
+    from atari_zarr.explore.viewer import page_path
+
+    command = [sys.executable, "-m", "atari_zarr", "view", pong_store.url, "--no-browser", "-q"]
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            url = process.stdout.readline().strip()
+            page, _, where = url.partition("#")
+            assert page.startswith("http://127.0.0.1:") and page.endswith("/index.html"), url
+            store = where.removeprefix("store=")
+            with urllib.request.urlopen(page, timeout=60) as answer:
+                assert answer.read() == page_path().read_bytes()
+            request = urllib.request.Request(f"{store}/zarr.json", headers={"Range": "bytes=0-9"})
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                assert answer.status == 206
+                assert answer.read() == (Path(pong_store.url) / "zarr.json").read_bytes()[:10]
+        finally:
+            process.send_signal(signal.SIGINT)
+            _, errors = process.communicate(timeout=60)  # a hang guard
+    assert process.returncode == 0 and "Traceback" not in errors, errors
+    # a root never indexed: its stores are listed for the page, as catalog.json has them
+    root = tmp_path / "root"
+    shutil.copytree(pong_store.url, root / "Pong" / "1.zarr")
+    with subprocess.Popen(
+        [*command[:4], str(root), *command[5:]], stdout=subprocess.PIPE, text=True
+    ) as process:
+        try:
+            assert process.stdout is not None
+            store = process.stdout.readline().strip().partition("#store=")[2]
+            with urllib.request.urlopen(f"{store}/catalog.json", timeout=60) as answer:
+                listed = json.loads(answer.read())
+        finally:
+            process.send_signal(signal.SIGINT)
+            process.communicate(timeout=60)
+    assert [e["path"] for e in listed["stores"]] == ["Pong/1.zarr"]
+    assert not (root / "catalog.json").exists()  # nothing is written to the root
+    res = run_cli("view", str(tmp_path / "nothing"), "--no-browser")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1
+    assert "nothing does not exist: expected a store" in res.stderr
+
+
+def test_view_on_a_port_in_use_is_a_one_line_error(pong_store):
+    """``atari-zarr view --port P`` where another program listens on P: one line that
+    names the port, not the socket's traceback."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = run_cli("view", pong_store.url, "--port", str(port), "--no-browser")
+    assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert f"127.0.0.1:{port} is in use" in res.stderr

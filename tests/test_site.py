@@ -106,6 +106,7 @@ def test_every_page_of_the_site_is_built(site: Path):
         "guides/windows",
         "guides/remote",
         "guides/see",
+        "guides/viewer",
         "guides/migrate-torchrl",
         "guides/migrate-d3rlpy",
         "guides/migrate-decision-transformer",

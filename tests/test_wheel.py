@@ -63,6 +63,8 @@ def test_the_wheel_holds_the_product_and_no_test_kit(wheel: Path) -> None:
     # the compiled chunk loop, built for every Python from 3.11 (the stable ABI)
     assert [n for n in names if n.startswith("atari_zarr/storage/_chunk_loop.")], names
     assert "-cp311-abi3-" in wheel.name, wheel.name
+    # the episode viewer: its page and bundled script, the package data
+    assert {"atari_zarr/viewer/index.html", "atari_zarr/viewer/viewer.js"} <= set(names)
     assert not [n for n in names if "/testing/" in n or "testkit" in n]
     found = [f"{n}: {w}" for n, text in sources.items() for w in KIT_WORDS if w in text]
     assert not found, found

@@ -467,10 +467,26 @@ def make_demo_store(app: Sphinx) -> None:
     os.environ["ATARI_ZARR_STORE"] = str(build / result.store)
 
 
+def copy_viewer(app: Sphinx, exception: Exception | None) -> None:
+    """The episode viewer's page and script, as the package ships them, at ``viewer/``
+    of the site (guides/viewer.md links to it)."""
+    if exception is not None or app.builder.format != "html":
+        return
+    import shutil
+
+    from atari_zarr.explore.viewer import page_path
+
+    target = Path(app.outdir) / "viewer"
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("index.html", "viewer.js"):
+        shutil.copyfile(page_path().parent / name, target / name)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     app.add_directive("not-run", NotRun)
     app.add_directive("cli-reference", CliReference)
     app.add_directive("bench-results", BenchResults)
     app.connect("doctree-resolved", check_code_blocks)
     app.connect("builder-inited", make_demo_store)
+    app.connect("build-finished", copy_viewer)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

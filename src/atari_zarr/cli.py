@@ -277,6 +277,18 @@ def _cmd_video(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_view(args: argparse.Namespace) -> int:
+    from atari_zarr.explore.viewer import view
+
+    def say(url: str) -> None:
+        print(
+            url if args.quiet else f"viewer of {args.store} at {url} (Ctrl-C stops it)", flush=True
+        )
+
+    view(args.store, port=args.port, browser=not args.no_browser, print_url=say)
+    return 0
+
+
 def _cmd_collect(args: argparse.Namespace) -> int:
     from atari_zarr.ale import make_dqn_env, quiet_ale
     from atari_zarr.record.collector import collect
@@ -586,6 +598,23 @@ def _video_parser(sub: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _view_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser(
+        "view",
+        help="watch a store's episodes in the browser",
+        description="Serve the episode viewer (a static page: runs, episodes, frames, a "
+        "timeline of actions and rewards) and STORE on 127.0.0.1, and open it in the browser. "
+        "A URL (https://, gs://, s3://, hf://) is read by the page from its host, which must "
+        "allow it (CORS); a local store or root is served beside the page.",
+    )
+    p.add_argument(
+        "store", metavar="STORE", help="a store (.../Pong/1.zarr) or a root with catalog.json"
+    )
+    p.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    p.add_argument("--no-browser", action="store_true", help="only print the page's URL")
+    return p
+
+
 def _collect_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "collect",
@@ -801,6 +830,7 @@ _VERBS: tuple[tuple[Callable[[Any], argparse.ArgumentParser], Callable[..., int]
     (_verify_parser, _cmd_verify),
     (_info_parser, _cmd_info),
     (_video_parser, _cmd_video),
+    (_view_parser, _cmd_view),
     (_collect_parser, _cmd_collect),
     (_demo_parser, _cmd_demo),
     (_ls_parser, _cmd_ls),
@@ -817,6 +847,7 @@ _QUIET = {
     "ls": "print only the store URLs",
     "pull": "print only the store's path (for a part a whole run there serves, the line "
     "that takes it), no progress",
+    "view": "print only the page's URL",
 }
 
 
@@ -851,7 +882,7 @@ def _add_shared_options(verb: argparse.ArgumentParser, name: str) -> None:
     quiet = _QUIET.get(name, "print nothing but errors and what was asked for")
     verb.add_argument("--quiet", "-q", action="store_true", help=quiet)  # after the verb too
     verb.add_argument("--verbose", "-v", action="store_true", help="log progress details")
-    if name != "demo":  # the demo writes and reads local files only
+    if name not in ("demo", "view"):  # local files only; the viewer's browser reads the rest
         _add_storage_option(verb)
 
 

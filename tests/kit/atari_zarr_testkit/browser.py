@@ -113,9 +113,15 @@ class Page:
                 raise TimeoutError(f"{expression!r} stayed falsy for {timeout} s")
             time.sleep(0.05)
 
-    def screenshot(self) -> bytes:
-        """A PNG of the page as it is drawn now."""
-        return base64.b64decode(self._call("Page.captureScreenshot", {"format": "png"})["data"])
+    def screenshot(self, *, width: int | None = None, height: int = 900) -> bytes:
+        """A PNG of the page as it is drawn now; with ``width``, laid out ``width`` x
+        ``height`` CSS pixels wide (as :meth:`evaluate` does)."""
+        shot = ("Page.captureScreenshot", {"format": "png"})
+        viewport = {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False}
+        calls = (
+            [shot] if width is None else [("Emulation.setDeviceMetricsOverride", viewport), shot]
+        )
+        return base64.b64decode(self._calls(calls)["data"])
 
 
 class HeadlessChromium(LoopbackServer):

@@ -115,6 +115,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
+        if hub.cors:  # the Hub's own: any page may read a public file
+            self.send_header("Access-Control-Allow-Origin", "*")
+            self.send_header("Access-Control-Expose-Headers", "Content-Range, Retry-After, ETag")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if not head:
@@ -186,6 +189,9 @@ class HubEmulator:
         Where repos created through the API are written (None: no repo is created).
     write_token : str, optional
         The bearer token every write must carry.
+    cors : bool
+        Every answer lets a page of any origin read it (``Access-Control-Allow-Origin:
+        *``), as the Hub's ``/resolve`` answers do: for pages that read the Hub.
     redirect : bool
         Large files' ``/resolve`` answers 302 to ``/cdn/...`` with ``X-Linked-Etag`` (the
         sha256) and ``X-Linked-Size``, as the Hub's do.
@@ -205,6 +211,7 @@ class HubEmulator:
         branches_only: bool = False,
         new_repos: str | Path | None = None,
         write_token: str | None = None,
+        cors: bool = False,
     ) -> None:
         self.repos = {name: Path(path) for name, path in repos.items()}
         #: ``{repo: token}``: repos read only with ``Authorization: Bearer {token}``.
@@ -223,6 +230,8 @@ class HubEmulator:
         self.new_repos = None if new_repos is None else Path(new_repos)
         #: The token every write must carry (None: any).
         self.write_token = write_token
+        #: Answers carry the Hub's CORS headers (a page of any origin may read them).
+        self.cors = cors
         #: LFS objects uploaded, by sha256; commits made: ``(repo, [paths])``.
         self.lfs: dict[str, bytes] = {}
         self.commits: list[tuple[str, list[str]]] = []
