@@ -54,10 +54,10 @@ from atari_zarr.commands import command_line
 from atari_zarr.conversion.derived import write_derived
 from atari_zarr.conversion.graph import Job, build_graph, build_scan_graph, expected_keys
 from atari_zarr.conversion.scheduling import (
-    check_scheduler,
     describe_scheduler,
     process_pool,
     run_graph,
+    scheduler_for,
 )
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import (
@@ -691,7 +691,8 @@ def convert(
     >>> done.game, done.transitions, done.url.endswith("Pong/1.zarr")
     ('Pong', 100, True)
     """
-    check_scheduler(scheduler, workers)
+    # memory:// lives in this process: its workers are threads of it, never processes
+    scheduler = scheduler_for(scheduler, workers, [str(source), str(dest)])
     if fraction is not None:
         if subset is not None:
             raise InvalidArgumentError(
