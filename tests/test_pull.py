@@ -1186,3 +1186,39 @@ def test_a_pull_stopped_by_a_signal_leaves_no_semaphore_behind(public_copy, tmp_
     assert err.count("\n") == 1 and ("interrupted" in err or "terminated" in err), err
     done = pull(Request.parse("Asterix/1"), scheduler="synchronous", progress=False)
     assert zarr.open_group(done.url, mode="r").attrs[ATTRS_KEY]["complete"]
+MEMORY_PULL_SCRIPT = """
+import contextlib, io, sys
+from atari_zarr import AtariZarrDataset
+from atari_zarr.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as said:
+    code = main(sys.argv[1:])
+print(said.getvalue(), end="")
+if code == 0:  # the store lives in this process: read it here
+    url = said.getvalue().split(" -> ", 1)[1].split()[0]
+    print(len(AtariZarrDataset(url)), flush=True)
+sys.exit(code)
+"""
+
+
+@pytest.mark.slow
+def test_a_pull_into_memory_ends_with_the_default_scheduler(public_copy, tmp_path):
+    """``pull --home memory://x`` ran for minutes with both workers busy, past
+    ``--timeout``: each worker process scanned into a ``memory://`` of its own, which the
+    planning process never saw. The workers are threads of the process that holds the
+    memory, and the pull gives the store a pull into a directory gives."""
+    home = f"memory://pull-home-{tmp_path.name}"
+    args = ["pull", "Asterix/1", "--checkpoints", "0-2", "--no-progress", "--timeout", "10"]
+    proc = _spawn(MEMORY_PULL_SCRIPT, *args, "--workers", "2", "--home", home)
+    try:
+        out, err = proc.communicate(timeout=240)  # a hang guard: it takes seconds
+    finally:
+        _reap(proc)
+    assert proc.returncode == 0, err
+    assert f"-> {home}/" in out
+    local = pull(
+        Request.parse("Asterix/1", checkpoints=[0, 1, 2]),
+        home=tmp_path / "local",
+        scheduler="synchronous",
+        progress=False,
+    )
+    assert out.strip().splitlines()[-1] == str(len(AtariZarrDataset(local.url)))

@@ -291,3 +291,19 @@ def test_frames_decoded_on_processes_report_what_one_process_reports(copy, monke
     assert parallel.problems == serial.problems
     assert parallel.checked == serial.checked
     assert "shard 0" in parallel.problems[0] and "shard 2" in parallel.problems[1]
+
+
+def test_a_store_in_memory_is_verified_in_its_own_process(copy, monkeypatch):
+    """A ``memory://`` store is in this process's memory only: worker processes, which
+    see a ``memory://`` of their own, found none of its frames. Its frames are read here."""
+    import fsspec
+
+    import atari_zarr.verify as verify
+
+    _, path = copy
+    url = f"memory://verify-{path.parent.name}/1.zarr"
+    fsspec.filesystem("memory").put(str(path), url[len("memory://") :], recursive=True)
+    monkeypatch.setattr(verify, "PARALLEL_UNITS", 2)  # 9,000 rows: three units of frames
+    report = verify_store(url, workers=2)
+    assert report.ok, report.format()
+    assert report.checked == verify_store(str(path), workers=1).checked

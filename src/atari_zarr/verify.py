@@ -91,6 +91,7 @@ from atari_zarr.sources.registry import (
 from atari_zarr.storage.deadline import Timeout, resolve_timeout
 from atari_zarr.storage.engine import ChunkEngine, decode_chunk
 from atari_zarr.storage.filesystem import FileSystem, get_fs, not_regular_error
+from atari_zarr.storage.paths import is_process_local
 from atari_zarr.storage.ranges import ByteRange
 
 __all__ = ["VerifyReport", "verify_store"]
@@ -683,7 +684,8 @@ def _check_units(
     """Decode every write unit of ``specs`` (their checksums); return the chunks read.
 
     The frames, most of a store's bytes, are decoded on ``workers`` processes when
-    there is more than one and the frames span :data:`PARALLEL_UNITS` units or more:
+    there is more than one, the frames span :data:`PARALLEL_UNITS` units or more and
+    the store is not in this process's memory (``memory://``):
     each process reads whole shards of its own (:func:`_frame_units`), and their
     findings are reported in the order of the units, as one process reports them.
     """
@@ -691,7 +693,9 @@ def _check_units(
     for name, (spec, rows) in specs.items():
         units = list(_units(rows, spec.unit_rows(rows)))
         count += sum(math.ceil((b - a) / spec.chunk_rows) for _, a, b in units)
-        if name == OBSERVATION and workers > 1 and len(units) >= PARALLEL_UNITS:
+        # a store in this process's memory is not another process's (memory://)
+        parallel = workers > 1 and not is_process_local(url)
+        if name == OBSERVATION and parallel and len(units) >= PARALLEL_UNITS:
             _frames_on_processes(url, opened, units, report, bar, workers)
             continue
         engine = _reader(get_array(group, name, url), url, report)

@@ -412,3 +412,24 @@ def test_scans_of_a_source_that_tells_no_version_are_never_resumed() -> None:
     assert _scan_digest(versioned, selection) == _scan_digest(versioned, selection)
     unversioned = source(None)
     assert _scan_digest(unversioned, selection) != _scan_digest(unversioned, selection)
+
+
+@pytest.mark.timeout(300)  # a hang guard: the conversion takes seconds
+def test_scans_the_work_area_does_not_list_are_never_run_again_for_ever(rlu, tmp_path, monkeypatch):
+    """A work area whose listing of kept scans never shows them (as a listing cached by
+    the planning process did, while worker processes wrote them) made planning scan the
+    same shards again and again, past every deadline. A scan asked for twice is one line
+    naming the work area, and a later run resumes."""
+    from atari_zarr.conversion.workdir import WorkDir
+    from atari_zarr.errors import StoreWriteError
+
+    with monkeypatch.context() as patch:
+        patch.setattr(WorkDir, "scans_done", lambda self: set())
+        with pytest.raises(StoreWriteError) as info:
+            convert(rlu.root, str(tmp_path / "out"), progress=False, scheduler="synchronous")
+    text = str(info.value)
+    where = work_url(str(tmp_path / "out" / "Asterix" / "1.zarr"))
+    assert "\n" not in text and where in text and "scans/done" in text
+    assert "run the same command again to resume" in text
+    [store] = convert(rlu.root, str(tmp_path / "out"), progress=False, scheduler="synchronous")
+    assert store_state(store.url) == "complete"

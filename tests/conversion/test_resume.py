@@ -393,3 +393,91 @@ def test_plain_verify_notices_a_step_shard_of_another_conversion(source_root, po
     reward.write_bytes(theirs)
     report = verify_store(mine.url)
     assert not report.ok and "return" in report.format()
+
+
+def _bucket_files(fs, root: str) -> dict[str, bytes]:
+    """Every object below ``root`` in a bucket (its metadata, which names the place, out)."""
+    return {
+        p[len(root) :]: fs.cat_file(p)
+        for p in fs.find(root)
+        if not p.endswith("zarr.json") and ".converting" not in p
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("fragment", "after"),
+    [("-scan-", 1), ("-shard-", 1), ("-shard-", 3)],
+    ids=["some-scans-kept", "a-shard-written", "most-shards-written"],
+)
+def test_a_pull_into_a_bucket_killed_then_resumed_on_processes(
+    public_copy, tmp_path, fragment, after
+):
+    """kill -9 of a pull into a gs:// home, then the same pull on worker processes: the
+    first resume ended in "work never recorded as done" (a traceback) or ran on past
+    ``--timeout``, scanning the same shards again and again. The process that plans read
+    the work area's listings (``scans/done``, ``done``) from gcsfs's listing cache,
+    filled at the start of the resume, while its worker processes wrote the markers:
+    it never saw them. The resume finishes and gives the store a clean pull gives."""
+    import gcsfs
+
+    server = public_copy.server
+    server.create_bucket("kill-home")
+    home = f"gs://kill-home/{tmp_path.name}"
+    args = ["pull", "Asterix/1", "--checkpoints", "0-3", "--home", home, "-s", "token=anon"]
+    args += ["--workers", "2", "--no-progress", "--timeout", "10"]
+    proc = subprocess.Popen(
+        pause_command(tmp_path, fragment, after, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for_pause(proc, timeout=240)
+        workers = [
+            p for p in _children(proc.pid) if "python" in Path(f"/proc/{p}/cmdline").read_text()
+        ]
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=60)
+    deadline = time.monotonic() + 60  # the killed pull's workers exit with it
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [p for p in workers if _alive(p)]
+
+    resumed = subprocess.Popen(
+        [sys.executable, "-m", "atari_zarr", "-v", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = resumed.communicate(timeout=300)  # a hang guard: it takes seconds
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+            resumed.communicate(timeout=60)
+    assert resumed.returncode == 0, err[-3000:]
+    assert "Traceback" not in err and "stale lock" in err
+    url = f"{home}/subsets/"
+    assert f"-> {url}" in out
+
+    from atari_zarr.pull import Request, pull
+
+    clean = pull(
+        Request.parse("Asterix/1", checkpoints=[0, 1, 2, 3]),
+        home=tmp_path / "clean",
+        scheduler="synchronous",
+        progress=False,
+    )
+    fs = gcsfs.GCSFileSystem(**server.storage_options(), skip_instance_cache=True)
+    found = out.split(" -> ", 1)[1].split()[0][len("gs://") :]
+    assert not fs.exists(found + ".converting")  # the work area went with the finish
+    local = {
+        p.relative_to(clean.url).as_posix(): p.read_bytes()
+        for p in Path(clean.url).rglob("*")
+        if p.is_file() and p.name != "zarr.json"
+    }
+    assert _bucket_files(fs, found + "/") == local

@@ -182,3 +182,36 @@ def test_an_unreachable_scheduler_is_one_line_within_the_timeout() -> None:
     text = str(info.value)
     assert "\n" not in text and address in text and "within 2 s" in text
     assert "leave out --scheduler" in text
+
+
+def test_a_memory_destination_converts_with_the_default_scheduler(pong_run, source_root, capsys):
+    """``convert SRC memory://x`` ran its workers as processes, each writing a
+    ``memory://`` of its own, and ended in zarr's ``GroupNotFoundError`` traceback: the
+    workers run as threads of the process that holds the memory, and the store is there."""
+    from atari_zarr import AtariZarrDataset
+    from atari_zarr.cli import main
+
+    dest = f"memory://cli-{os.getpid()}-{id(pong_run)}"
+    code = main(["convert", str(source_root), dest, "--no-progress", "--timeout", "10"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert f"-> {dest}/Pong/1.zarr" in out
+    ds = AtariZarrDataset(f"{dest}/Pong/1.zarr")
+    assert len(ds) == len(pong_run.truth())
+    assert verify_store(f"{dest}/Pong/1.zarr", source=str(source_root / "Pong" / "1")).ok
+
+
+def test_a_memory_location_is_refused_for_a_cluster_in_one_line(pong_run, source_root) -> None:
+    """The workers of a dask cluster cannot reach this process's memory: refused before
+    the cluster is asked (nothing listens at the address) and before any work."""
+    from atari_zarr_testkit.ports import fresh_port
+
+    from atari_zarr.errors import InvalidArgumentError
+
+    address = f"tcp://127.0.0.1:{fresh_port()}"
+    dest = f"memory://cluster-{os.getpid()}"
+    with pytest.raises(InvalidArgumentError) as info:
+        convert(str(source_root), dest, scheduler=address, progress=False, timeout=5)
+    text = str(info.value)
+    assert "\n" not in text and dest in text and address in text
+    assert "leave out --scheduler" in text

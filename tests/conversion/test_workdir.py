@@ -129,3 +129,40 @@ def test_a_bucket_lock_is_created_with_one_conditional_request(backend, monkeypa
         finally:
             monkeypatch.undo()
             first.release(remove_all=True)
+
+
+_OTHER_PROCESS = """
+import json, sys
+from atari_zarr.conversion.workdir import WorkDir
+work = WorkDir(sys.argv[1], json.loads(sys.argv[2]))
+work.mark("shard-1")
+work.mark_scan(1)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gs", "s3"])
+def test_markers_other_processes_write_in_a_bucket_are_listed(backend):
+    """A conversion's worker processes write its markers and scans; the process that
+    plans lists them. Its listings came from the process's cache of earlier listings
+    (gcsfs, s3fs), so markers written since by other processes were never seen: the
+    first resume rescanned the same shards for ever, or ended in "work never recorded
+    as done". Every listing of the work area is the server's."""
+    from atari_zarr_testkit.gcs import FakeGCSServer
+    from atari_zarr_testkit.s3 import MotoS3Server
+
+    server = FakeGCSServer() if backend == "gs" else MotoS3Server()
+    with server:
+        server.create_bucket("work")
+        url, options = f"{backend}://work/Pong/1.zarr", server.storage_options()
+        work = WorkDir(url, options)
+        work.mark("shard-0")
+        work.mark_scan(0)
+        assert (work.done(), work.scans_done()) == ({"shard-0"}, {0})  # listed once
+        subprocess.run(
+            [sys.executable, "-c", _OTHER_PROCESS, url, json.dumps(options)],
+            check=True,
+            timeout=120,
+        )
+        assert work.done() == {"shard-0", "shard-1"}
+        assert work.scans_done() == {0, 1}

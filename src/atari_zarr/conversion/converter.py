@@ -54,10 +54,10 @@ from atari_zarr.commands import command_line
 from atari_zarr.conversion.derived import write_derived
 from atari_zarr.conversion.graph import Job, build_graph, build_scan_graph, expected_keys
 from atari_zarr.conversion.scheduling import (
-    check_scheduler,
     describe_scheduler,
     process_pool,
     run_graph,
+    scheduler_for,
 )
 from atari_zarr.conversion.workdir import WorkDir
 from atari_zarr.errors import (
@@ -65,6 +65,7 @@ from atari_zarr.errors import (
     StoreExistsError,
     StoreFormatError,
     StoreIncompleteError,
+    StoreWriteError,
 )
 from atari_zarr.layout import (
     ARRAYS,
@@ -356,6 +357,8 @@ class _WorkScans:
         self._bar: Any = None
         #: Source bytes and transitions the scans of this conversion read.
         self._read = [0, 0]
+        #: Parts whose scan this conversion ran.
+        self._ran: set[int] = set()
 
     def done(self) -> set[int]:
         if self.digest is None:  # first use: scans of other files are not reused
@@ -369,6 +372,15 @@ class _WorkScans:
 
     def run(self, units: list[int]) -> None:
         label = f"{self.source.game}/{self.source.run}"
+        again = sorted(set(units) & self._ran)
+        if again:  # never scan the same parts for ever
+            raise StoreWriteError(
+                f"{self.work.url}: the scans of {self.kind.part_name}s {again[:10]} of {label} "
+                f"finished, but the work area does not list them (scans/done); expected "
+                f"every scan listed once it is kept. The store stays unfinished: run the same "
+                f"command again to resume."
+            )
+        self._ran.update(units)
         if self._bar is None:
             selected = self.kind.select(self.source, self.options.selection)
             self._bar = progress_bar(
@@ -550,7 +562,12 @@ def _convert_locked(
     # Nothing is marked complete unless every marker is in.
     missing = expected_keys(plan.parts, sizes, work) - work.done()
     if missing:  # pragma: no cover - a task returned without writing its marker
-        raise RuntimeError(f"{url}: work never recorded as done: {sorted(missing)[:10]}")
+        raise StoreWriteError(
+            f"{work.url}: the write tasks finished, but the work area does not list the "
+            f"markers of {sorted(missing)[:10]}; expected every task's marker once its data "
+            f"is written. The store stays unfinished: run the same command again to resume "
+            f"(work without a marker is done again)."
+        )
 
     group = zarr.open_group(
         open_zarr_store(url, storage_options, read_only=False, timeout=options.timeout), mode="r+"
@@ -700,7 +717,8 @@ def convert(
     >>> done.game, done.transitions, done.url.endswith("Pong/1.zarr")
     ('Pong', 100, True)
     """
-    check_scheduler(scheduler, workers)
+    # memory:// lives in this process: its workers are threads of it, never processes
+    scheduler = scheduler_for(scheduler, workers, [str(source), str(dest)])
     if fraction is not None:
         if subset is not None:
             raise InvalidArgumentError(

@@ -27,6 +27,7 @@ from typing import Any
 from atari_zarr.errors import InvalidArgumentError, RemoteAccessError, import_optional
 from atari_zarr.redaction import redact
 from atari_zarr.resources import cpu_count
+from atari_zarr.storage.paths import is_process_local
 
 __all__ = [
     "LOCAL_SCHEDULERS",
@@ -34,6 +35,7 @@ __all__ = [
     "describe_scheduler",
     "process_pool",
     "run_graph",
+    "scheduler_for",
     "worker_processes",
 ]
 
@@ -287,6 +289,47 @@ def check_scheduler(scheduler: Any, workers: int | None = None) -> Any:
             f"a dask.distributed scheduler address (tcp://host:8786) or a Client."
         )
     return scheduler
+
+
+def scheduler_for(scheduler: Any, workers: int | None, locations: Sequence[str]) -> Any:
+    """The scheduler that runs tasks reading or writing ``locations``: ``scheduler``
+    checked (:func:`check_scheduler`), unless one of them lives in this process's memory.
+
+    A ``memory://`` location is a file system of each process's own: worker processes
+    would write where this process never looks (and plan from scans it never sees).
+    With one, the ``"processes"`` scheduler (the CLI's default) runs its workers as
+    threads of this process, and a ``dask.distributed`` cluster is refused.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A cluster's workers cannot reach a ``memory://`` location.
+
+    Examples
+    --------
+    >>> scheduler_for("processes", 2, ["/data/src", "memory://out"])
+    'threads'
+    >>> scheduler_for("processes", 2, ["/data/src", "gs://b/out"])
+    'processes'
+    """
+    resolved = check_scheduler(scheduler, workers)
+    local = [str(where) for where in locations if is_process_local(str(where))]
+    if not local:
+        return resolved
+    if isinstance(resolved, str) and resolved in LOCAL_SCHEDULERS:
+        if resolved == "processes":
+            log.info(
+                "%s lives in this process's memory: the workers run as threads of it",
+                redact(local[0]),
+            )
+            return "threads"
+        return resolved
+    raise InvalidArgumentError(
+        f"{redact(local[0])} lives in the memory of this process, which the workers of "
+        f"{describe_scheduler(resolved, workers)} cannot reach; "
+        f"expected a location every worker reaches (a shared path, gs://, s3://). Choose "
+        f"such a location, or leave out --scheduler to convert in this process."
+    )
 
 
 def _run_local(

@@ -27,6 +27,11 @@ Markers are written after the data they vouch for, so a conversion killed at
 any point redoes exactly the work whose marker is missing. The whole area is
 deleted once the store is marked complete.
 
+Every listing of the work area is the server's, never one cached by the process: the
+worker processes of a conversion write markers and scans that the process planning it
+lists (gcsfs and s3fs would otherwise answer from a listing made before they were
+written, and a resumed conversion would never see its own work done).
+
 Locking. ``lock.json`` appears whole or not at all: on local disks its content is
 written to a file of its own, then hard-linked into place, which fails when a
 lock exists (on object stores: create if absent, then read back our token, best
@@ -136,7 +141,11 @@ class WorkDir:
         self.url = work_url(store_url)
         self.store_url = str(store_url).rstrip("/")
         self.storage_options = dict(storage_options or {})
-        self.fs, self.path = get_fs(self.url, self.storage_options, timeout=timeout)
+        # the markers, scans and kept frames are written by worker processes while this
+        # one lists them: a listing cached in this process would never show them
+        self.fs, self.path = get_fs(
+            self.url, self.storage_options, timeout=timeout, listings_cache=False
+        )
         self._token: str | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -187,12 +196,10 @@ class WorkDir:
     def drop_pieces(self, name: str, unit: int) -> None:
         """Remove the pieces of a unit once it is written (a tidy-up: never fatal).
 
-        Object-store listings can lag behind the writes and deletes of concurrent
-        tasks, so a directory that looked present may already be empty or gone.
+        A directory that looked present may be gone by the time it is deleted.
         """
         path = self._p("pieces", _array_id(name), str(unit))
         try:
-            self.fs.invalidate_cache(path)
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=True)
         except FileNotFoundError:
@@ -223,7 +230,6 @@ class WorkDir:
         """Remove what lies at ``parts`` (a tidy-up: never fatal)."""
         path = self._p(*parts)
         try:
-            self.fs.invalidate_cache(path)
             if self.fs.exists(path):
                 self.fs.rm(path, recursive=True)
         except FileNotFoundError:

@@ -221,6 +221,12 @@ class FileSystem:
     timeout : float, None or "default"
         Seconds each call may take, retries included; ``None`` for no limit;
         ``"default"``: :data:`~atari_zarr.storage.deadline.DEFAULT_TIMEOUT` (60 s).
+    listings_cache : bool
+        Whether listings (and what ``info`` and ``exists`` derive from them) may come
+        from the file system's cache of earlier listings (gcsfs and s3fs keep one per
+        process, for good). False for a place other processes change meanwhile, as the
+        worker processes of a conversion change its work area: every answer is the
+        server's.
 
     Attributes
     ----------
@@ -249,10 +255,12 @@ class FileSystem:
         storage_options: dict[str, Any] | None = None,
         *,
         timeout: float | str | None = "default",
+        listings_cache: bool = True,
     ) -> None:
         self.location = str(location)
         self.storage_options = dict(storage_options or {})
         self.timeout = resolve_timeout(timeout)
+        self.listings_cache = bool(listings_cache)
         self.remote = is_url(self.location)
         #: True for http(s):// locations, which are never written.
         self.read_only = is_read_only_url(self.location)
@@ -271,6 +279,13 @@ class FileSystem:
             check_resolves(self.location, self.storage_options, timeout=self.timeout)
             with backend_errors(self.location, self.storage_options):
                 fs, path = fsspec.core.url_to_fs(self.location, **self.storage_options)
+                cache = getattr(fs, "dircache", None)
+                if not self.listings_cache and getattr(cache, "use_listings_cache", False):
+                    # an instance of its own (fsspec keeps one per set of options) whose
+                    # cache never answers: the process's shared one may hold listings
+                    # that other processes made stale since
+                    uncached = {**self.storage_options, "use_listings_cache": False}
+                    fs, path = fsspec.core.url_to_fs(self.location, **uncached)
             self._fs: fsspec.AbstractFileSystem = fs
             self.path = str(path)
         else:
@@ -294,11 +309,15 @@ class FileSystem:
             "location": self.location,
             "storage_options": self.storage_options,
             "timeout": self.timeout,
+            "listings_cache": self.listings_cache,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(  # type: ignore[misc]
-            state["location"], state["storage_options"], timeout=state["timeout"]
+            state["location"],
+            state["storage_options"],
+            timeout=state["timeout"],
+            listings_cache=state.get("listings_cache", True),
         )
 
     def __repr__(self) -> str:
@@ -744,6 +763,7 @@ def get_fs(
     storage_options: dict[str, Any] | None = None,
     *,
     timeout: float | str | None = "default",
+    listings_cache: bool = True,
 ) -> tuple[FileSystem, str]:
     """Return ``(file system, path)`` for a local path or fsspec URL.
 
@@ -755,6 +775,8 @@ def get_fs(
         fsspec options for URLs.
     timeout : float, None or "default"
         Seconds each remote call may take, retries included (see :class:`FileSystem`).
+    listings_cache : bool
+        False: every listing is the server's, never a cached one (see :class:`FileSystem`).
 
     Examples
     --------
@@ -764,7 +786,7 @@ def get_fs(
     >>> get_fs("/data/atari")[1]
     '/data/atari'
     """
-    fs = FileSystem(str(location), storage_options, timeout=timeout)
+    fs = FileSystem(str(location), storage_options, timeout=timeout, listings_cache=listings_cache)
     return fs, fs.path
 
 

@@ -18,8 +18,10 @@ from atari_zarr.redaction import redact
 
 __all__ = [
     "HOME_ENV",
+    "PROCESS_LOCAL_PROTOCOLS",
     "READ_ONLY_PROTOCOLS",
     "cache_home",
+    "is_process_local",
     "is_read_only_url",
     "is_url",
     "join",
@@ -34,6 +36,9 @@ __all__ = [
 HOME_ENV = "ATARI_ZARR_HOME"
 #: Protocols that are read, never written: plain web servers.
 READ_ONLY_PROTOCOLS = frozenset({"http", "https"})
+#: Protocols whose files live in the memory of one process: another process (a worker
+#: of the ``processes`` scheduler, of a dask cluster) sees a file system of its own.
+PROCESS_LOCAL_PROTOCOLS = frozenset({"memory"})
 
 
 def is_url(location: str) -> bool:
@@ -62,6 +67,24 @@ def is_read_only_url(location: str) -> bool:
     """
     location = str(location)
     return "://" in location and location.split("://", 1)[0].lower() in READ_ONLY_PROTOCOLS
+
+
+def is_process_local(location: str) -> bool:
+    """True when ``location`` lives in this process's memory (``memory://``), so that
+    other processes cannot reach it (each has a ``memory://`` of its own).
+
+    Examples
+    --------
+    >>> is_process_local("memory://x/Pong"), is_process_local("simplecache::memory://x")
+    (True, True)
+    >>> is_process_local("gs://b/x"), is_process_local("/data/x")
+    (False, False)
+    """
+    return any(
+        part.split("://", 1)[0].lower() in PROCESS_LOCAL_PROTOCOLS
+        for part in str(location).split("::")
+        if "://" in part
+    )
 
 
 def refuse_write(
