@@ -1186,6 +1186,8 @@ def test_a_pull_stopped_by_a_signal_leaves_no_semaphore_behind(public_copy, tmp_
     assert err.count("\n") == 1 and ("interrupted" in err or "terminated" in err), err
     done = pull(Request.parse("Asterix/1"), scheduler="synchronous", progress=False)
     assert zarr.open_group(done.url, mode="r").attrs[ATTRS_KEY]["complete"]
+
+
 MEMORY_PULL_SCRIPT = """
 import contextlib, io, sys
 from atari_zarr import AtariZarrDataset
