@@ -274,3 +274,57 @@ def test_a_mixture_of_300_stores_reads_exactly_under_ulimit_256(tmp_path: Path) 
     assert got["limit"] == 192 and got["touched"] > 200  # a batch touches most stores
     assert got["peak"] <= got["limit"] and got["shards"] <= got["limit"]
     assert got["fds"] < 256
+
+
+_NO_DESCRIPTOR_LEFT = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+from atari_zarr.errors import TooManyOpenFilesError
+from atari_zarr.storage import fetch
+
+reader = fetch.LocalBytes(sys.argv[1])
+for i in range(20):  # twenty maps kept
+    assert bytes(reader.get([(f"{i:04d}", 0, 4)])[0]) == f"{i:04d}".encode()
+own = []
+while True:  # the rest of the process takes every descriptor left
+    try:
+        own.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+# the kernel says EMFILE: the maps let theirs go, and the open is tried once more
+held = reader.get([("0100", 0, 4)])[0]  # a slice handed out holds its map
+assert bytes(held) == b"0100"
+while True:
+    try:
+        own.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+try:  # nothing left to let go
+    reader.get([("0101", 0, 4)])
+except TooManyOpenFilesError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux /proc")
+def test_a_process_out_of_descriptors_lets_maps_go_then_says_so_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Where the rest of the process took the descriptors the maps leave it, the kernel's
+    EMFILE lets the maps go and the open is tried once more; where nothing is left to
+    let go, one line names the file, the limit and ``ulimit -n``."""
+    import subprocess
+    import sys
+
+    _files(tmp_path, [f"{i:04d}" for i in range(120)])
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_DESCRIPTOR_LEFT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    [line] = out.stdout.strip().splitlines()
+    assert line.startswith(f"{tmp_path / '0101'}: cannot be opened")
+    assert "its limit of 128 open files" in line and "ulimit -n" in line
