@@ -28,6 +28,7 @@ from atari_zarr.redaction import redact
 
 __all__ = [
     "AtariZarrError",
+    "DatasetClosedError",
     "InvalidArgumentError",
     "InvalidNameError",
     "MissingDependencyError",
@@ -45,6 +46,7 @@ __all__ = [
     "StoreLockedError",
     "StoreNotFoundError",
     "StoreWriteError",
+    "TooManyOpenFilesError",
 ]
 # (import_optional and install_hint, the helpers for optional dependencies, and
 # damaged_advice are imported by name: __all__ lists the errors, which the package
@@ -149,6 +151,16 @@ class RemoteTimeoutError(RemoteAccessError, TimeoutError):
 
 class ReadOnlyDatasetError(AtariZarrError, RuntimeError):
     """An attempt to write to, empty or delete a dataset opened for reading."""
+
+
+class DatasetClosedError(AtariZarrError, RuntimeError):
+    """An iterator of a dataset or stream asked for more after the dataset, the stream or
+    the iterator itself was closed."""
+
+
+class TooManyOpenFilesError(AtariZarrError, OSError):
+    """The process has no file descriptor left (``ulimit -n``), although the readers let
+    the ones they kept go."""
 
 
 class MissingDependencyError(AtariZarrError, ImportError):

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
+import os
 import pickle
+import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,7 +18,7 @@ from atari_zarr_testkit import write_episodes_store
 from tensordict import TensorDict
 
 from atari_zarr import AtariZarrDataset
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.errors import DatasetClosedError, InvalidArgumentError
 from atari_zarr.layout import (
     ACTION,
     EPISODE,
@@ -1164,3 +1168,93 @@ def test_a_child_forked_while_units_load_loads_them_again(
     assert len(wrong) == len(reference) - 1 and not any(any(w.values()) for w in wrong)
     rest = [_wrong_items(b, want) for b, want in zip(it, reference[1:], strict=True)]
     assert not any(any(w.values()) for w in rest)
+# close: threads joined, files let go, iterators stopped in one line
+# --------------------------------------------------------------------------- #
+
+
+def _our_threads() -> set[tuple[str, int]]:
+    """This process's threads of the package: Python's (``atari_zarr-stream_0`` ...) and
+    the compiled gathering thread (``atari_zarr-rows``), by name and id."""
+    from tests.storage.test_row_gather import TASKS
+
+    found = {(t.name, t.native_id or 0) for t in threading.enumerate()}
+    for task in TASKS.iterdir():
+        try:
+            found.add(((task / "comm").read_text().strip(), int(task.name)))
+        except OSError:  # a thread that ended while listed
+            pass
+    return {(name, tid) for name, tid in found if name.startswith("atari_zarr")}
+
+
+def _fds_under(root: Path) -> int:
+    """This process's descriptors of files under ``root`` (the maps of its shards)."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(str(root))
+        except OSError:  # closed meanwhile
+            pass
+    return count
+
+
+@pytest.fixture(scope="module")
+def few_stores(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """Stores only the tests of close() read (each closes what it opened): 6,000
+    transitions, and 12 of 40 to 62 (a mixture)."""
+    tmp_path = tmp_path_factory.mktemp("closing")
+    return [
+        write_store(str(tmp_path / "one.zarr"), 6000),
+        *(
+            write_store(str(tmp_path / f"m{g}.zarr"), 40 + 2 * g, seed=g, max_len=9)
+            for g in range(12)
+        ),
+    ]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads and files from /proc")
+@pytest.mark.parametrize(
+    "closing", ["dataset", "with dataset", "stream", "with stream", "iterator"]
+)
+@pytest.mark.parametrize("mixture", [False, True], ids=["one store", "mixture"])
+def test_close_stops_every_thread_lets_files_go_and_iterators_say_so(
+    few_stores: list[str], closing: str, mixture: bool
+) -> None:
+    """``close()`` (of the dataset, the stream or the iterator, or the end of a ``with``
+    block) in the middle of an epoch: every thread the stream started is stopped and
+    joined, no file of its stores stays open, and the iterator's next ``next()`` is one
+    line; iterating the stream again reads the rest of the epoch."""
+    root = Path(few_stores[0]).parent
+    gc.collect()
+    before = _our_threads()
+    ds = MultiGameDataset(few_stores[1:]) if mixture else AtariZarrDataset(few_stores[0])
+    stream = ds.stream(64, seed=3, unit_rows=64, shuffle_buffer=256)
+    it = iter(stream)
+    if closing.startswith("with"):
+        with ds if closing == "with dataset" else stream:
+            seen = [next(it) for _ in range(3)]
+            started = _our_threads() - before
+            held = _fds_under(root)
+    else:
+        seen = [next(it) for _ in range(3)]
+        started = _our_threads() - before
+        held = _fds_under(root)
+        {"dataset": ds, "stream": stream, "iterator": it}[closing].close()
+    # the unit readers and the gathering thread (where the compiled loop is built)
+    assert sum(name.startswith("atari_zarr-stream") for name, _ in started) >= 1
+    assert held > 0
+    assert not (_our_threads() - before), "threads left running after close()"
+    if closing.endswith("dataset"):
+        assert _fds_under(root) == 0  # every map of its stores let go
+    with pytest.raises(DatasetClosedError) as err:
+        next(it)
+    message = str(err.value)
+    assert "\n" not in message and "closed" in message and "Iterate the stream again" in message
+    with pytest.raises(DatasetClosedError):  # and again: never a batch, never the end
+        next(it)
+    # what the message says to do: the rest of the epoch, each item once
+    rest = list(stream)
+    assert sorted(rows_of(seen + rest).tolist()) == list(range(len(ds)))
+    assert_same(ds, seen[:1] + rest[-1:])
+    stream.close()
+    ds.close()
+    assert not (_our_threads() - before)

@@ -20,33 +20,36 @@ def _files(root: Path, names: list[str]) -> None:
 
 
 def test_the_maps_of_every_store_share_one_bound(tmp_path: Path, monkeypatch) -> None:
-    """A mixture of many stores keeps at most map_limit() maps in all, not per store (the
-    kernel allows 65,530 maps per process)."""
+    """A mixture of many stores keeps at most map_limit() descriptors in its maps in all,
+    not per store (the kernel allows 65,530 maps per process): a map holds one, a file
+    being mapped two."""
     monkeypatch.setattr(fetch, "_MAPS", type(fetch._MAPS)())
-    monkeypatch.setattr(fetch, "map_limit", lambda: 3)
+    monkeypatch.setattr(fetch, "_DESCRIPTORS", fetch._Descriptors())
+    monkeypatch.setattr(fetch, "map_limit", lambda: 4)
     stores = [tmp_path / "a", tmp_path / "b"]
     for root in stores:
         _files(root, ["c/0/0/0", "c/1/0/0"])
     readers = [fetch.LocalBytes(root) for root in stores]
     for reader in readers:
-        got = reader.get([("c/0/0/0", 0, 7), ("c/1/0/0", 0, 7)])
-        assert [bytes(g) for g in got] == [b"c/0/0/0", b"c/1/0/0"]
+        got = [bytes(g) for g in reader.get([("c/0/0/0", 0, 7), ("c/1/0/0", 0, 7)])]
+        assert got == [b"c/0/0/0", b"c/1/0/0"]
 
-    def kept() -> set[str]:
-        return {name for _, name in fetch._MAPS}
+    def kept() -> set[tuple[int, str]]:
+        return set(fetch._MAPS)
 
-    assert len(fetch._MAPS) == 3  # four files read, three kept
-    assert str(stores[0] / "c/0/0/0") not in kept()  # the least recently used went
+    # four files read; the fourth's two descriptors fit beside two maps: three kept
+    assert len(fetch._MAPS) == 3 and fetch._DESCRIPTORS.held == 3
+    assert (readers[0]._id, "c/0/0/0") not in kept()  # the least recently used went
     # a map dropped is opened again when asked for
     assert bytes(readers[0].get([("c/0/0/0", 2, 5)])[0]) == b"0/0"
     readers[1].forget("c/1/0/0")
-    assert str(stores[1] / "c/1/0/0") not in kept()
-    # a reader that is gone takes its maps with it
+    assert (readers[1]._id, "c/1/0/0") not in kept()
+    # a reader that is gone takes its maps with it, and their descriptors
     del readers, reader
     import gc
 
     gc.collect()
-    assert len(fetch._MAPS) == 0
+    assert len(fetch._MAPS) == 0 and fetch._DESCRIPTORS.held == 0
 
 
 def test_a_map_table_follows_the_process_maps(tmp_path: Path, monkeypatch) -> None:
@@ -56,7 +59,8 @@ def test_a_map_table_follows_the_process_maps(tmp_path: Path, monkeypatch) -> No
     opened again when asked for."""
     monkeypatch.setattr(fetch, "_MAPS", type(fetch._MAPS)())
     monkeypatch.setattr(fetch, "_WATCHERS", {})
-    monkeypatch.setattr(fetch, "map_limit", lambda: 3)
+    monkeypatch.setattr(fetch, "_DESCRIPTORS", fetch._Descriptors())
+    monkeypatch.setattr(fetch, "map_limit", lambda: 4)
     names = [f"c/{i}/0/0" for i in range(5)]
     _files(tmp_path, names[:4])  # the fifth object is absent
     reader = fetch.LocalBytes(tmp_path)
@@ -82,7 +86,8 @@ def test_a_map_table_follows_the_process_maps(tmp_path: Path, monkeypatch) -> No
     assert read([0, 1, 4]) == [n.encode() * 4 for n in names[:2]] + [None]
     assert held() == 2 and len(fetch._MAPS) == 3  # the absent one is remembered too
     assert read([2, 3]) == [n.encode() * 4 for n in names[2:4]]
-    assert len(fetch._MAPS) == 3 and held() <= 3  # the bound, table included
+    # the bound counts descriptors, as the kernel does: three maps, the absent one none
+    assert len(fetch._MAPS) == 4 and fetch._DESCRIPTORS.held == 3 and held() <= 3
     assert not table.known[0] and table.addr[0] == 0  # the first let go ...
     assert read([0]) == [names[0].encode() * 4]  # ... and opened again
     reader.forget("c/0/0/0")
@@ -97,7 +102,7 @@ def test_a_map_table_follows_the_process_maps(tmp_path: Path, monkeypatch) -> No
     import gc
 
     gc.collect()
-    assert len(fetch._MAPS) == 0 and not fetch._WATCHERS
+    assert len(fetch._MAPS) == 0 and not fetch._WATCHERS and fetch._DESCRIPTORS.held == 0
 
 
 def test_a_reader_opened_after_a_store_was_written_again_reads_the_new_files(
@@ -156,3 +161,170 @@ def test_maps_never_exhaust_a_low_limit_of_open_files(tmp_path: Path) -> None:
     files, limit, maps, open_fds = (int(x) for x in out.stdout.split())
     assert (files, limit) == (600, 192) and maps <= limit
     assert limit <= open_fds < 256  # the maps' descriptors and the interpreter's own
+
+
+_MIXTURE_UNDER_A_LOW_LIMIT = """
+import os, resource, sys, threading, json
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+import numpy as np
+from atari_zarr import MultiGameDataset
+from atari_zarr.storage import fetch
+
+root, names = sys.argv[1], json.loads(sys.argv[2])
+# the rest of the process holds files of its own (logs, sockets, a DataLoader's pipes)
+own = [os.open(os.devnull, os.O_RDONLY) for _ in range(40)]
+urls = [os.path.join(root, f"s{g}.zarr") for g in range(len(names))]
+mix = MultiGameDataset(urls)
+
+
+def frame_of(rows):
+    rows = np.asarray(rows, dtype=np.int64)
+    frames = np.empty((len(rows), 84, 84), dtype=np.uint8)
+    frames[:] = (rows % 251).astype(np.uint8)[:, None, None]
+    frames[:, 0, :8] = rows.astype("<i8").view(np.uint8).reshape(-1, 8)
+    return frames
+
+
+def shard_fds():
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(root)
+        except OSError:  # closed meanwhile
+            pass
+    return count
+
+
+peak = [0]
+done = threading.Event()
+
+
+def watch():  # the shards' descriptors while batches are read, not only between them
+    while not done.wait(0.02):
+        try:
+            peak[0] = max(peak[0], shard_fds())
+        except OSError:  # no descriptor left to list them: the main thread says so
+            pass
+
+
+def check(batch):
+    index = batch["index"].numpy()
+    store = np.searchsorted(mix.offsets, index, side="right") - 1
+    row = batch["row"].numpy()
+    base = np.asarray(names)[store]
+    np.testing.assert_array_equal(batch["observation"].numpy(), frame_of(base + row))
+    lengths = np.diff(mix.offsets)[store]
+    going = ~batch["next", "done"].numpy().reshape(-1) & (row + 1 < lengths)
+    nxt = batch["next", "observation"].numpy()
+    np.testing.assert_array_equal(nxt[going], frame_of(base + row + 1)[going])
+    after.append((shard_fds(), len(os.listdir("/proc/self/fd"))))
+
+
+after = []
+watcher = threading.Thread(target=watch, daemon=True)
+watcher.start()
+rng = np.random.default_rng(0)
+touched = set()
+for _ in range(4):
+    idx = rng.integers(0, len(mix), 512)
+    touched |= set(np.searchsorted(mix.offsets, idx, side="right").tolist())
+    check(mix[idx])
+seen = []
+for batch in mix.stream(512, seed=1, unit_rows=64, shuffle_buffer=1024):
+    check(batch)
+    seen.append(batch["index"].numpy())
+done.set()
+watcher.join()
+assert sorted(np.concatenate(seen).tolist()) == list(range(len(mix)))
+print(json.dumps({"limit": fetch.map_limit(), "touched": len(touched), "peak": peak[0],
+                  "shards": max(a for a, _ in after), "fds": max(b for _, b in after)}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux /proc")
+def test_a_mixture_of_300_stores_reads_exactly_under_ulimit_256(tmp_path: Path) -> None:
+    """``ulimit -n 256``, 40 files the rest of the process holds, 300 small stores (more
+    than 2,000 shard files) read at random in batches of 512 and by the stream: every
+    frame exact, no OSError, and the descriptors the shards' maps hold stay within
+    ``map_limit()``, while a batch is read too, whatever holds the maps (a batch's
+    decoding, slices handed out)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.read.test_stream import write_store
+
+    kinds, name = 6, 10_000  # six stores of their own frames, each copied 50 times
+    for k in range(kinds):
+        write_store(str(tmp_path / f"s{k}.zarr"), 23 + 7 * k, seed=k, max_len=9, name=k * name)
+    names = [g % kinds * name for g in range(300)]
+    for g in range(kinds, 300):
+        shutil.copytree(tmp_path / f"s{g % kinds}.zarr", tmp_path / f"s{g}.zarr")
+    out = subprocess.run(
+        [sys.executable, "-c", _MIXTURE_UNDER_A_LOW_LIMIT, str(tmp_path), json.dumps(names)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["limit"] == 192 and got["touched"] > 200  # a batch touches most stores
+    assert got["peak"] <= got["limit"] and got["shards"] <= got["limit"]
+    assert got["fds"] < 256
+
+
+_NO_DESCRIPTOR_LEFT = """
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+from atari_zarr.errors import TooManyOpenFilesError
+from atari_zarr.storage import fetch
+
+reader = fetch.LocalBytes(sys.argv[1])
+for i in range(20):  # twenty maps kept
+    assert bytes(reader.get([(f"{i:04d}", 0, 4)])[0]) == f"{i:04d}".encode()
+own = []
+while True:  # the rest of the process takes every descriptor left
+    try:
+        own.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+# the kernel says EMFILE: the maps let theirs go, and the open is tried once more
+held = reader.get([("0100", 0, 4)])[0]  # a slice handed out holds its map
+assert bytes(held) == b"0100"
+while True:
+    try:
+        own.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        break
+try:  # nothing left to let go
+    reader.get([("0101", 0, 4)])
+except TooManyOpenFilesError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="needs Linux /proc")
+def test_a_process_out_of_descriptors_lets_maps_go_then_says_so_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Where the rest of the process took the descriptors the maps leave it, the kernel's
+    EMFILE lets the maps go and the open is tried once more; where nothing is left to
+    let go, one line names the file, the limit and ``ulimit -n``."""
+    import subprocess
+    import sys
+
+    _files(tmp_path, [f"{i:04d}" for i in range(120)])
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_DESCRIPTOR_LEFT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    [line] = out.stdout.strip().splitlines()
+    assert line.startswith(f"{tmp_path / '0101'}: cannot be opened")
+    assert "its limit of 128 open files" in line and "ulimit -n" in line

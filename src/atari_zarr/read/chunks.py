@@ -504,7 +504,7 @@ class ChunkReader:
             return engine.decode_span(lo, hi, out, span, halo, around, decode, chunk_loop())
 
     def close(self) -> None:
-        """Stop background work and drop cached chunks."""
+        """Stop background work, drop cached chunks and let the store's files go."""
         with self._lock:
             pool, self._pool = self._pool, None
             io_pool, self._io_pool = self._io_pool, None
@@ -517,6 +517,9 @@ class ChunkReader:
             self._fetching.clear()
         with self._lock:  # not under _ahead_lock: a read holds the cache's lock, then it
             self._init_cache()  # its chunks leave the cache
+        forget = getattr(self.engine.bytes, "forget_all", None)
+        if forget is not None:  # a local store's maps: their descriptors close
+            forget()
 
     # -- internals --------------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:

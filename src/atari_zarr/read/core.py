@@ -30,6 +30,7 @@ stream units *read* ahead by ``stream(units_ahead=k)``.)
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -136,7 +137,14 @@ class ItemDataset(torch.utils.data.Dataset):
         return "transitions" if self._items.identity else "windows"
 
     #: Attributes made again from the members after unpickling (not pickled).
-    _rebuilt: tuple[str, ...] = ("_index", "_axis", "_frames", "_store_list", "_all_opened")
+    _rebuilt: tuple[str, ...] = (
+        "_index",
+        "_axis",
+        "_frames",
+        "_store_list",
+        "_all_opened",
+        "_streams",  # this process's streams of it, which close() stops
+    )
 
     def _made(self, name: str, make: Callable[[], Any]) -> Any:
         """``make()``, kept under ``name`` (one of :attr:`_rebuilt`) once made."""
@@ -177,8 +185,25 @@ class ItemDataset(torch.utils.data.Dataset):
         return {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
 
     def close(self) -> None:
-        """Stop the threads that read the stores and drop their decoded chunks: what a
-        ``with`` block does at its end. The dataset reads again when asked."""
+        """Stop every stream iterator of this dataset not done yet (their threads
+        stopped and joined; their next ``next()`` raises
+        :class:`~atari_zarr.errors.DatasetClosedError`), stop the threads that read the
+        stores, drop their decoded chunks and let their files go: what a ``with`` block
+        does at its end. The dataset reads again when asked.
+
+        Examples
+        --------
+        >>> from atari_zarr import AtariZarrDataset
+        >>> with AtariZarrDataset(store_url) as ds:
+        ...     it = iter(ds.stream(8, unit_rows=64))
+        ...     first = next(it)
+        >>> next(it)
+        Traceback (most recent call last):
+        ...
+        atari_zarr.errors.DatasetClosedError: ...
+        """
+        for stream in list(self._made("_streams", weakref.WeakSet)):
+            stream.close("its dataset was closed")
         for m in self.members:
             m.store.close()
 
@@ -450,7 +475,7 @@ class ItemDataset(torch.utils.data.Dataset):
         # opened yet, together (a bucket's 32 at a time); each opens when first read
         size = self._batch_size(batch_size)
         open_stores([m.store for m in self.members], StoreReader.frame_rows)
-        return EpochStream(
+        stream = EpochStream(
             self.members,
             size,
             frame_stack=self.frame_stack,
@@ -467,6 +492,8 @@ class ItemDataset(torch.utils.data.Dataset):
             weighted=self.weighted,
             where=self.where,
         )
+        self._made("_streams", weakref.WeakSet).add(stream)
+        return stream
 
 
 def draw_ahead(

@@ -14,6 +14,7 @@ and the figures.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -22,7 +23,7 @@ import torch
 from tensordict import TensorDict
 
 from atari_zarr.arguments import whole_number
-from atari_zarr.errors import InvalidArgumentError
+from atari_zarr.errors import DatasetClosedError, InvalidArgumentError
 from atari_zarr.place import check_rank, current_place, quiet_worker_exit
 from atari_zarr.read.batch import collate_batch
 from atari_zarr.read.epoch import Consumed, EpochPlan
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_UNITS_AHEAD",
     "AtariZarrStream",
     "EpochStream",
+    "StreamIterator",
     "StreamLoader",
     "stream_memory_bound",
 ]
@@ -156,6 +158,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         self._loaded: Consumed | None = None
         #: The slab and batch memory each epoch's reader reuses.
         self._memory = StreamMemory()
+        #: The iterators of this process not done yet (:meth:`close` stops them).
+        self._iterators: weakref.WeakSet[StreamIterator] = weakref.WeakSet()
 
     # pickled, each store is what opens it again where unpickled (one not opened yet
     # stays so), and the units keep the cut they were planned with
@@ -223,11 +227,54 @@ class EpochStream(torch.utils.data.IterableDataset):
         self._consumers = consumers
 
     # -- iteration ------------------------------------------------------------------------
-    def __iter__(self) -> Iterator[TensorDict]:
+    def __iter__(self) -> StreamIterator:
+        it = StreamIterator(self.where)
+        # by a weak reference: no cycle, so an iterator let go stops its reader at once
+        it.start(self._iterate(weakref.ref(it)))
+        self._iterators.add(it)
+        return it
+
+    def _iterate(self, it: weakref.ref[StreamIterator]) -> Iterator[TensorDict]:
         quiet_worker_exit()
         me = current_place(self.rank, self.world_size)
         self._check_consumers(me.consumers)
-        yield from self._consume(me.consumer, me.consumers, self.keeps_units(me.workers))
+        yield from self._consume(me.consumer, me.consumers, self.keeps_units(me.workers), it)
+
+    def close(self, why: str = "the stream was closed") -> None:
+        """Stop every iterator of this stream that is not done: their threads stopped and
+        joined, their batches' memory given back; their next ``next()`` raises
+        :class:`~atari_zarr.errors.DatasetClosedError`. What a ``with`` block does at its
+        end. The progress stays (:meth:`state_dict`), and iterating the stream again
+        starts another pass where it stopped.
+
+        Examples
+        --------
+        >>> from atari_zarr import AtariZarrDataset
+        >>> ds = AtariZarrDataset(store_url)
+        >>> with ds.stream(8, unit_rows=64) as stream:
+        ...     it = iter(stream)
+        ...     first = next(it)
+        >>> next(it)
+        Traceback (most recent call last):
+        ...
+        atari_zarr.errors.DatasetClosedError: ...
+        """
+        for it in list(self._iterators):
+            it.close(why)
+
+    def __enter__(self) -> EpochStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # its iterators are this process's (threads): a copy has none
+        return {k: v for k, v in self.__dict__.items() if k != "_iterators"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._iterators = weakref.WeakSet()
 
     def keeps_units(self, workers: int = 1) -> bool:
         """Whether every unit is kept decoded from one epoch to the next
@@ -270,7 +317,13 @@ class EpochStream(torch.utils.data.IterableDataset):
         offsets, games = self.offsets, np.array([m.game_id for m in self.members], np.int64)
         return lambda td, stores: tag_items(td, stores, offsets, games)
 
-    def _consume(self, consumer: int, consumers: int, keep: bool = False) -> Iterator[TensorDict]:
+    def _consume(
+        self,
+        consumer: int,
+        consumers: int,
+        keep: bool = False,
+        it: weakref.ref[StreamIterator] | None = None,
+    ) -> Iterator[TensorDict]:
         # an epoch too small for its consumers is one line, before anything is read
         items, pads = self.balance(consumers)
         plan = self._plan(consumer, consumers, int(pads[consumer]))
@@ -288,6 +341,10 @@ class EpochStream(torch.utils.data.IterableDataset):
             memory=self._memory,
             keep=keep,
         )
+        owner = it() if it is not None else None
+        if owner is not None:
+            owner.reader = reader
+        del owner
         try:
             for td in reader.batches(self.batch_size):
                 if self.drop_last and len(td) < self.batch_size:
@@ -516,6 +573,65 @@ class EpochStream(torch.utils.data.IterableDataset):
 
 #: The stream of one store (:meth:`AtariZarrDataset.stream`).
 AtariZarrStream = EpochStream
+
+
+class StreamIterator(Iterator[TensorDict]):
+    """An iteration of an :class:`EpochStream`: its batches, and :meth:`close`.
+
+    Closed (by itself, its stream or its dataset), its unit reader's threads are
+    stopped and joined, and every later ``next()`` raises
+    :class:`~atari_zarr.errors.DatasetClosedError` in one line: an iterator never reads
+    on after a close, nor ends as if its epoch were done.
+    """
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        #: The unit reader once the first batch was asked for (None: not yet).
+        self.reader: UnitReader | None = None
+        self._batches: Iterator[TensorDict] = iter(())
+        self._error: DatasetClosedError | None = None
+        self._done = False
+
+    def start(self, batches: Iterator[TensorDict]) -> None:
+        """Yield ``batches`` (the stream's generator of this iteration)."""
+        self._batches = batches
+
+    def __iter__(self) -> StreamIterator:
+        return self
+
+    def __next__(self) -> TensorDict:
+        if self._error is not None:
+            raise self._error
+        try:
+            return next(self._batches)
+        except StopIteration:
+            self._done = True  # its epoch is done: a close later changes nothing
+            raise
+        except Exception:
+            if self._error is not None:  # closed from another thread meanwhile
+                raise self._error from None
+            raise
+
+    def close(self, why: str = "the iterator was closed") -> None:
+        """Stop: the unit reader's threads joined, its memory given back; ``next()``
+        raises one line from now on (``why`` says what closed it)."""
+        if self._done:
+            return
+        if self._error is None:
+            self._error = DatasetClosedError(
+                f"{self.where}: this stream iterator was stopped because {why}; its threads "
+                f"are stopped and its files let go. Iterate the stream again for another pass "
+                f"(it starts where this one stopped), or open the dataset again"
+            )
+        reader = self.reader
+        if reader is not None:
+            reader.close()
+        close = getattr(self._batches, "close", None)
+        if close is not None:
+            try:
+                close()  # its reader's close runs again: nothing more
+            except ValueError:  # running on another thread: it stops after its batch
+                pass
 
 
 class StreamLoader:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -66,6 +67,10 @@ log = logging.getLogger("atari_zarr")
 DEFAULT_SHUFFLE_BUFFER = 16384
 #: Units fetched and decoded ahead of the one being read.
 DEFAULT_UNITS_AHEAD = 4
+#: Seconds :meth:`UnitReader.close` waits for a thread that reads a unit to end (a
+#: guard against a hang: a unit decodes in well under a second, a request ends by its
+#: deadline).
+STOP_GUARD = 120
 
 
 def slot_frames(rows: int, frame_stack: int = 1, length: int = 1) -> int:
@@ -452,6 +457,8 @@ class UnitReader:
         #: Batches whose frames are being gathered, oldest first.
         self.gathering: list[_Gathering] = []
         self.skip = skip
+        #: True once :meth:`close` was called: no batch is read after it.
+        self.closed = False
         #: Units whose loads a forked child redoes: their threads were the parent's.
         self.stranded: set[int] = set()
         after_fork(self._after_fork)
@@ -477,6 +484,8 @@ class UnitReader:
         self.free.append(len(self.slots.loaded) - 1)
 
     def _submit(self) -> None:
+        if self.closed:  # no thread is started again once stopped
+            return
         if self.stranded:  # forked: the units the parent's threads were loading, again
             for j in sorted(self.stranded):
                 self.futures[j] = self._threads().submit(self._load, j, self.slot_of[j])
@@ -655,6 +664,8 @@ class UnitReader:
             self._release()
             self._submit()
             yield batch
+            if self.closed:  # closed while the caller held the batch: nothing more
+                return
             current = following
 
     def _start(self, n: int) -> _Gathering | None:
@@ -777,15 +788,35 @@ class UnitReader:
         return np.asarray(items, dtype=np.int64), np.stack(frames)
 
     def close(self) -> None:
+        """Stop: the batches being gathered finished, the gathering thread and the
+        threads that read units stopped and joined (a unit being decoded is finished
+        first; one that never ends is waited for :data:`STOP_GUARD` seconds, then
+        logged), the slab given back. Again: nothing more."""
+        self.closed = True
         for gathering in list(self.gathering):  # nothing may read the slab once it is given
             gathering.frames.wait()
         self.gathering.clear()
-        if self.gatherer is not None:
-            self.gatherer.close()
+        rows, self.gatherer = self.gatherer, None
+        if rows is not None:
+            rows.close()  # its thread finishes what is queued, then is joined
         pool, self.pool_threads = self.pool_threads, None
         if pool is not None:
-            # in-flight requests end on their own deadline; nothing waits for them
+            threads = list(getattr(pool, "_threads", ()))
             pool.shutdown(wait=False, cancel_futures=True)
+            end = time.monotonic() + STOP_GUARD
+            for thread in threads:
+                if thread is not threading.current_thread():  # (closed by its own work)
+                    thread.join(max(0.0, end - time.monotonic()))
+            stuck = [
+                t.name for t in threads if t.is_alive() and t is not threading.current_thread()
+            ]
+            if stuck:
+                log.warning(
+                    "stream: %s still reading after %d s; left to end on their own deadline",
+                    ", ".join(stuck),
+                    STOP_GUARD,
+                )
         # the next epoch's reader takes the slab, unless a decode may still write into it
         if self.memory is not None and all(f.done() for f in self.futures.values()):
             self.memory.give(self.slots, keep=self.keep)
+        self.futures.clear()

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from atari_zarr.errors import TooManyOpenFilesError
 from atari_zarr.forks import after_fork
 from atari_zarr.storage.filesystem import not_regular_error, path_kind
 from atari_zarr.storage.ranges import ByteRange
@@ -54,11 +55,12 @@ FD_RESERVE_SHARE = 4
 
 
 def map_limit() -> int:
-    """Maps the process keeps: :data:`MAX_MAPS`, or the soft limit of open files
-    (``RLIMIT_NOFILE``) less a quarter of it (at least 64) where that is lower, so the
-    maps of a 50M-transition store (12,207 frame shards) or of hundreds of stores never
-    exhaust the descriptors of a process under ``ulimit -n 1024`` (768 maps; fewer maps
-    open more files again, which costs: keep the limit above the shards read).
+    """Descriptors the process's maps hold at most (one a map): :data:`MAX_MAPS`, or
+    the soft limit of open files (``RLIMIT_NOFILE``) less a quarter of it (at least 64)
+    where that is lower, so the maps of a 50M-transition store (12,207 frame shards)
+    or of hundreds of stores never exhaust the descriptors of a process under ``ulimit
+    -n 1024`` (768 maps; fewer maps open more files again, which costs: keep the limit
+    above the shards read).
 
     Examples
     --------
@@ -93,6 +95,31 @@ _READERS = itertools.count()
 _WATCHERS: dict[tuple[int, str], list[tuple[weakref.ref[MapTable], int]]] = {}
 
 
+class _Descriptors:
+    """The descriptors the maps of this process hold, counted as the kernel counts them.
+
+    A map holds one (CPython before 3.13 keeps a duplicate of its file's descriptor for
+    as long as the map lives, whoever holds it: the process's list, a batch being
+    decoded, a slice handed out), and a file being mapped holds two. Every change is
+    made with ``_MAPS_LOCK`` held; a map's finalizer gives its descriptor back to the
+    count that took it.
+    """
+
+    def __init__(self) -> None:
+        self.held = 0
+
+    def release(self, n: int = 1) -> None:
+        with _MAPS_LOCK:
+            self.held -= n
+
+
+_DESCRIPTORS = _Descriptors()
+#: What :meth:`LocalBytes._entry` answers for an object it read without keeping a map:
+#: the descriptors the maps hold reached :func:`map_limit` (the caller reads it by
+#: ranges, :func:`_read_range`).
+_UNMAPPED: tuple[None, int] = (None, 0)
+
+
 _UNSEEN = object()
 
 
@@ -111,11 +138,84 @@ def _left(name: tuple[int, str]) -> None:
 
 
 def _drop_maps(reader: int, names: set[str]) -> None:
-    """A reader is gone: its maps go too."""
+    """A reader is gone (or let its maps go): its maps go too."""
     with _MAPS_LOCK:
-        for name in names:
+        for name in list(names):
             _MAPS.pop((reader, name), None)
             _left((reader, name))
+        names.clear()
+
+
+def _make_room(limit: int, need: int) -> bool:
+    """Let maps go, least recently used first, until ``need`` more descriptors fit under
+    ``limit`` (called with ``_MAPS_LOCK`` held). False where they still do not: the
+    maps left are held by reads under way, which let them go when done."""
+    while _DESCRIPTORS.held + need > limit and _MAPS:
+        # the map's finalizer runs here where nothing else holds it (reentrant lock)
+        _left(_MAPS.popitem(last=False)[0])
+    return _DESCRIPTORS.held + need <= limit
+
+
+def _open_limit() -> str:
+    """The soft limit of open files, for messages."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError, ValueError):  # pragma: no cover - not POSIX
+        return "its limit"
+    return "no limit" if soft == resource.RLIM_INFINITY else f"its limit of {soft}"
+
+
+def _too_many_files(path: Path) -> TooManyOpenFilesError:
+    """The one-line error of a file that cannot be opened: the process has no descriptor
+    left, although the maps let theirs go."""
+    return TooManyOpenFilesError(
+        f"{path}: cannot be opened: this process has {_open_limit()} open files in use "
+        f"(ulimit -n), the maps of store shards holding {_DESCRIPTORS.held} of them (at "
+        f"most {map_limit()}). Raise the limit (`ulimit -n 4096` in the shell that starts "
+        f"the job, or resource.setrlimit(resource.RLIMIT_NOFILE, ...)), or close other files"
+    )
+
+
+def _opened(path: Path) -> int:
+    """A descriptor of regular file ``path``, never following a link nor blocking (a FIFO
+    would hang the read for ever, a device such as /dev/zero read without end). Where
+    the process has no descriptor left, maps are let go and the open is tried once more;
+    then one line. Raises FileNotFoundError where the file is absent."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+    for attempt in range(2):
+        try:
+            return os.open(path, flags)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise not_regular_error(path, "a symbolic link") from None
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            if attempt:
+                raise _too_many_files(path) from None
+            with _MAPS_LOCK:  # the rest of the process took descriptors: maps give way
+                _make_room(0, 0)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _read_range(path: Path, start: int | None, stop: int | None) -> bytes | None:
+    """Bytes ``[start:stop]`` of the file at ``path`` (slice rules, a negative start from
+    its end), read with a descriptor closed at once (None: absent)."""
+    try:
+        fd = _opened(path)
+    except FileNotFoundError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular_error(path, path_kind(st.st_mode))
+        a, b, _ = slice(start, stop).indices(st.st_size)
+        return os.pread(fd, max(0, b - a), a)
+    finally:
+        os.close(fd)
 
 
 def _new_lock_after_fork() -> None:
@@ -130,13 +230,21 @@ after_fork(_new_lock_after_fork)
 class LocalBytes:
     """Byte ranges of files under a LocalStore, through memory maps kept open.
 
-    The maps of every store this process reads are kept in one place, up to
-    :func:`map_limit` in all (least recently used dropped first): where the limit of
-    open files allows, every frame shard of a 50M-transition store (12,207) stays
-    mapped, so random reads never reopen a file (about 20 µs each), and a mixture of
-    hundreds of stores stays well under the kernel's 65,530 maps per process. On
-    CPython before 3.13 a map also holds a duplicate of its file's descriptor, so the
-    maps leave a quarter of the process's open files (at least 64) to the rest of it.
+    The maps of every store this process reads are kept in one place, their
+    descriptors up to :func:`map_limit` in all (least recently used dropped first):
+    where the limit of open files allows, every frame shard of a 50M-transition store
+    (12,207) stays mapped, so random reads never reopen a file (about 20 µs each), and
+    a mixture of hundreds of stores stays well under the kernel's 65,530 maps per
+    process. On CPython before 3.13 a map also holds a duplicate of its file's
+    descriptor for as long as anything holds the map (a batch being decoded, a slice
+    handed out), so the descriptors are counted as the kernel counts them: one per
+    live map, two while a file is mapped. Maps are let go before one more would pass
+    the bound; where the maps still held by reads under way leave no room, an object
+    is read by ranges (a descriptor closed at once) instead. Where the rest of the
+    process took the descriptors the maps leave it (a quarter of the open files, at
+    least 64) and the kernel says so, maps are let go and the open tried once more,
+    else :class:`~atari_zarr.errors.TooManyOpenFilesError` names the file, the limit
+    and what to do.
     """
 
     remote = False
@@ -166,14 +274,16 @@ class LocalBytes:
                 raise not_regular_error(path, "a symbolic link (a directory of the store)")
             self._plain_dirs.add(prefix)
 
-    def _map(self, key: str) -> mmap.mmap | bytes | None:
-        return self._entry(key)[0]
-
     def _entry(
         self, key: str, table: MapTable | None = None, number: int = 0
     ) -> tuple[mmap.mmap | bytes | None, int]:
         """Object ``key``'s map and the address of its first byte, opened if need be;
-        row ``number`` of ``table`` holds them as long as the process keeps the map."""
+        row ``number`` of ``table`` holds them as long as the process keeps the map.
+
+        :data:`_UNMAPPED` where the descriptors the maps hold, counted as the kernel
+        counts them, leave none for another map although every map the process keeps
+        was let go (the others are held by reads under way): the caller reads the
+        object by ranges."""
         name = (self._id, key)  # no path built per read: a hit costs a dict lookup
         with _MAPS_LOCK:
             if name in self._maps:
@@ -182,32 +292,25 @@ class LocalBytes:
                 if table is not None:
                     table._hold(name, number, entry)
                 return entry
-        mm: mmap.mmap | bytes | None
         path = self.root / key
         self._check_dirs(key)
-        try:
-            # never a symlink, never blocking: a FIFO would hang the read for ever and
-            # a device (/dev/zero) would read without end
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
-        except FileNotFoundError:
-            mm = None
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise not_regular_error(path, "a symbolic link") from None
-            raise
-        else:
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise not_regular_error(path, path_kind(st.st_mode))
-                mm = (
-                    mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                    if st.st_size
-                    else b""  # empty file: reported as too short by the caller
-                )
-            finally:
-                os.close(fd)
         limit = map_limit()
+        with _MAPS_LOCK:  # the descriptors of the file and of its map, taken beforehand
+            room = _make_room(limit, 2)
+            if room:
+                _DESCRIPTORS.held += 2
+        if not room:
+            return _UNMAPPED
+        mm: mmap.mmap | bytes | None = None
+        try:
+            mm = self._mapped(path)
+        finally:
+            # the file's descriptor is closed; the map's is held until the map goes
+            if isinstance(mm, mmap.mmap):
+                weakref.finalize(mm, _DESCRIPTORS.release)
+                _DESCRIPTORS.release(1)
+            else:
+                _DESCRIPTORS.release(2)
         entry = (mm, _address(mm))
         with _MAPS_LOCK:
             if name in self._maps:  # another thread opened it meanwhile: one map kept
@@ -221,9 +324,39 @@ class LocalBytes:
                 _left(self._maps.popitem(last=False)[0])
         return entry
 
+    @staticmethod
+    def _mapped(path: Path) -> mmap.mmap | bytes | None:
+        """The map of regular file ``path`` (``b""``: empty; None: absent). Where the
+        process has no descriptor left, maps are let go and it is tried once more."""
+        try:
+            fd = _opened(path)
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise not_regular_error(path, path_kind(st.st_mode))
+            if not st.st_size:
+                return b""  # empty file: reported as too short by the caller
+            for attempt in range(2):
+                try:
+                    return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+                except OSError as exc:
+                    if exc.errno not in (errno.EMFILE, errno.ENFILE) or attempt:
+                        if exc.errno in (errno.EMFILE, errno.ENFILE):
+                            raise _too_many_files(path) from None
+                        raise
+                    with _MAPS_LOCK:
+                        _make_room(0, 0)
+            raise AssertionError("unreachable")  # pragma: no cover
+        finally:
+            os.close(fd)
+
     def mapped(self, key: str) -> mmap.mmap | bytes | None:
-        """The whole object ``key``, memory-mapped (None: absent): slice it for a range."""
-        return self._map(key)
+        """The whole object ``key``, memory-mapped (None: absent, or not mapped because the
+        maps hold every descriptor they may: read it with :meth:`get`): slice it for a
+        range."""
+        return self._entry(key)[0]
 
     def mapped_at(self, keys: Sequence[str]) -> tuple[list[Any], list[int]]:
         """The maps of objects ``keys`` and the address of each map's first byte (0 where
@@ -247,14 +380,21 @@ class LocalBytes:
             self._maps.pop((self._id, key), None)
             _left((self._id, key))
 
+    def forget_all(self) -> None:
+        """Drop every map of this reader (its store is closed): their descriptors close
+        once no read under way holds them, and the next read opens them again."""
+        _drop_maps(self._id, self._names)
+
     def get(self, ranges: Sequence[ByteRange]) -> list[Any]:
         out: list[Any] = []
         for key, start, stop in ranges:
-            mm = self._map(key)
-            if mm is None:
+            entry = self._entry(key)
+            if entry is _UNMAPPED:  # no descriptor to spare for a map: the range alone
+                out.append(_read_range(self.root / key, start, stop))
+            elif entry[0] is None:
                 out.append(None)
             else:
-                out.append(memoryview(mm)[start:stop])
+                out.append(memoryview(entry[0])[start:stop])
         return out
 
 
