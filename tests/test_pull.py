@@ -1010,3 +1010,34 @@ def test_the_rank_wait_advises_the_timeout_that_was_given(public_copy, monkeypat
     text = str(info.value)
     assert "waited 1 s for rank 0" in text and "a larger timeout (--timeout" in text, text
     assert "ATARI_ZARR_TIMEOUT" not in text
+
+
+def test_a_web_source_that_fails_is_retried_and_never_called_not_holding(tmp_path):
+    """Three 503s on an http source gave "the source does not hold ..." with no retry,
+    and so did a lasting 500: transient answers are retried (the pull completes), a
+    lasting one is named by its status."""
+    from atari_zarr_testkit.proxy import CountingProxy
+    from atari_zarr_testkit.rl_unplugged import write_fixture_rlu
+    from atari_zarr_testkit.web import DirectoryServer
+
+    write_fixture_rlu(
+        str(tmp_path / "served"), "Asterix", 1, num_shards=50, episodes_per_shard=1, cut_length=40
+    )
+    request = Request.parse("Asterix/1", checkpoints=[0])
+    with (
+        DirectoryServer(tmp_path / "served") as server,
+        CountingProxy(server.endpoint_url) as proxy,
+    ):
+        source = proxy.endpoint_url
+        options = {"source": source, "progress": False, "scheduler": "synchronous"}
+        proxy.fail_next(3, 503)
+        done = pull(request, home=tmp_path / "home", timeout=60, **options)
+        assert [e[2] for e in proxy.log].count(503) == 3, proxy.log
+        assert len(AtariZarrDataset(done.url)) > 0
+        proxy.fail_next(10_000, 500)
+        with pytest.raises(RemoteAccessError) as info:
+            pull(request, home=tmp_path / "other", timeout=60, **options)
+        proxy.reset()
+    text = str(info.value)
+    assert "\n" not in text and "does not hold" not in text, text
+    assert f"{source}/Asterix" in text and "500 Internal Server Error" in text, text
