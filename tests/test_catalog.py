@@ -310,16 +310,23 @@ def test_convert_and_verify_take_their_deadline_as_an_argument(
         private.create_bucket(BUCKET)
         opts = private.storage_options()
         [done] = convert(
-            str(source_root), f"gs://{BUCKET}/t", storage_options=opts, progress=False,
-            max_episodes=1, timeout=30,
+            str(source_root),
+            f"gs://{BUCKET}/t",
+            storage_options=opts,
+            progress=False,
+            max_episodes=1,
+            timeout=30,
         )
         private.pause()
         try:
             t0 = time.monotonic()
             with pytest.raises(RemoteTimeoutError, match="within 2 s"):
                 convert(
-                    str(source_root), f"gs://{BUCKET}/u", storage_options=opts,
-                    progress=False, timeout=2,
+                    str(source_root),
+                    f"gs://{BUCKET}/u",
+                    storage_options=opts,
+                    progress=False,
+                    timeout=2,
                 )
             report = verify_store(done.url, storage_options=opts, timeout=2)
             assert not report.ok and "within 2 s" in report.format()
@@ -393,7 +400,9 @@ def test_a_catalog_is_read_with_one_request(indexed, pong_store, tmp_path) -> No
     assert code == 0
 
 
-def test_a_catalogued_bucket_root_opens_with_one_request_and_stale_entries_stop_their_reads(indexed, pong_store, source_root, pong_run, tmp_path) -> None:
+def test_a_catalogued_bucket_root_opens_with_one_request_and_stale_entries_stop_their_reads(
+    indexed, pong_store, source_root, pong_run, tmp_path
+) -> None:
     server, proxy = indexed["server"], indexed["proxy"]
     opts = server.storage_options(endpoint_url=proxy.endpoint_url)
     root = f"gs://{CATALOG_BUCKET}/stale"
@@ -413,9 +422,14 @@ def test_a_catalogued_bucket_root_opens_with_one_request_and_stale_entries_stop_
     last = mixed[len(mixed) - 1]  # Pong/3, as indexed
     assert last["row"].item() == pong_store.transitions - 1
     with pytest.warns(UserWarning, match="changed since its root's catalog.json was written"):
-        with pytest.raises(StoreFormatError, match=r"stale/Pong/1.zarr holds .* `atari-zarr index gs://atari-catalog/stale`"):
+        with pytest.raises(
+            StoreFormatError,
+            match=r"stale/Pong/1.zarr holds .* `atari-zarr index gs://atari-catalog/stale`",
+        ):
             mixed[0]  # never the old data, nor rows numbered by the old length
-    with pytest.raises(StoreNotFoundError, match=r"stale/Pong/2.zarr, listed in .*atari-zarr index"):
+    with pytest.raises(
+        StoreNotFoundError, match=r"stale/Pong/2.zarr, listed in .*atari-zarr index"
+    ):
         mixed[pong_store.transitions]
 
 
@@ -478,7 +492,9 @@ def test_a_root_over_https_is_listed_from_its_catalog(indexed, pong_store) -> No
     assert len(AtariZarrDataset(row["url"])) == pong_store.transitions
 
 
-def test_index_and_convert_index_from_the_command_line(source_root, pong_run, tmp_path, capsys) -> None:
+def test_index_and_convert_index_from_the_command_line(
+    source_root, pong_run, tmp_path, capsys
+) -> None:
     dest = tmp_path / "dest"
     assert cli_main(["convert", str(source_root), str(dest), "-q", "--no-progress", "--index"]) == 0
     doc = json.loads((dest / "catalog.json").read_text())
@@ -595,9 +611,7 @@ def test_a_fifo_or_dev_zero_as_metadata_hangs_nothing(pong_store_copy, tmp_path,
         "    assert main([verb, root, '-q']) == 0, verb\n"
     )
     # one process of its own, with a deadline: a read of the FIFO would never end
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     games = done.stdout.splitlines()[0]  # the whole stores are still found
     assert games == ("['Pong/1']" if "zarr.json" in where else "['Pong/1', 'Pong/1']")
@@ -729,3 +743,69 @@ def test_index_and_card_leave_out_a_store_with_a_link_or_a_missing_object(
     with pytest.raises(StoreCorruptError) as err:
         card_text(str(root))
     assert "action/c/0 is a symbolic link" in str(err.value) and "\n" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- #
+# folders that cannot be read
+# --------------------------------------------------------------------------- #
+
+
+def _without_read_override() -> None:
+    """In the child, before exec: root's permission to read any folder (the capabilities
+    DAC_OVERRIDE and DAC_READ_SEARCH) is dropped from its bounding set, so the command
+    meets a folder of mode 000 as any other user does."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP) failed")
+
+
+def _cli_unprivileged(*args: str) -> tuple[int, str, str]:
+    """``atari-zarr ARGS`` in a process that cannot read a folder of mode 000."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "atari_zarr", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+        preexec_fn=_without_read_override if os.geteuid() == 0 else None,
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+def test_a_folder_that_cannot_be_read_is_skipped_with_one_warning(
+    mixed_root: Path,
+) -> None:
+    """``ls /proc`` and ``index /proc`` ended in fsspec's PermissionError traceback: a
+    folder under the root that cannot be read is skipped, named in one warning; the
+    root itself unreadable is one line."""
+    locked = [mixed_root / "Locked", mixed_root / "Pong" / "7.zarr"]
+    for folder in locked:
+        folder.mkdir()
+        folder.chmod(0)
+    try:
+        code, out, err = _cli_unprivileged("ls", str(mixed_root), "--json")
+        assert code == 0 and "Traceback" not in err, err
+        assert [row["run"] for row in json.loads(out)] == ["1", "2", "3", "4"]
+        assert err.count("\n") == 1, err
+        warning = err.strip()
+        assert "ls: warning: skipped 2 folders" in warning, warning
+        assert all(str(folder) in warning for folder in locked), warning
+
+        code, out, err = _cli_unprivileged("index", str(mixed_root))
+        assert code == 0 and "Traceback" not in err, err
+        assert "index: warning: skipped" in err and str(locked[0]) in err, err
+        catalog = json.loads((mixed_root / "catalog.json").read_text())
+        assert [entry["path"] for entry in catalog["stores"]] == ["Pong/1.zarr"]
+
+        code, out, err = _cli_unprivileged("ls", str(locked[0]))
+        assert code == 1 and err.count("\n") == 1, err
+        assert f"error: {locked[0]} cannot be listed (Permission denied)" in err, err
+    finally:
+        for folder in locked:
+            folder.chmod(0o755)

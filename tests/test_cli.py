@@ -484,3 +484,38 @@ def test_view_on_a_port_in_use_is_a_one_line_error(pong_store):
         res = run_cli("view", pong_store.url, "--port", str(port), "--no-browser")
     assert res.returncode == 1 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert f"127.0.0.1:{port} is in use" in res.stderr
+
+
+@pytest.mark.parametrize(
+    ("flag", "verb"),
+    [
+        ("--source-storage-option", ["pull", "Pong/1"]),
+        ("--storage-option", ["pull", "Pong/1"]),
+        ("--reader-option", ["card", "ROOT"]),
+    ],
+)
+def test_a_malformed_option_pair_names_the_option_typed(flag, verb, capsys) -> None:
+    """``--source-storage-option =x`` was reported as ``--storage-option '=x'``."""
+    assert main([*verb, flag, "=x"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} '=x' is not KEY=VALUE" in err, err
+    assert f"e.g. {flag} token=anon" in err, err
+
+
+def test_paths_with_control_characters_are_printed_escaped(pong_store, tmp_path, capsys) -> None:
+    """A newline in a path (``--home``, ROOT) was printed raw, splitting the line, and
+    an escape sequence reached the terminal: the CLI prints them escaped."""
+    import shutil
+
+    root = tmp_path / "a\nb\x1b[31m"
+    shutil.copytree(pong_store.url, root / "Pong" / "1.zarr")
+    assert main(["ls", "-q", "--no-size", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert out == f"{tmp_path}/a\\nb\\x1b[31m/Pong/1.zarr\n", out
+    assert main(["ls", "--no-size", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and f"{tmp_path}/a\\nb\\x1b[31m/Pong/1.zarr" in out, out
+    assert main(["ls", str(tmp_path / "gone\x1b[2J\u202e")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "\x1b" not in err and "\u202e" not in err, err
+    assert "gone\\x1b[2J\\u202e does not exist" in err, err

@@ -744,18 +744,22 @@ def test_a_rank_of_torch_distributed_waits_for_rank_0_and_no_longer(public_copy,
     assert public_copy.proxy.requests == 0
 
 
-def test_a_home_bucket_that_does_not_exist_is_one_line_without_its_password(public_copy, capsys):
+@pytest.mark.parametrize("password", ["pw-Home81secret", "pw-Ho@me81secret"])
+def test_a_home_bucket_that_does_not_exist_is_one_line_without_its_password(
+    public_copy, capsys, password: str
+):
     """``--home gs://user:PW@missing-bucket/x`` ended in gcsfs's traceback (120 lines, the
-    password percent-encoded in the upload URL): it is one line naming the home."""
+    password percent-encoded in the upload URL): it is one line naming the home. A raw
+    ``@`` in the password printed the part after it."""
     from atari_zarr.cli import main
 
-    home = "gs://user:pw-Home81secret@missing-bucket/x"
+    home = f"gs://user:{password}@missing-bucket/x"
     code = main(["pull", "Asterix/1", "--checkpoints", "0", "--no-progress", "--home", home])
     err = capsys.readouterr().err
     assert code == 1
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert "gs://***@missing-bucket/x/" in err and "bucket does not exist" in err
-    assert "pw-Home81secret" not in err
+    assert not [piece for piece in password.split("@") if piece in err], err
 
 
 def _asterix_in_bucket(server, bucket: str, paths) -> Any:
@@ -1224,3 +1228,34 @@ def test_a_pull_into_memory_ends_with_the_default_scheduler(public_copy, tmp_pat
         progress=False,
     )
     assert out.strip().splitlines()[-1] == str(len(AtariZarrDataset(local.url)))
+
+
+def test_a_web_source_that_fails_is_retried_and_never_called_not_holding(tmp_path):
+    """Three 503s on an http source gave "the source does not hold ..." with no retry,
+    and so did a lasting 500: transient answers are retried (the pull completes), a
+    lasting one is named by its status."""
+    from atari_zarr_testkit.proxy import CountingProxy
+    from atari_zarr_testkit.rl_unplugged import write_fixture_rlu
+    from atari_zarr_testkit.web import DirectoryServer
+
+    write_fixture_rlu(
+        str(tmp_path / "served"), "Asterix", 1, num_shards=50, episodes_per_shard=1, cut_length=40
+    )
+    request = Request.parse("Asterix/1", checkpoints=[0])
+    with (
+        DirectoryServer(tmp_path / "served") as server,
+        CountingProxy(server.endpoint_url) as proxy,
+    ):
+        source = proxy.endpoint_url
+        options = {"source": source, "progress": False, "scheduler": "synchronous"}
+        proxy.fail_next(3, 503)
+        done = pull(request, home=tmp_path / "home", timeout=60, **options)
+        assert [e[2] for e in proxy.log].count(503) == 3, proxy.log
+        assert len(AtariZarrDataset(done.url)) > 0
+        proxy.fail_next(10_000, 500)
+        with pytest.raises(RemoteAccessError) as info:
+            pull(request, home=tmp_path / "other", timeout=60, **options)
+        proxy.reset()
+    text = str(info.value)
+    assert "\n" not in text and "does not hold" not in text, text
+    assert f"{source}/Asterix" in text and "500 Internal Server Error" in text, text

@@ -163,12 +163,12 @@ def _python_blocks(section: str) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, re.S)
 
 
-def test_the_loader_snippets_use_no_undefined_name():
-    """The Decision Transformer's line used names it never defined."""
+def _unbound_names(code: str) -> tuple[set[str], set[str]]:
+    """The names ``code`` uses, and those of them it never binds (imports, assignments)."""
     import ast
     import builtins
 
-    tree = ast.parse("\n".join(_python_blocks("Your loader, working again")))
+    tree = ast.parse(code)
     bound = set(dir(builtins))
     for node in ast.walk(tree):
         if isinstance(node, ast.alias):
@@ -176,7 +176,30 @@ def test_the_loader_snippets_use_no_undefined_name():
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             bound.add(node.id)
     used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-    assert used <= bound, sorted(used - bound)
+    return used, used - bound
+
+
+def test_the_loader_snippets_use_no_undefined_name():
+    """The Decision Transformer's line used names it never defined."""
+    _, unbound = _unbound_names("\n".join(_python_blocks("Your loader, working again")))
+    assert not unbound, sorted(unbound)
+
+
+def test_the_read_snippet_imports_collate_batch_from_where_it_is():
+    """The Read section named ``collate_fn=collate_batch`` without saying where it is
+    imported from: its snippet builds the DataLoader, and imports every name it uses
+    from where the package has it."""
+    import ast
+
+    [block] = _python_blocks("Read")
+    used, unbound = _unbound_names(block)
+    assert {"DataLoader", "collate_batch"} <= used and not unbound, sorted(unbound)
+    imports = [n for n in ast.parse(block).body if isinstance(n, ast.Import | ast.ImportFrom)]
+    namespace: dict = {}
+    exec(compile(ast.Module(body=imports, type_ignores=[]), "README.md", "exec"), namespace)
+    from atari_zarr.read.batch import collate_batch
+
+    assert namespace["collate_batch"] is collate_batch
 
 
 @pytest.mark.slow
@@ -191,3 +214,4 @@ def test_the_read_snippet_runs_on_what_the_demo_wrote(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(compile(block, "README.md", "exec"), namespace)
     assert tuple(namespace["batch"]["observation"].shape) == (256, 4, 84, 84)
+    assert tuple(next(iter(namespace["loader"]))["observation"].shape) == (256, 4, 84, 84)

@@ -406,6 +406,27 @@ def test_code_blocks_scroll_and_never_wrap_mid_token(
         assert styles and all(s == ["pre", "auto"] for s in styles), (name, styles)
 
 
+#: The code spans of the tables' first cells that take more than one line box.
+WRAPPED_NAMES = (
+    "Array.from(document.querySelectorAll('.bd-article table td:first-child code'))"
+    ".filter(c => c.getClientRects().length > 1).map(c => c.textContent)"
+)
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_the_cli_tables_never_break_a_verb_or_an_option(served: str, browser: HeadlessChromium):
+    """At 390 px the CLI table broke `pull ID [ID ...]` over three lines: the names in a
+    table's first column keep one line, and the table scrolls inside the article."""
+    page = browser.open(f"{served}/cli.html")
+    names = page.evaluate(
+        "document.querySelectorAll('.bd-article table td:first-child code').length", width=390
+    )
+    assert names > 20, names
+    wrapped = page.evaluate(WRAPPED_NAMES, width=390)
+    assert not wrapped, wrapped
+
+
 @pytest.mark.slow
 @needs_chromium
 def test_the_api_pages_titles_signatures_and_contents_are_never_clipped(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -86,7 +87,27 @@ def test_any_flipped_byte_is_caught(copy, where):
         assert "chunks at rows [8176] of shard 1 (rows 4096..8191)" in text
     assert "The store is damaged; convert it again with --overwrite." in text
     res = cli(str(path))
-    assert res.returncode == 1 and "problem(s) found" in res.stderr
+    first = res.stderr.splitlines()[0]
+    assert res.returncode == 1 and re.search(r": (1 problem|[\d,]+ problems) found", first), first
+    assert "(s)" not in first and "()" not in first, first
+
+
+def test_the_summary_line_counts_problems_in_words(copy):
+    """``verify`` printed "1 problem(s) found ()" for a store it could not check: one
+    problem is "1 problem found", and nothing checked gives no empty parentheses."""
+    _, path = copy
+    doc = json.loads((path / "zarr.json").read_text())
+    version = doc["attributes"][ATTRS_KEY]["format_version"]
+    doc["attributes"][ATTRS_KEY]["format_version"] = 999
+    (path / "zarr.json").write_text(json.dumps(doc))
+    res = cli(str(path))
+    assert res.returncode == 1, res.stderr
+    assert res.stderr.splitlines()[0] == f"{path}: 1 problem found", res.stderr
+    doc["attributes"][ATTRS_KEY]["format_version"] = version
+    doc["attributes"][ATTRS_KEY]["counts"]["transitions"] = 5
+    (path / "zarr.json").write_text(json.dumps(doc))
+    first = cli(str(path)).stderr.splitlines()[0]
+    assert re.fullmatch(rf"{re.escape(str(path))}: \d+ problems found \(5 transitions\)", first)
 
 
 def test_an_index_entry_running_past_its_object_is_reported(copy):

@@ -209,20 +209,38 @@ def store_state(
     return state
 
 
-def _find_stores(fs: FileSystem, path: str, depth: int) -> list[str]:
-    """``*.zarr`` directories at most ``depth`` levels below ``path``, not looking inside them.
+def _find_stores(fs: FileSystem, path: str, depth: int, root: str) -> tuple[list[str], list[str]]:
+    """``*.zarr`` directories at most ``depth`` levels below ``path``, not looking inside
+    them, and the folders below ``path`` skipped because they cannot be read
+    (``/proc/1``, another user's folder: the caller warns, :func:`_warn_unreadable`).
 
     One listing per directory visited; stores themselves are never listed, which
-    matters on object stores where a store holds thousands of objects.
+    matters on object stores where a store holds thousands of objects. ``path`` itself
+    unreadable is one line (``root``, as the user spelled it, names it).
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``path`` itself cannot be listed for want of permission.
     """
     if path.endswith(_SUFFIX) or fs.exists(f"{path}/{_ROOT_META}"):
-        return [path]
+        return [path], []
     found: list[str] = []
+    unreadable: list[str] = []
     level = [path]
     for _ in range(depth):
         below: list[str] = []
         for directory in level:
-            for entry in fs.ls(directory, detail=True):
+            try:
+                listed = fs.ls(directory, detail=True)
+            except PermissionError as exc:
+                if directory == path:
+                    raise _unreadable_root_error(root, exc) from None
+                unreadable.append(directory)
+                continue
+            except (FileNotFoundError, NotADirectoryError):
+                continue  # gone since its parent was listed (a process's folder in /proc)
+            for entry in listed:
                 if entry.get("type") != "directory":
                     continue
                 name = str(entry["name"]).rstrip("/")
@@ -230,7 +248,38 @@ def _find_stores(fs: FileSystem, path: str, depth: int) -> list[str]:
                     continue  # a conversion's work area: never a store, never descended
                 (found if name.endswith(_SUFFIX) else below).append(name)
         level = below
-    return sorted(found)
+    return sorted(found), unreadable
+
+
+def _unreadable_root_error(root: str, exc: OSError) -> InvalidArgumentError:
+    """The one-line error of a ROOT this user may not list.
+
+    Examples
+    --------
+    >>> str(_unreadable_root_error("/root", PermissionError(13, "Permission denied")))[:52]
+    '/root cannot be listed (Permission denied): expected'
+    """
+    reason = exc.strerror or str(exc)
+    return InvalidArgumentError(
+        f"{redact(root)} cannot be listed ({reason}): expected a directory of "
+        f"{{Game}}/{{run}}.zarr stores this user may read. Give such a ROOT, or fix its "
+        f"permissions."
+    )
+
+
+def _warn_unreadable(root: str, paths: Sequence[str]) -> None:
+    """One warning naming the folders under ``root`` skipped because they cannot be read
+    (the first three, and how many more)."""
+    if not paths:
+        return
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    folders = "folder" if len(paths) == 1 else "folders"
+    warnings.warn(
+        f"skipped {len(paths)} {folders} under {redact(root)} that could not be read "
+        f"(permission denied): {shown}. Run as a user who may read them, or give a ROOT "
+        f"that holds only stores.",
+        stacklevel=3,
+    )
 
 
 def list_stores(
@@ -275,6 +324,9 @@ def list_stores(
     ------
     StoreNotFoundError
         Nothing exists at ``root``.
+    InvalidArgumentError
+        ``root`` cannot be listed: http(s) without a catalog, or a folder this user may
+        not read (a folder below it that cannot be read is skipped, with a warning).
     RemoteAccessError, RemoteTimeoutError
         A listing or a read failed for a remote reason.
 
@@ -321,7 +373,15 @@ def list_stores(
         # spelled the way the user spelled ROOT (relative path, URL with protocol)
         return str(root).rstrip("/") + p[len(path) :]
 
-    return [_row(fs, p, url_of(p), sizes=sizes) for p in _find_stores(fs, path, depth=4)]
+    rows: list[StoreRow] = []
+    found, unreadable = _find_stores(fs, path, depth=4, root=str(root))
+    for p in found:
+        try:
+            rows.append(_row(fs, p, url_of(p), sizes=sizes))
+        except PermissionError:
+            unreadable.append(p)
+    _warn_unreadable(str(root), unreadable)
+    return rows
 
 
 def _row(fs: FileSystem, p: str, url: str, *, sizes: bool) -> StoreRow:
@@ -545,21 +605,28 @@ def _complete_under(fs: FileSystem, path: str, *, sizes: bool) -> list[CatalogEn
     out, with a warning: what would open it reads another file, or zeros."""
     fs.invalidate_cache()  # listings as they are now, not as this process saw them
     out = []
-    for p in _find_stores(fs, path, depth=3):
-        state, attrs = _inspect(fs, p, look_inside=False)
-        if state == "complete" and p != path:
-            problems = object_problems(fs, p)
-            if problems:
-                shown = redact(p)
-                warnings.warn(
-                    f"{shown} is left out: {problems[0]}"
-                    f"{f' ({len(problems) - 1} more problems)' if len(problems) > 1 else ''}; "
-                    f"expected a store as convert wrote it. Run `atari-zarr verify {shown}`, "
-                    f"then convert it again (--overwrite)",
-                    stacklevel=3,
-                )
+    found, unreadable = _find_stores(fs, path, depth=3, root=fs.url(path))
+    for p in found:
+        try:
+            state, attrs = _inspect(fs, p, look_inside=False)
+            if state != "complete" or p == path:
                 continue
-            out.append(_entry(fs, p, p[len(path) + 1 :], attrs, sizes))
+            problems = object_problems(fs, p)
+        except PermissionError:
+            unreadable.append(p)
+            continue
+        if problems:
+            shown = redact(p)
+            warnings.warn(
+                f"{shown} is left out: {problems[0]}"
+                f"{f' ({len(problems) - 1} more problems)' if len(problems) > 1 else ''}; "
+                f"expected a store as convert wrote it. Run `atari-zarr verify {shown}`, "
+                f"then convert it again (--overwrite)",
+                stacklevel=3,
+            )
+            continue
+        out.append(_entry(fs, p, p[len(path) + 1 :], attrs, sizes))
+    _warn_unreadable(fs.url(path), unreadable)
     return sorted(out, key=lambda e: _natural(e["path"]))
 
 
@@ -638,6 +705,8 @@ def _read_catalog(fs: FileSystem, path: str, root: str) -> dict[str, Any] | None
         raw = fs.cat_metadata(f"{path}/{CATALOG}")  # no FIFO, no /dev/zero
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
+    except PermissionError as exc:  # the root (or its catalog) this user may not read
+        raise _unreadable_root_error(root, exc) from None
     except StoreFormatError:
         raw = b""  # a link, a special file or a huge file: not a catalog, the root is listed
     try:

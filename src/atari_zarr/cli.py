@@ -169,7 +169,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         for store in done:
             print(
                 f"{store.game}/{store.run}: {store.transitions:,} transitions, "
-                f"{store.episodes:,} episodes, {store.gaps} gaps -> {store.url}"
+                f"{store.episodes:,} episodes, {store.gaps} gaps -> {_shown(store.url)}"
             )
     if args.index:
         _write_index(args.dest, args, sizes=True)
@@ -184,7 +184,8 @@ def _write_index(root: str, args: argparse.Namespace, *, sizes: bool) -> None:
         root, parse_storage_options(args.storage_option), sizes=sizes, timeout=_timeout(args)
     )
     if not args.quiet:
-        print(f"{len(doc['stores'])} complete stores -> {root.rstrip('/')}/{CATALOG}")
+        where = _shown(f"{root.rstrip('/')}/{CATALOG}")
+        print(f"{len(doc['stores'])} complete stores -> {where}")
 
 
 def _subset(args: argparse.Namespace) -> Any:
@@ -273,7 +274,7 @@ def _cmd_video(args: argparse.Namespace) -> int:
     except IndexError as exc:  # the episode number: its message gives the valid range
         raise InvalidArgumentError(f"--episode {args.episode}: {exc}") from None
     if not args.quiet:
-        print(f"episode {args.episode} of {ds.where} -> {out}")
+        print(f"episode {args.episode} of {_shown(ds.where)} -> {_shown(out)}")
     return 0
 
 
@@ -320,7 +321,9 @@ def _cmd_collect(args: argparse.Namespace) -> int:
         ),
     )
     if not args.quiet:
-        print(f"{done.transitions:,} transitions, {done.episodes:,} episodes -> {args.dest}")
+        print(
+            f"{done.transitions:,} transitions, {done.episodes:,} episodes -> {_shown(args.dest)}"
+        )
     return 0
 
 
@@ -353,13 +356,13 @@ def _cmd_card(args: argparse.Namespace) -> int:
         args.root,
         parse_storage_options(args.storage_option),
         public_url=args.public_url,
-        reader_options=parse_storage_options(args.reader_option),
+        reader_options=parse_storage_options(args.reader_option, "--reader-option"),
         license=args.license,
         timeout=_timeout(args),
         overwrite=args.overwrite,
     )
     if not args.quiet:
-        print(f"dataset card -> {where}")
+        print(f"dataset card -> {_shown(where)}")
     return 0
 
 
@@ -381,7 +384,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
         print(
             f"published {len(done.stores)} store{'s' if len(done.stores) != 1 else ''} "
             f"({done.files:,} files, {done.bytes / 2**20:,.1f} MiB; {done.commits} commit"
-            f"{'s' if done.commits != 1 else ''}) -> {done.url}"
+            f"{'s' if done.commits != 1 else ''}) -> {_shown(done.url)}"
         )
     return 0
 
@@ -405,7 +408,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
         "home": args.home,
         "home_options": options,
         "source": args.source or RLU_URL,
-        "source_options": parse_storage_options(args.source_storage_option) or None,
+        "source_options": parse_storage_options(args.source_storage_option, "--source-storage-option") or None,
         "scheduler": args.scheduler,
         "workers": args.workers,
         "progress": not args.quiet and not args.no_progress,
@@ -424,13 +427,13 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             found = pull(request, part_of_whole=False, **where)
         line = loading_line(request, found, home_given=args.home is not None)
         if args.quiet:  # what opens the part: its store, else the line that takes it
-            print(found.url if found.exact else line)
+            print(_shown(found.url) if found.exact else line)
             continue
         if found.exact:
-            print(f"{request.describe()} -> {found.url}")
+            print(f"{request.describe()} -> {_shown(found.url)}")
         else:
             print(
-                f"{request.describe()} -> taken from the whole run {found.url} ({found.origin}; "
+                f"{request.describe()} -> taken from the whole run {_shown(found.url)} ({found.origin}; "
                 f"nothing fetched) by the line below"
             )
         print(line)
@@ -468,7 +471,8 @@ def _ls_available(args: argparse.Namespace) -> int:
         home_options=parse_storage_options(args.storage_option),
         source_sizes=args.source_sizes,
         source=args.source or RLU_URL,
-        source_options=parse_storage_options(args.source_storage_option) or None,
+        source_options=parse_storage_options(args.source_storage_option, "--source-storage-option")
+        or None,
         timeout=_timeout(args),
     )
     return _print_rows(args, rows, "id", format_available)
@@ -479,8 +483,10 @@ def _print_rows(args: argparse.Namespace, rows: list[Any], key: str, table: Any)
     import json
 
     if args.json:
-        print(json.dumps(rows, indent=2))
-    elif args.quiet:
+        print(json.dumps(rows, indent=2))  # JSON escapes control characters itself
+        return 0
+    rows = [{**row, key: _shown(row[key])} for row in rows]
+    if args.quiet:
         for row in rows:
             print(row[key])
     else:
@@ -886,8 +892,28 @@ def _add_shared_options(verb: argparse.ArgumentParser, name: str) -> None:
         _add_storage_option(verb)
 
 
+def _shown(text: object) -> str:
+    """``text`` as the command line prints a path or URL: its control characters
+    escaped (a newline as ``\\n``, an escape as ``\\x1b``, a direction override as
+    ``\\u202e``), so that it stays on its line and the terminal shows it as it is.
+
+    Examples
+    --------
+    >>> print(_shown("/tmp/a\\nb\\x1b[31m/Pong/1.zarr"))
+    /tmp/a\\nb\\x1b[31m/Pong/1.zarr
+    >>> _shown("/données/Pong 1.zarr")
+    '/données/Pong 1.zarr'
+    """
+    return "".join(
+        ch if ch.isprintable() or ch == " " else ch.encode("unicode_escape").decode("ascii")
+        for ch in str(text)
+    )
+
+
 def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
+    """An error's message on one line: runs of white space as one space, other control
+    characters (of a path in it) escaped as :func:`_shown` does."""
+    return _shown(" ".join(str(exc).split())) or type(exc).__name__
 
 
 class _Redacted(io.TextIOBase):
@@ -937,7 +963,7 @@ def _one_line_warnings(verb: str) -> Iterator[None]:
     previous = warnings.showwarning
 
     def show(message: Any, category: Any, *args: Any, **kwargs: Any) -> None:
-        text = " ".join(str(message).split())
+        text = _shown(" ".join(str(message).split()))
         print(f"atari-zarr {verb}: warning: {text}", file=sys.stderr)
 
     warnings.showwarning = show

@@ -19,9 +19,12 @@ from typing import Any
 
 __all__ = ["RedactRecords", "redact", "redact_library_logs", "redact_tree"]
 
-_USERINFO_RE = re.compile(r"(?<=://)[^/@\s]+@")
-# "user:pw@bucket" spelled into a request path by a client: user%3Apw%40bucket
-_ENCODED_USERINFO_RE = re.compile(r"(?i)(?<=[/=])[^/@\s?&=]*%3A[^/@\s?&]*?%40")
+# what follows a scheme's "://" up to the end of the URL in the text (or the next URL's
+# "://", when two are joined without a space)
+_AFTER_SCHEME_RE = re.compile(r"(?<=://)(?:(?!://)[^\s'\"<>])+")
+# "user:pw@bucket" spelled into a request path by a client: user%3Apw%40bucket; the
+# greedy middle reaches the last %40 of the path segment (a password may hold an @)
+_ENCODED_USERINFO_RE = re.compile(r"(?i)(?<=[/=])[^/@\s?&=]*%3A[^/@\s?&]*%40")
 # a secret parameter of a URL's query (after ? or &), not any "key=" in prose
 _QUERY_SECRET_RE = re.compile(
     r"(?i)([?&](?:access_token|token|signature|sig|key|secret|password|credential|"
@@ -44,6 +47,33 @@ def _secret_values(options: Any, key: str = "") -> list[str]:
     return []
 
 
+def _userinfo_end(rest: str) -> int:
+    """Where the user info of ``rest`` (a URL after its ``scheme://``) ends: the index of
+    its last ``@`` before the host, or -1 when it has none.
+
+    Clients (urllib, yarl, fsspec) take the user info up to the LAST ``@`` of the
+    authority, so a password may hold raw ``@`` and ``:``. A password typed with a raw
+    ``/``, ``?`` or ``#`` ends the authority early (such a URL opens nowhere, but its
+    error names it): the user info here reaches the last ``@`` before the first ``/``,
+    and where ``user:pass`` stands before that ``/`` with no port (digits) after its
+    colon, the last ``@`` of the URL.
+    """
+    before_path = rest.split("/", 1)[0]
+    if "@" in before_path:
+        return before_path.rindex("@")
+    authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+    _, colon, port = authority.rpartition(":")
+    if colon and not port.isdigit() and not authority.endswith("]") and "@" in rest:
+        return rest.rindex("@")
+    return -1
+
+
+def _redact_userinfo(match: re.Match[str]) -> str:
+    rest = match.group(0)
+    end = _userinfo_end(rest)
+    return rest if end < 0 else "***" + rest[end:]
+
+
 def redact(text: str, storage_options: dict[str, Any] | None = None) -> str:
     """Remove credentials from ``text``: URL user info, secret query parameters, bearer
     tokens, and the values of secret-looking storage options.
@@ -52,10 +82,12 @@ def redact(text: str, storage_options: dict[str, Any] | None = None) -> str:
     --------
     >>> redact("https://me:hunter2@host/x?X-Goog-Signature=abc&a=1")
     'https://***@host/x?X-Goog-Signature=***&a=1'
+    >>> redact("http://alice:S3c@retPw@127.0.0.1:8080/x")
+    'http://***@127.0.0.1:8080/x'
     >>> redact("token s3cr3t-value refused", {"token": "s3cr3t-value"})
     'token *** refused'
     """
-    text = _USERINFO_RE.sub("***@", str(text))
+    text = _AFTER_SCHEME_RE.sub(_redact_userinfo, str(text))
     text = _ENCODED_USERINFO_RE.sub("***%40", text)
     text = _QUERY_SECRET_RE.sub(r"\1***", text)
     text = _BEARER_RE.sub(r"\1***", text)

@@ -145,13 +145,26 @@ class VerifyReport:
             self.omitted[kind] = self._kinds[kind] - _MAX_PER_KIND
 
     def format(self) -> str:
-        """The report as text: one summary line, then one line per problem."""
+        """The report as text: one summary line, then one line per problem.
+
+        Examples
+        --------
+        >>> report = VerifyReport("s.zarr")
+        >>> report.add("layout", "action is missing")
+        >>> report.format().splitlines()[0]
+        's.zarr: 1 problem found'
+        >>> report.checked["transitions"] = 1200; report.add("layout", "reward is missing")
+        >>> report.format().splitlines()[0]
+        's.zarr: 2 problems found (1,200 transitions)'
+        """
         done = ", ".join(f"{v:,} {k}" for k, v in self.checked.items())
+        checked = f" ({done})" if done else ""  # nothing checked: no empty parentheses
         warned = [f"  warning: {w}" for w in self.warnings]
         if self.ok:
-            return "\n".join([f"{self.url}: OK ({done})", *warned])
+            return "\n".join([f"{self.url}: OK{checked}", *warned])
         total = len(self.problems) + sum(self.omitted.values())
-        lines = [f"{self.url}: {total} problem(s) found ({done})"]
+        problems = "problem" if total == 1 else "problems"
+        lines = [f"{self.url}: {total:,} {problems} found{checked}"]
         lines += [f"  - {p}" for p in self.problems]
         lines += [f"  - ... and {n} more of kind {k!r}" for k, n in self.omitted.items()]
         return "\n".join([*lines, *warned])

@@ -7,6 +7,7 @@ import itertools
 import os
 import pickle
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -658,6 +659,38 @@ def test_set_epoch_of_the_loaded_state_keeps_its_progress(small_store: str) -> N
     assert len(rows_of(list(other))) == len(ds)
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_a_finished_epoch_says_so_and_how_to_start_the_next(small_store: str, drop_last) -> None:
+    """Iterating a finished stream gave 0 batches without a word, and its loader with 2
+    workers said the epoch had "fewer than its 2 consumers". Both yield nothing (as
+    the DataLoader loop with ``set_epoch`` expects of an epoch that is done) and say
+    in one line that the epoch is over and how to start the next; so does a stream
+    loaded from a state saved at the end of its epoch."""
+    ds = AtariZarrDataset(small_store)
+    stream = ds.stream(256, seed=2, unit_rows=1024, drop_last=drop_last)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the epoch itself says nothing
+        assert len(rows_of(list(stream))) == (len(ds) // 256 * 256 if drop_last else len(ds))
+    state = stream.state_dict()
+    loaded = [ds.stream(256, seed=2, unit_rows=1024, drop_last=drop_last) for _ in range(2)]
+    for stream_of in loaded:
+        stream_of.load_state_dict(state)
+    for again in (
+        lambda: list(stream),
+        lambda: list(stream.loader(num_workers=2, multiprocessing_context="fork")),
+        lambda: list(loaded[0]),
+        lambda: list(loaded[1].loader(num_workers=2, multiprocessing_context="fork")),
+    ):
+        with pytest.warns(UserWarning) as caught:
+            assert again() == []
+        [warning] = [str(w.message) for w in caught]
+        assert "\n" not in warning and "consumers" not in warning, warning
+        assert f"epoch 0 of {small_store} is over" in warning, warning
+        assert "stream.set_epoch(1) to start the next epoch" in warning, warning
+    stream.set_epoch(1)
+    assert len(rows_of(list(stream))) > 0
+
+
 def test_resume_through_a_dataloader_with_workers(small_store: str) -> None:
     ds = AtariZarrDataset(small_store)
     stream = ds.stream(256, seed=1, unit_rows=512)
@@ -696,7 +729,8 @@ def test_epochs_and_bad_arguments(small_store: str) -> None:
         stream, torch.utils.data.IterableDataset
     )
     assert len(list(stream)) == 2
-    assert list(stream) == []  # the epoch is done until set_epoch
+    with pytest.warns(UserWarning, match=r"epoch 0 of .* is over.*set_epoch\(1\)"):
+        assert list(stream) == []  # the epoch is done until set_epoch
     stream.set_epoch(1)
     assert len(list(stream)) == 2
     # pickles (spawn workers): the store is opened again, the progress kept
@@ -1168,6 +1202,9 @@ def test_a_child_forked_while_units_load_loads_them_again(
     assert len(wrong) == len(reference) - 1 and not any(any(w.values()) for w in wrong)
     rest = [_wrong_items(b, want) for b, want in zip(it, reference[1:], strict=True)]
     assert not any(any(w.values()) for w in rest)
+
+
+# --------------------------------------------------------------------------- #
 # close: threads joined, files let go, iterators stopped in one line
 # --------------------------------------------------------------------------- #
 

@@ -372,3 +372,82 @@ def test_a_server_that_ignores_range_is_read_from_the_whole_body(tmp_path: Path)
             assert f.read(100) == blob[299_990:]
             f.seek(0)
             assert f.read() == blob
+
+
+# --------------------------------------------------------------------------- #
+# failure statuses: retried where transient, always named, never "absent"
+# --------------------------------------------------------------------------- #
+
+
+def test_a_web_servers_transient_5xx_is_retried_and_a_lasting_one_named(tmp_path: Path) -> None:
+    """Three 503s on an http listing gave "not found" at once (fsspec's http file system
+    answers any failure of ``info`` so, and does not retry); a lasting 500 did too. The
+    transient ones are retried; a lasting one names its status, never absence."""
+    from atari_zarr_testkit.web import DirectoryServer
+
+    (tmp_path / "Asterix").mkdir()
+    (tmp_path / "Asterix" / "run_1-00000-of-00050").write_bytes(b"x" * 10)
+    with DirectoryServer(tmp_path) as web, CountingProxy(web.endpoint_url) as proxy:
+        fs, path = get_fs(f"{proxy.endpoint_url}/Asterix", timeout=60)
+        for status in (503, 500, 502, 429):
+            proxy.fail_next(3, status)
+            assert fs.exists(path), status
+            assert [e[2] for e in proxy.log].count(status) == 3, proxy.log
+            proxy.reset()
+            fs.invalidate_cache()
+            proxy.fail_next(3, status)
+            assert [n.rsplit("/", 1)[-1] for n in fs.ls(path)] == ["run_1-00000-of-00050"]
+            proxy.reset()
+        for status, reason in ((500, "Internal Server Error"), (503, "Service Unavailable")):
+            fs.invalidate_cache()
+            proxy.fail_next(1000, status)
+            for call in (lambda: fs.exists(path), lambda: fs.ls(path)):
+                with pytest.raises(RemoteAccessError) as info:
+                    call()
+                text = str(info.value)
+                assert not isinstance(info.value, FileNotFoundError), text
+                assert f"{path}" in text and f"answered {status} {reason}" in text, text
+            proxy.reset()
+        # an absent object is still absent, at once
+        assert not fs.exists(f"{path}/run_1-00001-of-00050")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("status", "reason"), [(500, "Internal Server Error"), (429, "Too Many Requests")]
+)
+def test_a_lasting_failure_status_over_gs_is_named_and_shown_with_v(
+    server: FakeGCSServer, status: int, reason: str
+) -> None:
+    """gcsfs retries a 500 or a 429 for about 31 s: with a shorter deadline the error
+    said the server "did not answer in time", and ``-v`` showed none of the answers.
+    The error names the status, and ``-v`` shows each response that had it."""
+    import os
+    import subprocess
+    import sys
+
+    with CountingProxy(server.endpoint_url) as proxy:
+        options = server.storage_options(endpoint_url=proxy.endpoint_url)
+        fs, path = get_fs(f"gs://{BUCKET}/failing", options, timeout=4)
+        proxy.fail_next(100_000, status)
+        with pytest.raises(RemoteTimeoutError) as info:
+            fs.ls(path)
+        text = str(info.value)
+        assert f"gs://{BUCKET}/failing" in text and "did not answer" not in text, text
+        assert f"the server answered {status} {reason}" in text, text
+        args = ["ls", f"gs://{BUCKET}/failing", "--timeout", "4", "--no-index"]
+        args += ["-s", f"endpoint_url={proxy.endpoint_url}", "-s", "token=anon"]
+        done = subprocess.run(
+            [sys.executable, "-m", "atari_zarr", "-v", *args],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            env={**os.environ, "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"},
+            stdin=subprocess.DEVNULL,
+        )
+        proxy.reset()
+    lines = done.stderr.splitlines()
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    shown = [line for line in lines if f"answered {status} {reason}" in line]
+    assert len(shown) >= 2 and shown[0].startswith("INFO atari_zarr: GET "), done.stderr
+    assert lines[-1].startswith("atari-zarr ls: error: ") and f"{status} {reason}" in lines[-1]

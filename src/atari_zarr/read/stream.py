@@ -15,7 +15,8 @@ and the figures.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -226,6 +227,33 @@ class EpochStream(torch.utils.data.IterableDataset):
         self._loaded = None
         self._consumers = consumers
 
+    def _epoch_over(self, consumers: int, own: Iterable[int]) -> bool:
+        """Whether the epoch has nothing left for the consumers ``own`` (of
+        ``consumers``, after :meth:`_check_consumers`): every item emitted by the
+        consumers before them (with ``drop_last``, all but less than a batch for each),
+        or each of ``own`` has emitted its share. Then one warning
+        says so and how to start the next: the iteration yields nothing, as a state
+        saved at the end of its epoch and loaded does."""
+        base = self._base
+        over = base is not None and bool(base.done.all())
+        if not over and base is not None and base.count and self.drop_last:
+            # what earlier consumers left of a drop_last epoch: less than a batch each
+            left = np.diff(self._plan(0, consumers).cuts)
+            over = int(left.min()) < self.batch_size
+        if not over:
+            items = self.balance(consumers)[0]
+            over = all(self.positions.get(c, 0) >= int(items[c]) for c in own)
+        if over:
+            what = "windows" if not self.items[0].identity else "transitions"
+            warnings.warn(
+                f"epoch {self.epoch} of {self.where} is over: its {self._item_count} {what} "
+                f"were all emitted, so this iteration yields nothing. Call "
+                f"stream.set_epoch({self.epoch + 1}) to start the next epoch (or "
+                f"set_epoch({self.epoch}) to read this one again)",
+                stacklevel=4,
+            )
+        return over
+
     # -- iteration ------------------------------------------------------------------------
     def __iter__(self) -> StreamIterator:
         it = StreamIterator(self.where)
@@ -238,6 +266,8 @@ class EpochStream(torch.utils.data.IterableDataset):
         quiet_worker_exit()
         me = current_place(self.rank, self.world_size)
         self._check_consumers(me.consumers)
+        if self._epoch_over(me.consumers, [me.consumer]):
+            return
         yield from self._consume(me.consumer, me.consumers, self.keeps_units(me.workers), it)
 
     def close(self, why: str = "the stream was closed") -> None:
@@ -651,8 +681,10 @@ class StreamLoader:
         consumers = current_place(stream.rank, stream.world_size, loader_workers=workers).consumers
         # the workers start from what is left for this many consumers (pickled after this)
         stream._check_consumers(consumers)
-        # an epoch too small for its consumers is one line here, not a worker's traceback
-        stream.balance(consumers)
+        # an epoch that is over, or too small for its consumers, is one line here (no
+        # worker is started), not a worker's traceback
+        if stream._epoch_over(consumers, stream._own(consumers)[0]):
+            return
         for batch in loader:
             if workers:
                 self.stream.record(batch, workers)

@@ -69,7 +69,13 @@ from atari_zarr.errors import (
 )
 from atari_zarr.forks import after_fork
 from atari_zarr.redaction import redact_library_logs
-from atari_zarr.storage.deadline import bounded, remote_error, resolve_timeout
+from atari_zarr.storage.deadline import (
+    bounded,
+    remote_error,
+    resolve_timeout,
+    traced_options,
+    with_retries,
+)
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.paths import is_read_only_url, is_url, local_path, redact, refuse_write
 
@@ -278,13 +284,14 @@ class FileSystem:
                 quiet_hub_logs()
             check_resolves(self.location, self.storage_options, timeout=self.timeout)
             with backend_errors(self.location, self.storage_options):
-                fs, path = fsspec.core.url_to_fs(self.location, **self.storage_options)
+                options = traced_options(self.location, self.storage_options)
+                fs, path = fsspec.core.url_to_fs(self.location, **options)
                 cache = getattr(fs, "dircache", None)
                 if not self.listings_cache and getattr(cache, "use_listings_cache", False):
                     # an instance of its own (fsspec keeps one per set of options) whose
                     # cache never answers: the process's shared one may hold listings
                     # that other processes made stale since
-                    uncached = {**self.storage_options, "use_listings_cache": False}
+                    uncached = {**options, "use_listings_cache": False}
                     fs, path = fsspec.core.url_to_fs(self.location, **uncached)
             self._fs: fsspec.AbstractFileSystem = fs
             self.path = str(path)
@@ -358,7 +365,13 @@ class FileSystem:
                     raise  # nothing to delete: the caller decides
                 raise local_write_error(what, where, exc) from None
         if self.bounded:
-            coroutine = getattr(fs, f"_{name}")(*args, **kwargs)
+            method = getattr(fs, f"_{name}")
+            # fsspec's http file system does not retry: a web server's 503 is retried here
+            coroutine = (
+                with_retries(lambda: method(*args, **kwargs))
+                if self.read_only
+                else method(*args, **kwargs)
+            )
             ok, value = fsspec.asyn.sync(
                 fs.loop,
                 _boxed,

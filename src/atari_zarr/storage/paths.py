@@ -132,24 +132,30 @@ def join(location: str, *parts: str) -> str:
     return os.path.join(local_path(location), *parts)
 
 
-def parse_storage_options(pairs: list[str] | None) -> dict[str, Any]:
+def parse_storage_options(
+    pairs: list[str] | None, option: str = "--storage-option"
+) -> dict[str, Any]:
     """Turn CLI ``KEY=VALUE`` strings into a storage-options dict.
 
     Values ``true``/``false``/``none`` and numbers are converted; anything
-    else stays a string.
+    else stays a string. ``option`` is the flag they were given with, which an
+    error names.
 
     Examples
     --------
     >>> parse_storage_options(["token=anon", "timeout=5", "anon=true"])
     {'token': 'anon', 'timeout': 5, 'anon': True}
+    >>> parse_storage_options(["=x"], "--source-storage-option")
+    Traceback (most recent call last):
+        ...
+    atari_zarr.errors.InvalidArgumentError: --source-storage-option '=x' is not KEY=VALUE; ...
     """
     options: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise InvalidArgumentError(
-                f"--storage-option {pair!r} is not KEY=VALUE; "
-                f"write it as e.g. --storage-option token=anon"
+                f"{option} {pair!r} is not KEY=VALUE; write it as e.g. {option} token=anon"
             )
         lowered = value.lower()
         parsed: Any

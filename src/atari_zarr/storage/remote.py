@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Iterable
 from typing import Any, TypeVar
 
 from zarr.abc.store import (
@@ -41,7 +41,14 @@ from zarr.storage import FsspecStore, LocalStore, WrapperStore
 
 from atari_zarr.errors import InvalidArgumentError, RemoteAccessError
 from atari_zarr.forks import after_fork
-from atari_zarr.storage.deadline import DEFAULT_TIMEOUT, bounded, resolve_timeout
+from atari_zarr.storage.deadline import (
+    DEFAULT_TIMEOUT,
+    HTTP_ATTEMPTS,
+    bounded,
+    resolve_timeout,
+    traced_options,
+    with_retries,
+)
 from atari_zarr.storage.endpoint import check_resolves
 from atari_zarr.storage.filesystem import backend_errors, check_local_metadata
 from atari_zarr.storage.hub import is_hub_url
@@ -53,43 +60,6 @@ __all__ = ["RemoteStore", "open_zarr_store"]
 log = logging.getLogger("atari_zarr")
 
 T = TypeVar("T")
-
-#: Attempts of a read from an http(s):// store (its file system does not retry).
-HTTP_ATTEMPTS = 5
-# Seconds before the second attempt; doubled for each next one.
-_HTTP_BACKOFF = 0.1
-_HTTP_TRANSIENT = frozenset({408, 429, 500, 502, 503, 504})
-
-
-def _transient_http(exc: BaseException) -> bool:
-    """True for an aiohttp failure worth another attempt: a 5xx/408/429, a lost connection,
-    a body cut short (the connection dropped mid-body: ``ClientPayloadError``)."""
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - http:// needs aiohttp anyway
-        return False
-    if isinstance(exc, aiohttp.ClientResponseError):
-        return exc.status in _HTTP_TRANSIENT
-    return isinstance(
-        exc,
-        aiohttp.ClientConnectionError
-        | aiohttp.ClientPayloadError
-        | ConnectionError
-        | asyncio.IncompleteReadError,
-    )
-
-
-async def _with_retries(call: Callable[[], Awaitable[T]], attempts: int) -> T:
-    """``await call()``, again after a transient failure, at most ``attempts`` times."""
-    for attempt in range(attempts):
-        try:
-            return await call()
-        except Exception as exc:
-            if attempt + 1 >= attempts or not _transient_http(exc):
-                raise
-            log.debug("transient failure, attempt %d of %d: %r", attempt + 1, attempts, exc)
-            await asyncio.sleep(_HTTP_BACKOFF * 2**attempt)
-    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def open_zarr_store(
@@ -237,7 +207,9 @@ class RemoteStore(WrapperStore[Store]):
         check_resolves(self.url, self.storage_options, timeout=self.timeout)
         with backend_errors(self.url, self.storage_options):
             store = FsspecStore.from_url(
-                self.url, storage_options=dict(self.storage_options), read_only=self._read_only_flag
+                self.url,
+                storage_options=traced_options(self.url, dict(self.storage_options)),
+                read_only=self._read_only_flag,
             )
         watch_store(store)
         return store
@@ -331,7 +303,7 @@ class RemoteStore(WrapperStore[Store]):
         if self._http:
             call = lambda: self._store.get(key, prototype, byte_range)  # noqa: E731
             found = await self._guard(
-                "reading", _describe(key, byte_range), _with_retries(call, HTTP_ATTEMPTS)
+                "reading", _describe(key, byte_range), with_retries(call, HTTP_ATTEMPTS)
             )
         else:
             found = await self._guard(
