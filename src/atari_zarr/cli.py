@@ -408,7 +408,10 @@ def _cmd_pull(args: argparse.Namespace) -> int:
         "home": args.home,
         "home_options": options,
         "source": args.source or RLU_URL,
-        "source_options": parse_storage_options(args.source_storage_option, "--source-storage-option") or None,
+        "source_options": parse_storage_options(
+            args.source_storage_option, "--source-storage-option"
+        )
+        or None,
         "scheduler": args.scheduler,
         "workers": args.workers,
         "progress": not args.quiet and not args.no_progress,
@@ -433,8 +436,8 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             print(f"{request.describe()} -> {_shown(found.url)}")
         else:
             print(
-                f"{request.describe()} -> taken from the whole run {_shown(found.url)} ({found.origin}; "
-                f"nothing fetched) by the line below"
+                f"{request.describe()} -> taken from the whole run {_shown(found.url)} "
+                f"({found.origin}; nothing fetched) by the line below"
             )
         print(line)
     return 0

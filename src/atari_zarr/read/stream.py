@@ -14,8 +14,8 @@ and the figures.
 
 from __future__ import annotations
 
-import weakref
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
