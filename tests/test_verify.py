@@ -270,3 +270,24 @@ def test_frames_decoded_on_processes_report_what_one_process_reports(copy, monke
     assert parallel.problems == serial.problems
     assert parallel.checked == serial.checked
     assert "shard 0" in parallel.problems[0] and "shard 2" in parallel.problems[1]
+
+
+def test_a_store_whose_objects_digest_is_not_its_objects_is_not_verified(copy):
+    """``objects_digest`` (what the content id covers of the objects) was written with
+    the completion marker and never checked: a store whose attribute disagrees with the
+    crc32c its arrays record passed ``verify``. A store completed before the attribute
+    was recorded (none) still passes."""
+    _, path = copy
+    doc = json.loads((path / "zarr.json").read_text())
+    meta = doc["attributes"][ATTRS_KEY]
+    assert verify_store(str(path)).ok and len(meta["objects_digest"]) == 64
+    for forged in ("0" * 64, 7):
+        meta["objects_digest"] = forged
+        (path / "zarr.json").write_text(json.dumps(doc))
+        report = verify_store(str(path))
+        assert not report.ok
+        [problem] = report.problems
+        assert problem.startswith("attribute objects_digest") and "\n" not in problem
+    del meta["objects_digest"]
+    (path / "zarr.json").write_text(json.dumps(doc))
+    assert verify_store(str(path)).ok
