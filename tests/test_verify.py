@@ -328,3 +328,24 @@ def test_a_store_in_memory_is_verified_in_its_own_process(copy, monkeypatch):
     report = verify_store(url, workers=2)
     assert report.ok, report.format()
     assert report.checked == verify_store(str(path), workers=1).checked
+
+
+def test_a_store_whose_objects_digest_is_not_its_objects_is_not_verified(copy):
+    """``objects_digest`` (what the content id covers of the objects) was written with
+    the completion marker and never checked: a store whose attribute disagrees with the
+    crc32c its arrays record passed ``verify``. A store completed before the attribute
+    was recorded (none) still passes."""
+    _, path = copy
+    doc = json.loads((path / "zarr.json").read_text())
+    meta = doc["attributes"][ATTRS_KEY]
+    assert verify_store(str(path)).ok and len(meta["objects_digest"]) == 64
+    for forged in ("0" * 64, 7):
+        meta["objects_digest"] = forged
+        (path / "zarr.json").write_text(json.dumps(doc))
+        report = verify_store(str(path))
+        assert not report.ok
+        [problem] = report.problems
+        assert problem.startswith("attribute objects_digest") and "\n" not in problem
+    del meta["objects_digest"]
+    (path / "zarr.json").write_text(json.dumps(doc))
+    assert verify_store(str(path)).ok

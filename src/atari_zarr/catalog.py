@@ -484,8 +484,9 @@ def name_to_url(root: str, name: str) -> str:
 def content_id(attrs: dict[str, Any]) -> str:
     """What identifies a store's content: a digest of its ``atari_zarr`` attributes
     (the plan, counts, episode table and completion marker change with any rewrite, and
-    ``objects_digest`` with any object of any array, frames included: the crc32c the
-    writer recorded of each, so the id costs no read of the arrays). A store completed
+    ``objects_digest`` with the crc32c the writer recorded of every object, so the id
+    costs no read of the arrays; a frame shard's is its index's, so frames that encode
+    to the very same sizes keep it). A store completed
     before ``objects_digest`` was recorded is identified by its other attributes.
 
     Examples

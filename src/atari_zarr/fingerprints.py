@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,7 @@ __all__ = [
     "object_crc",
     "record",
     "recorded",
+    "recorded_digest",
 ]
 
 #: Attribute of an array holding the crc32c of each of its objects.
@@ -144,25 +146,47 @@ def record(group: zarr.Group) -> str:
     Returns
     -------
     str
-        The SHA-256 of all of them, array by array in name order (each array's path,
-        then its crc32c): what the store's ``objects_digest`` attribute holds, so that
-        its content id (:func:`atari_zarr.catalog.content_id`) covers every object,
-        the frames' included, at no cost to a reader.
+        The SHA-256 of all of them, array by array in name order (each array's path
+        within ``group``, its object count, then its crc32c): what the store's
+        ``objects_digest`` attribute holds, so that its content id
+        (:func:`atari_zarr.catalog.content_id`) changes with any of them, at no cost to
+        a reader. A frame shard's crc32c is its index's (where and how long each of
+        its chunks is), so frames that encode to the very same sizes keep it.
     """
     digest = hashlib.sha256()
-    _record(group, digest)
-    return digest.hexdigest()
-
-
-def _record(group: zarr.Group, digest: Any) -> None:
-    for _, array in sorted(group.arrays(), key=lambda a: a[0]):
+    for name, array in _arrays(group):
         if _layout(array) is not None:
             crcs = compute(array)
             array.update_attributes({FINGERPRINTS_KEY: encode(crcs)})
-            digest.update(f"{array.path}\0{len(crcs)}\0".encode())
-            digest.update(np.asarray(crcs, dtype="<u4").tobytes())
-    for _, sub in sorted(group.groups(), key=lambda g: g[0]):
-        _record(sub, digest)
+            _digest(digest, name, crcs)
+    return digest.hexdigest()
+
+
+def recorded_digest(group: zarr.Group) -> str | None:
+    """The digest :func:`record` returned, from the fingerprints recorded in the arrays'
+    attributes (no object read), or None where an array has none recorded."""
+    digest = hashlib.sha256()
+    for name, array in _arrays(group):
+        if _layout(array) is not None:
+            crcs = recorded(array)
+            if crcs is None:
+                return None
+            _digest(digest, name, crcs)
+    return digest.hexdigest()
+
+
+def _arrays(group: zarr.Group, prefix: str = "") -> Iterator[tuple[str, zarr.Array]]:
+    """Every array under ``group`` in name order, with its path within ``group`` (the
+    same wherever the store is opened from)."""
+    for name, array in sorted(group.arrays(), key=lambda a: a[0]):
+        yield f"{prefix}{name}", array
+    for name, sub in sorted(group.groups(), key=lambda g: g[0]):
+        yield from _arrays(sub, f"{prefix}{name}/")
+
+
+def _digest(digest: Any, name: str, crcs: np.ndarray) -> None:
+    digest.update(f"{name}\0{len(crcs)}\0".encode())
+    digest.update(np.asarray(crcs, dtype="<u4").tobytes())
 
 
 def mismatches(array: zarr.Array) -> list[tuple[int, str, int, int]]:

@@ -95,7 +95,8 @@ WORK_SUFFIX = ".converting"
 FLUSHED_KEY = "flushed"
 #: Attribute of a complete store: the SHA-256 of the crc32c recorded of every object of
 #: every array (:func:`atari_zarr.fingerprints.record`), so that the content id, a digest
-#: of the attributes, changes with any object the writer wrote, frames included.
+#: of the attributes, changes with them (a frame shard's covers its index: frames that
+#: encode to other sizes).
 OBJECTS_DIGEST = "objects_digest"
 #: Height and width of a preprocessed Atari frame (DQN: 84x84 grayscale).
 FRAME_SHAPE = (84, 84)

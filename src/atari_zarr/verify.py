@@ -17,7 +17,8 @@ finds instead of stopping at the first:
   shard index) is checked: any flipped byte is caught and located to a chunk;
 * **one writer**: the crc32c of every object is compared with the one its writer
   recorded (:mod:`atari_zarr.fingerprints`), so an object copied in from another
-  store or conversion is named, although every byte of it is valid; in a local
+  store or conversion is named, although every byte of it is valid, and the
+  store's ``objects_digest`` (what its content id covers of them) is theirs; in a local
   store, a symbolic link anywhere inside (an object or a directory such as ``c/``)
   is a problem too;
 * **consistency**: episode ids, ``terminated``/``truncated`` flags, increasing
@@ -60,6 +61,7 @@ from atari_zarr.layout import (
     ARRAYS,
     EPISODE,
     FINAL_OBSERVATION,
+    OBJECTS_DIGEST,
     OBSERVATION,
     OPTIONAL_ARRAYS,
     REWARD,
@@ -288,10 +290,15 @@ def _check_metadata(
 
 
 def _check_writers(
-    group: zarr.Group, url: str, specs: dict[str, tuple[ArraySpec, int]], report: VerifyReport
+    group: zarr.Group,
+    url: str,
+    meta: dict[str, Any],
+    specs: dict[str, tuple[ArraySpec, int]],
+    report: VerifyReport,
 ) -> None:
-    """Every object is the one its writer recorded; no link inside a local store."""
-    from atari_zarr.fingerprints import foreign_object_message, mismatches
+    """Every object is the one its writer recorded, and the store's ``objects_digest``
+    (its content id) is theirs; no link inside a local store."""
+    from atari_zarr.fingerprints import foreign_object_message, mismatches, recorded_digest
 
     if "://" not in url or url.startswith("file://"):
         root = Path(url.removeprefix("file://"))
@@ -307,6 +314,16 @@ def _check_writers(
             continue  # the layout check reported it
         for _, key, want, found in mismatches(array):
             report.add("foreign", foreign_object_message(url, name, key, want, found))
+    saved = meta.get(OBJECTS_DIGEST)
+    if saved is not None:  # stores completed before it have none
+        theirs = recorded_digest(group)
+        if saved != theirs:
+            report.add(
+                "digest",
+                f"attribute {OBJECTS_DIGEST} {str(saved)[:80]!r} is not the digest of the "
+                f"crc32c its arrays record ({theirs}): the content id of this store does not "
+                f"say what it holds. {report.remedy}",
+            )
 
 
 def _reader(arr: zarr.Array, url: str, report: VerifyReport) -> ChunkEngine:
@@ -614,7 +631,7 @@ def verify_store(
     fs, path = get_fs(url, storage_options, timeout=seconds)  # one for both listings
     _check_presence(fs, path.rstrip("/"), specs, report)
     _check_metadata(group, url, fs, path.rstrip("/"), specs, report)
-    _check_writers(group, url, specs, report)
+    _check_writers(group, url, meta, specs, report)
     if kind is not None:  # properties of the source, which the store copies faithfully
         report.warnings.extend(kind.warnings(meta))
 

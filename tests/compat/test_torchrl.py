@@ -427,6 +427,80 @@ def test_dumps_and_loads_keep_the_batches_drawn_ahead(root, tmp_path, slices):
         ds.shutdown()
 
 
+def test_a_tampered_dump_of_batches_drawn_ahead_is_one_line_and_changes_nothing(root, tmp_path):
+    """``atari_zarr_prefetch.json`` edited by hand: rows as floats, strings or bools were
+    cast (``3.7`` read row 3, ``"3"`` row 3), rows beyond the store or a bool mask were
+    refused only after the sampler's state was loaded, a huge row was a raw
+    ``OverflowError``, 150 batches for ``prefetch=2`` were all read again, and an info
+    entry named ``observation`` replaced the frames read from the store. Each is now
+    one line naming the file, before anything of the buffer changes."""
+    import copy
+    import json
+
+    from atari_zarr.errors import InvalidArgumentError
+
+    def buffer():
+        return AtariZarrExperienceReplay(
+            "Pong/1",
+            batch_size=8,
+            root=root,
+            replacement=False,
+            prefetch=2,
+            generator=torch.Generator().manual_seed(3),
+        )
+
+    saved = buffer()
+    for _ in range(3):
+        saved.sample()
+    saved.dumps(tmp_path / "dump")
+    saved.shutdown()
+    file = tmp_path / "dump" / "atari_zarr_prefetch.json"
+    doc = json.loads(file.read_text())
+
+    def edited(change) -> str:
+        bad = copy.deepcopy(doc)
+        change(bad, bad["batches"][0][0]["arrays"][0])  # the first batch's index
+        return json.dumps(bad)
+
+    def put(at, value):
+        return lambda _, a: a["values"].__setitem__(at, value)
+
+    tampered = {
+        "truncated": file.read_text()[:100],
+        "row as a float": edited(put(0, 3.7)),
+        "row as a string": edited(put(0, "3")),
+        "row as a bool": edited(put(0, True)),
+        "row past the end": edited(put(0, 10**6)),
+        "negative row": edited(put(0, -1)),
+        "row past int64": edited(put(0, 2**70)),
+        "row past uint8": edited(lambda _, a: a.update(dtype="uint8", values=[300] * 8)),
+        "a mask": edited(lambda _, a: a.update(dtype="bool", values=[True] * 8)),
+        "rows as floats": edited(lambda _, a: a.update(dtype="float64")),
+        "2-d rows": edited(lambda _, a: a.update(shape=[2, 4])),
+        "too many batches": json.dumps({**doc, "batches": doc["batches"] * 75}),
+        "frames": edited(
+            lambda d, _: d["batches"][0].append(
+                {
+                    "key": "observation",
+                    "arrays": [{"dtype": "uint8", "shape": [8], "values": [0] * 8}],
+                }
+            )
+        ),
+    }
+    fresh = buffer()
+    want = [fresh.sample()["index"].tolist() for _ in range(2)]
+    fresh.shutdown()
+    for what, text in tampered.items():
+        file.write_text(text)
+        loading = buffer()
+        with pytest.raises(InvalidArgumentError, match=r"atari_zarr_prefetch\.json") as err:
+            loading.loads(tmp_path / "dump")
+        assert "\n" not in str(err.value), what
+        # refused before anything changed: the buffer goes on as a fresh one
+        assert [loading.sample()["index"].tolist() for _ in range(2)] == want, what
+        loading.shutdown()
+
+
 def test_a_batch_size_other_than_the_constructors_is_drawn_as_torchrl_draws_it(root):
     """``sample(batch_size=...)`` other than the constructor's, with ``prefetch``: TorchRL's
     own path (one warning, the batch of that size once the queue is empty)."""

@@ -119,8 +119,11 @@ def test_a_state_of_an_earlier_release_loads_into_its_stores_only(tmp_path: Path
     assert sorted(np.r_[seen.numpy(), rest].tolist()) == list(range(len(mix)))
     other = MultiGameDataset([b, a]).stream(100, **opts)
     spoiled = {**mix.stream(100, **opts).state_dict(), "weights": ["x", None]}
-    for stream, wrong in ((other, old), (other, {"version": 3, "stores": [state]}),
-                          (mix.stream(100, **opts), spoiled)):
+    for stream, wrong in (
+        (other, old),
+        (other, {"version": 3, "stores": [state]}),
+        (mix.stream(100, **opts), spoiled),
+    ):
         with pytest.raises(InvalidArgumentError, match="does not belong") as err:
             stream.load_state_dict(wrong)
         assert "\n" not in str(err.value)
@@ -194,6 +197,37 @@ def test_huge_and_tiny_weights_are_weights_like_any_other(tmp_path: Path) -> Non
             assert abs(share - want[1]) < 0.05
             stream = mix.stream(20, seed=0)
             assert sorted(torch.cat([b["index"] for b in stream]).tolist()) == list(range(100))
+
+
+def test_weights_as_arrays_tensors_and_numbers_no_double_holds(tmp_path: Path) -> None:
+    """``weights=[10**400, 1]`` was a raw ``OverflowError``, a 0-d array a raw
+    ``TypeError``, a numpy bool array was read as 1 and 0, a 2-d array's message
+    spanned lines, and a torch tensor was refused where a numpy array is taken. A 1-d
+    array or tensor is a list of weights; everything else is one line."""
+    urls = [write_store(str(tmp_path / f"s{i}.zarr"), 30, seed=i, max_len=9) for i in range(2)]
+    for weights in (np.array([1.0, 3.0]), torch.tensor([1.0, 3.0]), torch.tensor([1, 3])):
+        np.testing.assert_allclose(MultiGameDataset(urls, weights=weights).weights, [0.25, 0.75])
+    for bad, match in [
+        ([10**400, 1], "must be a number 0 or more; got 1000"),
+        (np.array([True, False]), "must be a number 0 or more; got True"),
+        (torch.tensor([True, False]), "must be a number 0 or more; got True"),
+        (np.array(5.0), "is not a way of weighting"),
+        (np.array([[1.0], [2.0]]), "is not a way of weighting"),
+    ]:
+        with pytest.raises(InvalidArgumentError, match=match) as err:
+            MultiGameDataset(urls, weights=bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(
+        InvalidArgumentError, match=r"weight of .Qbert. .* a number 0 or more"
+    ) as err:
+        store_weights(
+            {"Pong": 1, "Qbert": 10**400},
+            ["Pong/1", "Qbert/1"],
+            ["Pong", "Qbert"],
+            [10, 5],
+            "a mixture",
+        )
+    assert "\n" not in str(err.value)
 
 
 def test_store_weights_refuse_what_names_no_game() -> None:

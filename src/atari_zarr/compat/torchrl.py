@@ -156,31 +156,50 @@ def _encode_info(info: dict, where: str) -> list[dict[str, Any]]:
     return entries
 
 
+def _values(values: list, dtype: str, key: Any) -> np.ndarray:
+    """``values`` as an array of ``dtype``, each one of that type as JSON writes it: a
+    bool of a flag, an int of an index (in the dtype's range), a number of a weight;
+    never rounded nor cast (ValueError: they are not)."""
+    if dtype == "bool":
+        ok = all(type(v) is bool for v in values)
+    elif dtype.startswith(("int", "uint")):
+        bounds = np.iinfo(dtype)
+        ok = all(type(v) is int and bounds.min <= v <= bounds.max for v in values)
+    else:  # a weight: a finite number of that float type (never inf, nor NaN)
+        top = float(np.finfo(dtype).max)
+        ok = all(type(v) in (int, float) and abs(v) <= top for v in values)
+    if not ok:
+        raise ValueError(f"info {key!r} has values that are not {dtype}")
+    return np.asarray(values, dtype=dtype)
+
+
 def _decode_info(entries: Any) -> dict:
     """The sampling info :func:`_encode_info` wrote (ValueError: it is not that)."""
     if not isinstance(entries, list):
         raise ValueError("a batch's info is not a list")
     info: dict[Any, Any] = {}
     for entry in entries:
+        if not isinstance(entry, dict):
+            raise ValueError(f"an info entry is {type(entry).__name__}, not an object")
         key, arrays = entry.get("key"), entry.get("arrays")
         if isinstance(key, list) and key and all(isinstance(k, str) for k in key):
-            key = tuple(key)
+            key = tuple(key) if len(key) > 1 else key[0]  # ("a",) is "a" in a tensordict
         elif not isinstance(key, str):
-            raise ValueError(f"an info key {key!r} is not a string or a list of them")
-        if not isinstance(arrays, list) or not arrays:
-            raise ValueError(f"info {key!r} has no values")
+            raise ValueError(f"an info key {key!r:.40} is not a string or a list of them")
+        if not isinstance(arrays, list) or not arrays or key in info:
+            raise ValueError(f"info {key!r} has no values, or twice")
         parts = []
         for a in arrays:
+            if not isinstance(a, dict):
+                raise ValueError(f"info {key!r} is not a tensor of numbers")
             dtype, shape, values = a.get("dtype"), a.get("shape"), a.get("values")
             if dtype not in _AHEAD_DTYPES or not isinstance(values, list):
                 raise ValueError(f"info {key!r} is not a tensor of numbers")
-            if not isinstance(shape, list) or not all(
-                isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-            ):
-                raise ValueError(f"info {key!r} has shape {shape!r}")
+            if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+                raise ValueError(f"info {key!r} has shape {shape!r:.40}")
             if math.prod(shape) != len(values):
                 raise ValueError(f"info {key!r} has {len(values)} values for shape {shape}")
-            parts.append(torch.from_numpy(np.asarray(values, dtype=dtype).reshape(shape)))
+            parts.append(torch.from_numpy(_values(values, dtype, key).reshape(shape)))
         if entry.get("tuple") is not True and len(parts) != 1:
             raise ValueError(f"info {key!r} has {len(parts)} tensors")
         info[key] = tuple(parts) if entry.get("tuple") is True else parts[0]
@@ -522,18 +541,16 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
 
         The batches drawn ahead when it was saved are read again from the store and
         come first, in their order; a buffer made without ``prefetch`` refuses a dump
-        that has some (their rows would be lost to the epoch)."""
+        that has some (their rows would be lost to the epoch). Whatever is refused is
+        refused before anything of this buffer changes."""
+        # which store first: a dump of another store is named as such, whatever else
+        # its files hold
+        self._storage.loads(Path(path).absolute() / "storage")
         self._ahead_saved: list[dict] = []
         try:
-            super().loads(path)  # the store checked first (its storage's loads)
-            batches = [self._again(info, path) for info in self._ahead_saved]
+            super().loads(path)  # its batches drawn ahead: _restore_prefetch_queue_locked
         finally:
             self._ahead_saved = []
-        with self._futures_lock:  # emptied by TorchRL's loads: these come first
-            for drawn in batches:
-                future: Future[_Drawn] = Future()
-                future.set_result(drawn)
-                self._prefetch_queue.append(future)
 
     # batches drawn ahead hold frames: TorchRL pickles them into the dump, which a
     # store-backed dataset neither writes nor unpickles. Their rows and info are saved
@@ -549,6 +566,9 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
         file.write_text(json.dumps(doc) + "\n")
 
     def _load_prefetch_state(self, path: Path) -> None:
+        """Read and check the batches drawn ahead (:data:`AHEAD_FILE`), before TorchRL's
+        ``loads`` changes anything; they are read again from the store once the rest is
+        loaded (:meth:`_restore_prefetch_queue_locked`)."""
         file = Path(path) / AHEAD_FILE
         try:
             doc = json.loads(file.read_text())
@@ -556,42 +576,82 @@ class AtariZarrExperienceReplay(BaseDatasetExperienceReplay):
             return None
         except (OSError, ValueError) as err:
             raise InvalidArgumentError(
-                f"{file} cannot be read as the JSON dumps() writes ({err}); dump the replay "
-                f"buffer again"
+                f"{file} cannot be read as the JSON dumps() writes ({str(err)[:200]}); dump "
+                f"the replay buffer again"
             ) from None
         try:
-            if not isinstance(doc, dict) or doc.get("format") != _AHEAD_FORMAT:
-                raise ValueError(f"format {doc.get('format') if isinstance(doc, dict) else doc!r}")
-            batches = doc.get("batches")
+            found = doc.get("format") if isinstance(doc, dict) else type(doc).__name__
+            if type(found) is not int or found != _AHEAD_FORMAT:
+                raise ValueError(f"format {found!r:.20}, not {_AHEAD_FORMAT}")
+            batches, prefetch = doc.get("batches"), doc.get("prefetch")
             if not isinstance(batches, list):
                 raise ValueError("no list of batches")
+            if type(prefetch) is not int or not 0 <= len(batches) <= prefetch:
+                raise ValueError(f"{len(batches)} batches for prefetch={prefetch!r:.20}")
             infos = [_decode_info(entries) for entries in batches]
-        except (ValueError, TypeError, AttributeError) as err:
+        except (ValueError, TypeError, OverflowError) as err:
             raise InvalidArgumentError(
-                f"{file} is not the batches drawn ahead that dumps() writes ({err}); dump the "
-                f"replay buffer again"
+                f"{file} is not the batches drawn ahead that dumps() writes ({str(err)[:200]}); "
+                f"dump the replay buffer again"
             ) from None
         if infos and not self._prefetch:
             raise InvalidArgumentError(
                 f"{file} holds {len(infos)} batches drawn ahead (the buffer was saved with "
-                f"prefetch={doc.get('prefetch')}), which the sampler had already drawn, but "
-                f"this buffer draws none ahead: make it with prefetch={doc.get('prefetch')} "
-                f"to load the dump"
+                f"prefetch={prefetch}), which the sampler had already drawn, but this buffer "
+                f"draws none ahead: make it with prefetch={prefetch} to load the dump"
             )
+        self._check_ahead(infos, file)
         self._ahead_saved = infos
         return None
 
-    def _again(self, info: dict, path: Any) -> _Drawn:
+    def _check_ahead(self, infos: list[dict], file: Path) -> None:
+        """Each saved batch reads rows of this store, as a sampler draws them: one flat
+        index of row numbers within it, info of one value per row, and none that would
+        replace what the store holds (frames, actions, rewards) but a sampler's flags."""
+        n = len(self._storage)
+        held = self._storage.get(np.zeros(0, dtype=np.int64))
+        entries = set(held.keys(include_nested=True, leaves_only=True))
+
+        def bad(b: int, what: str) -> InvalidArgumentError:
+            return InvalidArgumentError(
+                f"{file}: batch {b} drawn ahead {what}, not rows of the {n} of "
+                f"{self.data_path} as a sampler draws them; dump the replay buffer again"
+            )
+
+        for b, info in enumerate(infos):
+            index = info["index"]
+            parts = index if isinstance(index, tuple) else (index,)
+            rows = parts[0]
+            if len(parts) != 1 or rows.ndim != 1:
+                raise bad(b, f"has an index of {len(parts)} tensor(s), shape {tuple(rows.shape)}")
+            if rows.dtype == torch.bool or rows.dtype.is_floating_point:
+                raise bad(b, f"has an index of {rows.dtype}")
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+                raise bad(b, f"has rows {int(rows.min())} to {int(rows.max())}")
+            for key, value in info.items():
+                for part in value if isinstance(value, tuple) else (value,):
+                    if part.ndim == 0 or part.shape[0] != rows.numel():
+                        raise bad(b, f"has info {key!r} of shape {tuple(part.shape)}")
+                    if key in entries and part.dtype != torch.bool:
+                        raise bad(b, f"has info {key!r}, which the store holds")
+
+    def _restore_prefetch_queue_locked(self, prefetch_state: Any, *args: Any, **kw: Any) -> None:
+        # TorchRL's loads, once everything else is loaded (transforms included) and with
+        # its locks held: the saved batches come first, before any other draw
+        saved = getattr(self, "_ahead_saved", None)
+        if prefetch_state is not None or not saved:
+            return super()._restore_prefetch_queue_locked(prefetch_state, *args, **kw)  # type: ignore[no-any-return]
+        self._ahead_saved = []
+        for info in saved:
+            future: Future[_Drawn] = Future()
+            future.set_result(self._again(info))
+            self._prefetch_queue.append(future)
+        return None
+
+    def _again(self, info: dict) -> _Drawn:
         """A batch drawn ahead and saved by :meth:`dumps`, read again from the store as
         TorchRL's ``_sample`` reads a batch once its sampler has drawn it."""
         index = info["index"]
-        n = len(self._storage)
-        for part in index if isinstance(index, tuple) else (index,):
-            if part.numel() and (part.dtype.is_floating_point or part.min() < 0 or part.max() >= n):
-                raise InvalidArgumentError(
-                    f"{Path(path) / AHEAD_FILE} holds a batch drawn ahead of rows outside "
-                    f"the {n} of {self.data_path}; dump the replay buffer again"
-                )
         with self._replay_lock:
             data = self._storage.get(_storage_index(index, self._storage))
         if not isinstance(index, INT_CLASSES):

@@ -99,7 +99,8 @@ def store_weights(
         length). ``"games"``: every game alike, its stores by their length. A dict:
         the weight of each game (``{"Pong": 2.0, "Breakout": 1.0}``, every game of the
         mixture named, its stores by their length) or of each store
-        (``{"Pong/1": 2.0, ...}``). A sequence: one weight per store.
+        (``{"Pong/1": 2.0, ...}``). A sequence (a list, or a one-dimensional
+        numpy array or torch tensor): one weight per store.
     stores, games : sequence of str
         Each store's name (``Game/run``) and game.
     lengths : sequence of int
@@ -124,7 +125,9 @@ def store_weights(
             f"weights={weights!r} is not a way of weighting {where}: expected 'transitions', "
             f"'games', a dict of game (or Game/run) weights, or one weight per store"
         )
-    if isinstance(weights, list | tuple | np.ndarray):  # one per store, in their order
+    if isinstance(weights, np.ndarray | torch.Tensor) and weights.ndim == 1:
+        weights = weights.tolist()  # Python numbers: a bool stays a bool (refused below)
+    if isinstance(weights, list | tuple):  # one per store, in their order
         values = [
             _weight(w, f"store {i} ({s})", where)
             for i, (s, w) in enumerate(zip(stores, weights, strict=False))
@@ -137,8 +140,9 @@ def store_weights(
             )
         return values
     if not isinstance(weights, str | dict):
+        shown = " ".join(repr(weights).split())  # an array's repr spans lines
         raise InvalidArgumentError(
-            f"weights={weights!r} is not a way of weighting {where}: expected 'transitions', "
+            f"weights={shown:.80} is not a way of weighting {where}: expected 'transitions', "
             f"'games', a dict of game (or Game/run) weights, or a list of one weight per "
             f"store. Pass a list (a set has no order, a generator is read once)"
         )
@@ -165,12 +169,12 @@ def _weight(value: Any, of: str, where: str) -> float:
     """One weight as given: a finite number 0 or more, or one line naming it."""
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 10**400: no double holds it
         number = float("nan")
-    if isinstance(value, bool | str) or not np.isfinite(number) or number < 0:
+    if isinstance(value, bool | np.bool_ | str) or not np.isfinite(number) or number < 0:
         raise InvalidArgumentError(
-            f"the weight of {of} for {where} must be a number 0 or more; got {value!r}. "
-            f"Pass a non-negative number"
+            f"the weight of {of} for {where} must be a number 0 or more; got "
+            f"{value!r:.60}. Pass a finite non-negative number"
         )
     return number
 
