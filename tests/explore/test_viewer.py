@@ -405,3 +405,57 @@ def test_view_refuses_what_it_cannot_serve_in_one_line(root, tmp_path):
         port = int(taken.origin.rsplit(":", 1)[1])
         with pytest.raises(InvalidArgumentError, match=rf"127.0.0.1:{port} is in use"):
             view(str(root), port=port, browser=False, print_url=pytest.fail)
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_page_takes_its_address_and_the_catalog_as_text_never_as_markup(browser, root, tmp_path):
+    """What the page is given is input: a catalog's or a store's names with markup in them
+    are listed as text (no script runs); a catalog entry without a path, a URL with
+    credentials or a query, one of no store scheme, and an episode or step that is not a
+    number each get their message, which shows no credential (nor does the page)."""
+    evil = '<img src=x onerror="window.pwned=1">'
+    hostile = tmp_path / "hostile"
+    shutil.copytree(root / STORES["dqn-replay"], hostile / "Pong" / "1.zarr")
+    group = hostile / "Pong" / "1.zarr" / "zarr.json"
+    meta = json.loads(group.read_text())
+    meta["attributes"]["atari_zarr"]["game"] = evil
+    group.write_text(json.dumps(meta))
+    entry = {"path": "Pong/1.zarr", "game": evil, "run": evil, "kind": evil, "transitions": evil}
+    (hostile / "catalog.json").write_text(json.dumps({"format": 1, "stores": [entry]}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "catalog.json").write_text(json.dumps({"stores": [{"game": "x"}]}))
+
+    def opened(page: Page) -> dict:
+        settle(page)
+        return page.evaluate(
+            "({state: document.body.dataset.state, kind: document.getElementById('error')"
+            ".dataset.kind || null, error: document.getElementById('error').textContent,"
+            " text: document.body.innerText, input: document.getElementById('store-url').value,"
+            " images: document.querySelectorAll('img').length, pwned: window.pwned || 0})"
+        )
+
+    with ViewerServer(hostile) as server, ViewerServer(tmp_path / "broken") as broken:
+        got = opened(browser.open(server.url()))
+        assert got["state"] == "ready" and got["kind"] is None, got
+        assert f"{evil} / {evil}" in got["text"] and got["images"] == 0
+        got = opened(browser.open(server.url(path="Pong/1.zarr", episode=0, step=0)))
+        assert got["state"] == "ready" and f"{evil} run" in got["text"] and got["images"] == 0
+        assert got["pwned"] == 0  # no element was made of the names: no handler of theirs
+
+        got = opened(browser.open(broken.url()))
+        assert got["kind"] == "not-zarr" and 'found store 0: {"game":"x"}' in got["error"]
+        for store in (
+            server.store_url.replace("http://", "http://alice:hunter2@"),
+            f"{server.store_url}?X-Goog-Signature=hunter2",
+        ):
+            got = opened(browser.open(server.url(store)))
+            assert got["kind"] == "argument" and "Make the store public" in got["error"], got
+            assert "hunter2" not in got["text"] + got["input"], got
+        got = opened(browser.open(server.url("javascript:window.pwned=1")))
+        assert got["kind"] == "argument" and "expected https://" in got["error"], got
+        for hash_, said in (("&episode=abc", "episode=abc is not"), ("&step=", "step= is not")):
+            page = browser.open(server.url() + "&path=Pong/1.zarr" + hash_)
+            got = opened(page)
+            assert got["kind"] == "argument" and said in got["error"], got
+
