@@ -409,7 +409,9 @@ def test_view_refuses_what_it_cannot_serve_in_one_line(root, tmp_path):
 
 @needs_chromium
 @pytest.mark.slow
-def test_the_page_takes_its_address_and_the_catalog_as_text_never_as_markup(browser, root, tmp_path):
+def test_the_page_takes_its_address_and_the_catalog_as_text_never_as_markup(
+    browser, root, tmp_path
+):
     """What the page is given is input: a catalog's or a store's names with markup in them
     are listed as text (no script runs); a catalog entry without a path, a URL with
     credentials or a query, one of no store scheme, and an episode or step that is not a
@@ -459,3 +461,32 @@ def test_the_page_takes_its_address_and_the_catalog_as_text_never_as_markup(brow
             got = opened(page)
             assert got["kind"] == "argument" and said in got["error"], got
 
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_page_keeps_only_the_chunks_it_shows_lately(browser, root):
+    """Shown one after another, every episode's frames pass through the page; it keeps
+    the chunks it used last (``cachedChunks``, fewer than the store's), not all it has
+    shown, and reads again, byte for byte, one it let go."""
+    path = STORES["dqn-replay"]
+    ds = AtariZarrDataset(str(root / path))
+    table = ds.episode_table
+    kept = "atariZarrViewer.view.store.arrays.observation.chunks.size"
+    with ViewerServer(root / path) as server:
+        page = browser.open(server.url(episode=0, step=0))
+        assert settle(page) == "ready"
+        limit = page.evaluate("atariZarrViewer.cachedChunks || 16")
+        assert limit < math.ceil(len(ds) / 16)  # the store has more chunks of frames
+        for episode in range(len(table)):
+            last = int(table["first_row"][episode] + table["length"][episode] - 1)
+            page.evaluate(f"document.querySelector('tr[data-episode=\"{episode}\"]').click()")
+            page.wait_for(f"{FRAME}.dataset.episode === '{episode}' && {STATE} === 'ready'", SETTLE)
+            page.evaluate(
+                "(() => { const s = document.getElementById('seek'); s.value = s.max;"
+                " s.dispatchEvent(new Event('input')); })()"
+            )
+            page.wait_for(f"{FRAME}.dataset.row === '{last}' && {STATE} === 'ready'", SETTLE)
+            assert page.evaluate(kept) <= limit
+        page.evaluate("document.querySelector('tr[data-episode=\"0\"]').click()")
+        page.wait_for(f"{FRAME}.dataset.row === '0' && {STATE} === 'ready'", SETTLE)
+        assert shown(page)["frameSha256"] == sha(ds.episode(0)["observation"].numpy()[0])

@@ -7,7 +7,7 @@
 // sha256 of the 84x84 frame drawn, read back from the canvas, one byte per pixel) and
 // the body data-state ("loading", "ready", "error") for whoever watches the page.
 
-import { ViewerError, openLocation, openArray, hasArray, requests, httpUrl, redactUrls } from "./store.js";
+import { CACHED_CHUNKS, ViewerError, openLocation, openArray, hasArray, requests, httpUrl, redactUrls } from "./store.js";
 import { episodeTable } from "./episodes.js";
 import { sha256Hex } from "./checksums.js";
 
@@ -457,5 +457,5 @@ document.addEventListener("keydown", (event) => {
 });
 window.addEventListener("resize", () => view.steps && drawTimeline());
 window.addEventListener("hashchange", load);
-window.atariZarrViewer = { requests, view, httpUrl };
+window.atariZarrViewer = { requests, view, httpUrl, cachedChunks: CACHED_CHUNKS };
 load();

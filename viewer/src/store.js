@@ -222,7 +222,14 @@ const TYPES = {
   float64: Float64Array,
 };
 
-/** One array of a store, read a chunk at a time (chunks cached as promises). */
+/**
+ * Decoded chunks an array keeps (the newest used): what is shown and the chunk played
+ * next, and a few to step back through. 16 chunks of frames are 1.8 MB; a page that
+ * kept every chunk it had shown would hold a long episode's frames, and then the next's.
+ */
+export const CACHED_CHUNKS = 16;
+
+/** One array of a store, read a chunk at a time (the last CACHED_CHUNKS used kept, as promises). */
 export class ZArray {
   constructor(storeUrl, name, meta) {
     this.url = `${storeUrl}/${name}`;
@@ -306,12 +313,16 @@ export class ZArray {
 
   /** Chunk `c` (along the rows) decoded: a typed array of chunkRows * rowItems values. */
   chunk(c) {
-    if (!this.chunks.has(c)) {
-      const promise = this._load(c);
-      promise.catch(() => this.chunks.delete(c));
-      this.chunks.set(c, promise);
+    let promise = this.chunks.get(c);
+    if (promise) this.chunks.delete(c); // set again below: the newest used, the last evicted
+    else {
+      promise = this._load(c);
+      promise.catch(() => this.chunks.get(c) === promise && this.chunks.delete(c));
     }
-    return this.chunks.get(c);
+    this.chunks.set(c, promise);
+    // a Map iterates in insertion order: its first key is the least recently used
+    while (this.chunks.size > CACHED_CHUNKS) this.chunks.delete(this.chunks.keys().next().value);
+    return promise;
   }
 
   async _load(c) {
