@@ -405,3 +405,88 @@ def test_view_refuses_what_it_cannot_serve_in_one_line(root, tmp_path):
         port = int(taken.origin.rsplit(":", 1)[1])
         with pytest.raises(InvalidArgumentError, match=rf"127.0.0.1:{port} is in use"):
             view(str(root), port=port, browser=False, print_url=pytest.fail)
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_page_takes_its_address_and_the_catalog_as_text_never_as_markup(
+    browser, root, tmp_path
+):
+    """What the page is given is input: a catalog's or a store's names with markup in them
+    are listed as text (no script runs); a catalog entry without a path, a URL with
+    credentials or a query, one of no store scheme, and an episode or step that is not a
+    number each get their message, which shows no credential (nor does the page)."""
+    evil = '<img src=x onerror="window.pwned=1">'
+    hostile = tmp_path / "hostile"
+    shutil.copytree(root / STORES["dqn-replay"], hostile / "Pong" / "1.zarr")
+    group = hostile / "Pong" / "1.zarr" / "zarr.json"
+    meta = json.loads(group.read_text())
+    meta["attributes"]["atari_zarr"]["game"] = evil
+    group.write_text(json.dumps(meta))
+    entry = {"path": "Pong/1.zarr", "game": evil, "run": evil, "kind": evil, "transitions": evil}
+    (hostile / "catalog.json").write_text(json.dumps({"format": 1, "stores": [entry]}))
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "catalog.json").write_text(json.dumps({"stores": [{"game": "x"}]}))
+
+    def opened(page: Page) -> dict:
+        settle(page)
+        return page.evaluate(
+            "({state: document.body.dataset.state, kind: document.getElementById('error')"
+            ".dataset.kind || null, error: document.getElementById('error').textContent,"
+            " text: document.body.innerText, input: document.getElementById('store-url').value,"
+            " images: document.querySelectorAll('img').length, pwned: window.pwned || 0})"
+        )
+
+    with ViewerServer(hostile) as server, ViewerServer(tmp_path / "broken") as broken:
+        got = opened(browser.open(server.url()))
+        assert got["state"] == "ready" and got["kind"] is None, got
+        assert f"{evil} / {evil}" in got["text"] and got["images"] == 0
+        got = opened(browser.open(server.url(path="Pong/1.zarr", episode=0, step=0)))
+        assert got["state"] == "ready" and f"{evil} run" in got["text"] and got["images"] == 0
+        assert got["pwned"] == 0  # no element was made of the names: no handler of theirs
+
+        got = opened(browser.open(broken.url()))
+        assert got["kind"] == "not-zarr" and 'found store 0: {"game":"x"}' in got["error"]
+        for store in (
+            server.store_url.replace("http://", "http://alice:hunter2@"),
+            f"{server.store_url}?X-Goog-Signature=hunter2",
+        ):
+            got = opened(browser.open(server.url(store)))
+            assert got["kind"] == "argument" and "Make the store public" in got["error"], got
+            assert "hunter2" not in got["text"] + got["input"], got
+        got = opened(browser.open(server.url("javascript:window.pwned=1")))
+        assert got["kind"] == "argument" and "expected https://" in got["error"], got
+        for hash_, said in (("&episode=abc", "episode=abc is not"), ("&step=", "step= is not")):
+            page = browser.open(server.url() + "&path=Pong/1.zarr" + hash_)
+            got = opened(page)
+            assert got["kind"] == "argument" and said in got["error"], got
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_page_keeps_only_the_chunks_it_shows_lately(browser, root):
+    """Shown one after another, every episode's frames pass through the page; it keeps
+    the chunks it used last (``cachedChunks``, fewer than the store's), not all it has
+    shown, and reads again, byte for byte, one it let go."""
+    path = STORES["dqn-replay"]
+    ds = AtariZarrDataset(str(root / path))
+    table = ds.episode_table
+    kept = "atariZarrViewer.view.store.arrays.observation.chunks.size"
+    with ViewerServer(root / path) as server:
+        page = browser.open(server.url(episode=0, step=0))
+        assert settle(page) == "ready"
+        limit = page.evaluate("atariZarrViewer.cachedChunks || 16")
+        assert limit < math.ceil(len(ds) / 16)  # the store has more chunks of frames
+        for episode in range(len(table)):
+            last = int(table["first_row"][episode] + table["length"][episode] - 1)
+            page.evaluate(f"document.querySelector('tr[data-episode=\"{episode}\"]').click()")
+            page.wait_for(f"{FRAME}.dataset.episode === '{episode}' && {STATE} === 'ready'", SETTLE)
+            page.evaluate(
+                "(() => { const s = document.getElementById('seek'); s.value = s.max;"
+                " s.dispatchEvent(new Event('input')); })()"
+            )
+            page.wait_for(f"{FRAME}.dataset.row === '{last}' && {STATE} === 'ready'", SETTLE)
+            assert page.evaluate(kept) <= limit
+        page.evaluate("document.querySelector('tr[data-episode=\"0\"]').click()")
+        page.wait_for(f"{FRAME}.dataset.row === '0' && {STATE} === 'ready'", SETTLE)
+        assert shown(page)["frameSha256"] == sha(ds.episode(0)["observation"].numpy()[0])

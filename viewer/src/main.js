@@ -7,7 +7,7 @@
 // sha256 of the 84x84 frame drawn, read back from the canvas, one byte per pixel) and
 // the body data-state ("loading", "ready", "error") for whoever watches the page.
 
-import { ViewerError, openLocation, openArray, hasArray, requests, httpUrl } from "./store.js";
+import { CACHED_CHUNKS, ViewerError, openLocation, openArray, hasArray, requests, httpUrl, redactUrls } from "./store.js";
 import { episodeTable } from "./episodes.js";
 import { sha256Hex } from "./checksums.js";
 
@@ -38,7 +38,8 @@ function setState(state) {
 
 function showError(err) {
   const box = $("error");
-  box.textContent = err instanceof ViewerError ? err.message : `Unexpected failure: ${err && err.message ? err.message : err}`;
+  const message = err instanceof ViewerError ? err.message : `Unexpected failure: ${err && err.message ? err.message : err}`;
+  box.textContent = redactUrls(message); // as text, never markup; no URL's credentials
   box.dataset.kind = err instanceof ViewerError ? err.kind : "unexpected";
   box.hidden = false;
   pause();
@@ -53,13 +54,17 @@ function clearError() {
   delete box.dataset.kind;
 }
 
+// An episode or step of the hash: its digits as a number, else the text as given (which
+// the range checks refuse, quoting it).
+const index = (text) => (text === null ? null : /^\d{1,15}$/.test(text) ? Number(text) : text);
+
 function params() {
   const out = new URLSearchParams(location.hash.replace(/^#/, ""));
   return {
     store: out.get("store"),
     path: out.get("path"),
-    episode: out.has("episode") ? Number(out.get("episode")) : null,
-    step: out.has("step") ? Number(out.get("step")) : null,
+    episode: index(out.get("episode")),
+    step: index(out.get("step")),
   };
 }
 
@@ -87,9 +92,9 @@ async function load() {
     $("status").textContent = "Give the URL of a store or of a root with catalog.json.";
     return;
   }
-  $("store-url").value = p.store;
+  $("store-url").value = redactUrls(p.store);
   setState("loading");
-  $("status").textContent = `Opening ${p.store}…`;
+  $("status").textContent = `Opening ${redactUrls(p.store)}…`;
   try {
     const where = await openLocation(p.store);
     view.root = null;
@@ -119,7 +124,7 @@ async function load() {
     }
     const episode = p.episode === null ? 0 : p.episode;
     if (!Number.isInteger(episode) || episode < 0 || episode >= count) {
-      throw new ViewerError("argument", `episode=${p.episode} is out of range: ${view.store.url} has episodes 0 to ${count - 1}. Fix the link's episode.`);
+      throw new ViewerError("argument", `episode=${p.episode} is not an episode of ${view.store.url}: it has episodes 0 to ${count - 1}. Fix the link's episode.`);
     }
     await selectEpisode(episode, p.step === null ? 0 : p.step, true);
   } catch (err) {
@@ -160,7 +165,9 @@ function cell(row, text, cls) {
   row.appendChild(td);
 }
 
-const fmt = (v) => (v === null || v === undefined || Number.isNaN(v) ? "–" : Number.isInteger(v) ? String(v) : v.toFixed(2));
+// a value of the store or the catalog, as text (whatever its type: a catalog is input)
+const fmt = (v) =>
+  v === null || v === undefined || Number.isNaN(v) ? "–" : typeof v !== "number" || Number.isInteger(v) ? String(v) : v.toFixed(2);
 
 function listRuns(root) {
   const body = $("run-table").tBodies[0];
@@ -175,7 +182,7 @@ function listRuns(root) {
     cell(tr, fmt(entry.episodes));
     cell(tr, fmt(entry.return_mean));
     tr.addEventListener("click", () => {
-      location.hash = `store=${root.url}&path=${entry.path}`;
+      location.hash = `store=${root.url}&path=${encodeURIComponent(entry.path).replace(/%2F/g, "/")}`;
     });
     body.appendChild(tr);
   }
@@ -234,7 +241,7 @@ async function selectEpisode(e, step, fromHash) {
   const start = table.columns.first_row[e];
   const length = table.columns.length[e];
   if (!Number.isInteger(step) || step < 0 || step >= length) {
-    throw new ViewerError("argument", `step=${step} is out of range: episode ${e} has steps 0 to ${length - 1}. Fix the link's step.`);
+    throw new ViewerError("argument", `step=${step} is not a step of episode ${e}: it has steps 0 to ${length - 1}. Fix the link's step.`);
   }
   for (const tr of $("episode-table").tBodies[0].rows) tr.setAttribute("aria-selected", String(tr.dataset.episode === String(e)));
   const end = start + length;
@@ -450,5 +457,5 @@ document.addEventListener("keydown", (event) => {
 });
 window.addEventListener("resize", () => view.steps && drawTimeline());
 window.addEventListener("hashchange", load);
-window.atariZarrViewer = { requests, view, httpUrl };
+window.atariZarrViewer = { requests, view, httpUrl, cachedChunks: CACHED_CHUNKS };
 load();

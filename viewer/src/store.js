@@ -18,6 +18,45 @@ export class ViewerError extends Error {
   }
 }
 
+/**
+ * `text` with the credentials of any URL in it removed: user info and the secret parameters
+ * of a query (signed URLs), as atari_zarr.redaction removes them from what Python prints.
+ */
+export function redactUrls(text) {
+  return String(text)
+    .replace(/(:\/\/)[^/@\s]+@/g, "$1***@")
+    .replace(
+      /([?&](?:access_token|token|signature|sig|key|secret|password|credential|x-goog-signature|x-goog-credential|x-amz-signature|x-amz-credential|x-amz-security-token)=)[^&\s'":]+/gi,
+      "$1***",
+    );
+}
+
+/**
+ * The address, checked: a URL the page can read each file of a store under. The page
+ * fetches `URL/zarr.json` and the rest, so credentials (which fetch refuses, and a
+ * browser sends with no request) and a query (a signed URL grants one file) cannot work.
+ */
+export function checkAddress(address) {
+  const text = String(address).trim();
+  const shown = redactUrls(text);
+  if (!/^(https?|gs|s3|hf):\/\//i.test(text)) {
+    throw new ViewerError(
+      "argument",
+      `${shown} is not a store's URL: expected https://, http://, gs://, s3:// or ` +
+        `hf://datasets/... of a store (…/Pong/1.zarr) or of a root with catalog.json.`,
+    );
+  }
+  if (/^[a-z0-9]+:\/\/[^/?#]*@/i.test(text) || /[?#]/.test(text)) {
+    throw new ViewerError(
+      "argument",
+      `${shown}: the viewer reads public stores, by URLs without credentials ` +
+        `(user:password@) or a query (?...). Make the store public (or readable by this ` +
+        `page: CORS), or copy it (\`atari-zarr pull\`) and run \`atari-zarr view\` on the copy.`,
+    );
+  }
+  return text;
+}
+
 /** The https URL a store address means: gs://, s3:// and hf:// spelled as their hosts serve them. */
 export function httpUrl(address) {
   let url = String(address).trim().replace(/\/+$/, "");
@@ -113,7 +152,7 @@ async function fetchBytes(url, range) {
  * Throws a ViewerError for anything else (nothing there, not Zarr, not ours, unfinished).
  */
 export async function openLocation(address) {
-  const url = httpUrl(address);
+  const url = httpUrl(checkAddress(address));
   const meta = await fetchJson(`${url}/zarr.json`, { optional: true });
   if (meta === null) {
     const catalog = await fetchJson(`${url}/catalog.json`, { optional: true });
@@ -125,11 +164,16 @@ export async function openLocation(address) {
           `written by \`atari-zarr index ROOT\`), and that the files are public.`,
       );
     }
-    if (!catalog || !Array.isArray(catalog.stores)) {
+    // every entry names its store's path; the rest of an entry is only shown, as text
+    const stores = catalog && Array.isArray(catalog.stores) ? catalog.stores : null;
+    const bad = stores ? stores.findIndex((e) => !e || typeof e !== "object" || typeof e.path !== "string") : -1;
+    if (!stores || bad !== -1) {
+      const found = stores ? `, found store ${bad}: ${String(JSON.stringify(stores[bad])).slice(0, 80)}` : "";
       throw new ViewerError(
         "not-zarr",
-        `${url}/catalog.json is not a catalog of stores: expected {"format": 1, "stores": [...]}. ` +
-          `Write it again with \`atari-zarr index ROOT\`.`,
+        `${url}/catalog.json is not a catalog of stores: expected {"format": 1, "stores": ` +
+          `[{"path": "Game/run.zarr", ...}, ...]}${found}. Write it again with ` +
+          `\`atari-zarr index ROOT\`.`,
       );
     }
     return { kind: "root", url, catalog };
@@ -178,7 +222,14 @@ const TYPES = {
   float64: Float64Array,
 };
 
-/** One array of a store, read a chunk at a time (chunks cached as promises). */
+/**
+ * Decoded chunks an array keeps (the newest used): what is shown and the chunk played
+ * next, and a few to step back through. 16 chunks of frames are 1.8 MB; a page that
+ * kept every chunk it had shown would hold a long episode's frames, and then the next's.
+ */
+export const CACHED_CHUNKS = 16;
+
+/** One array of a store, read a chunk at a time (the last CACHED_CHUNKS used kept, as promises). */
 export class ZArray {
   constructor(storeUrl, name, meta) {
     this.url = `${storeUrl}/${name}`;
@@ -262,12 +313,16 @@ export class ZArray {
 
   /** Chunk `c` (along the rows) decoded: a typed array of chunkRows * rowItems values. */
   chunk(c) {
-    if (!this.chunks.has(c)) {
-      const promise = this._load(c);
-      promise.catch(() => this.chunks.delete(c));
-      this.chunks.set(c, promise);
+    let promise = this.chunks.get(c);
+    if (promise) this.chunks.delete(c); // set again below: the newest used, the last evicted
+    else {
+      promise = this._load(c);
+      promise.catch(() => this.chunks.get(c) === promise && this.chunks.delete(c));
     }
-    return this.chunks.get(c);
+    this.chunks.set(c, promise);
+    // a Map iterates in insertion order: its first key is the least recently used
+    while (this.chunks.size > CACHED_CHUNKS) this.chunks.delete(this.chunks.keys().next().value);
+    return promise;
   }
 
   async _load(c) {
