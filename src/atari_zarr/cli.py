@@ -122,10 +122,10 @@ def _add_scheduler_options(p: argparse.ArgumentParser) -> None:
     """Where conversion tasks run (``convert``, ``pull``)."""
     p.add_argument(
         "--scheduler",
-        default="processes",
         metavar="S",
-        help="synchronous, threads, processes (default) or a dask.distributed scheduler "
-        "address such as tcp://host:8786",
+        help="synchronous, threads, processes (default; threads for a memory:// location, "
+        "which lives in this process) or a dask.distributed scheduler address such as "
+        "tcp://host:8786",
     )
     p.add_argument(
         "--workers",
@@ -143,6 +143,15 @@ def _timeout(args: argparse.Namespace) -> float | None:
     return timeout_from_environment() if given is None else resolve_timeout(given)
 
 
+def _scheduler(args: argparse.Namespace, *locations: str) -> str:
+    """``--scheduler``, else the default for ``locations`` (processes; threads for a
+    location in this process's memory)."""
+    from atari_zarr.conversion.scheduling import default_scheduler
+
+    given: str | None = args.scheduler
+    return default_scheduler(locations) if given is None else given
+
+
 def _cmd_convert(args: argparse.Namespace) -> int:
     from atari_zarr.conversion.converter import convert
 
@@ -155,7 +164,7 @@ def _cmd_convert(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.quiet and not args.no_progress,
         storage_options=parse_storage_options(args.storage_option),
-        scheduler=args.scheduler,
+        scheduler=_scheduler(args, args.source, args.dest),
         workers=args.workers,
         max_transitions=args.max_transitions,
         max_episodes=args.max_episodes,
@@ -392,6 +401,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 def _cmd_pull(args: argparse.Namespace) -> int:
     from atari_zarr.listing import loading_line, takes_part
     from atari_zarr.pull import RLU_URL, Request, pull, resolve
+    from atari_zarr.storage.paths import cache_home
 
     subset = _subset(args)
     requests = [
@@ -412,7 +422,7 @@ def _cmd_pull(args: argparse.Namespace) -> int:
             args.source_storage_option, "--source-storage-option"
         )
         or None,
-        "scheduler": args.scheduler,
+        "scheduler": _scheduler(args, cache_home(args.home), args.source or RLU_URL),
         "workers": args.workers,
         "progress": not args.quiet and not args.no_progress,
         "timeout": _timeout(args),

@@ -407,8 +407,8 @@ def _bucket_files(fs, root: str) -> dict[str, bytes]:
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("fragment", "after"),
-    [("-scan-", 1), ("-shard-", 1), ("-shard-", 3)],
-    ids=["some-scans-kept", "a-shard-written", "most-shards-written"],
+    [("-scan-", 1), ("-shard-", 1)],  # the scans' listing, the markers' listing
+    ids=["some-scans-kept", "a-shard-written"],
 )
 def test_a_pull_into_a_bucket_killed_then_resumed_on_processes(
     public_copy, tmp_path, fragment, after
@@ -433,9 +433,7 @@ def test_a_pull_into_a_bucket_killed_then_resumed_on_processes(
     )
     try:
         wait_for_pause(proc, timeout=240)
-        workers = [
-            p for p in _children(proc.pid) if "python" in Path(f"/proc/{p}/cmdline").read_text()
-        ]
+        workers = _children(proc.pid)  # the pool's workers (and the resource tracker)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     finally:

@@ -215,3 +215,24 @@ def test_a_memory_location_is_refused_for_a_cluster_in_one_line(pong_run, source
     text = str(info.value)
     assert "\n" not in text and dest in text and address in text
     assert "leave out --scheduler" in text
+
+
+def test_processes_asked_for_by_name_with_a_memory_location_are_told(pong_run, source_root, caplog):
+    """``--scheduler processes`` with a ``memory://`` destination ran as threads with
+    nothing said but an INFO line (``-v``), as the default did. Asked for by name, the
+    switch is one warning naming the location; the default (threads there) says nothing."""
+    import logging
+
+    from atari_zarr.cli import main
+
+    def warnings(args: list[str]) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="atari_zarr"):
+            assert main(["convert", str(source_root), *args, "--no-progress"]) == 0
+        return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+    base = f"memory://told-{os.getpid()}-{id(pong_run)}"
+    assert warnings([f"{base}/default"]) == []
+    [told] = warnings([f"{base}/named", "--scheduler", "processes"])
+    assert f"{base}/named" in told and "threads" in told and "\n" not in told
+    assert warnings([f"{base}/threads", "--scheduler", "threads"]) == []

@@ -32,6 +32,7 @@ from atari_zarr.storage.paths import is_process_local
 __all__ = [
     "LOCAL_SCHEDULERS",
     "check_scheduler",
+    "default_scheduler",
     "describe_scheduler",
     "process_pool",
     "run_graph",
@@ -297,8 +298,9 @@ def scheduler_for(scheduler: Any, workers: int | None, locations: Sequence[str])
 
     A ``memory://`` location is a file system of each process's own: worker processes
     would write where this process never looks (and plan from scans it never sees).
-    With one, the ``"processes"`` scheduler (the CLI's default) runs its workers as
-    threads of this process, and a ``dask.distributed`` cluster is refused.
+    With one, the ``"processes"`` scheduler, asked for by name, runs its workers as
+    threads of this process (with a warning: the CLI's default is threads there, see
+    :func:`default_scheduler`), and a ``dask.distributed`` cluster is refused.
 
     Raises
     ------
@@ -318,8 +320,10 @@ def scheduler_for(scheduler: Any, workers: int | None, locations: Sequence[str])
         return resolved
     if isinstance(resolved, str) and resolved in LOCAL_SCHEDULERS:
         if resolved == "processes":
-            log.info(
-                "%s lives in this process's memory: the workers run as threads of it",
+            # asked for by name (the CLI's default is threads here: default_scheduler)
+            log.warning(
+                "%s lives in this process's memory, which worker processes cannot reach: "
+                "the workers of --scheduler processes run as threads of this process",
                 redact(local[0]),
             )
             return "threads"
@@ -330,6 +334,23 @@ def scheduler_for(scheduler: Any, workers: int | None, locations: Sequence[str])
         f"expected a location every worker reaches (a shared path, gs://, s3://). Choose "
         f"such a location, or leave out --scheduler to convert in this process."
     )
+
+
+def default_scheduler(locations: Sequence[str]) -> str:
+    """The CLI's scheduler when ``--scheduler`` is not given: worker processes, or
+    threads of this process when one of ``locations`` lives in its memory
+    (``memory://``), which worker processes cannot reach.
+
+    Examples
+    --------
+    >>> default_scheduler(["/data/src", "gs://b/out"])
+    'processes'
+    >>> default_scheduler(["/data/src", "memory://out"])
+    'threads'
+    """
+    if any(is_process_local(str(where)) for where in locations):
+        return "threads"
+    return "processes"
 
 
 def _run_local(
