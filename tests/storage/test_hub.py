@@ -435,3 +435,31 @@ def test_a_kept_object_damaged_in_many_chunks_is_fetched_again_once(
             for g, w in zip(got, want, strict=True):
                 _same(g, w)
         assert [p for _, p, _ in hub.log].count(path) == before + 1
+
+
+def test_a_damaged_kept_metadata_object_is_fetched_again(
+    pong_store, repo: Path, home: Path
+) -> None:
+    """The kept copy of a store's ``zarr.json`` spoiled on disk: thrown away and fetched
+    once more, the store read exact (never "convert the source again" for every later
+    run); where the Hub's own copy fails too, the error says so."""
+    from atari_zarr.errors import StoreFormatError
+
+    key = "Pong/1.zarr/zarr.json"
+    with HubEmulator({"org/atari": repo}) as hub:
+        path = f"/datasets/org/atari/resolve/{hub.sha['org/atari']}/{key}"
+        AtariZarrDataset(URL, storage_options=hub.storage_options())[0:8]
+        [kept] = [p for p in (home / "objects").rglob("1.zarr/zarr.json") if p.is_file()]
+        _flip(kept, kept.stat().st_size // 2)
+        before = [p for _, p, _ in hub.log].count(path)
+        _same(
+            AtariZarrDataset(URL, storage_options=hub.storage_options())[:],
+            AtariZarrDataset(pong_store.url)[:],
+        )
+        assert [p for _, p, _ in hub.log].count(path) == before + 1
+        _flip(repo / key, 0)
+        _flip(kept, 0)
+        with pytest.raises(StoreFormatError) as err:
+            AtariZarrDataset(URL, storage_options=hub.storage_options())
+    message = str(err.value)
+    assert "fetched again from the Hub" in message and "\n" not in message
