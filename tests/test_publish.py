@@ -20,6 +20,7 @@ from atari_zarr import AtariZarrDataset, MultiGameDataset
 from atari_zarr.errors import (
     InvalidArgumentError,
     RemoteAccessError,
+    StoreChangedError,
     StoreCorruptError,
     StoreExistsError,
 )
@@ -281,3 +282,68 @@ def test_a_publish_the_hub_refuses_leaves_the_root_as_it_was(root: Path, hub: Hu
     publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub))
     assert _files(root) == before
     assert (hub.repos["org/atari"] / "catalog.json").is_file()
+
+
+def _start_over(store: Path) -> None:
+    """What a conversion started over (``convert --overwrite``) does first: the store is
+    no longer marked complete."""
+    meta = json.loads((store / "zarr.json").read_text())
+    meta["attributes"]["atari_zarr"]["complete"] = False
+    (store / "zarr.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("change", ["written again", "removed", "a link"])
+def test_a_store_changed_while_it_is_published_is_never_listed(
+    root: Path, hub: HubEmulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A store converted again while its files go up (between two of publish's commits):
+    refused in one line, not as damage, nothing of another place sent, and the catalog
+    and card never sent, so the repo never lists a mixture as a published store."""
+    plan = upload_plan(str(root))
+    last = root / max(plan)  # sent in the last commit of the store's files
+    private = tmp_path / "private"
+    private.write_bytes(b"root:x:0:0:root:/root:/bin/bash\n")
+    real = hub_lib.HfApi.create_commit
+
+    def commit_then_change(self, *args, **kwargs):  # the other writer, between commits
+        done = real(self, *args, **kwargs)
+        if last.is_file() and not last.is_symlink():
+            last.unlink()
+            if change == "written again":
+                last.write_bytes(b"written again")
+            elif change == "a link":
+                last.symlink_to(private)
+        return done
+
+    monkeypatch.setattr(hub_lib.HfApi, "create_commit", commit_then_change)
+    with pytest.raises(StoreChangedError) as err:
+        publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub), batch_files=4)
+    message = str(err.value)
+    assert max(plan) in message and "not damage" in message and "\n" not in message
+    repo = hub.repos["org/atari"]
+    assert not (repo / "catalog.json").exists() and not (repo / "README.md").exists()
+    assert not [p for p in repo.rglob("*") if p.is_file() and b"root:x" in p.read_bytes()]
+
+
+def test_a_store_started_over_while_it_is_checked_is_not_called_damaged(
+    root: Path, hub: HubEmulator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A conversion started over on a store while publish verifies it: refused as a store
+    being written again, never as damage, and nothing is sent."""
+    import atari_zarr.verify
+
+    store = root / "Pong" / "1.zarr"
+    real = atari_zarr.verify.verify_store
+
+    def start_over_then_verify(url, **kwargs):  # the other writer, as the check begins
+        _start_over(store)
+        (store / "observation" / "c" / "0" / "0" / "0").unlink()
+        return real(url, **kwargs)
+
+    monkeypatch.setattr(atari_zarr.verify, "verify_store", start_over_then_verify)
+    with pytest.raises(StoreChangedError) as err:
+        publish(str(root), "hf://datasets/org/atari", storage_options=_options(hub))
+    message = str(err.value)
+    assert str(store) in message and "damage" not in message.replace("not damage", "")
+    assert "being written again" in message and "\n" not in message
+    assert hub.log == []

@@ -20,6 +20,7 @@ directory with `atari-zarr ls DEST`.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, NamedTuple
 
@@ -38,6 +39,11 @@ from atari_zarr.storage.paths import is_url, redact
 from atari_zarr.storage.remote import open_zarr_store
 
 __all__ = ["OpenedStore", "changed_or_damaged", "open_store"]
+
+log = logging.getLogger("atari_zarr")
+
+# the object a store's (consolidated) metadata is read from
+_ROOT_META = "zarr.json"
 
 
 class OpenedStore(NamedTuple):
@@ -82,8 +88,32 @@ def open_store(
         The store is unfinished and ``require_complete``.
     """
     url = str(url)
-    where = redact(url)
     store = open_zarr_store(url, storage_options, read_only=True, timeout=timeout, cache=cache)
+    try:
+        return _open(store, url, storage_options, timeout, require_complete)
+    except StoreFormatError as exc:
+        # a local cache's copy of the metadata (the Hub's object cache) that fails to
+        # parse is thrown away and fetched once more before the store is judged
+        discard = getattr(store, "discard", None)
+        note = discard(_ROOT_META) if discard is not None else ""
+        if not note:
+            raise
+        log.info("%s: %s; fetching it again", redact(url), exc)
+    try:
+        return _open(store, url, storage_options, timeout, require_complete)
+    except StoreFormatError as exc:
+        raise StoreFormatError(f"{str(exc).rstrip('.')}. {note}") from None
+
+
+def _open(
+    store: Any,
+    url: str,
+    storage_options: dict[str, Any] | None,
+    timeout: Timeout,
+    require_complete: bool,
+) -> OpenedStore:
+    """:func:`open_store` of ``store``, opened from ``url``."""
+    where = redact(url)
     try:
         # zarr_format=3: no probes for v2 keys; the root zarr.json carries the
         # consolidated metadata, so opening costs one request

@@ -12,7 +12,8 @@ huggingface_hub's own commits (``HfApi.create_commit``: Xet or LFS, as the Hub o
 * **Never shown half-published.** Stores go first, in commits of at most
   ``batch_files`` files; ``catalog.json`` (the list readers open a root by) and the
   card go in the last commit, so a reader of the repo never sees a store the catalog
-  names before all of it is there.
+  names before all of it is there. A file written again, removed or replaced since it
+  was checked (a conversion started over) stops the publish before that commit.
 * **Resumable.** A file already in the repo with the same content is not sent again
   (the Hub's pre-upload check compares checksums): run the same command again after an
   interruption.
@@ -30,16 +31,20 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import stat
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from atari_zarr.catalog import CATALOG, build_catalog, store_objects
+from atari_zarr.catalog import CATALOG, build_catalog, store_objects, store_state
 from atari_zarr.errors import (
+    AtariZarrError,
     InvalidArgumentError,
     RemoteAccessError,
+    StoreChangedError,
     StoreCorruptError,
     StoreExistsError,
     import_optional,
@@ -171,7 +176,15 @@ def upload_plan(root: str, names: Sequence[str] | None = None) -> dict[str, Path
     return plan
 
 
-def _unpublishable(store: Path, problem: str, count: int) -> StoreCorruptError:
+def _unpublishable(store: Path, problem: str, count: int) -> AtariZarrError:
+    """The refusal of ``store`` for ``problem``: damage, unless the store is no longer
+    complete (being written again: never called damaged)."""
+    if store_state(str(store)) != "complete":
+        return StoreChangedError(
+            f"{store} changed while publish read it: it is being written again (it is not "
+            f"marked complete now), which is not damage; nothing was sent. Publish it once "
+            f"it is complete, or publish the others (--names)"
+        )
     more = f" ({count - 1} more problems)" if count > 1 else ""
     return StoreCorruptError(
         f"{store} cannot be published: {problem}{more}; expected a store as convert wrote "
@@ -188,6 +201,8 @@ def check_stores(base: Path, stores: Sequence[str], *, progress: bool = False) -
     ------
     StoreCorruptError
         A store fails: its first problem, and the command that lists them all.
+    StoreChangedError
+        A store is being written again (no longer marked complete): not damage.
     """
     from atari_zarr.verify import verify_store
 
@@ -198,13 +213,50 @@ def check_stores(base: Path, stores: Sequence[str], *, progress: bool = False) -
             raise _unpublishable(Path(url), report.problems[0], len(report.problems))
 
 
+def _identity(path: Path) -> tuple[int, ...] | None:
+    """What tells a file written again from the one planned: its device, inode, size and
+    modification time (None: gone, or no longer a regular file, a link say)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _check_unchanged(
+    base: Path,
+    items: Iterable[tuple[str, Path]],
+    seen: dict[str, tuple[int, ...] | None],
+    after: str,
+) -> None:
+    """Refuse to go on when a planned file was written again, removed or replaced (by
+    a link, say) since it was planned: the store is being converted again.
+
+    Raises
+    ------
+    StoreChangedError
+        Naming the file; ``after`` says what was sent, and that the catalog was not.
+    """
+    for name, path in items:
+        if _identity(path) != seen[name]:
+            store = "/".join(name.split("/")[:2])
+            raise StoreChangedError(
+                f"{base / store} changed while it was being published: {name} was written "
+                f"again, removed or replaced since it was checked, which is not damage; "
+                f"{after}, and the catalog and card were not, so the repo does not list it "
+                f"as published. Publish again once its conversion is complete"
+            )
+
+
 def _batches(
-    items: list[tuple[str, Path]], max_files: int, max_bytes: int
+    items: list[tuple[str, Path]], sizes: dict[str, int], max_files: int, max_bytes: int
 ) -> Iterable[list[tuple[str, Path]]]:
     batch: list[tuple[str, Path]] = []
     size = 0
     for item in items:
-        n = item[1].stat().st_size
+        n = sizes[item[0]]
         if batch and (len(batch) >= max_files or size + n > max_bytes):
             yield batch
             batch, size = [], 0
@@ -301,7 +353,12 @@ def publish(
         )
     prefix = f"{where.path}/" if where.path else ""
     stores = tuple(sorted({"/".join(p.split("/")[:2]) for p in plan}))
-    check_stores(Path(base), stores)  # every chunk checked before anything is sent
+    # each file as planned: one written again (a conversion started over), removed or
+    # replaced by a link while publish runs is never sent as part of a store published
+    seen = {name: _identity(path) for name, path in plan.items()}
+    check_stores(Path(base), stores, progress=progress)  # every chunk, before any upload
+    _check_unchanged(Path(base), plan.items(), seen, "nothing was sent")
+    sizes = {name: (found or (0, 0, 0))[2] for name, found in seen.items()}
     # what is complete now, of the stores published; written nowhere here (the root stays
     # as it was whatever the Hub answers): the repo's copy goes up in the last commit
     with warnings.catch_warnings():
@@ -345,7 +402,7 @@ def publish(
         limits.fullest,
         limits.entries,
     )
-    total = sum(path.stat().st_size for path in plan.values())
+    total = sum(sizes.values())
     commits = 0
     summary = message or f"Upload {len(stores)} store{'s' if len(stores) != 1 else ''}"
     bar = progress_bar(total, "publish", unit="B", enabled=progress)
@@ -358,13 +415,23 @@ def publish(
     theirs = not are_progress_bars_disabled()
     disable_progress_bars()  # one bar, ours, not one per file
     try:
-        for batch in _batches(sorted(plan.items()), batch_files, batch_bytes):
-            ops = [
-                hub.CommitOperationAdd(path_in_repo=prefix + name, path_or_fileobj=str(path))
-                for name, path in batch
-            ]
-            commits += _commit(api, where, ops, f"{summary}: {batch[0][0]} ...", what, secrets)
-            bar.update(sum(path.stat().st_size for _, path in batch))
+        sent = "the files sent before stay in the repo"
+        for batch in _batches(sorted(plan.items()), sizes, batch_files, batch_bytes):
+            _check_unchanged(Path(base), batch, seen, sent)
+            try:
+                ops = [
+                    hub.CommitOperationAdd(path_in_repo=prefix + name, path_or_fileobj=str(path))
+                    for name, path in batch
+                ]
+                commits += _commit(api, where, ops, f"{summary}: {batch[0][0]} ...", what, secrets)
+            except (OSError, RuntimeError) as exc:  # a file read by huggingface_hub, gone?
+                if not isinstance(exc, AtariZarrError):
+                    _check_unchanged(Path(base), batch, seen, sent)
+                raise
+            bar.update(sum(sizes[name] for name, _ in batch))
+        # the catalog and card present the stores as published: only stores sent as
+        # they were checked
+        _check_unchanged(Path(base), plan.items(), seen, "its files were sent")
         last = [
             hub.CommitOperationAdd(
                 path_in_repo=prefix + CATALOG,

@@ -407,3 +407,59 @@ def test_a_damaged_kept_object_is_fetched_again_and_the_hubs_damage_is_said(
     message = str(err.value)
     assert "fetched again from the Hub" in message and "\n" not in message
     assert "hf://datasets/org/atari/Pong/1.zarr" in message
+
+
+@pytest.mark.parametrize("how", ["random", "stream"])
+def test_a_kept_object_damaged_in_many_chunks_is_fetched_again_once(
+    pong_store, repo: Path, home: Path, how: str
+) -> None:
+    """Most of a kept frame shard zeroed: the batch's chunks of it all fail, and the
+    object is fetched again once for them all (not once per damaged chunk); exact."""
+    local = AtariZarrDataset(pong_store.url)
+    key = "Pong/1.zarr/observation/c/0/0/0"
+    with HubEmulator({"org/atari": repo}) as hub:
+        path = f"/datasets/org/atari/resolve/{hub.sha['org/atari']}/{key}"
+        AtariZarrDataset(URL, storage_options=hub.storage_options())[:]
+        [kept] = [p for p in (home / "objects").rglob("observation/c/0/0/0") if p.is_file()]
+        data = bytearray(kept.read_bytes())
+        data[len(data) // 10 : len(data) * 8 // 10] = bytes(len(data) * 8 // 10 - len(data) // 10)
+        kept.write_bytes(bytes(data))
+        before = [p for _, p, _ in hub.log].count(path)
+        remote = AtariZarrDataset(URL, storage_options=hub.storage_options())
+        if how == "random":
+            _same(remote[:], local[:])
+        else:
+            got = list(remote.stream(64, seed=1, unit_rows=128))
+            want = list(local.stream(64, seed=1, unit_rows=128))
+            assert len(got) == len(want)
+            for g, w in zip(got, want, strict=True):
+                _same(g, w)
+        assert [p for _, p, _ in hub.log].count(path) == before + 1
+
+
+def test_a_damaged_kept_metadata_object_is_fetched_again(
+    pong_store, repo: Path, home: Path
+) -> None:
+    """The kept copy of a store's ``zarr.json`` spoiled on disk: thrown away and fetched
+    once more, the store read exact (never "convert the source again" for every later
+    run); where the Hub's own copy fails too, the error says so."""
+    from atari_zarr.errors import StoreFormatError
+
+    key = "Pong/1.zarr/zarr.json"
+    with HubEmulator({"org/atari": repo}) as hub:
+        path = f"/datasets/org/atari/resolve/{hub.sha['org/atari']}/{key}"
+        AtariZarrDataset(URL, storage_options=hub.storage_options())[0:8]
+        [kept] = [p for p in (home / "objects").rglob("1.zarr/zarr.json") if p.is_file()]
+        _flip(kept, kept.stat().st_size // 2)
+        before = [p for _, p, _ in hub.log].count(path)
+        _same(
+            AtariZarrDataset(URL, storage_options=hub.storage_options())[:],
+            AtariZarrDataset(pong_store.url)[:],
+        )
+        assert [p for _, p, _ in hub.log].count(path) == before + 1
+        _flip(repo / key, 0)
+        _flip(kept, 0)
+        with pytest.raises(StoreFormatError) as err:
+            AtariZarrDataset(URL, storage_options=hub.storage_options())
+    message = str(err.value)
+    assert "fetched again from the Hub" in message and "\n" not in message

@@ -344,6 +344,10 @@ class ChunkEngine:
         #: not the fill value: set by :meth:`guard` for a store marked complete.
         self.missing_is_damage = False
         self._on_damage: Callable[[StoreCorruptError], Exception] | None = None
+        # objects whose local copy was thrown away and fetched anew (a note for each):
+        # the other damaged chunks of the same bytes are read from the new copy, not
+        # each one more download of the whole object
+        self._renewed: dict[str, str] = {}
         after_fork(self._renew_locks)
 
     def _renew_locks(self) -> None:
@@ -494,7 +498,11 @@ class ChunkEngine:
         if not self.bytes.remote:
             return None
         self.kept.forget(key)
-        return self.bytes.discard(key) if isinstance(self.bytes, StoreBytes) else ""
+        if key in self._renewed:  # already fetched anew by this reader: read that copy
+            return self._renewed[key]
+        note = self.bytes.discard(key) if isinstance(self.bytes, StoreBytes) else ""
+        self._renewed[key] = note
+        return note
 
     def _fingerprinted(self, coord: int, key: str, raw: Any) -> Any:
         """The whole object ``raw`` of ``coord`` once its recorded crc32c holds; fetched
