@@ -8,6 +8,7 @@ Everything talks to 127.0.0.1 only.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -234,3 +235,48 @@ def test_a_server_that_ignores_range_is_named_not_the_store(tmp_path) -> None:
     assert not isinstance(info.value, StoreCorruptError)
     assert "\n" not in text and "does not serve byte ranges" in text, text
     assert "not damaged" in text and "Pong/1.zarr/" in text
+
+
+# entries of a crafted shard index (valid crc32c, fingerprints recorded again): a range
+# ending past 2**64, one starting far past the object (a 416), half an absent marker
+_CRAFTED = {
+    "wraps": (2**64 - 50, 60),
+    "far": (2**40, 100),
+    "half-absent": (2**64 - 1, 100),
+}
+
+
+def test_a_crafted_shard_index_over_http_is_damage_named_in_one_line(
+    pong_store, tmp_path: Path
+) -> None:
+    """Over http, an entry no object can satisfy is never sent as a range a server
+    ignores (then "does not serve byte ranges; the store is not damaged") nor met as a
+    416 (then a network failure): the chunk is cut short, and every read says so in one
+    line naming the shard's object, as it does locally."""
+    from atari_zarr_testkit import craft_index_entry
+
+    from atari_zarr.errors import StoreCorruptError
+    from atari_zarr.verify import verify_store
+
+    with FakeGCSServer() as server:
+        server.create_bucket(BUCKET)
+        fs = fsspec.filesystem("gs", skip_instance_cache=True, **server.storage_options())
+        for name, entry in _CRAFTED.items():
+            local = tmp_path / name
+            shutil.copytree(pong_store.url, local)
+            craft_index_entry(local, "observation", 0, 3, entry)
+            fs.put(str(local), f"{BUCKET}/{name}/Pong/1.zarr", recursive=True)
+        for name in _CRAFTED:
+            for url in (str(tmp_path / name), f"{server.endpoint_url}/{BUCKET}/{name}/Pong/1.zarr"):
+                ds = AtariZarrDataset(url)
+                for read in (
+                    lambda ds=ds: ds[np.arange(40, 70)],
+                    lambda ds=ds: list(ds.stream(64, seed=1)),
+                ):
+                    with pytest.raises(StoreCorruptError) as err:
+                        read()
+                    text = str(err.value)
+                    assert "\n" not in text and "'observation/c/0/0/0'" in text, (name, url, text)
+                    assert "is cut short" in text and "is damaged" in text, (name, url, text)
+                report = verify_store(url).format()
+                assert "rows [48]" in report and "is cut short" in report, (name, url, report)

@@ -463,3 +463,29 @@ def test_a_damaged_kept_metadata_object_is_fetched_again(
             AtariZarrDataset(URL, storage_options=hub.storage_options())
     message = str(err.value)
     assert "fetched again from the Hub" in message and "\n" not in message
+
+
+def test_a_crafted_shard_index_from_a_hub_repo_is_damage_named_in_one_line(
+    pong_store, repo: Path, home: Path
+) -> None:
+    """A repo's shard index crafted with an entry ``(2**64 - 50, 60)`` (valid crc32c,
+    fingerprints recorded again): the kept object is never read at an offset ``pread``
+    cannot take (a raw ``OverflowError``); reads and ``verify`` say in one line that the
+    chunk in that object is cut short."""
+    from atari_zarr_testkit import craft_index_entry
+
+    from atari_zarr.errors import StoreCorruptError
+    from atari_zarr.verify import verify_store
+
+    craft_index_entry(repo / "Pong" / "1.zarr", "observation", 0, 3, (2**64 - 50, 60))
+    with HubEmulator({"org/atari": repo}) as hub:
+        options = hub.storage_options()
+        ds = AtariZarrDataset(URL, storage_options=options)
+        for read in (lambda: ds[np.arange(40, 70)], lambda: list(ds.stream(64, seed=1))):
+            with pytest.raises(StoreCorruptError) as err:
+                read()
+            text = str(err.value)
+            assert "\n" not in text and "'observation/c/0/0/0'" in text, text
+            assert "is cut short" in text and "is damaged" in text, text
+        report = verify_store(URL, storage_options=options).format()
+        assert "rows [48]" in report and "is cut short" in report, report

@@ -34,7 +34,7 @@ from atari_zarr.forks import after_fork
 from atari_zarr.storage.filesystem import not_regular_error, path_kind
 from atari_zarr.storage.ranges import ByteRange
 
-__all__ = ["ByteSource", "LocalBytes", "MapTable", "StoreBytes", "byte_source"]
+__all__ = ["MAX_OBJECT_BYTES", "ByteSource", "LocalBytes", "MapTable", "StoreBytes", "byte_source"]
 
 
 class ByteSource(Protocol):
@@ -496,6 +496,11 @@ def _grown(a: np.ndarray, n: int, fill: Any) -> np.ndarray:
     return out
 
 
+#: The most bytes an object can have: the largest file offset (``off_t``), far above any
+#: bucket's limit.
+MAX_OBJECT_BYTES = 2**63 - 1
+
+
 class StoreBytes:
     """Byte ranges through any zarr store's asynchronous API, gathered concurrently."""
 
@@ -529,7 +534,14 @@ class StoreBytes:
                 rng = SuffixByteRequest(-r.start)
             else:
                 assert r.stop is not None
-                rng = RangeByteRequest(r.start, r.stop)
+                # a crafted shard index may ask for any range: none lies past the largest
+                # file offset, so no request asks for such bytes (a server ignores the
+                # header and sends the whole object, a file's pread overflows); nothing
+                # is there, as nothing is in an empty range, so the caller sees it cut short
+                stop = min(r.stop, MAX_OBJECT_BYTES)
+                if stop <= r.start:
+                    return np.empty(0, dtype=np.uint8)
+                rng = RangeByteRequest(r.start, stop)
             buf = await self.store.get(r.key, prototype=proto, byte_range=rng)
             return None if buf is None else buf.as_numpy_array()
 

@@ -141,10 +141,15 @@ def _bounds(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
     if byte_range is None:
         return 0, size
     if isinstance(byte_range, RangeByteRequest):
-        return byte_range.start, min(byte_range.end, size)
-    if isinstance(byte_range, OffsetByteRequest):
-        return byte_range.offset, size
-    return max(0, size - byte_range.suffix), size  # SuffixByteRequest
+        start, stop = byte_range.start, byte_range.end
+    elif isinstance(byte_range, OffsetByteRequest):
+        start, stop = byte_range.offset, size
+    else:  # SuffixByteRequest
+        start, stop = max(0, size - byte_range.suffix), size
+    # past the end (a crafted shard index's offset, up to 2**64): nothing, never a read
+    # at an offset ``pread`` cannot take
+    start = min(start, size)
+    return start, max(start, min(stop, size))
 
 
 class ObjectCacheStore(ReadThroughStore):

@@ -144,6 +144,13 @@ def _range_length(byte_range: ByteRequest | None) -> int | None:
     return None
 
 
+def _unsatisfiable(exc: BaseException) -> bool:
+    """True for an HTTP 416 (Range Not Satisfiable) however the file system raises it:
+    aiohttp's ``status``, gcsfs's ``code`` (aiohttp's own ``code`` is deprecated)."""
+    status = getattr(exc, "status", None)
+    return (status if status is not None else getattr(exc, "code", None)) == 416
+
+
 def _describe(key: str, byte_range: ByteRequest | None) -> str:
     if isinstance(byte_range, RangeByteRequest):
         return f"{key} (bytes {byte_range.start}-{byte_range.end})"
@@ -300,15 +307,24 @@ class RemoteStore(WrapperStore[Store]):
             yield item
 
     async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
+        async def call() -> Any:
+            try:
+                return await self._store.get(key, prototype, byte_range)
+            except Exception as exc:
+                # 416: the range starts at or past the object's end (a crafted shard
+                # index's offset): no bytes are there, as a file read there finds none
+                if _unsatisfiable(exc) and isinstance(
+                    byte_range, RangeByteRequest | OffsetByteRequest
+                ):
+                    return prototype.buffer.from_bytes(b"")
+                raise
+
         if self._http:
-            call = lambda: self._store.get(key, prototype, byte_range)  # noqa: E731
             found = await self._guard(
                 "reading", _describe(key, byte_range), with_retries(call, HTTP_ATTEMPTS)
             )
         else:
-            found = await self._guard(
-                "reading", _describe(key, byte_range), self._store.get(key, prototype, byte_range)
-            )
+            found = await self._guard("reading", _describe(key, byte_range), call())
         asked = _range_length(byte_range)
         if found is not None and asked is not None and len(found) > asked:
             raise RemoteAccessError(

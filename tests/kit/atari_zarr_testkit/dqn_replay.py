@@ -23,6 +23,7 @@ __all__ = [
     "DopamineLoggedBuffer",
     "FixtureRun",
     "Truth",
+    "craft_index_entry",
     "fixture_frame",
     "store_files",
     "write_episodes_store",
@@ -240,6 +241,39 @@ def store_files(path: str | Path, dest: str | Path) -> dict[str, bytes]:
         for f in sorted(root.rglob("*"))
         if f.is_file()
     }
+
+
+def craft_index_entry(
+    store: str | Path, array: str, shard: int, chunk: int, entry: Sequence[int]
+) -> None:
+    """Set entry ``chunk`` of shard ``shard``'s index (at the start of its object) of
+    ``array`` of the local store at ``store`` to ``entry``, ``(offset, length)`` taken
+    modulo ``2**64``, as a hostile writer would: the index's crc32c valid, the object's
+    fingerprint recorded again and the metadata consolidated again, so that only the
+    entry is wrong.
+    """
+    import warnings
+
+    import zarr
+
+    from atari_zarr.fingerprints import record
+    from atari_zarr.shard_format import crc_bytes
+
+    group = zarr.open_group(str(store), mode="r+")
+    target = group[array]
+    assert isinstance(target, zarr.Array) and target.shards is not None
+    size = 16 * int(np.prod([s // c for s, c in zip(target.shards, target.chunks, strict=True)]))
+    path = Path(store, array, "c", str(shard), *["0"] * (target.ndim - 1))
+    raw = bytearray(path.read_bytes())
+    index = np.frombuffer(bytes(raw[:size]), dtype="<u8").reshape(-1, 2).copy()
+    index[chunk] = [int(x) % 2**64 for x in entry]
+    body = index.tobytes()
+    raw[: size + 4] = body + crc_bytes(body)
+    path.write_bytes(bytes(raw))
+    record(group)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
+        zarr.consolidate_metadata(group.store)
 
 
 def write_episodes_store(root: str | Path, lengths: Sequence[int], *, game: str = "Pong") -> str:
