@@ -1353,3 +1353,22 @@ def test_close_stops_a_loader_with_worker_processes(few_stores: list[str], closi
         next(it)
     ds.close()
 
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads from /proc")
+@pytest.mark.parametrize("mixture", [False, True], ids=["one store", "mixture"])
+def test_close_of_a_dataset_stops_the_streams_of_its_windows(
+    few_stores: list[str], mixture: bool
+) -> None:
+    """A dataset's ``windows()`` view reads the dataset's stores: the dataset's
+    ``close()`` (the end of its ``with`` block) stops the view's streams as its own,
+    threads joined and the next ``next()`` one line, never reading on."""
+    gc.collect()
+    before = _our_threads()
+    with MultiGameDataset(few_stores[1:]) if mixture else AtariZarrDataset(
+        few_stores[0]
+    ) as ds:
+        it = iter(ds.windows(4).stream(32, seed=3, unit_rows=64, shuffle_buffer=256))
+        next(it)
+    assert not (_our_threads() - before), "threads left running after close()"
+    with pytest.raises(DatasetClosedError):
+        next(it)
