@@ -1295,3 +1295,114 @@ def test_close_stops_every_thread_lets_files_go_and_iterators_say_so(
     stream.close()
     ds.close()
     assert not (_our_threads() - before)
+
+
+def _paused_in(
+    monkeypatch: pytest.MonkeyPatch, cls: type, name: str, closer: Any
+) -> dict[str, bool]:
+    """Make the first call of ``cls.name`` on this thread wait until ``closer()`` (run on
+    another thread) returns, or a while (a hang guard: a close that waits for the call
+    never returns meanwhile); what it saw: ``{"returned": close returned meanwhile}``."""
+    real, me, seen = getattr(cls, name), threading.current_thread(), {}
+
+    def paused(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread() is me and not seen:
+            done = threading.Event()
+            seen["returned"] = False
+            thread = threading.Thread(target=lambda: (closer(), done.set()))
+            thread.start()
+            seen["returned"] = done.wait(timeout=5)
+            seen["thread"] = thread  # type: ignore[assignment]
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, name, paused)
+    return seen
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads from /proc")
+def test_a_close_from_another_thread_waits_for_the_batch_being_read(
+    few_stores: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close()`` on another thread while this one reads a batch (its frames being
+    gathered from the slab by the compiled thread): the close waits for the batch to be
+    read, never frees the gathering thread, nor gives the slab away, under it. The batch
+    is exact, the next ``next()`` is one line, and no thread of the stream is left."""
+    from atari_zarr.read.units import UnitReader
+
+    gc.collect()
+    before = _our_threads()
+    ds = AtariZarrDataset(few_stores[0], frame_stack=4)
+    it = iter(ds.stream(512, seed=3, unit_rows=512, shuffle_buffer=512))
+    first = next(it)
+    seen = _paused_in(monkeypatch, UnitReader, "_finish", it.close)
+    second = next(it)  # its frames are gathered while the other thread closes
+    seen["thread"].join()  # type: ignore[attr-defined]
+    assert not seen["returned"], "close() returned while a batch was being read"
+    with pytest.raises(DatasetClosedError):
+        next(it)
+    assert not (_our_threads() - before)
+    assert_same(ds, [first, second])
+    ds.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads from /proc")
+def test_an_iterator_closed_while_its_first_batch_starts_leaves_no_thread(
+    few_stores: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``close()`` on another thread while the iterator's first ``next()`` makes its unit
+    reader (the close finds none to stop): that ``next()`` is one line, not a batch nor
+    the end of the epoch, and no thread of the stream is left while the iterator is."""
+    from atari_zarr.read.units import UnitReader
+
+    gc.collect()
+    before = _our_threads()
+    ds = AtariZarrDataset(few_stores[0], frame_stack=4)
+    it = iter(ds.stream(512, seed=3, unit_rows=512, shuffle_buffer=512))
+    seen = _paused_in(monkeypatch, UnitReader, "__init__", it.close)
+    with pytest.raises(DatasetClosedError):
+        next(it)
+    seen["thread"].join()  # type: ignore[attr-defined]
+    assert not (_our_threads() - before), "threads left running after close()"
+    with pytest.raises(DatasetClosedError):
+        next(it)
+    ds.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads from /proc")
+@pytest.mark.parametrize("closing", ["dataset", "stream"])
+def test_close_stops_a_loader_with_worker_processes(few_stores: list[str], closing: str) -> None:
+    """``stream.loader(num_workers=2)``, then ``close()`` of the stream or the dataset:
+    the loader's worker processes are stopped, and its next ``next()`` is one line, as
+    a stream's own iterator gives (never the workers reading on)."""
+    import multiprocessing
+
+    ds = AtariZarrDataset(few_stores[0])
+    stream = ds.stream(256, seed=3, unit_rows=512, shuffle_buffer=512)
+    it = iter(stream.loader(num_workers=2))
+    next(it)
+    assert len(multiprocessing.active_children()) == 2
+    {"dataset": ds, "stream": stream}[closing].close()
+    assert not multiprocessing.active_children()
+    with pytest.raises(DatasetClosedError):
+        next(it)
+    ds.close()
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads from /proc")
+@pytest.mark.parametrize("mixture", [False, True], ids=["one store", "mixture"])
+def test_close_of_a_dataset_stops_the_streams_of_its_windows(
+    few_stores: list[str], mixture: bool
+) -> None:
+    """A dataset's ``windows()`` view reads the dataset's stores: the dataset's
+    ``close()`` (the end of its ``with`` block) stops the view's streams as its own,
+    threads joined and the next ``next()`` one line, never reading on."""
+    gc.collect()
+    before = _our_threads()
+    with MultiGameDataset(few_stores[1:]) if mixture else AtariZarrDataset(
+        few_stores[0]
+    ) as ds:
+        it = iter(ds.windows(4).stream(32, seed=3, unit_rows=64, shuffle_buffer=256))
+        next(it)
+    assert not (_our_threads() - before), "threads left running after close()"
+    with pytest.raises(DatasetClosedError):
+        next(it)

@@ -30,7 +30,6 @@ stream units *read* ahead by ``stream(units_ahead=k)``.)
 
 from __future__ import annotations
 
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -143,7 +142,6 @@ class ItemDataset(torch.utils.data.Dataset):
         "_frames",
         "_store_list",
         "_all_opened",
-        "_streams",  # this process's streams of it, which close() stops
     )
 
     def _made(self, name: str, make: Callable[[], Any]) -> Any:
@@ -185,7 +183,8 @@ class ItemDataset(torch.utils.data.Dataset):
         return {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
 
     def close(self) -> None:
-        """Stop every stream iterator of this dataset not done yet (their threads
+        """Stop every stream iterator of this dataset and of its views (:meth:`windows`
+        of it, which read its stores) not done yet (their threads
         stopped and joined; their next ``next()`` raises
         :class:`~atari_zarr.errors.DatasetClosedError`), stop the threads that read the
         stores, drop their decoded chunks and let their files go: what a ``with`` block
@@ -202,7 +201,9 @@ class ItemDataset(torch.utils.data.Dataset):
         ...
         atari_zarr.errors.DatasetClosedError: ...
         """
-        for stream in list(self._made("_streams", weakref.WeakSet)):
+        # a view (windows()) reads the same stores: its streams stop too
+        streams = {id(s): s for m in self.members for s in list(m.store.streams)}
+        for stream in streams.values():
             stream.close("its dataset was closed")
         for m in self.members:
             m.store.close()
@@ -492,7 +493,8 @@ class ItemDataset(torch.utils.data.Dataset):
             weighted=self.weighted,
             where=self.where,
         )
-        self._made("_streams", weakref.WeakSet).add(stream)
+        for m in self.members:
+            m.store.streams.add(stream)
         return stream
 
 

@@ -374,6 +374,9 @@ class EpochStream(torch.utils.data.IterableDataset):
         owner = it() if it is not None else None
         if owner is not None:
             owner.reader = reader
+            if owner.closed:  # closed on another thread before it had a reader to stop
+                reader.close()
+                return
         del owner
         try:
             for td in reader.batches(self.batch_size):
@@ -629,12 +632,20 @@ class StreamIterator(Iterator[TensorDict]):
     def __iter__(self) -> StreamIterator:
         return self
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called before its epoch was done."""
+        return self._error is not None
+
     def __next__(self) -> TensorDict:
         if self._error is not None:
+            self._end()  # closed on another thread while it ran: stopped here
             raise self._error
         try:
             return next(self._batches)
         except StopIteration:
+            if self._error is not None:  # closed meanwhile: not the end of its epoch
+                raise self._error from None
             self._done = True  # its epoch is done: a close later changes nothing
             raise
         except Exception:
@@ -656,6 +667,11 @@ class StreamIterator(Iterator[TensorDict]):
         reader = self.reader
         if reader is not None:
             reader.close()
+        self._end()
+
+    def _end(self) -> None:
+        """End the generator of batches (its reader's close, a loader's workers stopped),
+        unless another thread runs it: then its next ``next()`` does."""
         close = getattr(self._batches, "close", None)
         if close is not None:
             try:
@@ -674,7 +690,15 @@ class StreamLoader:
         self.stream = stream
         self.kwargs = kwargs
 
-    def __iter__(self) -> Iterator[TensorDict]:
+    def __iter__(self) -> StreamIterator:
+        # one of the stream's iterators: its close (the stream's, the dataset's) stops
+        # the loader's worker processes too, which read copies of the stream
+        it = StreamIterator(self.stream.where)
+        it.start(self._batches())
+        self.stream._iterators.add(it)
+        return it
+
+    def _batches(self) -> Iterator[TensorDict]:
         loader = torch.utils.data.DataLoader(self.stream, **self.kwargs)
         workers = loader.num_workers
         stream = self.stream
@@ -685,7 +709,13 @@ class StreamLoader:
         # worker is started), not a worker's traceback
         if stream._epoch_over(consumers, stream._own(consumers)[0]):
             return
-        for batch in loader:
-            if workers:
-                self.stream.record(batch, workers)
-            yield batch
+        batches = iter(loader)
+        try:
+            for batch in batches:
+                if workers:
+                    self.stream.record(batch, workers)
+                yield batch
+        finally:
+            stop = getattr(batches, "_shutdown_workers", None)
+            if stop is not None:  # its worker processes, now rather than when collected
+                stop()

@@ -459,6 +459,10 @@ class UnitReader:
         self.skip = skip
         #: True once :meth:`close` was called: no batch is read after it.
         self.closed = False
+        #: Held while a batch is read (between two of them the caller holds the batch):
+        #: a close from another thread waits for it, so the gathering thread is never
+        #: stopped, nor the slab given away, under a batch being read.
+        self._reading = threading.RLock()
         #: Units whose loads a forked child redoes: their threads were the parent's.
         self.stranded: set[int] = set()
         after_fork(self._after_fork)
@@ -473,6 +477,7 @@ class UnitReader:
         self.pool_threads = None
         self.decoders = threading.BoundedSemaphore(self._decoding)
         self.waiting = False
+        self._reading = threading.RLock()  # a thread of the parent may have held it
 
     # -- units --------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -657,15 +662,19 @@ class UnitReader:
         (:class:`~atari_zarr.storage.row_gather.Gatherer`) while this thread plans the
         next batch, and while the caller uses this one.
         """
-        current = self._start(n)
-        while current is not None:
-            following = self._start(n)  # planned while current's frames are gathered
-            batch = self._finish(current)
-            self._release()
-            self._submit()
-            yield batch
-            if self.closed:  # closed while the caller held the batch: nothing more
+        with self._reading:
+            if self.closed:
                 return
+            current = self._start(n)
+        while current is not None:
+            with self._reading:
+                if self.closed:  # closed while the caller held the batch: nothing more
+                    return
+                following = self._start(n)  # planned while current's frames are gathered
+                batch = self._finish(current)
+                self._release()
+                self._submit()
+            yield batch
             current = following
 
     def _start(self, n: int) -> _Gathering | None:
@@ -788,11 +797,27 @@ class UnitReader:
         return np.asarray(items, dtype=np.int64), np.stack(frames)
 
     def close(self) -> None:
-        """Stop: the batches being gathered finished, the gathering thread and the
-        threads that read units stopped and joined (a unit being decoded is finished
-        first; one that never ends is waited for :data:`STOP_GUARD` seconds, then
-        logged), the slab given back. Again: nothing more."""
+        """Stop: the batch being read on another thread read first, the batches being
+        gathered finished, the gathering thread and the threads that read units stopped
+        and joined (a unit being decoded is finished first; one that never ends is
+        waited for :data:`STOP_GUARD` seconds, then logged), the slab given back. Again:
+        nothing more."""
         self.closed = True
+        if not self._reading.acquire(timeout=STOP_GUARD):
+            # the thread reading a batch stops after it, and closes the reader then
+            # (its stream's generator ends): nothing is stopped under it here
+            log.warning(
+                "stream: a batch still being read after %d s; its reader stops once it is",
+                STOP_GUARD,
+            )
+            return
+        try:
+            self._stop()
+        finally:
+            self._reading.release()
+
+    def _stop(self) -> None:
+        """:meth:`close`, no batch being read."""
         for gathering in list(self.gathering):  # nothing may read the slab once it is given
             gathering.frames.wait()
         self.gathering.clear()
