@@ -1159,11 +1159,12 @@ def test_a_damaged_pulled_store_advises_the_pull_that_writes_it_again(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_pull_stopped_by_a_signal_leaves_no_semaphore_behind(public_copy, tmp_path, signum):
     """A pull on worker processes killed with ``kill -TERM`` left its pool's queues (named
     semaphores) to Python's resource tracker, which printed "leaked semaphore objects":
-    SIGTERM stops it as Ctrl-C does, in one line, and the same pull then resumes."""
+    SIGTERM stops it as Ctrl-C does, in one line, and the same pull then resumes. So does
+    SIGHUP (the terminal closed), which had the same warning."""
     proc = subprocess.Popen(
         [
             *pause_command(tmp_path, "-shard-", 1),

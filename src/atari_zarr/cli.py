@@ -1005,27 +1005,40 @@ def _hub_records(verbose: bool) -> Iterator[None]:
 
 
 class _Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command is, as Ctrl-C's KeyboardInterrupt is."""
+    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C's KeyboardInterrupt is."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+#: Signals that stop a command as Ctrl-C does: ``kill``'s default, and a closed terminal.
+_STOPPING = (signal.SIGTERM, signal.SIGHUP)
 
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the command as Ctrl-C does: its ``finally`` blocks run (a process
-    pool shut down, a work area's lock released). Killed by the signal's default action
-    instead, a conversion left its worker pool's queues, named semaphores, to Python's
-    resource tracker, which warned "leaked semaphore objects" after the process ended."""
+    """SIGTERM and SIGHUP stop the command as Ctrl-C does: its ``finally`` blocks run (a
+    process pool shut down, a work area's lock released). Killed by the signal's default
+    action instead, a conversion left its worker pool's queues, named semaphores, to
+    Python's resource tracker, which warned "leaked semaphore objects" after the process
+    ended. A signal the caller ignores (``nohup``) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield  # signal handlers belong to the main thread
         return
 
     def stop(signum: int, frame: Any) -> None:
-        raise _Terminated
+        raise _Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    previous = {s: signal.getsignal(s) for s in _STOPPING}
+    for s, handler in previous.items():
+        if handler is not signal.SIG_IGN:
+            signal.signal(s, stop)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():  # None: a handler not set from Python
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1069,9 +1082,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except AtariZarrError as exc:  # every failure raised on purpose; anything else is a bug
             print(f"atari-zarr {args.command}: error: {_one_line(exc)}", file=sys.stderr)
             return 1
-        except _Terminated:
-            print(f"atari-zarr {args.command}: terminated", file=sys.stderr)
-            return 128 + signal.SIGTERM
+        except _Terminated as stopped:
+            name = signal.Signals(stopped.signum).name
+            print(f"atari-zarr {args.command}: terminated ({name})", file=sys.stderr)
+            return 128 + stopped.signum
         except KeyboardInterrupt:
             print(f"atari-zarr {args.command}: interrupted", file=sys.stderr)
             return 130

@@ -87,9 +87,19 @@ def _fraction_rows(fraction: float, checkpoint_rows: int, where: str) -> int:
     return rows
 
 
+#: The largest seed: 64 bits. NumPy takes more, but a cache's folder name holds the
+#: seed, and a name of hundreds of digits is too long for a file system.
+MAX_SEED = 2**64 - 1
+
+
 def _seed(seed: Any, where: str) -> int:
-    """A subset's seed: a non-negative integer (NumPy's generators take no other),
-    checked before anything is read."""
+    """A subset's seed: an integer from 0 to :data:`MAX_SEED` (NumPy's generators take
+    no negative one), checked before anything is read."""
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed > MAX_SEED:
+        raise InvalidArgumentError(
+            f"seed (--subset-seed) must be at most 2**64 - 1; got an integer of "
+            f"{seed.bit_length()} bits for {where}. Pass a seed of at most 20 digits"
+        )
     return whole_number(seed, "seed (--subset-seed)", where, low=0)
 
 

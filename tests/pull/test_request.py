@@ -75,3 +75,19 @@ def test_the_played_order_keeps_one_cache_entry_whatever_the_seed():
     assert seeded.command() == "atari-zarr pull Pong/1 --fraction 0.01"
     shuffled = Request.parse("Pong/1", fraction=0.01, order="random", seed=7)
     assert shuffled.label == "fraction-0.01-seed7"  # the random order does draw from it
+
+
+def test_a_seed_past_64_bits_is_one_line_before_any_request(public_copy, capsys):
+    """A seed of 300 digits was taken, and its cache folder's name was too long for the
+    file system once the source had been listed; 10**5000 could not even be printed."""
+    for seed in (2**64, 10**300, 10**5000):
+        with pytest.raises(InvalidArgumentError) as info:
+            Request.parse("Pong/1", fraction=0.01, order="random", seed=seed)
+        text = str(info.value)
+        assert "\n" not in text and len(text) < 300 and "at most 2**64 - 1" in text, text
+    assert Request.parse("Pong/1", fraction=0.01, order="random", seed=2**64 - 1).subset
+    err = _refused_in_one_line(
+        capsys, ["pull", "Asterix/1", "--dt-buffers", "2", "--subset-seed", "7" * 300]
+    )
+    assert "at most 2**64 - 1" in err, err
+    assert public_copy.proxy.requests == 0

@@ -132,3 +132,20 @@ def test_a_hub_mirror_serves_a_run_before_anything_is_pulled(
             got["observation"].numpy(), local[np.arange(20)]["observation"].numpy()
         )
     assert public_copy.proxy.requests == 0
+
+
+@pytest.mark.parametrize("bad", ["foo://x", "http://[::1/stores"])
+def test_a_mirror_that_is_no_url_is_one_line_naming_where_it_was_given(
+    bad, pong_store, tmp_path, monkeypatch, capsys
+):
+    """A mirror in ``$ATARI_ZARR_MIRRORS`` that is no URL: ``http://[::1`` was a raw
+    ``ValueError`` traceback, and an unknown protocol a line that named no mirror."""
+    from atari_zarr.cli import main
+
+    monkeypatch.setenv("ATARI_ZARR_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ATARI_ZARR_MIRRORS", f"{bad},{Path(pong_store.url).parent.parent}")
+    assert main(["pull", "Pong/1", "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"the mirror {bad} (mirrors= or $ATARI_ZARR_MIRRORS)" in err, err
+    assert not (tmp_path / "home").exists()

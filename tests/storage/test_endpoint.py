@@ -77,3 +77,22 @@ def test_other_libraries_log_only_into_the_applications_logging():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert proc.returncode == 0
     assert "gcsfs retry round" not in proc.stderr and "asked for" in proc.stderr
+
+
+@pytest.mark.parametrize("where", ["url", "endpoint"])
+def test_a_url_python_cannot_parse_is_one_line(where):
+    """``http://[::1`` (an unclosed IPv6 bracket) was a raw ``ValueError: Invalid IPv6
+    URL`` traceback from the host look-up, whether the URL or its endpoint held it."""
+    from atari_zarr.errors import InvalidArgumentError
+    from atari_zarr.storage.filesystem import get_fs
+
+    url, options = (
+        ("http://alice:pw@[::1/x", {})
+        if where == "url"
+        else ("gs://bucket/x", {"endpoint_url": "http://alice:pw@[::1"})
+    )
+    with pytest.raises(InvalidArgumentError) as info:
+        get_fs(url, options, timeout=5)
+    text = str(info.value)
+    assert "\n" not in text and "is not a URL (Invalid IPv6 URL)" in text, text
+    assert "pw" not in text and "[::1" in text, text

@@ -451,3 +451,98 @@ def test_a_lasting_failure_status_over_gs_is_named_and_shown_with_v(
     shown = [line for line in lines if f"answered {status} {reason}" in line]
     assert len(shown) >= 2 and shown[0].startswith("INFO atari_zarr: GET "), done.stderr
     assert lines[-1].startswith("atari-zarr ls: error: ") and f"{status} {reason}" in lines[-1]
+
+
+def test_a_server_that_ignores_range_is_streamed_never_held_whole(tmp_path: Path) -> None:
+    """The whole body a server that ignores ``Range`` sends was read into memory before
+    the first block was given (a shard of RL Unplugged: hundreds of MB a worker, and the
+    whole transfer under one call's deadline): it is read on as a stream, a block at a
+    time, so a prefix costs its blocks and memory holds a few of them."""
+    import tracemalloc
+
+    from atari_zarr_testkit.web import DirectoryServer
+
+    size, block = 48 << 20, 1 << 20
+    blob = np.random.default_rng(4).integers(0, 256, size, dtype=np.uint8).tobytes()
+    (tmp_path / "shard").write_bytes(blob)
+    with DirectoryServer(tmp_path) as server:
+        fs, path = get_fs(f"{server.endpoint_url}/shard", {}, timeout=60)
+        with fs.open(path, block_size=block) as f:
+            tracemalloc.start()
+            try:
+                first = f.read(block)
+                second = f.read(3 * block)
+                _, peak = tracemalloc.get_traced_memory()
+            finally:
+                tracemalloc.stop()
+            assert first == blob[:block] and second == blob[block : 4 * block]
+            assert peak < size // 4, f"{peak:,} bytes held to read 4 MB of {size:,}"
+            f.seek(block // 2)  # back: read again from the start, as a new stream
+            assert f.read(block) == blob[block // 2 : block // 2 + block]
+            f.seek(size - 10)
+            assert f.read() == blob[-10:]
+
+
+class _WrongServer:
+    """A loopback server whose ranged GETs answer wrongly, as ``mode`` says."""
+
+    def __init__(self, body: bytes, mode: str) -> None:
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_HEAD(self) -> None:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+
+            def do_GET(self) -> None:
+                spec = self.headers.get("Range", "bytes=0-").split("=", 1)[1]
+                a, b = (int(x) if x else None for x in spec.split("-"))
+                b = len(body) - 1 if b is None else b
+                if outer.mode == "wrong-range":  # the right length, but from elsewhere
+                    data, first = body[: b - a + 1], 0
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {first}-{b - a}/{len(body)}")
+                elif outer.mode == "short":  # a 200 whose body ends early
+                    data = body[: len(body) // 2]
+                    self.send_response(200)
+                else:  # "long": a 206 that sends more than the range
+                    data = body[a:]
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {a}-{b}/{len(body)}")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.mode = mode
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> _WrongServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.mark.parametrize("mode", ["wrong-range", "short", "long"])
+def test_a_range_answered_wrongly_is_one_line_never_wrong_bytes(mode: str) -> None:
+    """A 206 whose Content-Range is not the range asked gave its bytes as the range's;
+    a body shorter than the object, or a 206 longer than the range, is named too."""
+    body = bytes(range(256)) * 4096
+    with _WrongServer(body, mode) as server:
+        fs, path = get_fs(f"{server.url}/shard", {}, timeout=30)
+        with fs.open(path, block_size=1000) as f, pytest.raises(RemoteAccessError) as info:
+            f.seek(300_000)
+            f.read(5000)
+    text = str(info.value)
+    assert "\n" not in text and f"{server.url}/shard" in text, text

@@ -239,8 +239,9 @@ def _scan_digest(source: Any, selection: Selection) -> str:
     if prefix is not None:  # whole scans keep the fingerprint they always had
         doc["prefix_rows"] = prefix
     if any(size is None or version is None for _, size, version in doc["shards"]):
-        # a source that tells neither size nor version (a web server with no ETag or
-        # Last-Modified) cannot tell whether it changed: its scans are never resumed
+        # a source that tells neither size nor version (a web server with no ETag: its
+        # Last-Modified seconds are no version) cannot tell whether it changed: its scans
+        # are never resumed, and the plan they are part of starts over
         doc["unversioned"] = uuid.uuid4().hex
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 

@@ -153,6 +153,10 @@ def in_mirrors(search: Search) -> Resolved | None:
         except RemoteAccessError as exc:
             log.warning("mirror %s not reachable, skipped: %s", redact(mirror), exc)
             continue
+        except InvalidArgumentError as exc:  # a URL that is none: say where it was given
+            raise InvalidArgumentError(
+                f"the mirror {redact(mirror)} (mirrors= or ${MIRRORS_ENV}): {exc}"
+            ) from None
         if found is not None:
             return found
     return None

@@ -33,7 +33,7 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from atari_zarr.errors import RemoteAccessError
+from atari_zarr.errors import InvalidArgumentError, RemoteAccessError
 from atari_zarr.storage.paths import redact
 
 __all__ = ["check_resolves", "endpoint_host"]
@@ -48,7 +48,13 @@ _LOOKUP_S = 10.0
 def _host_of(url: str | None) -> str | None:
     if not url:
         return None
-    found = urlsplit(url if "://" in url else f"http://{url}").hostname
+    try:
+        found = urlsplit(url if "://" in url else f"http://{url}").hostname
+    except ValueError as exc:  # an unclosed "[" (IPv6): Python's parser refuses the URL
+        raise InvalidArgumentError(
+            f"{redact(url)} is not a URL ({exc}); expected scheme://host[:port]/path, an "
+            f"IPv6 host in brackets. Check the spelling of the URL."
+        ) from None
     return found or None
 
 

@@ -372,22 +372,12 @@ class FileSystem:
                 if self.read_only
                 else method(*args, **kwargs)
             )
-            ok, value = fsspec.asyn.sync(
-                fs.loop,
-                _boxed,
-                bounded(
-                    what,
-                    where,
-                    coroutine,
-                    timeout=self.timeout,
-                    storage_options=self.storage_options,
-                ),
-            )
-            if ok:
-                return value
-            if isinstance(value, FileNotFoundError) and name in _REMOTE_WRITES:
-                raise missing_bucket_error(what, where) from None
-            raise value
+            try:
+                return self._run(what, where, coroutine)
+            except FileNotFoundError:
+                if name in _REMOTE_WRITES:
+                    raise missing_bucket_error(what, where) from None
+                raise
         try:
             return getattr(fs, name)(*args, **kwargs)
         except FileNotFoundError:
@@ -399,6 +389,20 @@ class FileSystem:
             if error is None:
                 raise
             raise error from None
+
+    def _run(self, what: str, where: str, coroutine: Awaitable[T]) -> T:
+        """Run ``coroutine`` on the file system's loop within the deadline, its errors
+        translated (:func:`~atari_zarr.storage.deadline.bounded`)."""
+        ok, value = fsspec.asyn.sync(
+            self.fs.loop,
+            _boxed,
+            bounded(
+                what, where, coroutine, timeout=self.timeout, storage_options=self.storage_options
+            ),
+        )
+        if ok:
+            return cast(T, value)
+        raise value
 
     # -- queries -------------------------------------------------------------------------
     def info(self, path: str) -> dict[str, Any]:
@@ -693,9 +697,12 @@ def disk_full_error(dest: str, exc: BaseException, *, resume: str) -> StoreWrite
 class _RangeReader(io.RawIOBase):
     """A read-only remote file: each read is one bounded ranged ``cat_file``.
 
-    A server that ignores ``Range`` (``python -m http.server``) answers every such read
-    with the whole object: that body is kept and read from, so the object is fetched
-    once, not once a block. Any other answer of the wrong length is one line.
+    Over http(s), each read is one ranged GET whose answer is checked: a 206 must be
+    the range asked (its ``Content-Range`` and length). A server that ignores ``Range``
+    (``python -m http.server``) answers 200 with the whole object: that answer is kept
+    open and read on as a stream, a block per read (each within the deadline), so
+    memory holds a block, never the object, and a prefix costs only its bytes; a read
+    before the stream's place starts it again. Any other answer is one line.
     """
 
     def __init__(self, fs: FileSystem, path: str, size: int) -> None:
@@ -703,8 +710,11 @@ class _RangeReader(io.RawIOBase):
         self.name = path
         self.size = size
         self._pos = 0
-        #: The whole object, once a server answered a range with all of it.
-        self._whole: bytes | None = None
+        #: http(s): ranged GETs checked here (fsspec's ``cat_file`` takes any answer).
+        self._http = fs.read_only
+        #: The open answer of a server that ignores Range, and the offset of its next byte.
+        self._stream: Any = None
+        self._stream_at = 0
 
     def readable(self) -> bool:
         return True
@@ -720,31 +730,92 @@ class _RangeReader(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
+    def _wrong(self, start: int, end: int, found: str) -> RemoteAccessError:
+        return RemoteAccessError(
+            f"{self._fs.url(self.name)}: bytes {start}-{end - 1} of its {self.size:,} were "
+            f"asked for and {found}; expected those bytes. The object may have changed while "
+            f"it was read, or the server answers ranges wrongly: run the command again, or "
+            f"copy the files and read them locally."
+        )
+
     def _fetch(self, n: int) -> bytes:
-        end = min(self._pos + n, self.size)
-        if end <= self._pos:
+        start, end = self._pos, min(self._pos + n, self.size)
+        if end <= start:
             return b""
-        if self._whole is None:
-            data = self._fs.cat_file(self.name, self._pos, end)
-            if len(data) == end - self._pos:
-                self._pos += len(data)
-                return data
-            if len(data) != self.size:
-                raise RemoteAccessError(
-                    f"{self._fs.url(self.name)}: bytes {self._pos}-{end - 1} were asked for "
-                    f"and {len(data):,} bytes came back, neither those {end - self._pos:,} nor "
-                    f"the whole object's {self.size:,}; expected the range. The object may "
-                    f"have changed while it was read: run the command again."
-                )
-            log.info(
-                "%s: the server ignores Range and sent all %d bytes; they are read from memory",
-                self._fs.url(self.name),
-                self.size,
-            )
-            self._whole = data
-        data = self._whole[self._pos : end]
+        if self._http:
+            where = f"{self._fs.url(self.name)} (bytes {start}-{end - 1})"
+            try:
+                data = self._fs._run("reading", where, self._get(start, end))
+            except BaseException:
+                self._drop_stream()  # cut off mid-read: its place is unknown
+                raise
+        else:
+            data = self._fs.cat_file(self.name, start, end)
+            if len(data) != end - start:
+                raise self._wrong(start, end, f"{len(data):,} bytes came back")
         self._pos = end
         return data
+
+    async def _get(self, start: int, end: int) -> bytes:
+        """Bytes ``start:end``: a checked 206, or read on from the stream of a 200."""
+        fs = self._fs.fs
+        if self._stream is not None and self._stream_at > start:
+            self._drop_stream()  # a stream goes forward only: start it again
+        if self._stream is None:
+            kwargs = dict(fs.kwargs)
+            headers = {**(kwargs.pop("headers", None) or {}), "Range": f"bytes={start}-{end - 1}"}
+            session = await fs.set_session()
+            answer = await session.get(fs.encode_url(self.name), headers=headers, **kwargs)
+            try:
+                fs._raise_not_found_for_status(answer, self.name)
+                if answer.status == 206:
+                    span = answer.headers.get("Content-Range", "")
+                    want = f"bytes {start}-{end - 1}/"
+                    if not span.startswith(want):
+                        raise self._wrong(start, end, f"the server sent {span or 'no range'!r}")
+                    data = await _read_up_to(answer.content, end - start + 1)
+                    answer.release()  # the connection back to the pool, or closed
+                    if len(data) != end - start:
+                        raise self._wrong(start, end, f"{len(data):,} bytes came back")
+                    return data
+                if answer.status != 200:
+                    raise self._wrong(start, end, f"the server answered {answer.status}")
+                length = answer.headers.get("Content-Length")
+                if length is not None and length.strip() != str(self.size):
+                    raise self._wrong(start, end, f"a whole object of {length} bytes came back")
+            except BaseException:
+                answer.close()
+                raise
+            log.info(
+                "%s: the server ignores Range (200, the whole object): read as a stream",
+                self._fs.url(self.name),
+            )
+            self._stream, self._stream_at = answer, 0
+        skip = start - self._stream_at
+        while skip:  # bytes before the range: read past, never kept
+            passed = await _read_up_to(self._stream.content, min(skip, DEFAULT_BLOCK_SIZE))
+            if not passed:
+                break
+            skip -= len(passed)
+            self._stream_at += len(passed)
+        data = b"" if skip else await _read_up_to(self._stream.content, end - start)
+        self._stream_at += len(data)
+        if len(data) != end - start:
+            self._drop_stream()
+            raise self._wrong(
+                start, end, f"the whole object it sent instead ended at byte {self._stream_at:,}"
+            )
+        return data
+
+    def _drop_stream(self) -> None:
+        stream, self._stream, self._stream_at = self._stream, None, 0
+        if stream is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nothing to close
+                self._fs.fs.loop.call_soon_threadsafe(stream.close)
+
+    def close(self) -> None:
+        self._drop_stream()
+        super().close()
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -754,6 +825,19 @@ class _RangeReader(io.RawIOBase):
 
     def readall(self) -> bytes:
         return self._fetch(self.size - self._pos)  # one request, not one per 8 KB
+
+
+async def _read_up_to(content: Any, n: int) -> bytes:
+    """At most ``n`` bytes of an HTTP body (fewer only at its end): a body longer than
+    asked is never read past ``n``."""
+    parts, got = [], 0
+    while got < n:
+        part = await content.read(n - got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 class _PipeWriter(io.BytesIO):
