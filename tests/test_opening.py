@@ -96,3 +96,23 @@ def test_a_replaced_store_is_changed_not_damaged(pong_store_copy, change, why):
     assert "\n" not in text and why in text and "damaged" not in text
     assert text.startswith(f"{url} changed while it was being read")
     assert "chunk 3 of array 'observation'" in text and "AtariZarrDataset(" in text
+
+
+def test_a_chunk_of_zero_rows_in_the_metadata_is_one_line(pong_store, tmp_path):
+    """A crafted ``zarr.json`` whose frames' chunks in a shard have 0 rows: zarr's own
+    check of the metadata divides by it; the store is refused in one line, never with a
+    raw ``ZeroDivisionError``."""
+    import json
+
+    copy = tmp_path / "Pong.zarr"
+    shutil.copytree(pong_store.url, copy)
+    doc = json.loads((copy / "zarr.json").read_text())
+    meta = doc["consolidated_metadata"]["metadata"]["observation"]
+    config = meta["codecs"][0]["configuration"]
+    config["chunk_shape"] = [0, *config["chunk_shape"][1:]]
+    (copy / "zarr.json").write_text(json.dumps(doc))
+    with pytest.raises(StoreFormatError) as info:
+        open_store(str(copy))
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(str(copy))
+    assert "not valid Zarr v3 metadata" in message and "convert the source again" in message

@@ -133,7 +133,8 @@ def _open(
             f"DEST/Pong/1.zarr). Check the path, or list the stores under a directory with "
             f"`atari-zarr ls DEST`."
         ) from None if is_url(url) else exc
-    except (ValueError, TypeError, KeyError) as exc:  # zarr's validation of the metadata
+    except (ValueError, TypeError, KeyError, ArithmeticError) as exc:
+        # zarr's validation of the metadata (it divides by a crafted chunk's 0 rows)
         raise StoreFormatError(
             f"{where}: its zarr.json is not valid Zarr v3 metadata ("
             f"{' '.join(str(exc).split())[:300]}); expected what `atari-zarr convert` "
