@@ -1353,3 +1353,29 @@ def test_close_stops_a_loader_with_worker_processes(few_stores: list[str], closi
         next(it)
     ds.close()
 
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="threads from /proc")
+@pytest.mark.parametrize("mixture", [False, True], ids=["one store", "mixture"])
+def test_close_of_a_dataset_stops_the_streams_of_its_windows(
+    few_stores: list[str], mixture: bool
+) -> None:
+    """A dataset's ``windows()`` view reads the dataset's stores: the dataset's
+    ``close()`` (the end of its ``with`` block) stops the view's streams as its own,
+    threads joined and the next ``next()`` one line, never reading on. A view's own
+    ``close()`` stops only its streams, not the dataset's."""
+    gc.collect()
+    before = _our_threads()
+    with MultiGameDataset(few_stores[1:]) if mixture else AtariZarrDataset(few_stores[0]) as ds:
+        view = ds.windows(4)
+        it = iter(view.stream(32, seed=3, unit_rows=64, shuffle_buffer=256))
+        next(it)
+        own = iter(ds.stream(32, seed=3, unit_rows=64, shuffle_buffer=256))
+        next(own)
+        ds.windows(4).close()  # another view's close
+        next(own)  # the dataset's stream reads on, and the first view's
+        next(it)
+    assert not (_our_threads() - before), "threads left running after close()"
+    with pytest.raises(DatasetClosedError):
+        next(it)
+    with pytest.raises(DatasetClosedError):
+        next(own)
