@@ -1395,14 +1395,21 @@ def test_close_of_a_dataset_stops_the_streams_of_its_windows(
 ) -> None:
     """A dataset's ``windows()`` view reads the dataset's stores: the dataset's
     ``close()`` (the end of its ``with`` block) stops the view's streams as its own,
-    threads joined and the next ``next()`` one line, never reading on."""
+    threads joined and the next ``next()`` one line, never reading on. A view's own
+    ``close()`` stops only its streams, not the dataset's."""
     gc.collect()
     before = _our_threads()
-    with MultiGameDataset(few_stores[1:]) if mixture else AtariZarrDataset(
-        few_stores[0]
-    ) as ds:
-        it = iter(ds.windows(4).stream(32, seed=3, unit_rows=64, shuffle_buffer=256))
+    with MultiGameDataset(few_stores[1:]) if mixture else AtariZarrDataset(few_stores[0]) as ds:
+        view = ds.windows(4)
+        it = iter(view.stream(32, seed=3, unit_rows=64, shuffle_buffer=256))
+        next(it)
+        own = iter(ds.stream(32, seed=3, unit_rows=64, shuffle_buffer=256))
+        next(own)
+        ds.windows(4).close()  # another view's close
+        next(own)  # the dataset's stream reads on, and the first view's
         next(it)
     assert not (_our_threads() - before), "threads left running after close()"
     with pytest.raises(DatasetClosedError):
         next(it)
+    with pytest.raises(DatasetClosedError):
+        next(own)

@@ -30,6 +30,7 @@ stream units *read* ahead by ``stream(units_ahead=k)``.)
 
 from __future__ import annotations
 
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -142,6 +143,7 @@ class ItemDataset(torch.utils.data.Dataset):
         "_frames",
         "_store_list",
         "_all_opened",
+        "_streams",  # this process's streams of it, which close() stops
     )
 
     def _made(self, name: str, make: Callable[[], Any]) -> Any:
@@ -179,12 +181,18 @@ class ItemDataset(torch.utils.data.Dataset):
         return self._made("_frames", lambda: ReaderSet(len(stores), lambda g: stores[g].frames))  # type: ignore[no-any-return]
 
     def __getstate__(self) -> dict[str, Any]:
-        # each store pickles as what opens it again (one known by its entry, unopened)
-        return {k: v for k, v in self.__dict__.items() if k not in self._rebuilt}
+        # each store pickles as what opens it again (one known by its entry, unopened);
+        # the dataset it is a view of is this process's
+        return {k: v for k, v in self.__dict__.items() if k not in (*self._rebuilt, "_viewed")}
+
+    def _view_of(self, dataset: ItemDataset) -> None:
+        """This dataset is a view of ``dataset`` (its :meth:`windows`, reading its stores):
+        the close of ``dataset`` stops this one's streams too."""
+        self.__dict__["_viewed"] = weakref.ref(dataset)
 
     def close(self) -> None:
-        """Stop every stream iterator of this dataset and of its views (:meth:`windows`
-        of it, which read its stores) not done yet (their threads
+        """Stop every stream iterator of this dataset and of its views (its
+        :meth:`windows`, which read its stores) not done yet (their threads
         stopped and joined; their next ``next()`` raises
         :class:`~atari_zarr.errors.DatasetClosedError`), stop the threads that read the
         stores, drop their decoded chunks and let their files go: what a ``with`` block
@@ -201,9 +209,7 @@ class ItemDataset(torch.utils.data.Dataset):
         ...
         atari_zarr.errors.DatasetClosedError: ...
         """
-        # a view (windows()) reads the same stores: its streams stop too
-        streams = {id(s): s for m in self.members for s in list(m.store.streams)}
-        for stream in streams.values():
+        for stream in list(self._made("_streams", weakref.WeakSet)):
             stream.close("its dataset was closed")
         for m in self.members:
             m.store.close()
@@ -493,8 +499,11 @@ class ItemDataset(torch.utils.data.Dataset):
             weighted=self.weighted,
             where=self.where,
         )
-        for m in self.members:
-            m.store.streams.add(stream)
+        owner: ItemDataset | None = self
+        while owner is not None:  # its own, and of the datasets it is a view of
+            owner._made("_streams", weakref.WeakSet).add(stream)
+            viewed = owner.__dict__.get("_viewed")
+            owner = viewed() if viewed is not None else None
         return stream
 
 

@@ -413,7 +413,9 @@ class AtariZarrDataset(ItemDataset):
         """
         from atari_zarr.read.windows import WindowDataset
 
-        return WindowDataset(self._store, length, pad=pad, frame_stack=self.frame_stack)
+        view = WindowDataset(self._store, length, pad=pad, frame_stack=self.frame_stack)
+        view._view_of(self)
+        return view
 
     # -- convenience ------------------------------------------------------------------
     @property

@@ -250,4 +250,5 @@ class MultiGameDataset(ItemDataset):
         items = [Items.windows(s.episodes, length, pad=pad, where=s.where) for s in stores]
         out = copy.copy(self)
         out._set_members(self._members(stores, items, self.where)[0])
+        out._view_of(self)
         return out

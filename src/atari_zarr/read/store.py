@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import threading
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -142,9 +141,6 @@ class StoreReader:
         self._rows: tuple[int, int, bool] | None = None  # the frames' cut, from zarr.json
         self._open_lock = threading.Lock()
         after_fork(self._renew_locks)
-        #: The streams of this process that read it (:class:`~atari_zarr.read.stream.EpochStream`):
-        #: the close of any dataset that reads it stops them (a view shares its stores).
-        self.streams: weakref.WeakSet[Any] = weakref.WeakSet()
         #: True once the store is opened: at once, or, known by its entry, on first need.
         self.opened = False
         self._content: str | None = None  # its content id, once opened
