@@ -711,7 +711,7 @@ class _RangeReader(io.RawIOBase):
         self.size = size
         self._pos = 0
         #: http(s): ranged GETs checked here (fsspec's ``cat_file`` takes any answer).
-        self._http = fs.read_only
+        self._http = fs.read_only and hasattr(fs.fs, "set_session")  # fsspec's http
         #: The open answer of a server that ignores Range, and the offset of its next byte.
         self._stream: Any = None
         self._stream_at = 0
