@@ -374,6 +374,9 @@ def list_stores(
         return str(root).rstrip("/") + p[len(path) :]
 
     rows: list[StoreRow] = []
+    # listings as they are now: a conversion's work area is written and removed through
+    # a file system of its own (no listing cache), which this one never hears of
+    fs.invalidate_cache()
     found, unreadable = _find_stores(fs, path, depth=4, root=str(root))
     for p in found:
         try:

@@ -278,6 +278,8 @@ class FileSystem:
 
     def _connect(self) -> None:
         self._forked = False
+        #: The process's shared instance, where this one keeps no listings of its own.
+        self._shared: fsspec.AbstractFileSystem | None = None
         if self.remote:
             redact_library_logs()  # fsspec's DEBUG lines name the URL, user info included
             if self.location.startswith("hf://"):
@@ -292,7 +294,9 @@ class FileSystem:
                     # cache never answers: the process's shared one may hold listings
                     # that other processes made stale since
                     uncached = {**options, "use_listings_cache": False}
-                    fs, path = fsspec.core.url_to_fs(self.location, **uncached)
+                    shared, (fs, path) = fs, fsspec.core.url_to_fs(self.location, **uncached)
+                    # what this one writes or removes, the shared one's listings forget
+                    self._shared = shared
             self._fs: fsspec.AbstractFileSystem = fs
             self.path = str(path)
         else:
@@ -354,6 +358,14 @@ class FileSystem:
     def _call(self, what: str, name: str, where: str, *args: Any, **kwargs: Any) -> Any:
         if self.read_only and name in _LOCAL_WRITES:
             raise refuse_write(what, where)
+        if self._shared is not None and name in _LOCAL_WRITES:
+            try:
+                return self._call_fs(what, name, where, *args, **kwargs)
+            finally:  # the shared instance's listings would miss this write (or removal)
+                self._shared.invalidate_cache()
+        return self._call_fs(what, name, where, *args, **kwargs)
+
+    def _call_fs(self, what: str, name: str, where: str, *args: Any, **kwargs: Any) -> Any:
         fs = self.fs
         if not self.remote:
             if name not in _LOCAL_WRITES:
