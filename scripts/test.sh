@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start 2: set up with the test extras, then run the suite on two workers (pytest-xdist,
 # a file to a worker), leaving out the tests marked slow. CI runs both halves:
-#   bash scripts/test.sh            # the suite without the slow tests (about 7 min on 2 cores)
+#   bash scripts/test.sh            # the suite without the slow tests (about 10 min on 2 cores, set-up included)
 #   bash scripts/test.sh --slow     # only the slow ones: the site, the wheel, d3rlpy's checks...
 #   bash scripts/test.sh --all      # everything
 # Any other arguments go to pytest. The d3rlpy drop-in's checks run in their own venv
