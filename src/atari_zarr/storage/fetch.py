@@ -25,7 +25,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,8 @@ from atari_zarr.errors import TooManyOpenFilesError
 from atari_zarr.forks import after_fork
 from atari_zarr.storage.filesystem import not_regular_error, path_kind
 from atari_zarr.storage.ranges import ByteRange
+
+T = TypeVar("T")
 
 __all__ = ["MAX_OBJECT_BYTES", "ByteSource", "LocalBytes", "MapTable", "StoreBytes", "byte_source"]
 
@@ -178,20 +180,15 @@ def _too_many_files(path: Path) -> TooManyOpenFilesError:
     )
 
 
-def _opened(path: Path) -> int:
-    """A descriptor of regular file ``path``, never following a link nor blocking (a FIFO
-    would hang the read for ever, a device such as /dev/zero read without end). Where
-    the process has no descriptor left, maps are let go and the open is tried once more;
-    then one line. Raises FileNotFoundError where the file is absent."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+def _with_room(path: Path, call: Callable[[], T]) -> T:
+    """``call()``; where the process has no descriptor left (EMFILE, ENFILE), the maps are
+    let go and it is tried once more, then one line (:func:`_too_many_files`)."""
     for attempt in range(2):
         try:
-            return os.open(path, flags)
+            return call()
         except FileNotFoundError:
             raise
         except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise not_regular_error(path, "a symbolic link") from None
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
             if attempt:
@@ -201,17 +198,38 @@ def _opened(path: Path) -> int:
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _read_range(path: Path, start: int | None, stop: int | None) -> bytes | None:
-    """Bytes ``[start:stop]`` of the file at ``path`` (slice rules, a negative start from
-    its end), read with a descriptor closed at once (None: absent)."""
+def _opened(path: Path) -> tuple[int, os.stat_result] | None:
+    """A descriptor of regular file ``path`` and its status (None: absent), never
+    following a link nor blocking (a FIFO would hang the read for ever, a device such as
+    /dev/zero read without end); anything but a regular file is one line. The caller
+    closes the descriptor."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = _opened(path)
+        fd = _with_room(path, lambda: os.open(path, flags))
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise not_regular_error(path, "a symbolic link") from None
+        raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise not_regular_error(path, path_kind(st.st_mode))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _read_range(path: Path, start: int | None, stop: int | None) -> bytes | None:
+    """Bytes ``[start:stop]`` of the file at ``path`` (slice rules, a negative start from
+    its end), read with a descriptor closed at once (None: absent)."""
+    opened = _opened(path)
+    if opened is None:
+        return None
+    fd, st = opened
+    try:
         a, b, _ = slice(start, stop).indices(st.st_size)
         return os.pread(fd, max(0, b - a), a)
     finally:
@@ -328,27 +346,14 @@ class LocalBytes:
     def _mapped(path: Path) -> mmap.mmap | bytes | None:
         """The map of regular file ``path`` (``b""``: empty; None: absent). Where the
         process has no descriptor left, maps are let go and it is tried once more."""
-        try:
-            fd = _opened(path)
-        except FileNotFoundError:
+        opened = _opened(path)
+        if opened is None:
             return None
+        fd, st = opened
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise not_regular_error(path, path_kind(st.st_mode))
             if not st.st_size:
                 return b""  # empty file: reported as too short by the caller
-            for attempt in range(2):
-                try:
-                    return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-                except OSError as exc:
-                    if exc.errno not in (errno.EMFILE, errno.ENFILE) or attempt:
-                        if exc.errno in (errno.EMFILE, errno.ENFILE):
-                            raise _too_many_files(path) from None
-                        raise
-                    with _MAPS_LOCK:
-                        _make_room(0, 0)
-            raise AssertionError("unreachable")  # pragma: no cover
+            return _with_room(path, lambda: mmap.mmap(fd, 0, access=mmap.ACCESS_READ))
         finally:
             os.close(fd)
 
